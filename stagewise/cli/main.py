@@ -1,0 +1,55 @@
+"""The ``stagewise`` command line: one subcommand per module ``stagewise.cli.cmd_<name>``.
+
+Each command module exposes ``register(subparsers) -> None`` (adds its parser and sets
+``func``) and a ``run(args) -> int``. Typed :class:`StagewiseError` s are printed as one line
+on stderr and exit with their code; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from stagewise import __version__
+from stagewise.errors import StagewiseError
+
+COMMANDS = ("run", "devices", "assess", "plan", "make_model", "serve", "chat", "bench", "worker")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stagewise",
+        description="Run LLMs as certified pipelines across the devices they need.",
+    )
+    parser.add_argument("--version", action="version", version=f"stagewise {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"stagewise.cli.cmd_{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"stagewise.cli.cmd_{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except StagewiseError as exc:
+        print(f"stagewise: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("stagewise: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
