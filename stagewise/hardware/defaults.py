@@ -1,0 +1,32 @@
+"""Assumed figures used when nothing better is known (documented in docs/accounting.md).
+
+Datasheet-class leads, deliberately modest: a measured figure (``stagewise devices --measure``)
+or a topology file always wins over these.
+"""
+
+from __future__ import annotations
+
+# Simulated devices (``--devices 24GiB,12GiB``): an RTX 3090-class GPU.
+SIM_MEMORY_BANDWIDTH_BYTES_PER_S = 900e9
+SIM_MATMUL_FLOPS_PER_S = 70e12
+
+# Real GPUs whose datasheet we do not know (``cuda:0@22GB`` parsed without CUDA present).
+GPU_MEMORY_BANDWIDTH_BYTES_PER_S = 900e9
+GPU_MATMUL_FLOPS_PER_S = 70e12
+
+# CPU devices (real or virtual): a desktop's dual-channel DDR and a few AVX cores.
+CPU_MEMORY_BANDWIDTH_BYTES_PER_S = 40e9
+CPU_MATMUL_FLOPS_PER_S = 0.5e12
+
+# Links that a topology does not list.
+HOST_STAGED_BANDWIDTH_BYTES_PER_S = 12e9  # PCIe 4.0 x16 through pinned host memory
+HOST_STAGED_LATENCY_S = 40e-6  # the RFC measured 38.4 us for a decode handoff
+NETWORK_BANDWIDTH_BYTES_PER_S = 1.25e9  # 10 GbE
+NETWORK_LATENCY_S = 100e-6
+SAME_DEVICE_LATENCY_S = 1e-6  # virtual devices sharing one torch device: a local copy
+
+# NVLink per-link bandwidth by generation is not discoverable portably; one NVLink 3 lane.
+NVLINK_BANDWIDTH_PER_LINK_BYTES_PER_S = 25e9
+NVLINK_LATENCY_S = 10e-6
+PCIE_P2P_BANDWIDTH_BYTES_PER_S = 20e9
+PCIE_P2P_LATENCY_S = 15e-6

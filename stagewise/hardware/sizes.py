@@ -1,0 +1,66 @@
+"""Byte-size parsing and printing: ``24GiB``, ``22.76GB``, ``512MiB``, ``1073741824``.
+
+Sizes are converted to integer bytes once, at the edge; nothing downstream reads strings.
+"""
+
+from __future__ import annotations
+
+import re
+
+from stagewise.errors import TopologyError
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+MAX_DEVICE_BYTES = 1 << 50  # 1 PiB: anything larger is a typo, not a device
+_SIZE = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str, field: str = "size") -> int:
+    """Parse ``text`` (a number with an optional SI or binary unit) into bytes.
+
+    Raises :class:`TopologyError` naming ``field`` for malformed, negative or absurd sizes
+    (over 1 PiB).
+    """
+    match = _SIZE.match(str(text))
+    if not match:
+        raise TopologyError(f"{field}: cannot read size {text!r} (examples: 24GiB, 22.76GB, 512MiB)")
+    number, unit = match.groups()
+    scale = _UNITS.get(unit.lower())
+    if scale is None:
+        raise TopologyError(f"{field}: unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    return checked_bytes(float(number) * scale, field)
+
+
+def checked_bytes(value: float | int, field: str) -> int:
+    """Return ``value`` as int bytes; reject negatives, NaN and sizes over 1 PiB naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TopologyError(f"{field}: expected a number of bytes, got {value!r}")
+    if value != value or value < 0:  # NaN or negative
+        raise TopologyError(f"{field}: size must be >= 0 bytes, got {value!r}")
+    if value > MAX_DEVICE_BYTES:
+        raise TopologyError(f"{field}: size {value!r} bytes is absurd (over 1 PiB)")
+    return int(value)
+
+
+def format_bytes(value: int | float) -> str:
+    """Human form in decimal GB/MB (the RFC's unit), e.g. ``22.760 GB``."""
+    v = float(value)
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    if v >= 1e9:
+        return f"{sign}{v / 1e9:.3f} GB"
+    if v >= 1e6:
+        return f"{sign}{v / 1e6:.1f} MB"
+    if v >= 1e3:
+        return f"{sign}{v / 1e3:.1f} KB"
+    return f"{sign}{v:.0f} B"

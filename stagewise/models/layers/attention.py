@@ -1,0 +1,71 @@
+"""Grouped-query attention over a preallocated KV cache.
+
+Options cover the families we run: per-head q/k RMSNorm (Qwen3, hybrids), partial rotary
+embedding and a sigmoid output gate packed with the query projection (Qwen3-Next / Qwen3.5).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stagewise.models.layers.linear import Linear
+from stagewise.models.layers.rms_norm import RMSNorm
+from stagewise.models.layers.rotary import apply_rotary
+from stagewise.models.state import KVCache
+from stagewise.models.step_context import StepContext
+from stagewise.spec.model_config import ModelConfig
+
+
+class Attention(nn.Module):
+    """Causal GQA; keeps checkpoint names ``q_proj``/``k_proj``/``v_proj``/``o_proj``/``q_norm``/``k_norm``."""
+
+    def __init__(self, config: ModelConfig, qk_norm: bool, output_gate: bool = False) -> None:
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.rotary_dim = config.rotary_dim
+        self.output_gate = output_gate
+        hidden, bias = config.hidden_size, config.attention_bias
+        q_out = self.heads * self.head_dim * (2 if output_gate else 1)  # query (+ gate)
+        self.q_proj = Linear(hidden, q_out, bias)
+        self.k_proj = Linear(hidden, self.kv_heads * self.head_dim, bias)
+        self.v_proj = Linear(hidden, self.kv_heads * self.head_dim, bias)
+        self.o_proj = Linear(self.heads * self.head_dim, hidden, bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.zero_centered_norm)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.zero_centered_norm)
+
+    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache(batch, self.kv_heads, max_context, self.head_dim, dtype, device)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
+        batch, steps, _ = x.shape
+        gate: torch.Tensor | None = None
+        if self.output_gate:
+            q_and_gate = self.q_proj(x).view(batch, steps, self.heads, 2 * self.head_dim)
+            q, gate = torch.chunk(q_and_gate, 2, dim=-1)  # (B, T, H, D) each
+            gate = gate.reshape(batch, steps, self.heads * self.head_dim)
+        else:
+            q = self.q_proj(x).view(batch, steps, self.heads, self.head_dim)
+        k = self.k_proj(x).view(batch, steps, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, steps, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        cos, sin = ctx.rotary[self.rotary_dim]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache.write(ctx.positions, k, v, ctx.start)
+        keys, values = cache.view(batch, ctx.kv_length)  # (B, kvH, L, D)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)  # (B, H, L, D)
+            values = values.repeat_interleave(groups, dim=1)
+        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=ctx.mask)  # (B, H, T, D)
+        out = out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)

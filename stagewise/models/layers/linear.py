@@ -1,0 +1,53 @@
+"""Linear: a projection whose weight is resident either dense or quantized.
+
+Dense weights are an ``nn.Parameter`` named ``weight`` (HF checkpoint layout (out, in)), so the
+safetensors name maps stay identity tables. A quantized weight replaces it through
+:meth:`Linear.set_quantized`, which stores the packed representation as buffers and drops the
+dense parameter: no dequantized copy is kept.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stagewise.models.layers.quantized_weight import QuantizedWeight
+
+
+class Linear(nn.Module):
+    """``y = x @ W.T (+ b)``, W dense ``(out_features, in_features)`` or quantized."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.quantized: QuantizedWeight | None = None
+
+    def set_quantized(self, qweight: QuantizedWeight) -> None:
+        """Make ``qweight`` the resident weight; its logical shape must be (out, in)."""
+        if tuple(qweight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"quantized weight shape {qweight.shape} != {(self.out_features, self.in_features)}")
+        self.weight = None
+        self.quantized = qweight
+
+    def set_quantized_param(self, name: str, qweight: QuantizedWeight) -> None:
+        """Loader hook: parameter ``name`` (only ``weight``) arrives packed."""
+        if name != "weight":
+            raise ValueError(f"Linear cannot hold {name!r} quantized")
+        self.set_quantized(qweight)
+
+    def quantized_weights(self) -> list[QuantizedWeight]:
+        return [self.quantized] if self.quantized is not None else []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            y = self.quantized.matmul(x)
+            return y if self.bias is None else y + self.bias
+        assert self.weight is not None
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        fmt = self.quantized.format_name if self.quantized is not None else "dense"
+        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, format={fmt}"

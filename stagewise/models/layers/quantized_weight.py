@@ -1,0 +1,35 @@
+"""QuantizedWeight: the protocol of a weight resident in a packed (quantized) format.
+
+Implementations live in :mod:`stagewise.weights.quant` (e.g. Q8_0: int8 values + per-32-block
+f16 scales). A :class:`~stagewise.models.layers.linear.Linear` holding one calls ``matmul``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class QuantizedWeight(Protocol):
+    """A resident quantized matrix of logical shape ``(out_features, in_features)``."""
+
+    format_name: str
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes on the device (all packed buffers together)."""
+        ...
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` for ``x`` of shape ``(..., in_features)``, in ``x``'s dtype."""
+        ...
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The dense ``(out, in)`` matrix (for tests and references; never kept resident)."""
+        ...
+
+    def to(self, device: torch.device) -> QuantizedWeight: ...

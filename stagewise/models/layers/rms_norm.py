@@ -1,0 +1,25 @@
+"""RMSNorm as the reference implementations compute it (in float32, weight applied after)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``y = w * x / rms(x)``; with ``zero_centered`` the stored weight is an offset: ``(1 + w)``."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            # NOTE: the hybrid reference multiplies in float32 before casting back.
+            return (h * (1.0 + self.weight.float())).to(dtype)
+        return self.weight * h.to(dtype)

@@ -1,0 +1,39 @@
+"""Llama 2 / 3 / 3.1 and Qwen3 decoder blocks (Qwen3 adds per-head q/k RMSNorm)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stagewise.models.layers.attention import Attention
+from stagewise.models.layers.rms_norm import RMSNorm
+from stagewise.models.layers.swiglu import SwiGLU
+from stagewise.models.state import KVCache
+from stagewise.models.step_context import StepContext
+from stagewise.spec.model_config import ModelConfig
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm residual block: attention then SwiGLU MLP."""
+
+    def __init__(self, config: ModelConfig, qk_norm: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, qk_norm=qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
+
+    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return self.self_attn.new_state(batch, max_context, dtype, device)
+
+    def forward(self, hidden: torch.Tensor, ctx: StepContext, state: KVCache) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), ctx, state)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def llama_block(config: ModelConfig, index: int) -> nn.Module:
+    return DecoderBlock(config, qk_norm=False)
+
+
+def qwen3_block(config: ModelConfig, index: int) -> nn.Module:
+    return DecoderBlock(config, qk_norm=True)

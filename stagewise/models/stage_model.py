@@ -1,0 +1,114 @@
+"""StageModel: the part of a model one stage runs — blocks [start, end), plus entry and/or exit.
+
+Parameter names keep the Hugging Face checkpoint's (``model.embed_tokens.weight``,
+``model.layers.<global index>.…``, ``model.norm.weight``, ``lm_head.weight``), so weight name maps
+are small tables. An exit stage always has ``lm_head``; with tied embeddings its weight is read
+from ``model.embed_tokens.weight`` (and shared with the embedding when one stage owns both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from stagewise.models.layers.linear import Linear
+from stagewise.models.layers.rms_norm import RMSNorm
+from stagewise.models.layers.rotary import inverse_frequencies, rotary_cos_sin
+from stagewise.models.state import BlockState
+from stagewise.models.step_context import StepContext
+from stagewise.spec.model_config import ModelConfig
+
+BlockFactory = Callable[[ModelConfig, int], nn.Module]
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """``hidden``: the activation handed to the next stage ``(B, T, H)``, or at the exit the final
+    normed features of the positions with logits; ``logits`` ``(B, T', V)`` float32 at the exit."""
+
+    hidden: torch.Tensor
+    logits: torch.Tensor | None
+
+
+class StageModel(nn.Module):
+    """Blocks ``[start, end)`` of ``config``; owns the entry and/or exit if asked."""
+
+    def __init__(self, config: ModelConfig, start: int, end: int, entry: bool, exit: bool,
+                 block_factory: BlockFactory) -> None:
+        super().__init__()
+        if not 0 <= start <= end <= config.num_layers:
+            raise ValueError(f"block range [{start}, {end}) outside 0..{config.num_layers}")
+        self.config = config
+        self.start, self.end, self.entry, self.exit = start, end, entry, exit
+        self.model = nn.Module()
+        if entry:
+            self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleDict({str(i): block_factory(config, i) for i in range(start, end)})
+        if exit:
+            self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self.register_buffer("inv_freq", inverse_frequencies(config.rope, config.rotary_dim), persistent=False)
+
+    def init_buffers(self, device: torch.device) -> None:
+        """Compute the non-persistent buffers (rotary frequencies) on ``device`` after a meta build."""
+        self.inv_freq = inverse_frequencies(self.config.rope, self.config.rotary_dim).to(device)
+        for module in self.modules():
+            init = getattr(module, "init_buffers_", None)
+            if callable(init):
+                init(device)
+
+    def resident_bytes(self) -> int:
+        """Bytes of weights resident for this stage: dense parameters (shared ones once) + packed ones."""
+        dense = sum(p.numel() * p.element_size() for p in self.parameters())  # parameters() dedupes ties
+        packed = 0
+        for module in self.modules():
+            get = getattr(module, "quantized_weights", None)
+            if callable(get):
+                packed += sum(q.nbytes for q in get())
+        return dense + packed
+
+    @property
+    def block_indices(self) -> range:
+        return range(self.start, self.end)
+
+    def tie_embeddings(self) -> None:
+        """Share the embedding matrix with the LM head (tied checkpoints, entry+exit on one stage)."""
+        if self.entry and self.exit and self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def new_states(self, batch: int, max_context: int, dtype: torch.dtype,
+                   device: torch.device) -> dict[int, BlockState]:
+        """Fresh state for every block of this stage (KV caches, conv + recurrent state)."""
+        return {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device)
+                for i in self.block_indices}
+
+    def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype) -> StepContext:
+        kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
+        rotary = {self.config.rotary_dim: rotary_cos_sin(self.inv_freq, positions, dtype)}
+        return StepContext.build(positions, start, kv_length, rotary)
+
+    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: Mapping[int, BlockState],
+                start: int | None = None, all_logits: bool = False) -> StageOutput:
+        """Run this stage.
+
+        Args:
+            inputs: token ids ``(B, T)`` at the entry, else the previous stage's hidden ``(B, T, H)``.
+            positions: absolute positions ``(B, T)``.
+            states: this stage's block states (written provisionally).
+            start: the common first position, when all rows are contiguous from it.
+            all_logits: logits for every position instead of the last only.
+        """
+        hidden = self.model.embed_tokens(inputs) if self.entry else inputs  # (B, T, H)
+        ctx = self.context(positions, start, hidden.dtype)
+        for i in self.block_indices:
+            hidden = self.model.layers[str(i)](hidden, ctx, states[i])
+        if not self.exit:
+            return StageOutput(hidden, None)
+        if not all_logits:
+            hidden = hidden[:, -1:]
+        features = self.model.norm(hidden)
+        logits = self.lm_head(features).float()  # (B, T', V)
+        return StageOutput(features, logits)

@@ -1,0 +1,92 @@
+"""SafetensorsSource: a Hugging Face model directory's ``*.safetensors`` (sharded index allowed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from stagewise.errors import CorruptModelFile, ModelNotFound, WeightsError
+from stagewise.models.layers.quantized_weight import QuantizedWeight
+
+_IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.", "model.mtp.")
+
+
+def _strip_prefix(name: str) -> str:
+    """Multimodal checkpoints nest the text model: ``model.language_model.X`` -> ``model.X``."""
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model.") :]
+    return name
+
+
+class SafetensorsSource:
+    """Reads tensors lazily, each one straight to its device."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise ModelNotFound(f"{self.directory}: not a directory")
+        files = sorted(self.directory.glob("*.safetensors"))
+        if not files:
+            raise ModelNotFound(f"{self.directory}: no *.safetensors files")
+        self._where: dict[str, tuple[Path, str]] = {}
+        self._ignored: set[str] = set()
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        for path in files:
+            try:
+                with safe_open(str(path), framework="pt") as handle:
+                    for raw in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                        name = _strip_prefix(raw)
+                        if name.startswith(_IGNORED_PREFIXES):
+                            self._ignored.add(raw)
+                            continue
+                        if name in self._where:
+                            raise WeightsError(f"{path.name}: duplicate tensor {raw!r} (also in {self._where[name][0].name})")
+                        self._where[name] = (path, raw)
+                        self._shapes[name] = tuple(handle.get_slice(raw).get_shape())
+            except SafetensorError as exc:
+                raise CorruptModelFile(f"{path}: not a valid safetensors file ({exc})") from None
+        self._check_index(files)
+
+    def _check_index(self, files: list[Path]) -> None:
+        index = self.directory / "model.safetensors.index.json"
+        if not index.exists():
+            return
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (KeyError, ValueError) as exc:
+            raise CorruptModelFile(f"{index}: bad index ({exc})") from None
+        present = {p.name for p in files}
+        missing = sorted({f for f in weight_map.values() if f not in present})
+        if missing:
+            raise WeightsError(f"{index}: shard {missing[0]} listed in the index is missing")
+
+    @property
+    def label(self) -> str:
+        return str(self.directory)
+
+    def names(self) -> set[str]:
+        return set(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def is_quantized(self, name: str) -> bool:
+        return False
+
+    def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        path, raw = self._where[name]
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                tensor = handle.get_tensor(raw)
+        except SafetensorError as exc:
+            raise CorruptModelFile(f"{path}: cannot read tensor {raw!r} ({exc})") from None
+        return tensor.to(device=device, dtype=dtype)
+
+    def load_quantized(self, name: str, device: torch.device) -> QuantizedWeight:
+        raise WeightsError(f"{self.label}: tensor {name!r} is not quantized")
+
+    def ignored(self) -> set[str]:
+        return set(self._ignored)

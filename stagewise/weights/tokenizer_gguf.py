@@ -1,0 +1,204 @@
+"""Build a `tokenizers.Tokenizer` from the `tokenizer.ggml.*` metadata of a GGUF file.
+
+A GGUF carries no tokenizer.json: it stores the vocabulary, merges, token types and special ids
+under llama.cpp's key names. This module converts them once, at the edge, into a byte-level BPE
+`tokenizers.Tokenizer` that encodes like llama.cpp and like transformers' GGUF converter:
+
+* ``tokenizer.ggml.model == "gpt2"`` → byte-level BPE, no normalizer, ByteLevel decoder;
+* ``tokenizer.ggml.pre`` picks the split regex (qwen2 family, llama-bpe / llama3 family; anything
+  else falls back to GPT-2's regex, as llama.cpp's "default" pre-tokenizer does);
+* token type 3 (control) → special added token, 4 (user-defined) → plain added token;
+* ``tokenizer.ggml.add_bos_token`` → a post-processor that prepends BOS when special tokens are added.
+
+SentencePiece vocabularies (``"llama"``) and others raise :class:`UnsupportedArchitecture`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers.models import BPE
+
+from stagewise.errors import CorruptModelFile, UnsupportedArchitecture
+
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# `tokenizer.ggml.pre` values (llama.cpp's names) → split regex.
+PRE_TOKENIZER_SPLITS: dict[str, str] = {
+    "qwen2": QWEN2_SPLIT,
+    "deepseek-r1-qwen": QWEN2_SPLIT,
+    "megrez": QWEN2_SPLIT,
+    "llama-bpe": LLAMA3_SPLIT,
+    "llama3": LLAMA3_SPLIT,
+    "llama-v3": LLAMA3_SPLIT,
+    "smaug-bpe": LLAMA3_SPLIT,
+    "dbrx": LLAMA3_SPLIT,
+    "falcon3": LLAMA3_SPLIT,
+}
+
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+
+_BYTE_ALPHABET = frozenset(pre_tokenizers.ByteLevel.alphabet())
+
+
+@dataclass(frozen=True)
+class GgufTokenizer:
+    """A converted GGUF tokenizer and the special-token facts read beside it.
+
+    ``eos_token_ids`` holds every id that ends generation (``eos``, ``eot`` and ``eom`` ids);
+    ``eos_token_id`` is the one a chat template writes as ``eos_token``.
+    """
+
+    backend: BackendTokenizer
+    bos_token_id: int | None
+    eos_token_id: int | None
+    eos_token_ids: frozenset[int]
+    pad_token_id: int | None
+    add_bos_token: bool
+    chat_template: str | None
+
+
+def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
+    """Convert GGUF metadata (key → plain python value) into a :class:`GgufTokenizer`.
+
+    Raises:
+        UnsupportedArchitecture: ``tokenizer.ggml.model`` is not ``"gpt2"`` (byte-level BPE).
+        CorruptModelFile: a required field is missing, or a field is inconsistent (named in the message).
+    """
+    model = _required(fields, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise UnsupportedArchitecture(
+            f"GGUF tokenizer.ggml.model {model!r} is not supported (only 'gpt2' byte-level BPE is)"
+        )
+    tokens = [str(t) for t in _required_list(fields, "tokenizer.ggml.tokens")]
+    merges = [_split_merge(str(m)) for m in _required_list(fields, "tokenizer.ggml.merges")]
+    token_types = [int(t) for t in fields.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens)]
+    if len(token_types) != len(tokens):
+        raise CorruptModelFile(
+            f"GGUF field tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens"
+        )
+    # NOTE: llama.cpp stores some tokens (e.g. user-defined ones with spaces) in plain UTF-8 rather
+    # than the byte alphabet; the BPE model must see them in the byte alphabet.
+    vocab = {_byte_spelling(token): index for index, token in enumerate(tokens)}
+    backend = BackendTokenizer(
+        BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    )
+    backend.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre"))
+    backend.decoder = decoders.ByteLevel()
+    _add_typed_tokens(backend, tokens, token_types)
+
+    bos = _optional_id(fields, "tokenizer.ggml.bos_token_id", len(tokens))
+    eos = _optional_id(fields, "tokenizer.ggml.eos_token_id", len(tokens))
+    eos_ids = {eos} if eos is not None else set()
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        extra = _optional_id(fields, key, len(tokens))
+        if extra is not None:
+            eos_ids.add(extra)
+    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    if add_bos and bos is not None:
+        bos_text = tokens[bos]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos_text}:0 $A:0", pair=f"{bos_text}:0 $A:0 {bos_text}:1 $B:1", special_tokens=[(bos_text, bos)]
+        )
+    template = fields.get("tokenizer.chat_template")
+    return GgufTokenizer(
+        backend=backend,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        eos_token_ids=frozenset(eos_ids),
+        pad_token_id=_optional_id(fields, "tokenizer.ggml.padding_token_id", len(tokens)),
+        add_bos_token=add_bos,
+        chat_template=str(template) if template else None,
+    )
+
+
+def _pre_tokenizer(pre: object) -> pre_tokenizers.PreTokenizer:
+    split = PRE_TOKENIZER_SPLITS.get(str(pre)) if pre is not None else None
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's own regex
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _add_typed_tokens(backend: BackendTokenizer, tokens: list[str], token_types: list[int]) -> None:
+    # A control token spelled outside the byte alphabet is a llama.cpp mislabel; adding it would
+    # grow the vocabulary past the model's, so it is skipped (as transformers does).
+    control = [
+        AddedToken(token, normalized=False, special=True)
+        for token, kind in zip(tokens, token_types, strict=True)
+        if kind == TOKEN_TYPE_CONTROL and set(token) <= _BYTE_ALPHABET
+    ]
+    user_defined = [
+        AddedToken(token, normalized=False, special=False)
+        for token, kind in zip(tokens, token_types, strict=True)
+        if kind == TOKEN_TYPE_USER_DEFINED
+    ]
+    if control:
+        backend.add_special_tokens(control)
+    if user_defined:
+        backend.add_tokens(user_defined)
+
+
+def _byte_spelling(token: str) -> str:
+    if set(token) <= _BYTE_ALPHABET:
+        return token
+    spelling = _bytes_to_unicode()
+    return "".join(spelling[b] for b in token.encode("utf-8"))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte → printable character map.
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def _split_merge(merge: str) -> tuple[str, str]:
+    left, sep, right = merge.partition(" ")
+    if not sep or not left or not right or " " in right:
+        raise CorruptModelFile(f"GGUF field tokenizer.ggml.merges holds a malformed merge {merge!r}")
+    return left, right
+
+
+def _required(fields: dict[str, Any], key: str) -> Any:
+    if fields.get(key) is None:
+        raise CorruptModelFile(f"GGUF field {key} is missing")
+    return fields[key]
+
+
+def _required_list(fields: dict[str, Any], key: str) -> Sequence[Any]:
+    value = _required(fields, key)
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) and not hasattr(value, "__len__"):
+        raise CorruptModelFile(f"GGUF field {key} is not an array")
+    return list(value)
+
+
+def _optional_id(fields: dict[str, Any], key: str, vocab_size: int) -> int | None:
+    value = fields.get(key)
+    if value is None:
+        return None
+    index = int(value)
+    if not 0 <= index < vocab_size:
+        raise CorruptModelFile(f"GGUF field {key} = {index} is outside the vocabulary of {vocab_size} tokens")
+    return index
