@@ -4,7 +4,9 @@ Files, in the order they are consulted:
 
 * ``tokenizer.json`` (required): the `tokenizers` pipeline;
 * ``tokenizer_config.json``: ``bos_token`` / ``eos_token`` / ``pad_token`` / ``unk_token``,
-  ``add_bos_token`` / ``add_eos_token``, ``added_tokens_decoder``, ``chat_template``;
+  ``added_tokens_decoder``, ``chat_template``. ``add_bos_token`` / ``add_eos_token`` are ignored,
+  as transformers (v5) ignores them for tokenizer.json tokenizers: the tokenizer.json
+  post-processor alone decides what ``add_special_tokens=True`` adds;
 * ``chat_template.jinja`` (or ``chat_template.json``): overrides the config's template, as in transformers;
 * ``generation_config.json``: ``eos_token_id`` (int or list) joins the ids that end generation.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, processors
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
 from stagewise.errors import ConfigError, CorruptModelFile, ModelNotFound
@@ -53,7 +55,6 @@ def read_tokenizer_dir(path: str | Path) -> HfTokenizerFiles:
     config = _read_json(root / "tokenizer_config.json")
     _add_config_tokens(backend, config, root / "tokenizer_config.json")
     special = {name: text for name in SPECIAL_TOKEN_NAMES if (text := _token_text(config.get(name))) is not None}
-    _apply_bos_eos_flags(backend, config, special)
     return HfTokenizerFiles(
         backend=backend,
         special_tokens_map=special,
@@ -100,24 +101,6 @@ def _add_config_tokens(backend: BackendTokenizer, config: dict[str, Any], file: 
             backend.add_special_tokens([token])
         else:
             backend.add_tokens([token])
-
-
-def _apply_bos_eos_flags(backend: BackendTokenizer, config: dict[str, Any], special: dict[str, str]) -> None:
-    # Mirrors transformers: explicit add_bos_token/add_eos_token (or no post-processor at all)
-    # replace the tokenizer.json post-processor with a BOS/EOS template.
-    explicit = "add_bos_token" in config or "add_eos_token" in config
-    if not explicit and backend.post_processor is not None:
-        return
-    pieces: list[tuple[str, int]] = []
-    single = "$A:0"
-    for name, flag, before in (("bos_token", "add_bos_token", True), ("eos_token", "add_eos_token", False)):
-        text = special.get(name)
-        token_id = backend.token_to_id(text) if text is not None else None
-        if config.get(flag) and text is not None and token_id is not None:
-            pieces.append((text, token_id))
-            single = f"{text}:0 {single}" if before else f"{single} {text}:0"
-    if pieces:
-        backend.post_processor = processors.TemplateProcessing(single=single, pair=f"{single} $B:1", special_tokens=pieces)
 
 
 def _generation_eos_ids(file: Path) -> frozenset[int]:

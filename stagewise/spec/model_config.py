@@ -110,6 +110,16 @@ class ModelConfig:
             raise ConfigError(
                 f"MoE needs 0 < num_experts_per_tok <= num_experts, got {self.num_experts_per_tok}/{self.num_experts}"
             )
+        if LINEAR_ATTENTION in self.layer_types:
+            dims = (self.linear_conv_kernel_dim, self.linear_key_head_dim, self.linear_value_head_dim,
+                    self.linear_num_key_heads, self.linear_num_value_heads)
+            if min(dims) <= 0:
+                raise ConfigError(f"linear attention needs positive linear_* dimensions, got {dims}")
+            if self.linear_num_value_heads % self.linear_num_key_heads != 0:
+                raise ConfigError(
+                    f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                    f"linear_num_key_heads ({self.linear_num_key_heads})"
+                )
 
     @property
     def is_moe(self) -> bool:
@@ -190,13 +200,13 @@ def _req(raw: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
     return value
 
 
-def _rope(raw: dict[str, Any], source: str) -> RopeScaling:
+def _rope(raw: dict[str, Any], source: str, default_partial: float = 1.0) -> RopeScaling:
     params = raw.get("rope_parameters") or {}
     legacy = raw.get("rope_scaling") or {}
     merged: dict[str, Any] = {**legacy, **params}
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
     theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
-    partial = merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    partial = merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial))
     try:
         return RopeScaling(
             rope_type=str(rope_type),
@@ -245,6 +255,11 @@ def _from_hf(raw: dict[str, Any], source: str) -> ModelConfig:
     if arch not in HYBRID_ARCHITECTURES:
         layer_types = [FULL_ATTENTION] * layers
     num_experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    activation = raw.get("hidden_act", "silu")
+    if activation != "silu":
+        raise UnsupportedArchitecture(f"{source}: hidden_act {activation!r} is not supported (silu)")
+    # Qwen3.5-MoE has no dense layers and always renormalizes its top-k router weights.
+    sparse_only = arch == "qwen3_5_moe"
     extra = {k: raw[k] for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if k in raw}
     if "vision_config" in outer:
         extra["has_vision"] = True
@@ -258,7 +273,8 @@ def _from_hf(raw: dict[str, Any], source: str) -> ModelConfig:
         head_dim=int(head_dim),
         intermediate_size=int(raw.get("intermediate_size") or 0),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope=_rope(raw, source),
+        # hybrid configs default to rotating a quarter of each head (transformers' default)
+        rope=_rope(raw, source, 0.25 if arch in HYBRID_ARCHITECTURES else 1.0),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
@@ -267,9 +283,9 @@ def _from_hf(raw: dict[str, Any], source: str) -> ModelConfig:
         num_experts=num_experts,
         num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
         moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-        decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
-        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+        norm_topk_prob=True if sparse_only else bool(raw.get("norm_topk_prob", True)),
+        decoder_sparse_step=1 if sparse_only else int(raw.get("decoder_sparse_step", 1) or 1),
+        mlp_only_layers=() if sparse_only else tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
         shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
         linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim") or 0),
         linear_key_head_dim=int(raw.get("linear_key_head_dim") or 0),

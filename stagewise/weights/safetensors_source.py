@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from stagewise.errors import CorruptModelFile, ModelNotFound, WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
+from stagewise.weights.expert_stacking import StackedTensor, load_stacked, plan_expert_stacking
 
 _IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.", "model.mtp.")
 
@@ -49,6 +50,14 @@ class SafetensorsSource:
             except SafetensorError as exc:
                 raise CorruptModelFile(f"{path}: not a valid safetensors file ({exc})") from None
         self._check_index(files)
+        # per-expert MoE matrices are presented as the model's stacked 3-D expert weights
+        self._stacked: dict[str, StackedTensor] = plan_expert_stacking(self._shapes, self.label)
+        for stacked in self._stacked.values():
+            for part in (p for parts in stacked.parts for p in parts):
+                del self._shapes[part]
+            if stacked.name in self._shapes:
+                raise WeightsError(f"{self.label}: tensor {stacked.name!r} is stored both stacked and per expert")
+            self._shapes[stacked.name] = stacked.shape
 
     def _check_index(self, files: list[Path]) -> None:
         index = self.directory / "model.safetensors.index.json"
@@ -68,7 +77,7 @@ class SafetensorsSource:
         return str(self.directory)
 
     def names(self) -> set[str]:
-        return set(self._where)
+        return set(self._shapes)
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
@@ -77,13 +86,19 @@ class SafetensorsSource:
         return False
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        stacked = self._stacked.get(name)
+        if stacked is not None:
+            return load_stacked(stacked, self._read, device, dtype)
+        return self._read(name).to(device=device, dtype=dtype)
+
+    def _read(self, name: str) -> torch.Tensor:
         path, raw = self._where[name]
         try:
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 tensor = handle.get_tensor(raw)
         except SafetensorError as exc:
             raise CorruptModelFile(f"{path}: cannot read tensor {raw!r} ({exc})") from None
-        return tensor.to(device=device, dtype=dtype)
+        return tensor
 
     def load_quantized(self, name: str, device: torch.device) -> QuantizedWeight:
         raise WeightsError(f"{self.label}: tensor {name!r} is not quantized")

@@ -89,9 +89,12 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
         raise CorruptModelFile(
             f"GGUF field tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens"
         )
-    # NOTE: llama.cpp stores some tokens (e.g. user-defined ones with spaces) in plain UTF-8 rather
-    # than the byte alphabet; the BPE model must see them in the byte alphabet.
-    vocab = {_byte_spelling(token): index for index, token in enumerate(tokens)}
+    # NOTE: llama.cpp stores some tokens in plain UTF-8 rather than the byte alphabet. Normal ones are
+    # respelled for the BPE model; user-defined ones keep their text, which is what gets matched.
+    vocab = {
+        token if kind == TOKEN_TYPE_USER_DEFINED else _byte_spelling(token): index
+        for index, (token, kind) in enumerate(zip(tokens, token_types, strict=True))
+    }
     backend = BackendTokenizer(
         BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
     )

@@ -1,0 +1,240 @@
+"""Render chat messages to a prompt string exactly as transformers' ``apply_chat_template`` does.
+
+Same sandboxed jinja2 environment (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``),
+same globals (``raise_exception``, ``strftime_now``, ``dict``, ``namespace``), same ``tojson``
+(``ensure_ascii=False``, ``indent``, ``separators``, ``sort_keys``), same variables
+(``messages``, ``tools``, ``documents``, ``add_generation_prompt``, the tokenizer's special tokens,
+and any extra keyword such as ``enable_thinking``).
+
+Messages are normalized on the way in, as OpenAI-compatible servers do:
+
+* keys whose value is None are dropped (transformers does the same);
+* ``content`` given as a list of text parts is joined with ``"\\n"``; any image part raises
+  :class:`RequestError` ("image input is not supported"), other non-text parts likewise;
+* an assistant ``tool_calls[].function.arguments`` JSON string is parsed to an object, the form
+  HF templates expect (left as a string if it is not a JSON object);
+* ``reasoning_content`` / ``thinking`` / ``reasoning`` are aliased like transformers does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from stagewise.errors import ConfigError, RequestError
+
+__all__ = ["DEFAULT_CHATML", "ChatTemplate"]
+
+# Qwen2.5/Qwen3-style ChatML with tools, used when a model ships no template of its own.
+# Tools go into the system turn inside <tools></tools>; assistant calls are written as
+# <tool_call>{"name": ..., "arguments": ...}</tool_call>; tool results as <tool_response> inside a
+# user turn (consecutive results share one turn). `enable_thinking` is ignored (no reasoning block).
+DEFAULT_CHATML = """\
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n" }}
+    {{- "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+        "{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first %}
+    {%- elif message.role == 'user' or message.role == 'system' or (message.role == 'assistant' and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + (message.content | default('')) + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant' }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+            {%- if tool_call.arguments is string %}
+                {{- tool_call.arguments }}
+            {%- else %}
+                {{- tool_call.arguments | tojson }}
+            {%- endif %}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' + (message.content | default('')) + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- raise_exception('unknown message role ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+_IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+class ChatTemplate:
+    """A compiled chat template. ``source=None`` selects :data:`DEFAULT_CHATML`."""
+
+    def __init__(self, source: str | None) -> None:
+        """Raises ConfigError when the template does not parse."""
+        self.source = source if source is not None else DEFAULT_CHATML
+        try:
+            self._template = _environment().from_string(self.source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"chat template does not parse: line {exc.lineno}: {exc.message}") from exc
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        special_tokens: Mapping[str, str] | None = None,
+        **variables: Any,
+    ) -> str:
+        """The prompt text for ``messages``.
+
+        Args:
+            messages: OpenAI-style messages (system/user/assistant/tool).
+            add_generation_prompt: append the assistant header so the model answers next.
+            tools: OpenAI function tools (``{"type": "function", "function": {...}}``).
+            documents: RAG documents (``{"title": ..., "text": ...}``) for templates that read them.
+            special_tokens: ``Tokenizer.special_tokens_map`` (``bos_token``, ``eos_token``, ...).
+            variables: extra template variables (e.g. ``enable_thinking=False``); they override special tokens.
+        Raises:
+            RequestError: empty or malformed messages, unsupported content parts, or the template's
+                own ``raise_exception`` (e.g. roles that do not alternate).
+        """
+        if not messages:
+            raise RequestError("messages must not be empty")
+        context = {
+            **dict(special_tokens or {}),
+            **variables,
+            "messages": [_normalize_message(m, i) for i, m in enumerate(messages)],
+            "tools": copy.deepcopy(list(tools)) if tools is not None else None,
+            "documents": copy.deepcopy(list(documents)) if documents is not None else None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        try:
+            return self._template.render(**context)
+        except jinja2.TemplateError as exc:
+            raise RequestError(f"chat template rejected the messages: {exc.message or type(exc).__name__}") from exc
+        except (TypeError, KeyError, IndexError, ValueError) as exc:
+            raise RequestError(f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
+
+
+def _normalize_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
+    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        raise RequestError(f"messages[{index}] must be an object with a string 'role'")
+    out = {key: copy.deepcopy(value) for key, value in message.items() if value is not None}
+    if "content" in out:
+        out["content"] = _content_text(out["content"], index)
+    for call in out.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                parsed = json.loads(function["arguments"])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(parsed, dict):
+                function["arguments"] = parsed
+    reasoning = next((out[key] for key in _REASONING_FIELDS if out.get(key) is not None), None)
+    if reasoning is not None:
+        out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
+    return out
+
+
+def _content_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(f"messages[{index}].content must be a string or a list of content parts")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _IMAGE_PART_TYPES:
+            raise RequestError("image input is not supported")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise RequestError(f"messages[{index}].content part of type {kind!r} is not supported")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # NOTE: unlike jinja's own tojson, no HTML escaping: prompts are not HTML.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _TemplateDict:
+    # `dict(...)` in templates without exposing the type itself to the sandbox.
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    # Namespaces refuse underscore names so templates cannot reach CPython internals.
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"chat templates cannot set the namespace attribute {name!r}")

@@ -1,0 +1,90 @@
+"""Generator: one sequence through the pipeline — chunked prefill, then decode token by token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from stagewise.engine.sampling import Sample, Sampler, SamplingParams
+from stagewise.errors import ContextLengthExceeded, RequestError
+from stagewise.runtime.pipeline import Pipeline
+
+CancelCheck = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Token-level request: the prompt ids, how many tokens to generate, and how to sample."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: frozenset[int] = frozenset()
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise RequestError("the prompt is empty")
+        if self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise RequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token; ``finish_reason`` is set on the last one (``stop`` or ``length``)."""
+
+    index: int
+    sample: Sample
+    finish_reason: str | None = None
+
+
+class Generator:
+    """Runs requests one at a time in sequence slot 0 of a pipeline built for ``max_context``."""
+
+    def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 256) -> None:
+        self.pipeline = pipeline
+        self.max_context = max_context
+        self.prefill_chunk = prefill_chunk
+        vocab = pipeline.stages[0].model.config.vocab_size
+        self.vocab_size = vocab
+
+    def check(self, request: GenerationRequest) -> None:
+        n = len(request.prompt_ids)
+        if n >= self.max_context:
+            raise ContextLengthExceeded(
+                f"the prompt has {n} tokens; this model's context is {self.max_context} tokens"
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def stream(self, request: GenerationRequest, cancel: CancelCheck | None = None) -> Iterator[TokenEvent]:
+        """Yield tokens as they are decided. Raises StepCancelled / StepFailed (rolled back)."""
+        self.check(request)
+        sampler = Sampler(request.sampling)
+        self.pipeline.reset(0)
+        prompt = torch.tensor(request.prompt_ids, dtype=torch.long)[None]  # (1, P)
+        n = prompt.shape[1]
+        logits = None
+        for lo in range(0, n, self.prefill_chunk):
+            chunk = prompt[:, lo : lo + self.prefill_chunk]
+            positions = torch.arange(lo, lo + chunk.shape[1])[None]
+            logits = self.pipeline.step(chunk, positions, start=lo, cancel=cancel).logits
+        assert logits is not None
+        budget = min(request.max_tokens, self.max_context - n)
+        position = n
+        for index in range(budget):
+            sample = sampler.sample(logits[0, -1], request.top_logprobs)
+            stop = sample.token in request.stop_token_ids
+            last = stop or index == budget - 1
+            reason = ("stop" if stop else "length") if last else None
+            yield TokenEvent(index, sample, reason)
+            if last:
+                return
+            token = torch.tensor([[sample.token]])
+            logits = self.pipeline.step(token, torch.tensor([[position]]), start=position, cancel=cancel).logits
+            position += 1

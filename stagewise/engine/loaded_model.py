@@ -1,0 +1,43 @@
+"""LoadedModel: everything the engine needs to serve one model, and :func:`load_model` to get it.
+
+``load_model`` is the one path from a user's MODEL argument to a running pipeline: open the
+weights, plan (once) a certified placement on the devices, load each stage straight to its device,
+and attach the tokenizer and chat template. CLI ``run``/``chat``/``bench`` and ``serve`` all use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stagewise.engine.chat_template import ChatTemplate
+from stagewise.engine.tokenizer import Tokenizer
+from stagewise.runtime.pipeline import Pipeline
+from stagewise.runtime.stage import ChargeCheck
+from stagewise.spec.model_config import ModelConfig
+
+StageProgress = Callable[[int, str, int], None]  # (stage index, tensor name, bytes loaded)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: its pipeline, tokenizer, template and the placement it runs under."""
+
+    name: str
+    config: ModelConfig
+    pipeline: Pipeline
+    placement_json: dict[str, Any]  # the planner's JSON form of the placement used
+    placement_summary: str  # e.g. "Fits across 2 devices: cpu:0 embedding + blocks 0-1 (...) · ..."
+    tokenizer: Tokenizer | None
+    chat_template: ChatTemplate
+    max_context: int
+    dtype: torch.dtype
+
+    def charge_checks(self) -> list[ChargeCheck]:
+        return [stage.charge_check() for stage in self.pipeline.stages]
+
+    def close(self) -> None:
+        self.pipeline.close()

@@ -1,0 +1,95 @@
+"""Sampling: temperature, top-k, top-p, min-p, penalties and seeded reproducibility."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from stagewise.errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """OpenAI-style sampling parameters; ``temperature == 0`` is greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 2.0:
+            raise RequestError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise RequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A chosen token, its log-probability under the model, and the top alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class Sampler:
+    """Draws tokens for one sequence; a fixed ``seed`` makes the draws reproducible."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.generator = torch.Generator()
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+        self.counts: Counter[int] = Counter()
+
+    def sample(self, logits: torch.Tensor, top_logprobs: int = 0) -> Sample:
+        """Choose the next token from ``logits`` ``(V,)`` (float32)."""
+        logits = logits.detach().float().cpu()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        p = self.params
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
+            ids = torch.tensor(list(self.counts))
+            freq = torch.tensor([self.counts[i] for i in self.counts], dtype=torch.float32)
+            logits = logits.clone()
+            logits[ids] -= p.presence_penalty + p.frequency_penalty * freq
+        if p.temperature == 0.0:
+            token = int(torch.argmax(logits))
+        else:
+            token = self._draw(logits / p.temperature)
+        self.counts[token] += 1
+        top: tuple[tuple[int, float], ...] = ()
+        if top_logprobs:
+            values, ids = torch.topk(logprobs, top_logprobs)
+            top = tuple((int(i), float(v)) for i, v in zip(ids, values))
+        return Sample(token, float(logprobs[token]), top)
+
+    def _draw(self, logits: torch.Tensor) -> int:
+        p = self.params
+        if p.top_k:
+            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if p.min_p > 0.0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        if p.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_probs, 0) - sorted_probs < p.top_p
+            mask = torch.zeros_like(probs, dtype=torch.bool)
+            mask[order[keep]] = True
+            probs = probs * mask
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=self.generator))

@@ -1,0 +1,127 @@
+"""On-device measurement: memory bandwidth, matmul rate, link bandwidth and latency.
+
+Results are cached per machine under ``~/.cache/stagewise/measure-<key>.json`` where the key
+hashes the host name, the devices' UUIDs (or ids) and the NVIDIA driver version, so a driver
+update or a swapped card re-measures. torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from stagewise.hardware.topology import Topology
+
+ACTIVATION_BYTES = 8 << 10  # one decode token's hidden state (4096 x bf16)
+LARGE_BYTES = 64 << 20
+_REPEATS = 5
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("STAGEWISE_CACHE", Path.home() / ".cache" / "stagewise"))
+
+
+def machine_key(topology: Topology) -> str:
+    from stagewise.hardware.discovery import driver_version
+
+    parts = [os.uname().nodename, driver_version()] + [d.uuid or d.id for d in topology.devices]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def measure_topology(topology: Topology, use_cache: bool = True) -> tuple[Topology, dict[str, Any]]:
+    """Measure every executable device and each pair's link; return the updated topology and
+    the raw figures (``{"devices": {id: {...}}, "links": {"a|b": {...}}}``)."""
+    path = cache_dir() / f"measure-{machine_key(topology)}.json"
+    figures: dict[str, Any] | None = None
+    if use_cache and path.exists():
+        try:
+            figures = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            figures = None
+    if figures is None:
+        figures = _measure(topology)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=1))
+    return _apply(topology, figures), figures
+
+
+def _apply(topology: Topology, figures: dict[str, Any]) -> Topology:
+    devices = []
+    for d in topology.devices:
+        m = figures.get("devices", {}).get(d.id)
+        if m:
+            d = replace(
+                d,
+                memory_bandwidth_bytes_per_s=m["memory_bandwidth_bytes_per_s"],
+                matmul_flops_per_s=m["matmul_flops_per_s"],
+                measured=True,
+            )
+        devices.append(d)
+    links = []
+    for lk in topology.links:
+        m = figures.get("links", {}).get(f"{lk.a}|{lk.b}")
+        if m:
+            lk = replace(lk, bandwidth_bytes_per_s=m["large_bandwidth_bytes_per_s"], latency_s=m["activation_s"])
+            lk = replace(lk, measured=True)
+        links.append(lk)
+    return Topology(tuple(devices), tuple(links), topology.name)
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def _median_s(fn: Any, device: str) -> float:
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(_REPEATS):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _measure(topology: Topology) -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {"devices": {}, "links": {}, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for d in topology.devices:
+        if not d.executable:
+            continue
+        dev = d.torch_device
+        n = LARGE_BYTES // 2
+        src = torch.empty(n, dtype=torch.bfloat16, device=dev)
+        dst = torch.empty_like(src)
+        copy_s = _median_s(lambda s=src, t=dst: t.copy_(s), dev)
+        size = 2048 if dev.startswith("cuda") else 512
+        a = torch.randn(size, size, dtype=torch.bfloat16 if dev != "cpu" else torch.float32, device=dev)
+        mm_s = _median_s(lambda a=a: a @ a, dev)
+        out["devices"][d.id] = {
+            "memory_bandwidth_bytes_per_s": 2 * LARGE_BYTES / copy_s,  # read + write
+            "matmul_flops_per_s": 2 * size**3 / mm_s,
+        }
+    for lk in topology.links:
+        da, db = topology.device(lk.a), topology.device(lk.b)
+        if not (da.executable and db.executable):
+            continue
+        small = torch.empty(ACTIVATION_BYTES, dtype=torch.uint8, device=da.torch_device)
+        large = torch.empty(LARGE_BYTES, dtype=torch.uint8, device=da.torch_device)
+        small_s = _median_s(lambda t=small: t.to(db.torch_device), db.torch_device)
+        large_s = _median_s(lambda t=large: t.to(db.torch_device), db.torch_device)
+        out["links"][f"{lk.a}|{lk.b}"] = {
+            "activation_s": small_s,
+            "activation_bandwidth_bytes_per_s": ACTIVATION_BYTES / small_s,
+            "large_s": large_s,
+            "large_bandwidth_bytes_per_s": LARGE_BYTES / large_s,
+        }
+    return out

@@ -1,0 +1,59 @@
+"""Hybrid decoder blocks of Qwen3-Next, Qwen3.5 and Qwen3.5-MoE / Qwen3.6.
+
+``layer_types`` picks each block's mixer: Gated DeltaNet linear attention (state: conv + fp32
+recurrent, :class:`RecurrentState`) or gated full attention (per-head zero-centred q/k RMSNorm,
+partial rotary, sigmoid output gate; state: :class:`KVCache`). The MLP is a sparse MoE with a
+sigmoid-gated shared expert (Qwen3-Next, Qwen3.5-MoE) or a dense SwiGLU (Qwen3.5, and
+Qwen3-Next's ``mlp_only_layers``). Block norms are zero-centred: ``y = x / rms(x) * (1 + w)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stagewise.models.layers.attention import Attention
+from stagewise.models.layers.gated_deltanet import GatedDeltaNet
+from stagewise.models.layers.moe import SparseMoE
+from stagewise.models.layers.rms_norm import RMSNorm
+from stagewise.models.layers.swiglu import SwiGLU
+from stagewise.models.state import BlockState, KVCache, RecurrentState
+from stagewise.models.step_context import StepContext
+from stagewise.spec.model_config import ModelConfig
+
+
+class HybridBlock(nn.Module):
+    """Pre-norm residual block: (linear or full) attention, then MoE or dense MLP."""
+
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.is_linear = config.block_is_linear(index)
+        self.input_layernorm = RMSNorm(hidden, eps, zero_centered=True)
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config, packed=config.architecture == "qwen3_next")
+        else:
+            self.self_attn = Attention(config, qk_norm=True, output_gate=True)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, zero_centered=True)
+        self.mlp: nn.Module = (SparseMoE(config, shared_expert=True) if config.block_is_moe(index)
+                               else SwiGLU(hidden, config.intermediate_size))
+
+    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> BlockState:
+        if self.is_linear:
+            return self.linear_attn.new_state(batch, max_context, dtype, device)
+        return self.self_attn.new_state(batch, max_context, dtype, device)
+
+    def forward(self, hidden: torch.Tensor, ctx: StepContext, state: BlockState) -> torch.Tensor:
+        normed = self.input_layernorm(hidden)  # (B, T, H)
+        if self.is_linear:
+            assert isinstance(state, RecurrentState)
+            mixed = self.linear_attn(normed, state)
+        else:
+            assert isinstance(state, KVCache)
+            mixed = self.self_attn(normed, ctx, state)
+        hidden = hidden + mixed
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def hybrid_block(config: ModelConfig, index: int) -> nn.Module:
+    return HybridBlock(config, index)

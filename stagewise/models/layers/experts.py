@@ -1,0 +1,72 @@
+"""Experts: a MoE layer's SwiGLU experts as stacked 3-D weights (transformers 5.x layout).
+
+Parameters (checkpoint names under ``mlp.experts.``):
+- ``gate_up_proj`` ``(E, 2 * I, H)``: per expert, the gate rows then the up rows;
+- ``down_proj`` ``(E, H, I)``.
+Checkpoints that store per-expert matrices (``mlp.experts.<e>.gate_proj.weight`` …) are stacked
+into this layout by :mod:`stagewise.weights.expert_stacking`. Either weight may instead be resident
+packed (:class:`~stagewise.models.layers.quantized_experts.QuantizedExperts`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stagewise.models.layers.quantized_experts import QuantizedExperts
+
+_NAMES = ("gate_up_proj", "down_proj")
+
+
+class Experts(nn.Module):
+    """``E`` SwiGLU experts applied to the tokens routed to them."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj: nn.Parameter | None = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj: nn.Parameter | None = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.quantized: dict[str, QuantizedExperts] = {}
+
+    def set_quantized_param(self, name: str, qweight: QuantizedExperts) -> None:
+        """Loader hook: stacked weight ``name`` (``gate_up_proj`` or ``down_proj``) arrives packed."""
+        if name not in _NAMES:
+            raise ValueError(f"Experts cannot hold {name!r} quantized")
+        dense = getattr(self, name)
+        want = tuple(dense.shape) if dense is not None else None
+        if want is not None and tuple(qweight.shape) != want:
+            raise ValueError(f"quantized {name} shape {tuple(qweight.shape)} != {want}")
+        setattr(self, name, None)  # drop the dense parameter: no dequantized copy is kept
+        self.quantized[name] = qweight
+
+    def quantized_weights(self) -> list[QuantizedExperts]:
+        return list(self.quantized.values())
+
+    def _matmul(self, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        packed = self.quantized.get(name)
+        if packed is not None:
+            return packed.expert(expert).matmul(x)
+        weight = getattr(self, name)
+        return nn.functional.linear(x, weight[expert])
+
+    def forward(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``: each token's experts and weights.
+
+        Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``.
+        """
+        out = torch.zeros_like(x)
+        # NOTE: one small matmul pair per routed expert; the host reads the routed set (a sync).
+        for expert in torch.unique(top_index).tolist():
+            token, slot = torch.where(top_index == expert)  # (n_e,) each
+            gate, up = self._matmul("gate_up_proj", expert, x[token]).chunk(2, dim=-1)  # (n_e, I) each
+            y = self._matmul("down_proj", expert, nn.functional.silu(gate) * up)  # (n_e, H)
+            out.index_add_(0, token, (y * top_weight[token, slot, None]).to(out.dtype))
+        return out
+
+    def extra_repr(self) -> str:
+        formats = {n: (self.quantized[n].format_name if n in self.quantized else "dense") for n in _NAMES}
+        return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
+                f"format={formats}")

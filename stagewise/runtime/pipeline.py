@@ -1,0 +1,116 @@
+"""Pipeline: runs one transactional step through every stage.
+
+A step is published only when every stage completed: each stage writes its state provisionally;
+on any failure (exception, injected fault, cancellation between stages) every stage rolls back,
+the pipeline stays usable, and a retry gives exactly the results of a run that never failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from stagewise.errors import StagewiseError, StepCancelled, StepFailed
+from stagewise.models.stage_model import StageOutput
+from stagewise.runtime.channel import Channel
+from stagewise.runtime.handoff import Handoff
+from stagewise.runtime.stage import Stage
+
+FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
+CancelCheck = Callable[[], bool]
+
+
+@dataclass
+class StepTimings:
+    """Wall time of the last step: per stage compute and per boundary handoff, seconds."""
+
+    stage_s: list[float] = field(default_factory=list)
+    handoff_s: list[float] = field(default_factory=list)
+
+
+class Pipeline:
+    """Ordered stages joined by one channel per boundary. One device is a one-stage pipeline."""
+
+    def __init__(self, stages: list[Stage], channels: list[Channel], timing: bool = False) -> None:
+        if len(channels) != len(stages) - 1:
+            raise ValueError("a pipeline needs one channel per stage boundary")
+        self.stages = stages
+        self.channels = channels
+        self.timing = timing
+        self.step_id = 0
+        self.fault_hook: FaultHook | None = None
+        self.last_timings = StepTimings()
+
+    @property
+    def entry_device(self) -> torch.device:
+        return self.stages[0].device
+
+    @property
+    def hidden_size(self) -> int:
+        return self.stages[0].model.config.hidden_size
+
+    def _sync(self, device: torch.device) -> None:
+        if self.timing and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
+             all_logits: bool = False, cancel: CancelCheck | None = None) -> StageOutput:
+        """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish.
+
+        Raises :class:`StepCancelled` or :class:`StepFailed` after rolling every stage back.
+        """
+        self.step_id += 1
+        step_id = self.step_id
+        timings = StepTimings()
+        try:
+            x = tokens.to(self.entry_device)
+            pos = positions.to(self.entry_device)
+            out: StageOutput | None = None
+            for k, stage in enumerate(self.stages):
+                if self.fault_hook is not None:
+                    self.fault_hook(k, step_id)
+                t0 = time.perf_counter()
+                out = stage.run(x, pos, start, all_logits)
+                self._sync(stage.device)
+                timings.stage_s.append(time.perf_counter() - t0)
+                if k == len(self.stages) - 1:
+                    break
+                if cancel is not None and cancel():
+                    raise StepCancelled(f"step {step_id} cancelled between stage {k} and stage {k + 1}")
+                t0 = time.perf_counter()
+                received = self.channels[k].send(Handoff(step_id, pos, out.hidden))
+                nxt = self.stages[k + 1]
+                received.check(step_id, positions, self.hidden_size, nxt.dtype)
+                self._sync(nxt.device)
+                timings.handoff_s.append(time.perf_counter() - t0)
+                x, pos = received.hidden, received.positions
+        except StagewiseError:
+            self.rollback()
+            raise
+        except Exception as exc:
+            self.rollback()
+            raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            self.rollback()
+            raise
+        for stage in self.stages:
+            stage.publish()
+        self.last_timings = timings
+        assert out is not None
+        return out
+
+    def rollback(self) -> None:
+        for stage in self.stages:
+            stage.rollback()
+
+    def reset(self, slot: int) -> None:
+        """Start a new sequence in ``slot`` on every stage."""
+        for stage in self.stages:
+            stage.reset(slot)
+
+    def close(self) -> None:
+        for stage in self.stages:
+            stage.close()

@@ -1,0 +1,143 @@
+"""Stage: one device's part of the pipeline — its weights, block state, workspace and ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from stagewise.errors import StagewiseError
+from stagewise.models.registry import build_stage
+from stagewise.models.stage_model import StageModel, StageOutput
+from stagewise.models.state import BlockState
+from stagewise.runtime.ledger import MemoryLedger
+from stagewise.spec.model_config import ModelConfig
+from stagewise.weights.stage_loader import load_stage
+from stagewise.weights.tensor_source import TensorSource
+
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one stage runs: blocks ``[start, end)`` on ``device`` (a placement device id such as
+    ``cpu:1``) executing on ``torch_device``, within ``budget_bytes``; planned charges if known."""
+
+    index: int
+    device: str
+    torch_device: str
+    start: int
+    end: int
+    entry: bool
+    exit: bool
+    budget_bytes: int
+    planned_weights_bytes: int = 0
+    planned_state_bytes: int = 0
+    planned_workspace_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.start > self.end or self.start < 0:
+            raise ValueError(f"stage {self.index}: bad block range [{self.start}, {self.end})")
+
+
+@dataclass(frozen=True)
+class ChargeCheck:
+    """Planned vs measured bytes of one stage after loading (weights + state)."""
+
+    stage: int
+    device: str
+    planned_bytes: int
+    measured_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.planned_bytes / self.measured_bytes if self.measured_bytes else 1.0
+
+
+def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: torch.dtype) -> int:
+    """Resident bytes the stage's weights will take, computed from shapes before any allocation."""
+    total = 0
+    seen: set[int] = set()
+    resident = getattr(source, "resident_nbytes", None)
+    for name, param in model.named_parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        src = name
+        if name == "lm_head.weight" and name not in source.names() and model.config.tie_word_embeddings:
+            if model.entry:
+                continue  # shares the embedding on this stage
+            src = "model.embed_tokens.weight"
+        if callable(resident) and src in source.names():
+            total += int(resident(src, dtype))
+        else:
+            total += param.numel() * dtype.itemsize
+    return total
+
+
+class Stage:
+    """Owns its device, its blocks' parameters, its state and its ledger."""
+
+    def __init__(self, spec: StageSpec, model: StageModel, ledger: MemoryLedger, dtype: torch.dtype) -> None:
+        self.spec = spec
+        self.model = model
+        self.ledger = ledger
+        self.dtype = dtype
+        self.device = torch.device(spec.torch_device)
+        self.states: dict[int, BlockState] = {}
+
+    @staticmethod
+    def load(spec: StageSpec, config: ModelConfig, source: TensorSource, dtype: torch.dtype,
+             progress: Progress | None = None) -> Stage:
+        """Build the stage on meta, charge its weights, then stream them straight to the device."""
+        model = build_stage(config, spec.start, spec.end, spec.entry, spec.exit, device="meta")
+        ledger = MemoryLedger(spec.device, spec.budget_bytes)
+        ledger.charge("workspace", spec.planned_workspace_bytes, "workspace")
+        ledger.charge("weights", _weight_bytes_before_load(model, source, dtype), "weights")
+        load_stage(model, source, torch.device(spec.torch_device), dtype, progress)
+        model.eval()
+        return Stage(spec, model, ledger, dtype)
+
+    def allocate_state(self, batch: int, max_context: int) -> None:
+        """Charge, then allocate, the KV / conv / recurrent state of every block."""
+        planned = self.model.new_states(batch, max_context, self.dtype, torch.device("meta"))
+        nbytes = sum(s.nbytes for s in planned.values())
+        self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}")
+        self.states = self.model.new_states(batch, max_context, self.dtype, self.device)
+
+    def measured_bytes(self) -> int:
+        """Weights resident plus state allocated, counted from the real tensors."""
+        return self.model.resident_bytes() + sum(s.nbytes for s in self.states.values())
+
+    def charge_check(self) -> ChargeCheck:
+        planned = self.spec.planned_weights_bytes + self.spec.planned_state_bytes
+        return ChargeCheck(self.spec.index, self.spec.device, planned, self.measured_bytes())
+
+    def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
+            all_logits: bool) -> StageOutput:
+        with torch.inference_mode():
+            return self.model(inputs, positions, self.states, start=start, all_logits=all_logits)
+
+    def publish(self) -> None:
+        for state in self.states.values():
+            state.publish()
+
+    def rollback(self) -> None:
+        for state in self.states.values():
+            state.rollback()
+
+    def reset(self, slot: int) -> None:
+        for state in self.states.values():
+            state.reset(slot)
+
+    def close(self) -> None:
+        """Free the stage's device memory."""
+        self.states = {}
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def is_user_error(exc: BaseException) -> bool:
+    return isinstance(exc, StagewiseError)

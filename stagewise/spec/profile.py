@@ -1,0 +1,44 @@
+"""Profile: what a charge is computed for (context, batch, prefill chunk, activation dtype)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stagewise.errors import ConfigError
+from stagewise.spec.formats import activation_bytes
+
+DEFAULT_CONTEXT_TOKENS = 4096  # assess / plan default; run may ask for more
+DEFAULT_PREFILL_CHUNK_TOKENS = 512
+MAX_CONTEXT_TOKENS = 1 << 24
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Serving profile: ``batch`` sequences of up to ``context_tokens`` positions each, prompts
+    ingested ``prefill_chunk_tokens`` at a time, activations / KV / conv state in
+    ``activation_dtype``."""
+
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    batch: int = 1
+    prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS
+    activation_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for name, top in (("context_tokens", MAX_CONTEXT_TOKENS), ("batch", 4096), ("prefill_chunk_tokens", 1 << 20)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ConfigError(f"profile: {name} must be an integer in 1..{top}, got {value!r}")
+        activation_bytes(self.activation_dtype)
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens per prefill step: the chunk, never more than the context."""
+        return min(self.prefill_chunk_tokens, self.context_tokens)
+
+    @property
+    def activation_bytes(self) -> int:
+        return activation_bytes(self.activation_dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

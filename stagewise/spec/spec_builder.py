@@ -1,0 +1,112 @@
+"""Build a :class:`ModelSpec` from a :class:`ModelConfig` (counts in docs/accounting.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from stagewise.errors import ConfigError
+from stagewise.spec.block_spec import BlockSpec, EndSpec
+from stagewise.spec.formats import stored_format
+from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
+from stagewise.spec.weight_bytes import split_expert_bytes, total_bytes
+
+
+def build_spec(
+    c: ModelConfig,
+    fmt_name: str,
+    name: str,
+    tensor_bytes_by_block: Mapping[int, int] | None,
+    entry_bytes: int | None,
+    exit_bytes: int | None,
+) -> ModelSpec:
+    fmt = stored_format(fmt_name)
+    blocks = []
+    for i in range(c.num_layers):
+        tensors = block_tensors(c, i)
+        expert, other = split_expert_bytes(tensors, fmt)
+        weight = expert + other
+        read = other + (expert * c.num_experts_per_tok // c.num_experts if expert else 0)  # top-k of E
+        if tensor_bytes_by_block is not None:
+            if i not in tensor_bytes_by_block:
+                raise ConfigError(f"tensor_bytes_by_block: missing block {i}")
+            exact = int(tensor_bytes_by_block[i])
+            read = read * exact // max(weight, 1)
+            weight = exact
+        blocks.append(_block(c, i, tensors, weight, read))
+    entry_w = total_bytes(entry_tensors(c), fmt) if entry_bytes is None else int(entry_bytes)
+    exit_w = total_bytes(exit_tensors(c), fmt) if exit_bytes is None else int(exit_bytes)
+    head = c.vocab_size * c.hidden_size
+    entry = EndSpec(
+        weight_bytes=entry_w,
+        read_bytes_per_token=entry_w // c.vocab_size,  # one embedding row
+        flops_per_token=0,
+    )
+    exit_ = EndSpec(
+        weight_bytes=exit_w,
+        read_bytes_per_token=exit_w,
+        flops_per_token=2 * head,  # LM head matmul
+        shared_bytes=min(entry_w, exit_w) if c.tie_word_embeddings else 0,
+        logits_values_per_token=c.vocab_size,
+    )
+    return ModelSpec(
+        name=name or c.architecture,
+        architecture=c.architecture,
+        format=fmt.name,
+        hidden_size=c.hidden_size,
+        vocab_size=c.vocab_size,
+        blocks=tuple(blocks),
+        entry=entry,
+        exit=exit_,
+    )
+
+
+def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read: int) -> BlockSpec:
+    h = c.hidden_size
+    k = c.num_experts_per_tok
+    matrix = sum(t.elements for t in tensors if t.role in ("matrix", "router"))
+    expert = sum(t.elements for t in tensors if t.role == "expert")
+    active = matrix + (expert * k // c.num_experts if expert else 0)
+    flops = 2 * active  # one multiply-add per active weight
+    act = 2 * h  # residual + normed hidden
+    if c.block_is_moe(i):
+        s = c.shared_expert_intermediate_size
+        act += k * (3 * c.moe_intermediate_size + h) + 3 * s  # dispatched gate/up/act + expert outputs
+        f32 = 2 * c.num_experts  # router logits + probabilities
+    else:
+        act += 3 * c.intermediate_size  # gate, up, activated product
+        f32 = 0
+    if c.block_is_linear(i):
+        nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        conv_dim = c.linear_conv_dim
+        act += 2 * conv_dim + 2 * c.linear_value_dim + 2 * nv  # qkv before/after conv, z, output, a, b
+        flops += 4 * nv * dk * dv  # recurrent state update + readout
+        return BlockSpec(
+            index=i,
+            mixer="linear_attention",
+            moe=c.block_is_moe(i),
+            weight_bytes=weight,
+            read_bytes_per_token=read,
+            flops_per_token=flops,
+            conv_state_values=conv_dim * c.linear_conv_kernel_dim,
+            recurrent_state_values=nv * dk * dv,
+            activation_values_per_token=act,
+            f32_values_per_token=f32,
+        )
+    heads, kv, d = c.num_attention_heads, c.num_kv_heads, c.head_dim
+    q = heads * d * (2 if c.attn_output_gate else 1)
+    act += q + 2 * kv * d + heads * d  # q (+gate), k, v, attention output
+    return BlockSpec(
+        index=i,
+        mixer="attention",
+        moe=c.block_is_moe(i),
+        weight_bytes=weight,
+        read_bytes_per_token=read,
+        flops_per_token=flops,
+        kv_values_per_token=2 * kv * d,  # key + value
+        attention_flops_per_position=4 * heads * d,  # q.k and p.v, multiply-add
+        activation_values_per_token=act,
+        f32_values_per_token=f32,
+        score_values_per_position=heads,
+    )

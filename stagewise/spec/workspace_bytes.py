@@ -1,0 +1,35 @@
+"""Workspace bytes: activations of one prefill chunk, handoff buffers and the logits buffer.
+
+Blocks run one after another, so a stage needs the largest block's activations, not the sum:
+``batch x chunk x (activation values x dtype bytes + fp32 router values x 4 + heads x context
+x 4 for the fp32 attention-score chunk)``. Every stage also holds an input and an output
+hidden-state buffer (``2 x batch x chunk x hidden``); the exit stage holds the fp32 logits
+buffer ``batch x chunk x vocab x 4``.
+"""
+
+from __future__ import annotations
+
+from stagewise.spec.block_spec import BlockSpec
+from stagewise.spec.profile import Profile
+
+F32_BYTES = 4
+HANDOFF_BUFFERS = 2  # hidden state in + hidden state out
+
+
+def block_workspace_bytes(block: BlockSpec, profile: Profile) -> int:
+    """Peak activation bytes while block ``block`` ingests one prefill chunk."""
+    tokens = profile.batch * profile.chunk_tokens
+    per_token = (
+        block.activation_values_per_token * profile.activation_bytes
+        + block.f32_values_per_token * F32_BYTES
+        + block.score_values_per_position * profile.context_tokens * F32_BYTES
+    )
+    return tokens * per_token
+
+
+def handoff_buffer_bytes(hidden_size: int, profile: Profile) -> int:
+    return HANDOFF_BUFFERS * profile.batch * profile.chunk_tokens * hidden_size * profile.activation_bytes
+
+
+def logits_buffer_bytes(vocab_size: int, profile: Profile) -> int:
+    return profile.batch * profile.chunk_tokens * vocab_size * F32_BYTES

@@ -1,0 +1,69 @@
+"""RandomSource: deterministic random weights for any geometry, generated on the target device.
+
+Used by benchmarks and device-side tests (``random:CONFIG``) where writing a multi-GB file first
+would only measure the disk. Each tensor's values depend on the seed and the tensor's name alone,
+so any placement of the same model sees the same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from stagewise.errors import WeightsError
+from stagewise.models.layers.quantized_weight import QuantizedWeight
+from stagewise.models.registry import build_stage
+from stagewise.spec.model_config import ModelConfig
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class RandomSource:
+    """Every parameter of ``config``'s full model, drawn on demand."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0, std: float = 0.02) -> None:
+        self.config = config
+        self.seed = seed
+        self.std = std
+        full = build_stage(config, 0, config.num_layers, entry=True, exit=True, device="meta")
+        self._shapes = {n: tuple(p.shape) for n, p in full.named_parameters()}
+        if config.tie_word_embeddings:
+            self._shapes.pop("lm_head.weight", None)
+
+    @property
+    def label(self) -> str:
+        return f"random:{self.config.architecture} (seed {self.seed})"
+
+    def names(self) -> set[str]:
+        return set(self._shapes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def is_quantized(self, name: str) -> bool:
+        return False
+
+    def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        shape = self._shapes[name]
+        gen = torch.Generator(device=device).manual_seed(_tensor_seed(self.seed, name))
+        leaf = name.rsplit(".", 1)[-1]
+        if "norm" in name:  # around 1, or around 0 where the model stores offsets from 1
+            base = 0.0 if self.config.zero_centered_norm else 1.0
+            values = base + 0.05 * torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        elif leaf == "A_log":
+            values = torch.empty(shape, device=device, dtype=torch.float32).uniform_(0.0, 2.0, generator=gen)
+        elif leaf == "dt_bias":
+            values = torch.ones(shape, device=device, dtype=torch.float32)
+        else:
+            values = self.std * torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        return values.to(dtype)
+
+    def load_quantized(self, name: str, device: torch.device) -> QuantizedWeight:
+        raise WeightsError(f"{self.label}: tensor {name!r} is not quantized")
+
+    def ignored(self) -> set[str]:
+        return set()

@@ -1,0 +1,121 @@
+"""GGUF tokenizer metadata → tokenizers pipeline, checked against transformers on the same vocab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stagewise.engine.tokenizer import Tokenizer
+from stagewise.errors import CorruptModelFile, UnsupportedArchitecture
+from stagewise.weights.tokenizer_train import export_for_gguf, save_for_hf, train_demo_tokenizer
+
+TEXTS = [
+    "Hello world",
+    " leading space and  double  spaces",
+    "digits 1234567 and 3.14159, 1e-5 0x1F",
+    "tabs\tand\nnewlines\n\n\r\n  indented\n    code()",
+    "Ünïcödé café naïve 日本語のテキスト 한국어 русский 🙂🚀👍🏽 ❤️",
+    "I'm sure they'll say we've DONE it, SHE'D agree",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
+    "mixed<|endoftext|>special<|im_end|>tokens   ",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def fields() -> dict[str, Any]:
+    return export_for_gguf(train_demo_tokenizer(700), chat_template="{{ messages }}")
+
+
+def _hf_from_gguf_converter(fields: dict[str, Any]) -> Any:
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    renames = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens",
+               "token_type": "token_type", "merges": "merges"}
+    tokenizer_dict = {name: fields[f"tokenizer.ggml.{key}"] for key, name in renames.items()}
+    backend, _ = convert_gguf_tokenizer("qwen2", tokenizer_dict)
+    return backend
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
+def test_matches_transformers_gguf_converter(fields: dict[str, Any], pre: str) -> None:
+    fields = {**fields, "tokenizer.ggml.pre": pre}
+    ours = Tokenizer.from_gguf_fields(fields)
+    theirs = _hf_from_gguf_converter(fields)
+    for text in TEXTS:
+        assert ours.encode(text) == theirs.encode(text, add_special_tokens=False).ids, text
+
+
+def test_matches_hf_tokenizer_from_same_vocab(fields: dict[str, Any], tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    save_for_hf(train_demo_tokenizer(700), tmp_path, chat_template=None)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    ours = Tokenizer.from_gguf_fields(fields)
+    for text in TEXTS:
+        assert ours.encode(text) == hf.encode(text, add_special_tokens=False), text
+        assert ours.decode(ours.encode(text), skip_special_tokens=False) == text
+
+
+def test_split_regex_follows_pre(fields: dict[str, Any]) -> None:
+    qwen = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.pre": "qwen2"})
+    llama = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.pre": "llama-bpe"})
+    assert len(qwen.encode("1234567")) == 7  # one digit per piece
+    assert len(llama.encode("1234567")) >= 3  # up to three digits per piece
+
+
+def test_special_ids_types_and_template(fields: dict[str, Any]) -> None:
+    tok = Tokenizer.from_gguf_fields(fields)
+    tokens = fields["tokenizer.ggml.tokens"]
+    assert tok.vocab_size == len(tokens)
+    assert tok.eos_token_ids == {tokens.index("<|im_end|>")}
+    assert tok.bos_token_id == tok.pad_token_id == tokens.index("<|endoftext|>")
+    assert tok.special_tokens_map == {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+                                      "pad_token": "<|endoftext|>"}
+    assert "<|im_start|>" in tok.special_token_ids and "<tool_call>" not in tok.special_token_ids
+    assert tok.encode("<tool_call>") == [tokens.index("<tool_call>")]
+    assert tok.decode(tok.encode("a<tool_call>b<|im_end|>")) == "a<tool_call>b"
+    assert tok.chat_template == "{{ messages }}"
+
+
+def test_add_bos_and_eot(fields: dict[str, Any]) -> None:
+    bos = fields["tokenizer.ggml.bos_token_id"]
+    tok = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.add_bos_token": True,
+                                      "tokenizer.ggml.eot_token_id": 0})
+    assert tok.encode("hi", add_special_tokens=True) == [bos, *tok.encode("hi")]
+    assert 0 in tok.eos_token_ids
+
+
+def test_utf8_tokens_outside_byte_alphabet_are_respelled(fields: dict[str, Any]) -> None:
+    tokens = [*fields["tokenizer.ggml.tokens"], "<think> x"]
+    types = [*fields["tokenizer.ggml.token_type"], 4]
+    tok = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
+    assert tok.vocab_size == len(tokens)
+    assert tok.encode("a<think> x") == [*tok.encode("a"), len(tokens) - 1]
+    assert tok.decode(tok.encode("a<think> x b")) == "a<think> x b"
+
+
+@pytest.mark.parametrize(
+    "key", ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"]
+)
+def test_missing_field_names_it(fields: dict[str, Any], key: str) -> None:
+    broken = {k: v for k, v in fields.items() if k != key}
+    with pytest.raises(CorruptModelFile, match=key):
+        Tokenizer.from_gguf_fields(broken)
+
+
+def test_inconsistent_fields(fields: dict[str, Any]) -> None:
+    with pytest.raises(CorruptModelFile, match="token_type"):
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.token_type": [1, 1]})
+    with pytest.raises(CorruptModelFile, match="eos_token_id"):
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.eos_token_id": 10**9})
+    with pytest.raises(CorruptModelFile, match="merges"):
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.merges": ["nospace"]})
+
+
+def test_sentencepiece_is_unsupported(fields: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedArchitecture, match="'llama'"):
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.model": "llama"})
