@@ -13,13 +13,21 @@ from stagewise.errors import ConfigError, RequestError
 from stagewise.weights.tokenizer_train import train_demo_tokenizer
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Météo actuelle d'une ville — current weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-                       "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Météo actuelle d'une ville — current weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city"],
+            },
+        },
+    },
     {"type": "function", "function": {"name": "now", "description": "Current time", "parameters": {}}},
 ]
-CALLS = [
+CALLS: list[dict[str, Any]] = [
     {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
     {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": {}}},
 ]
@@ -52,8 +60,9 @@ CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
 def hf_tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=train_demo_tokenizer(400), eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_demo_tokenizer(400), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
 
 
 def hf_render(hf: Any, template: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -63,20 +72,27 @@ def hf_render(hf: Any, template: str, messages: list[dict[str, Any]], **kwargs: 
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
 @pytest.mark.parametrize("with_tools", [False, True])
 @pytest.mark.parametrize("add_generation_prompt", [False, True])
-def test_default_chatml_matches_transformers(hf_tokenizer: Any, name: str, with_tools: bool,
-                                             add_generation_prompt: bool) -> None:
+def test_default_chatml_matches_transformers(
+    hf_tokenizer: Any, name: str, with_tools: bool, add_generation_prompt: bool
+) -> None:
     messages = CONVERSATIONS[name]
     tools = TOOLS if with_tools else None
-    expected = hf_render(hf_tokenizer, DEFAULT_CHATML, messages, tools=tools,
-                         add_generation_prompt=add_generation_prompt)
-    got = ChatTemplate(None).render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                    special_tokens=hf_tokenizer.special_tokens_map)
+    expected = hf_render(
+        hf_tokenizer, DEFAULT_CHATML, messages, tools=tools, add_generation_prompt=add_generation_prompt
+    )
+    got = ChatTemplate(None).render(
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        special_tokens=hf_tokenizer.special_tokens_map,
+    )
     assert got == expected
 
 
 def test_openai_shaped_inputs_render_like_hf_shaped_ones() -> None:
-    openai_calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
-                    for c in CALLS]
+    openai_calls = [
+        {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}} for c in CALLS
+    ]
     openai = copy.deepcopy(CONVERSATIONS["tool_round_trip"])
     openai[2]["tool_calls"] = openai_calls
     openai[1]["content"] = [{"type": "text", "text": "Weather in Zürich,"}, {"type": "text", "text": "and the time?"}]
@@ -91,7 +107,10 @@ def test_default_chatml_text_shape() -> None:
     out = ChatTemplate(None).render(CONVERSATIONS["content_and_call"], tools=TOOLS[1:], add_generation_prompt=True)
     assert out.startswith("<|im_start|>system\n# Tools\n")
     assert "<tools>\n" + json.dumps(TOOLS[1], ensure_ascii=False) + "\n</tools>" in out
-    assert '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call><|im_end|>' in out
+    assert (
+        '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call><|im_end|>'
+        in out
+    )
     assert out.endswith("<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -109,26 +128,37 @@ def test_globals_filters_and_extra_variables_match_transformers(hf_tokenizer: An
     data = {"z": "é<>&", "a": [1, 2]}
     docs = [{"title": "T1", "text": "x"}, {"title": "T2", "text": "y"}]
     expected = hf_render(hf_tokenizer, EXTRAS_TEMPLATE, messages, data=data, enable_thinking=False, documents=docs)
-    got = ChatTemplate(EXTRAS_TEMPLATE).render(messages, data=data, enable_thinking=False, documents=docs,
-                                               special_tokens=hf_tokenizer.special_tokens_map)
+    got = ChatTemplate(EXTRAS_TEMPLATE).render(
+        messages, data=data, enable_thinking=False, documents=docs, special_tokens=hf_tokenizer.special_tokens_map
+    )
     assert got == expected
     assert "é<>&" in got and "NO-THINK" in got
 
 
 def test_image_part_is_rejected() -> None:
-    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                             {"type": "image_url", "image_url": {"url": "data:..."}}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:..."}},
+            ],
+        }
+    ]
     with pytest.raises(RequestError, match="image input is not supported"):
         ChatTemplate(None).render(messages)
 
 
-@pytest.mark.parametrize("messages", [
-    [],
-    [{"content": "no role"}],
-    [{"role": "user", "content": [{"type": "input_audio"}]}],
-    [{"role": "user", "content": 42}],
-    [{"role": "wizard", "content": "x"}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        [{"content": "no role"}],
+        [{"role": "user", "content": [{"type": "input_audio"}]}],
+        [{"role": "user", "content": 42}],
+        [{"role": "wizard", "content": "x"}],
+    ],
+)
 def test_bad_messages_raise_request_error(messages: list[dict[str, Any]]) -> None:
     with pytest.raises(RequestError):
         ChatTemplate(None).render(messages)

@@ -96,20 +96,45 @@ LLAMA31_STYLE = """\
 {%- endif %}
 """
 
-LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                  "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+LLAMA_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 CONVERSATIONS: list[list[dict[str, Any]]] = [
     [{"role": "user", "content": "  Hello!  "}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "¿Qué tal? 🙂"}],
-    [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"},
-     {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
-                                           "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-     {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 18}'},
-     {"role": "assistant", "content": "18 °C."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "¿Qué tal? 🙂"},
+    ],
+    [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 18}'},
+        {"role": "assistant", "content": "18 °C."},
+    ],
 ]
 
 
@@ -117,27 +142,46 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
 def hf_tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=train_demo_tokenizer(400, special_tokens=LLAMA_SPECIALS),
-                                   bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_demo_tokenizer(400, special_tokens=LLAMA_SPECIALS),
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+    )
 
 
 @pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("tools", [None, TOOLS])
 @pytest.mark.parametrize("add_generation_prompt", [False, True])
 @pytest.mark.parametrize("extra", [{"date_string": "01 Jan 2025"}, {"tools_in_user_message": False}])
-def test_llama31_style_matches_transformers(hf_tokenizer: Any, index: int, tools: Any, add_generation_prompt: bool,
-                                            extra: dict[str, Any]) -> None:
+def test_llama31_style_matches_transformers(
+    hf_tokenizer: Any, index: int, tools: Any, add_generation_prompt: bool, extra: dict[str, Any]
+) -> None:
     messages = CONVERSATIONS[index]
-    expected = hf_tokenizer.apply_chat_template(copy.deepcopy(messages), chat_template=LLAMA31_STYLE, tools=tools,
-                                                tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
-    got = ChatTemplate(LLAMA31_STYLE).render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                             special_tokens=hf_tokenizer.special_tokens_map, **extra)
+    expected = hf_tokenizer.apply_chat_template(
+        copy.deepcopy(messages),
+        chat_template=LLAMA31_STYLE,
+        tools=tools,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **extra,
+    )
+    got = ChatTemplate(LLAMA31_STYLE).render(
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        special_tokens=hf_tokenizer.special_tokens_map,
+        **extra,
+    )
     assert got == expected
     assert got.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
 
 
 def test_template_exception_becomes_request_error() -> None:
-    two_calls = {"role": "assistant", "tool_calls": [
-        {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(2)]}
+    two_calls = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(2)
+        ],
+    }
     with pytest.raises(RequestError, match="single tool-calls"):
         ChatTemplate(LLAMA31_STYLE).render([{"role": "user", "content": "x"}, two_calls])

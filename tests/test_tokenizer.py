@@ -12,8 +12,15 @@ from stagewise.engine.tokenizer import Tokenizer
 from stagewise.errors import ConfigError, CorruptModelFile, ModelNotFound
 from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
 
-LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                  "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
+LLAMA_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
 TEXTS = [
     "Hello world",
     "  two leading spaces, trailing   ",
@@ -29,7 +36,8 @@ def _write_llama_dir(root: Path, config: dict[str, object], with_processor: bool
     tok = train_demo_tokenizer(600, special_tokens=LLAMA_SPECIALS)
     if with_processor:
         tok.post_processor = processors.TemplateProcessing(
-            single="<|begin_of_text|>:0 $A:0", pair="<|begin_of_text|>:0 $A:0 <|begin_of_text|>:1 $B:1",
+            single="<|begin_of_text|>:0 $A:0",
+            pair="<|begin_of_text|>:0 $A:0 <|begin_of_text|>:1 $B:1",
             special_tokens=[("<|begin_of_text|>", 0)],
         )
     root.mkdir(parents=True, exist_ok=True)
@@ -40,8 +48,14 @@ def _write_llama_dir(root: Path, config: dict[str, object], with_processor: bool
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("llama")
-    _write_llama_dir(root, {"bos_token": "<|begin_of_text|>", "eos_token": {"__type": "AddedToken", "content": "<|eot_id|>", "special": True},
-                            "chat_template": "from-config"})
+    _write_llama_dir(
+        root,
+        {
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": {"__type": "AddedToken", "content": "<|eot_id|>", "special": True},
+            "chat_template": "from-config",
+        },
+    )
     (root / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 4, 5]}))
     return root
 
@@ -72,7 +86,9 @@ def test_special_ids(llama_dir: Path) -> None:
 
 
 def test_jinja_file_overrides_config(tmp_path: Path) -> None:
-    _write_llama_dir(tmp_path, {"chat_template": [{"name": "default", "template": "A"}, {"name": "tool_use", "template": "B"}]})
+    _write_llama_dir(
+        tmp_path, {"chat_template": [{"name": "default", "template": "A"}, {"name": "tool_use", "template": "B"}]}
+    )
     assert Tokenizer.from_dir(tmp_path).chat_template == "A"
     (tmp_path / "chat_template.jinja").write_text("J")
     assert Tokenizer.from_dir(tmp_path).chat_template == "J"
@@ -104,15 +120,15 @@ def test_demo_tokenizer_round_trip_through_hf_files(tmp_path: Path) -> None:
 
 
 def test_errors_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFound, match="tokenizer.json"):
+    with pytest.raises(ModelNotFound, match=r"tokenizer\.json"):
         Tokenizer.from_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
-    with pytest.raises(CorruptModelFile, match="tokenizer.json"):
+    with pytest.raises(CorruptModelFile, match=r"tokenizer\.json"):
         Tokenizer.from_dir(tmp_path)
     _write_llama_dir(tmp_path, {})
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
-    with pytest.raises(ConfigError, match="generation_config.json"):
+    with pytest.raises(ConfigError, match=r"generation_config\.json"):
         Tokenizer.from_dir(tmp_path)
     (tmp_path / "generation_config.json").write_text("[")
-    with pytest.raises(CorruptModelFile, match="generation_config.json"):
+    with pytest.raises(CorruptModelFile, match=r"generation_config\.json"):
         Tokenizer.from_dir(tmp_path)

@@ -33,8 +33,13 @@ def fields() -> dict[str, Any]:
 def _hf_from_gguf_converter(fields: dict[str, Any]) -> Any:
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
-    renames = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens",
-               "token_type": "token_type", "merges": "merges"}
+    renames = {
+        "model": "tokenizer_type",
+        "pre": "pre_tokenizer_type",
+        "tokens": "tokens",
+        "token_type": "token_type",
+        "merges": "merges",
+    }
     tokenizer_dict = {name: fields[f"tokenizer.ggml.{key}"] for key, name in renames.items()}
     backend, _ = convert_gguf_tokenizer("qwen2", tokenizer_dict)
     return backend
@@ -73,8 +78,11 @@ def test_special_ids_types_and_template(fields: dict[str, Any]) -> None:
     assert tok.vocab_size == len(tokens)
     assert tok.eos_token_ids == {tokens.index("<|im_end|>")}
     assert tok.bos_token_id == tok.pad_token_id == tokens.index("<|endoftext|>")
-    assert tok.special_tokens_map == {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
-                                      "pad_token": "<|endoftext|>"}
+    assert tok.special_tokens_map == {
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+    }
     assert "<|im_start|>" in tok.special_token_ids and "<tool_call>" not in tok.special_token_ids
     assert tok.encode("<tool_call>") == [tokens.index("<tool_call>")]
     assert tok.decode(tok.encode("a<tool_call>b<|im_end|>")) == "a<tool_call>b"
@@ -83,8 +91,7 @@ def test_special_ids_types_and_template(fields: dict[str, Any]) -> None:
 
 def test_add_bos_and_eot(fields: dict[str, Any]) -> None:
     bos = fields["tokenizer.ggml.bos_token_id"]
-    tok = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.add_bos_token": True,
-                                      "tokenizer.ggml.eot_token_id": 0})
+    tok = Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.eot_token_id": 0})
     assert tok.encode("hi", add_special_tokens=True) == [bos, *tok.encode("hi")]
     assert 0 in tok.eos_token_ids
 
@@ -98,9 +105,7 @@ def test_utf8_tokens_outside_byte_alphabet_are_respelled(fields: dict[str, Any])
     assert tok.decode(tok.encode("a<think> x b")) == "a<think> x b"
 
 
-@pytest.mark.parametrize(
-    "key", ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"]
-)
+@pytest.mark.parametrize("key", ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"])
 def test_missing_field_names_it(fields: dict[str, Any], key: str) -> None:
     broken = {k: v for k, v in fields.items() if k != key}
     with pytest.raises(CorruptModelFile, match=key):

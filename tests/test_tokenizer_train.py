@@ -18,8 +18,10 @@ _HASH_SCRIPT = (
 
 
 def test_deterministic_across_processes() -> None:
-    digests = {subprocess.run([sys.executable, "-c", _HASH_SCRIPT], capture_output=True, text=True,
-                              check=True).stdout for _ in range(2)}
+    digests = {
+        subprocess.run([sys.executable, "-c", _HASH_SCRIPT], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    }
     assert len(digests) == 1
     assert train_demo_tokenizer(512).to_str() == train_demo_tokenizer(512).to_str()
 
@@ -57,6 +59,9 @@ def test_export_for_gguf_fields() -> None:
     assert types[-1] == TOKEN_TYPE_CONTROL  # <|extra_N|>
     assert len(fields["tokenizer.ggml.merges"]) == 400 - 3 - 256
     assert all(m.count(" ") == 1 for m in fields["tokenizer.ggml.merges"])
-    assert (fields["tokenizer.ggml.bos_token_id"], fields["tokenizer.ggml.eos_token_id"],
-            fields["tokenizer.ggml.padding_token_id"]) == (0, 2, 0)
+    assert (
+        fields["tokenizer.ggml.bos_token_id"],
+        fields["tokenizer.ggml.eos_token_id"],
+        fields["tokenizer.ggml.padding_token_id"],
+    ) == (0, 2, 0)
     assert fields["tokenizer.chat_template"] == "T"

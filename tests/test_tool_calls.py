@@ -38,9 +38,11 @@ def test_hermes_single_call() -> None:
 
 
 def test_hermes_several_calls_with_content_and_unclosed_tail() -> None:
-    out = ('I will check both.\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
-           '<tool_call>\n{"name": "b", "arguments": "{\\"x\\": 1}"}\n</tool_call>\n'
-           '<tool_call>\n{"name": "c", "arguments": {"y": [1, 2]}}')
+    out = (
+        'I will check both.\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "b", "arguments": "{\\"x\\": 1}"}\n</tool_call>\n'
+        '<tool_call>\n{"name": "c", "arguments": {"y": [1, 2]}}'
+    )
     parsed = parse_tool_calls(out, "hermes", rng())
     assert parsed.content == "I will check both."
     assert [c.name for c in parsed.calls] == ["a", "b", "c"]
@@ -48,15 +50,18 @@ def test_hermes_several_calls_with_content_and_unclosed_tail() -> None:
     assert len({c.id for c in parsed.calls}) == 3
 
 
-@pytest.mark.parametrize("out", [
-    "Just an answer, no tools.",
-    '<tool_call>\n{"name": "a", "arguments": {broken json}\n</tool_call>',
-    '<tool_call>\n{"arguments": {}}\n</tool_call>',
-    '<tool_call>\n{"name": "a", "arguments": [1]}\n</tool_call>',
-    '<tool_call>\n["not", "an", "object"]\n</tool_call>',
-    '<tool_call>\n{"name": "ok", "arguments": {}}\n</tool_call><tool_call>{"name": 3}</tool_call>',
-    "",
-])
+@pytest.mark.parametrize(
+    "out",
+    [
+        "Just an answer, no tools.",
+        '<tool_call>\n{"name": "a", "arguments": {broken json}\n</tool_call>',
+        '<tool_call>\n{"arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "a", "arguments": [1]}\n</tool_call>',
+        '<tool_call>\n["not", "an", "object"]\n</tool_call>',
+        '<tool_call>\n{"name": "ok", "arguments": {}}\n</tool_call><tool_call>{"name": 3}</tool_call>',
+        "",
+    ],
+)
 def test_hermes_malformed_is_plain_content(out: str) -> None:
     assert parse_tool_calls(out, "hermes", rng()) == ParsedToolCalls(content=out or None, calls=())
 
@@ -65,19 +70,23 @@ def test_llama3_json_forms() -> None:
     plain = parse_tool_calls('{"name": "get_weather", "parameters": {"city": "Paris"}}', "llama3", rng())
     assert plain.content is None
     assert [(c.name, c.arguments_json) for c in plain.calls] == [("get_weather", '{"city": "Paris"}')]
-    tagged = parse_tool_calls('Sure.<|python_tag|>{"name": "f", "arguments": {"a": 1}}; {"name": "g", "parameters": {}}',
-                              "llama3", rng())
+    tagged = parse_tool_calls(
+        'Sure.<|python_tag|>{"name": "f", "arguments": {"a": 1}}; {"name": "g", "parameters": {}}', "llama3", rng()
+    )
     assert tagged.content == "Sure."
     assert [c.name for c in tagged.calls] == ["f", "g"]
 
 
-@pytest.mark.parametrize("out", [
-    "The weather is nice.",
-    '{"name": "f", "parameters": {"a": 1}} and then some prose',
-    '<|python_tag|>brave_search.call(query="x")',
-    '{"not_a_call": true}',
-    '{"name": "f", "parameters": {',
-])
+@pytest.mark.parametrize(
+    "out",
+    [
+        "The weather is nice.",
+        '{"name": "f", "parameters": {"a": 1}} and then some prose',
+        '<|python_tag|>brave_search.call(query="x")',
+        '{"not_a_call": true}',
+        '{"name": "f", "parameters": {',
+    ],
+)
 def test_llama3_non_calls_are_plain_content(out: str) -> None:
     assert parse_tool_calls(out, "llama3", rng()) == ParsedToolCalls(content=out, calls=())
 

@@ -87,4 +87,5 @@ class Generator:
                 return
             token = torch.tensor([[sample.token]])
             logits = self.pipeline.step(token, torch.tensor([[position]]), start=position, cancel=cancel).logits
+            assert logits is not None
             position += 1

@@ -20,6 +20,7 @@ from pathlib import Path
 from stagewise.errors import TopologyError
 from stagewise.hardware import defaults
 from stagewise.hardware.device_info import DeviceInfo
+from stagewise.hardware.link import Link
 from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.sizes import parse_bytes
 from stagewise.hardware.topology import Topology
@@ -96,7 +97,7 @@ def resolve_device_spec(
     parsed = _parse(spec)
     machine = discover() if any(real for _, real in parsed) else None
     devices = [_resolve_one(d, machine) if real and machine is not None else d for d, real in parsed]
-    links = ()
+    links: tuple[Link, ...] = ()
     if machine is not None:
         ids = {d.id for d in devices}
         links = tuple(lk for lk in machine.links if lk.a in ids and lk.b in ids)

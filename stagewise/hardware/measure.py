@@ -116,8 +116,8 @@ def _measure(topology: Topology) -> dict[str, Any]:
             continue
         small = torch.empty(ACTIVATION_BYTES, dtype=torch.uint8, device=da.torch_device)
         large = torch.empty(LARGE_BYTES, dtype=torch.uint8, device=da.torch_device)
-        small_s = _median_s(lambda t=small: t.to(db.torch_device), db.torch_device)
-        large_s = _median_s(lambda t=large: t.to(db.torch_device), db.torch_device)
+        small_s = _median_s(lambda t=small, to=db.torch_device: t.to(to), db.torch_device)
+        large_s = _median_s(lambda t=large, to=db.torch_device: t.to(to), db.torch_device)
         out["links"][f"{lk.a}|{lk.b}"] = {
             "activation_s": small_s,
             "activation_bandwidth_bytes_per_s": ACTIVATION_BYTES / small_s,

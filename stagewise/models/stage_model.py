@@ -33,6 +33,17 @@ class StageOutput:
     logits: torch.Tensor | None
 
 
+class _Body(nn.Module):
+    """The ``model.`` namespace of the checkpoint: embedding, blocks by global index, final norm."""
+
+    def __init__(self, config: ModelConfig, start: int, end: int, entry: bool, exit: bool,
+                 block_factory: BlockFactory) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if entry else None
+        self.layers = nn.ModuleDict({str(i): block_factory(config, i) for i in range(start, end)})
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm) if exit else None
+
+
 class StageModel(nn.Module):
     """Blocks ``[start, end)`` of ``config``; owns the entry and/or exit if asked."""
 
@@ -43,13 +54,8 @@ class StageModel(nn.Module):
             raise ValueError(f"block range [{start}, {end}) outside 0..{config.num_layers}")
         self.config = config
         self.start, self.end, self.entry, self.exit = start, end, entry, exit
-        self.model = nn.Module()
-        if entry:
-            self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.model.layers = nn.ModuleDict({str(i): block_factory(config, i) for i in range(start, end)})
-        if exit:
-            self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
-            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self.model = _Body(config, start, end, entry, exit, block_factory)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size) if exit else None
         self.register_buffer("inv_freq", inverse_frequencies(config.rope, config.rotary_dim), persistent=False)
 
     def init_buffers(self, device: torch.device) -> None:
@@ -76,13 +82,13 @@ class StageModel(nn.Module):
 
     def tie_embeddings(self) -> None:
         """Share the embedding matrix with the LM head (tied checkpoints, entry+exit on one stage)."""
-        if self.entry and self.exit and self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        if self.model.embed_tokens is not None and self.lm_head is not None and self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight  # type: ignore[assignment]
 
     def new_states(self, batch: int, max_context: int, dtype: torch.dtype,
                    device: torch.device) -> dict[int, BlockState]:
         """Fresh state for every block of this stage (KV caches, conv + recurrent state)."""
-        return {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device)
+        return {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device)  # type: ignore[operator]
                 for i in self.block_indices}
 
     def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype) -> StepContext:
@@ -101,11 +107,11 @@ class StageModel(nn.Module):
             start: the common first position, when all rows are contiguous from it.
             all_logits: logits for every position instead of the last only.
         """
-        hidden = self.model.embed_tokens(inputs) if self.entry else inputs  # (B, T, H)
+        hidden = self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs  # (B, T, H)
         ctx = self.context(positions, start, hidden.dtype)
         for i in self.block_indices:
             hidden = self.model.layers[str(i)](hidden, ctx, states[i])
-        if not self.exit:
+        if self.model.norm is None or self.lm_head is None:
             return StageOutput(hidden, None)
         if not all_logits:
             hidden = hidden[:, -1:]

@@ -71,9 +71,12 @@ def stage_prefill_s_per_token(
     return read / profile.chunk_tokens / device.memory_bandwidth_bytes_per_s + flops / device.matmul_flops_per_s
 
 
-def objective_key(objective: str, stage_ps: list[int], handoff_out_ps: list[int]) -> tuple[int, int]:
-    """(primary, secondary) to minimize. latency: (sum of stages + handoffs, slowest stage);
-    throughput: (slowest stage incl. its outgoing handoff, sum)."""
+def objective_key(
+    objective: str, stage_ps: list[int], handoff_out_ps: list[int], use_ppm: list[int]
+) -> tuple[int, int]:
+    """(primary, secondary) to minimize. latency: (sum of stages + handoffs, highest budget
+    use in ppm); throughput: (slowest stage incl. its outgoing handoff, sum)."""
     total = sum(stage_ps) + sum(handoff_out_ps)
-    slowest = max(s + h for s, h in zip(stage_ps, handoff_out_ps, strict=True))
-    return (total, slowest) if objective == "latency" else (slowest, total)
+    if objective == "latency":
+        return (total, max(use_ppm))
+    return (max(s + h for s, h in zip(stage_ps, handoff_out_ps, strict=True)), total)

@@ -59,7 +59,8 @@ def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: to
     """Resident bytes the stage's weights will take, computed from shapes before any allocation."""
     total = 0
     seen: set[int] = set()
-    resident = getattr(source, "resident_nbytes", None)
+    modules = dict(model.named_modules())
+    packed = getattr(source, "source_bytes", None)  # bytes of a tensor kept packed as stored
     for name, param in model.named_parameters():
         if id(param) in seen:
             continue
@@ -69,8 +70,10 @@ def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: to
             if model.entry:
                 continue  # shares the embedding on this stage
             src = "model.embed_tokens.weight"
-        if callable(resident) and src in source.names():
-            total += int(resident(src, dtype))
+        owner = modules[name.rpartition(".")[0]]
+        keeps_packed = hasattr(owner, "set_quantized_param")  # else the loader dequantizes
+        if callable(packed) and keeps_packed and src in source.names() and source.is_quantized(src):
+            total += int(packed(src))
         else:
             total += param.numel() * dtype.itemsize
     return total

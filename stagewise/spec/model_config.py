@@ -248,7 +248,7 @@ def _from_hf(raw: dict[str, Any], source: str) -> ModelConfig:
     layers = _req(raw, "num_hidden_layers", source)
     head_dim = raw.get("head_dim") or (hidden // heads if heads else 0)
     kv_heads = raw.get("num_key_value_heads") or heads
-    layer_types = raw.get("layer_types")
+    layer_types: list[str] = list(raw.get("layer_types") or ())
     if arch in HYBRID_ARCHITECTURES and not layer_types:
         interval = int(raw.get("full_attention_interval", 4))
         layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)]
@@ -260,7 +260,7 @@ def _from_hf(raw: dict[str, Any], source: str) -> ModelConfig:
         raise UnsupportedArchitecture(f"{source}: hidden_act {activation!r} is not supported (silu)")
     # Qwen3.5-MoE has no dense layers and always renormalizes its top-k router weights.
     sparse_only = arch == "qwen3_5_moe"
-    extra = {k: raw[k] for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if k in raw}
+    extra: dict[str, Any] = {k: raw[k] for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if k in raw}
     if "vision_config" in outer:
         extra["has_vision"] = True
     return ModelConfig(

@@ -69,7 +69,7 @@ def plan_expert_stacking(shapes: dict[str, tuple[int, ...]], label: str) -> dict
         first = experts[0]
         gate = _shape2(shapes, first["gate_proj"], label)
         down = _shape2(shapes, first["down_proj"], label)
-        for e, projs in experts.items():
+        for projs in experts.values():
             for proj, want in (("gate_proj", gate), ("up_proj", gate), ("down_proj", down)):
                 got = tuple(shapes[projs[proj]])
                 if got != want:

@@ -38,7 +38,7 @@ class SafetensorsSource:
         for path in files:
             try:
                 with safe_open(str(path), framework="pt") as handle:
-                    for raw in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    for raw in handle.keys():  # safe_open has no __iter__
                         name = _strip_prefix(raw)
                         if name.startswith(_IGNORED_PREFIXES):
                             self._ignored.add(raw)

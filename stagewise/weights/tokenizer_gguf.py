@@ -96,7 +96,14 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
         for index, (token, kind) in enumerate(zip(tokens, token_types, strict=True))
     }
     backend = BackendTokenizer(
-        BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+        BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
     )
     backend.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre"))
     backend.decoder = decoders.ByteLevel()
@@ -192,7 +199,7 @@ def _required(fields: dict[str, Any], key: str) -> Any:
 
 def _required_list(fields: dict[str, Any], key: str) -> Sequence[Any]:
     value = _required(fields, key)
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence) and not hasattr(value, "__len__"):
+    if isinstance(value, str | bytes | dict) or not hasattr(value, "__iter__"):  # list, tuple, ndarray
         raise CorruptModelFile(f"GGUF field {key} is not an array")
     return list(value)
 

@@ -4,8 +4,8 @@
 tokenizer.json on every run and machine. Its layout (ids ascending):
 
 * the special tokens given (default ChatML: ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``);
-* the 256 byte-alphabet tokens, then learned merges, up to ``vocab_size`` (fewer when the corpus
-  runs out of merges — read ``get_vocab_size(with_added_tokens=True)``);
+* the 256 byte-alphabet tokens, then learned merges, up to ``vocab_size`` (the ~2.7 KB corpus runs
+  out of merges at about 1,100 ids; read ``get_vocab_size(with_added_tokens=True)`` for the real size);
 * the plain (non-special) added tokens ``<tool_call>`` and ``</tool_call>``;
 * with ``pad_to`` set, ``<|extra_0|>``, ``<|extra_1|>``, … special tokens until the size equals
   ``pad_to`` exactly, so a model whose ``vocab_size`` exceeds the tokenizer's still has a token
@@ -69,6 +69,17 @@ SELECT id, name FROM users WHERE age >= 18 ORDER BY name ASC LIMIT 100;
 日本語のテキスト、中文文本，한국어 텍스트. Emoji: 🙂 🚀 🎉 ❤️ 👍🏽 and symbols: → ← ≤ ≥ ≠ ∞ € £ ¥ © ™ °C.
 Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 4096 65536 3.5 -7 1e-5 0x1F 1,000,000.
     Indented line with tabs\tand\tspaces   and   runs   of   spaces.
+<|im_start|>system
+You are a helpful assistant.<|im_end|>
+<|im_start|>user
+What is the capital of France?<|im_end|>
+<|im_start|>assistant
+The capital of France is Paris. It is known for the Eiffel Tower, the Louvre and its cafés.<|im_end|>
+#include <stdio.h>
+int main(void) { for (int i = 0; i < 3; ++i) { printf("%d\n", i); } return 0; }
+fn main() { let v: Vec<u32> = (1..=5).map(|x| x * x).collect(); println!("{:?}", v); }
+$ pip install --upgrade stagewise && stagewise serve --model ./models/demo --port 8000
+Die Würde des Menschen ist unantastbar. La vie est belle. El niño juega en el jardín. Ça va très bien.
 Line one.
 Line two.
 

@@ -1,0 +1,118 @@
+"""``stagewise assess MODEL|DIR``: does a model fit, where, and how fast (bars per device).
+
+With a directory of models (no config.json of its own) it prints one row per model.
+``--json`` prints the same object as ``plan --json``. Exit status 0 unless the input is bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from stagewise.cli.cmd_plan import add_common, headline, inputs, speed_line
+from stagewise.errors import StagewiseError
+from stagewise.hardware.device_spec import resolve_device_spec
+from stagewise.hardware.reserve_policy import ReservePolicy
+from stagewise.hardware.sizes import format_bytes
+from stagewise.hardware.topology import Topology
+from stagewise.placement import CertifiedPlacement, assess
+from stagewise.spec.charge import Charge, stage_charge
+from stagewise.spec.model_source import catalog_entries, is_catalog, load_model_spec
+from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.profile import Profile
+
+BAR_WIDTH = 48
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("assess", help="does a model fit these devices, and how fast")
+    add_common(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if is_catalog(args.model):
+        return _catalog(args)
+    spec, topology, profile = inputs(args)
+    cert = assess(spec, topology, profile, args.objective)
+    if args.json:
+        print(cert.to_json())
+        return 0
+    _render(cert, spec, topology, profile)
+    return 0
+
+
+def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profile: Profile) -> None:
+    from rich.console import Console
+
+    console = Console()
+    console.print(f"[bold]{headline(cert, topology)}[/bold]  ({spec.name}, {spec.format}, context {profile.context_tokens})")
+    used = {s.placement.device_id: s for s in cert.stages}
+    whole = stage_charge(spec, profile, 0, spec.num_blocks, True, True)
+    for d in topology.devices:
+        stage = used.get(d.id)
+        if stage is not None:
+            sp = stage.placement
+            label = f"blocks {sp.start}..{sp.end - 1}" + (" +entry" if sp.entry else "") + (" +exit" if sp.exit else "")
+            console.print(_bar(d.id, stage.charge, d.budget_bytes, label))
+        elif not cert.fits:
+            console.print(_bar(d.id, whole, d.budget_bytes, "whole model"))
+        else:
+            console.print(f"{d.id:>8} unused (budget {format_bytes(d.budget_bytes)})")
+    console.print("[blue]█ weights[/blue] [green]█ state[/green] [yellow]█ workspace[/yellow] [magenta]█ reserve[/magenta]")
+    console.print(speed_line(cert))
+    for reason in cert.reasons[1 if not cert.fits else 0 :]:
+        console.print(f"  - {reason}")
+
+
+def _bar(device_id: str, charge: Charge, budget: int, label: str) -> Any:
+    from rich.text import Text
+
+    scale = max(budget, charge.total_bytes, 1)
+    text = Text(f"{device_id:>8} ")
+    used = 0
+    for value, style in (
+        (charge.weights_bytes, "blue"),
+        (charge.state_bytes, "green"),
+        (charge.workspace_bytes, "yellow"),
+        (charge.reserve_bytes, "magenta"),
+    ):
+        cells = round(value * BAR_WIDTH / scale)
+        text.append("█" * cells, style=style)
+        used += cells
+    free = max(0, round(budget * BAR_WIDTH / scale) - used)
+    text.append("·" * free, style="dim")
+    over = charge.total_bytes > budget
+    text.append(
+        f" {format_bytes(charge.total_bytes)} / {format_bytes(budget)} {label}" + (" OVER" if over else ""),
+        style="red" if over else "",
+    )
+    return text
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    profile = Profile(args.context, args.batch, args.chunk, args.activation_dtype)
+    topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
+    rows: list[dict[str, Any]] = []
+    for path in catalog_entries(args.model):
+        try:
+            cert = assess(load_model_spec(path, args.fmt), topology, profile, args.objective)
+            rows.append({**cert.to_dict(), "model": path.name})
+        except StagewiseError as exc:
+            rows.append({"model": path.name, "outcome": "error", "error": str(exc)})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    table = Table("model", "outcome", "devices", "decode tok/s", "prefill tok/s")
+    for r in rows:
+        pred = r.get("predicted") or {}
+        devices = ",".join(s["device"] for s in r.get("stages", [])) or r.get("error", "-")
+        decode = "–".join(f"{v:.0f}" for v in pred.get("decode_tokens_per_s_range", [])) or "-"
+        prefill = "–".join(f"{v:.0f}" for v in pred.get("prefill_tokens_per_s_range", [])) or "-"
+        table.add_row(r["model"], r["outcome"], devices, decode, prefill)
+    Console().print(table)
+    return 0

@@ -1,0 +1,116 @@
+"""``stagewise chat [MODEL]``: chat in the terminal with a model loaded in-process.
+
+Reads one user message per stdin line (interactive or piped), streams the reply, keeps the
+conversation. ``/reset`` forgets it, ``/exit`` (or end of input) quits. Ctrl-C during a reply
+cancels that reply only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import uuid
+from typing import Any
+
+from stagewise.cli.cmd_serve import add_model_arguments
+
+HELP = "commands: /reset (forget the conversation), /exit (quit)"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("chat", help="chat with a model in the terminal",
+                                   description="Chat with a model in the terminal (loads it in-process).")
+    add_model_arguments(parser)
+    parser.add_argument("--system", default=None, help="system message")
+    parser.add_argument("--max-tokens", type=int, default=512, help="max tokens per reply (default 512)")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from stagewise.engine.engine import Engine
+    from stagewise.engine.model_source import load_for_serving
+    from stagewise.server.load_display import placement_lines, stage_progress
+
+    err = Console(stderr=True)
+    with stage_progress(err) as progress:
+        model = load_for_serving(args.model, args.devices, args.placement, args.context, args.dtype, progress)
+    engine = Engine(model).start()
+    try:
+        for line in placement_lines(model):
+            err.print(line, highlight=False, soft_wrap=True)
+        err.print(f"Chatting with {model.name}. {HELP}", highlight=False)
+        return _loop(args, engine, err)
+    finally:
+        engine.stop()
+        model.close()
+
+
+def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
+    from stagewise.engine.request import EngineRequest
+    from stagewise.engine.request_output import RequestOutput
+    from stagewise.engine.sampling import SamplingParams
+    from stagewise.errors import StagewiseError
+
+    model = engine.model
+    tokenizer = engine.tokenizer
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text == "/exit":
+            return 0
+        if text == "/reset":
+            history.clear()
+            err.print("(conversation reset)")
+            continue
+        if text.startswith("/"):
+            err.print(f"unknown command {text!r}; {HELP}", highlight=False)
+            continue
+        history.append({"role": "user", "content": text})
+        try:
+            prompt = model.chat_template.render([*system, *history], add_generation_prompt=True,
+                                                special_tokens=tokenizer.special_tokens_map)
+            ids = tokenizer.encode(prompt)
+            budget = min(args.max_tokens, model.max_context - len(ids))
+            request = EngineRequest(f"chat-{uuid.uuid4().hex[:12]}", tuple(ids), max(budget, 1), sampling,
+                                    stop_token_ids=engine.stop_token_ids)
+            outputs: queue.Queue[RequestOutput] = queue.Queue()
+            handle = engine.submit(request, outputs.put)
+        except StagewiseError as exc:
+            history.pop()
+            err.print(f"error: {exc} (try /reset)", highlight=False)
+            continue
+        reply = []
+        try:
+            while True:
+                out = outputs.get()
+                print(out.text, end="", flush=True)
+                reply.append(out.text)
+                if out.finished:
+                    break
+        except KeyboardInterrupt:
+            handle.cancel()
+            handle.wait()
+            out = RequestOutput("", 0, 0, finish_reason="cancelled")
+        print(flush=True)
+        if out.finish_reason == "error":
+            err.print(f"error: {out.error}", highlight=False)
+        if out.finish_reason in ("error", "cancelled"):
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": "".join(reply)})

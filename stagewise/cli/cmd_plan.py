@@ -1,0 +1,123 @@
+"""``stagewise plan MODEL --devices SPEC``: the certified placement, as a table or JSON.
+
+Exit status: 0 when the model fits, 1 when it does not, 2 for bad input. Also holds the input
+handling and rendering that ``assess`` shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from stagewise.errors import PlacementError
+from stagewise.hardware.device_spec import resolve_device_spec
+from stagewise.hardware.reserve_policy import ReservePolicy
+from stagewise.hardware.sizes import format_bytes
+from stagewise.hardware.topology import Topology
+from stagewise.placement import CertifiedPlacement, plan
+from stagewise.spec.model_source import load_model_spec
+from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.profile import DEFAULT_CONTEXT_TOKENS, DEFAULT_PREFILL_CHUNK_TOKENS, Profile
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="GGUF file, model directory (config.json) or config.json")
+    p.add_argument("--devices", metavar="SPEC", help="topology JSON, 24GiB,12GiB, 4x24GiB, cpu:2x4GiB, cuda:0@22.76GB…")
+    p.add_argument("--reserve", help="reserve kept from free memory: 2GiB, 8%%, cuda=1GiB,cpu=10%%")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_TOKENS, help="context tokens (default 4096)")
+    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS, help="prefill chunk tokens (default 512)")
+    p.add_argument("--activation-dtype", default="bf16", help="bf16, f16 or f32 (default bf16)")
+    p.add_argument("--format", dest="fmt", help="stored weight format: bf16, f16, f32, q8_0, q4_0, q4_k, q6_k…")
+    p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
+    p.add_argument("--json", action="store_true", help="print the certified placement as JSON")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("plan", help="plan a certified placement of a model on devices")
+    add_common(p)
+    p.add_argument("--split", help="blocks per stage, e.g. 21,19")
+    p.add_argument("--order", help="devices in stage order, e.g. cuda:1,cuda:0")
+    p.add_argument("--max-stages", type=int, help="use at most N stages")
+    p.add_argument("--stages", type=int, help="use exactly N stages")
+    p.set_defaults(func=run)
+
+
+def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
+    profile = Profile(args.context, args.batch, args.chunk, args.activation_dtype)
+    topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
+    return load_model_spec(args.model, args.fmt), topology, profile
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise PlacementError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    spec, topology, profile = inputs(args)
+    order = [x.strip() for x in args.order.split(",")] if args.order else None
+    cert = plan(
+        spec,
+        topology,
+        profile,
+        objective=args.objective,
+        split=_ints(args.split, "--split"),
+        order=order,
+        max_stages=args.max_stages,
+        stages=args.stages,
+    )
+    if args.json:
+        print(cert.to_json())
+    else:
+        render_plan(cert, topology)
+    return 0 if cert.fits else 1
+
+
+def headline(cert: CertifiedPlacement, topology: Topology) -> str:
+    kind = "GPUs" if all(topology.device(s.placement.device_id).kind == "cuda" for s in cert.stages) else "devices"
+    if cert.outcome == "fits_single":
+        s = cert.stages[0]
+        return f"Fits on {s.placement.device_id} ({format_bytes(s.headroom_bytes)} headroom)"
+    if cert.outcome == "fits_across":
+        return f"Fits across {len(cert.stages)} {kind}"
+    return cert.reasons[0] if cert.reasons else "Does not fit"
+
+
+def speed_line(cert: CertifiedPlacement) -> str:
+    if cert.predicted is None:
+        longest = cert.longest_context_tokens
+        return f"longest context that would fit: {longest} tokens" if longest else "no context length fits"
+    p = cert.predicted
+    (dl, dh), (pl, ph) = p.decode_range, p.prefill_range
+    return (
+        f"predicted decode {dl:.0f}–{dh:.0f} tok/s, prefill {pl:.0f}–{ph:.0f} tok/s, "
+        f"handoff {p.handoff_s_per_token * 1e6:.1f} us/token"
+    )
+
+
+def render_plan(cert: CertifiedPlacement, topology: Topology) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{headline(cert, topology)}[/bold]  ({cert.model_name}, {cert.objective})")
+    if cert.stages:
+        table = Table("stage", "device", "blocks", "entry/exit", "weights", "state", "workspace", "reserve", "total", "budget")
+        for i, s in enumerate(cert.stages):
+            sp, c = s.placement, s.charge
+            ends = "+".join(n for n, on in (("entry", sp.entry), ("exit", sp.exit)) if on) or "-"
+            table.add_row(
+                str(i), sp.device_id, f"{sp.start}..{sp.end - 1}", ends,
+                *(format_bytes(v) for v in (c.weights_bytes, c.state_bytes, c.workspace_bytes, c.reserve_bytes, c.total_bytes)),
+                format_bytes(s.budget_bytes),
+            )
+        console.print(table)
+    console.print(speed_line(cert))
+    for reason in cert.reasons[1 if not cert.fits else 0 :]:
+        console.print(f"  - {reason}")
+    console.print(f"[dim]{cert.fingerprint}[/dim]")

@@ -1,0 +1,77 @@
+"""``stagewise run``: generate from a prompt (token ids or text) and print the result.
+
+With ``--json`` it prints one object: ``{"tokens": [...], "logprobs": [...], "placement": {...},
+"text"?: ...}`` — later checks depend on this shape; keep it stable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from stagewise.engine.generator import GenerationRequest, Generator
+from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
+from stagewise.engine.sampling import SamplingParams
+from stagewise.errors import RequestError
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser("run", help="generate from a prompt and print the result")
+    p.add_argument("model", nargs="?", default=None, help="model directory, GGUF file, or random:PRESET (default: demo)")
+    add_model_arguments(p)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt-tokens", help="comma-separated prompt token ids, e.g. 1,2,3")
+    src.add_argument("-p", "--prompt", help="prompt text (needs a tokenizer)")
+    src.add_argument("--chat", help="a user message, rendered with the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _prompt_ids(args: argparse.Namespace, loaded: Any) -> list[int]:
+    if args.prompt_tokens:
+        try:
+            return [int(t) for t in args.prompt_tokens.split(",") if t.strip()]
+        except ValueError:
+            raise RequestError(f"--prompt-tokens must be comma-separated integers, got {args.prompt_tokens!r}") from None
+    if loaded.tokenizer is None:
+        raise RequestError(f"{loaded.name} has no tokenizer: use --prompt-tokens")
+    if args.chat is not None:
+        text = loaded.chat_template.render([{"role": "user", "content": args.chat}], add_generation_prompt=True,
+                                           bos_token=loaded.tokenizer.bos_text, eos_token=loaded.tokenizer.eos_text)
+        return loaded.tokenizer.encode(text)
+    return loaded.tokenizer.encode(args.prompt if args.prompt is not None else "Once upon a time")
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_model_from_args(args, quiet=args.json)
+    try:
+        prompt = _prompt_ids(args, loaded)
+        stop = loaded.tokenizer.eos_token_ids if (loaded.tokenizer and not args.prompt_tokens) else frozenset()
+        request = GenerationRequest(
+            tuple(prompt), args.max_tokens,
+            SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
+            stop_token_ids=frozenset(stop),
+        )
+        generator = Generator(loaded.pipeline, loaded.max_context)
+        tokens, logprobs = [], []
+        for event in generator.stream(request):
+            tokens.append(event.sample.token)
+            logprobs.append(event.sample.logprob)
+        out: dict[str, Any] = {"tokens": tokens, "logprobs": logprobs, "placement": loaded.placement_json}
+        if loaded.tokenizer is not None:
+            out["text"] = loaded.tokenizer.decode(tokens)
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(loaded.placement_summary, file=sys.stderr)
+            print(out.get("text", " ".join(map(str, tokens))))
+        return 0
+    finally:
+        loaded.close()

@@ -1,0 +1,45 @@
+"""The embedded demo model: a small random-weight model made deterministically and cached.
+
+``stagewise serve`` / ``run`` / ``chat`` with no MODEL use it, split across two virtual CPU
+devices, so one command on a fresh machine shows a placement and streams an answer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from stagewise import __version__
+
+DEMO_PRESET = "demo"
+DEMO_SEED = 0
+DEMO_DEVICES = "cpu:2x32MiB"  # the demo needs ~45 MB on one device, ~25 MB per stage on two
+DEMO_PLACEMENT = "auto"
+
+
+def cache_dir() -> Path:
+    """``$STAGEWISE_CACHE`` or ``$XDG_CACHE_HOME/stagewise`` or ``~/.cache/stagewise``."""
+    root = os.environ.get("STAGEWISE_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "stagewise"
+
+
+def ensure_demo_model() -> Path:
+    """The demo model's directory, made on first use (written to a temp dir, then renamed)."""
+    target = cache_dir() / f"demo-{__version__}-seed{DEMO_SEED}"
+    if (target / "config.json").exists():
+        return target
+    from stagewise.weights.make_model import make_model
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    make_model(DEMO_PRESET, tmp, fmt="safetensors", dtype="f32", seed=DEMO_SEED)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process won the race: use its copy
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

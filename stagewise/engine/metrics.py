@@ -1,0 +1,57 @@
+"""EngineMetrics: the Prometheus series the server exports at ``/metrics``.
+
+Each instance owns its registry, so several engines (tests) never collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from stagewise.runtime.pipeline import Pipeline, StepTimings
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+class EngineMetrics:
+    """Counters, gauges and histograms for requests, tokens, queue, latency, stages and memory."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.http_requests = Counter("stagewise_http_requests", "HTTP requests by endpoint and status",
+                                     ["endpoint", "status"], registry=r)
+        self.requests = Counter("stagewise_requests", "Engine requests finished, by finish reason",
+                                ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("stagewise_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("stagewise_generation_tokens", "Tokens generated", registry=r)
+        self.queue_depth = Gauge("stagewise_queue_depth", "Requests waiting in the queue", registry=r)
+        self.active_sequences = Gauge("stagewise_active_sequences", "Requests running on the pipeline", registry=r)
+        self.state_slots_in_use = Gauge("stagewise_state_slots_in_use",
+                                        "Sequence state slots holding a live sequence", registry=r)
+        self.ttft = Histogram("stagewise_time_to_first_token_seconds", "Submit to first token, seconds",
+                              buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.decode_rate = Histogram("stagewise_decode_tokens_per_second", "Decode rate per request, tokens/s",
+                                     buckets=_RATE_BUCKETS, registry=r)
+        self.stage_step = Histogram("stagewise_stage_step_seconds", "Compute time of one stage in one step",
+                                    ["stage", "device"], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.handoff = Histogram("stagewise_handoff_seconds", "Handoff time across one stage boundary",
+                                 ["boundary"], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.memory_charge = Gauge("stagewise_device_memory_charge_bytes", "Bytes charged in each stage's ledger",
+                                   ["stage", "device", "category"], registry=r)
+        self.loaded = Gauge("stagewise_model_loaded", "1 once the model is loaded and serving", registry=r)
+
+    def observe_step(self, pipeline: Pipeline, timings: StepTimings) -> None:
+        for k, seconds in enumerate(timings.stage_s):
+            self.stage_step.labels(str(k), pipeline.stages[k].spec.device).observe(seconds)
+        for k, seconds in enumerate(timings.handoff_s):
+            self.handoff.labels(f"{k}->{k + 1}").observe(seconds)
+
+    def observe_memory(self, pipeline: Pipeline) -> None:
+        for k, stage in enumerate(pipeline.stages):
+            for category, nbytes in stage.ledger.charged.items():
+                self.memory_charge.labels(str(k), stage.spec.device, category).set(nbytes)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,171 @@
+"""load_model: from a MODEL argument to a running pipeline, through one certified placement.
+
+MODEL is a Hugging Face directory, a GGUF file, ``random:PRESET|CONFIG.json`` (deterministic random
+weights generated on each device: benchmarks), or None for the embedded demo model. The steps are
+always: spec (metadata only) -> topology -> plan (once) -> verify -> load each stage straight to
+its device -> compare planned with measured charges.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
+from stagewise.engine.demo_model import DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
+from stagewise.engine.loaded_model import LoadedModel, StageProgress
+from stagewise.engine.placement_summary import placement_summary
+from stagewise.engine.tokenizer import Tokenizer
+from stagewise.errors import ConfigError, PlacementError
+from stagewise.hardware.device_spec import resolve_device_spec
+from stagewise.hardware.reserve_policy import ReservePolicy
+from stagewise.hardware.topology import Topology
+from stagewise.placement import CertifiedPlacement, plan, verify
+from stagewise.runtime.builder import build_pipeline
+from stagewise.runtime.stage import StageSpec
+from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.profile import Profile
+from stagewise.weights.tensor_source import TensorSource
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_SPEC_DTYPE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class OpenedModel:
+    """A model's metadata and tensor source, before any placement."""
+
+    name: str
+    config: ModelConfig
+    source: TensorSource
+    tokenizer: Tokenizer | None
+    gguf_path: Path | None = None
+
+
+def parse_placement(text: str) -> int | None:
+    """``auto`` -> None (planner's choice), ``single`` -> 1, ``pipeline:N`` -> N."""
+    if text == "auto":
+        return None
+    if text == "single":
+        return 1
+    if text.startswith("pipeline:") and text[9:].isdigit() and int(text[9:]) >= 1:
+        return int(text[9:])
+    raise PlacementError(f"--placement must be auto, single or pipeline:N, got {text!r}")
+
+
+def open_model(model: str) -> OpenedModel:
+    """Open a model path (or ``random:…``) without loading any weights."""
+    if model.startswith("random:"):
+        from stagewise.weights.make_model import load_hf_config
+        from stagewise.weights.random_source import RandomSource
+
+        raw = load_hf_config(model[len("random:") :])
+        config = ModelConfig.from_hf_dict(raw, source=model)
+        return OpenedModel(model, config, RandomSource(config), None)
+    from stagewise.weights.open_source import open_source
+
+    path = Path(model)
+    source = open_source(path)
+    gguf_config = getattr(source, "config", None)
+    if isinstance(gguf_config, ModelConfig):  # GGUF: metadata and tokenizer live in the file
+        fields = getattr(source, "fields", {})
+        tokenizer = Tokenizer.from_gguf_fields(fields) if "tokenizer.ggml.tokens" in fields else None
+        gguf_path = path
+        return OpenedModel(path.name, gguf_config, source, tokenizer, gguf_path)
+    config = ModelConfig.from_path(path)
+    tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
+    return OpenedModel(path.name, config, source, tokenizer)
+
+
+def default_dtype(topology: Topology) -> torch.dtype:
+    """bfloat16 on accelerators, float32 on CPU devices."""
+    return torch.float32 if all(d.kind == "cpu" for d in topology.devices) else torch.bfloat16
+
+
+def model_spec(opened: OpenedModel, dtype: torch.dtype) -> ModelSpec:
+    """Metadata-only accounting of the model as it will be resident at ``dtype``."""
+    if opened.gguf_path is not None:
+        from stagewise.weights.gguf_spec import model_spec_from_gguf
+
+        return model_spec_from_gguf(opened.gguf_path, run_dtype=_SPEC_DTYPE[dtype])
+    return ModelSpec.from_config(opened.config, _SPEC_DTYPE[dtype], name=opened.name)
+
+
+def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]:
+    """The executor's view of a certified placement."""
+    specs = []
+    for k, st in enumerate(cert.stages):
+        p = st.placement
+        if p.shard.is_sharded:
+            raise PlacementError(f"stage {k} on {p.device_id}: sharded stages (degree > 1) cannot be executed yet")
+        device = topology.device(p.device_id)
+        if not device.executable:
+            raise PlacementError(f"device {p.device_id} is simulated: it can be planned for, not run on")
+        specs.append(StageSpec(k, p.device_id, device.torch_device, p.start, p.end, p.entry, p.exit,
+                               st.budget_bytes, st.charge.weights_bytes, st.charge.state_bytes,
+                               st.charge.workspace_bytes))
+    return specs
+
+
+def load_model(model: str | None, devices: str | None = None, placement: str = "auto",
+               context: int = DEFAULT_CONTEXT, dtype: str | None = None, progress: StageProgress | None = None,
+               prefill_chunk: int = 256, reserve: str | None = None, objective: str = "latency",
+               on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False) -> LoadedModel:
+    """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits."""
+    if model is None:
+        model = str(ensure_demo_model())
+        devices = devices or DEMO_DEVICES
+        placement = DEMO_PLACEMENT if placement == "auto" else placement
+        name = "demo"
+    else:
+        name = ""
+    stages = parse_placement(placement)
+    opened = open_model(model)
+    topology = resolve_device_spec(devices, ReservePolicy.parse(reserve))
+    run_dtype = DTYPES[dtype] if dtype else default_dtype(topology)
+    if dtype and dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    spec = model_spec(opened, run_dtype)
+    profile = Profile(context_tokens=context, batch=1, prefill_chunk_tokens=prefill_chunk,
+                      activation_dtype=_SPEC_DTYPE[run_dtype])
+    cert = plan(spec, topology, profile, objective=objective, stages=stages).require_fit()
+    verify(cert, spec, topology, profile)
+    if on_plan is not None:
+        on_plan(cert)
+    specs = stage_specs(cert, topology)
+    links = [topology.link(a.device, b.device).kind for a, b in zip(specs, specs[1:])]
+    pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, 1, context, links, progress,
+                              timing=timing)
+    tokenizer = opened.tokenizer
+    template = ChatTemplate((tokenizer.chat_template if tokenizer else None) or DEFAULT_CHATML)
+    placement_json = cert.to_dict()
+    return LoadedModel(name or opened.name, opened.config, pipeline, placement_json,
+                       placement_summary(cert, topology), tokenizer, template, context, run_dtype)
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every command that loads a model shares."""
+    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x32MiB)")
+    p.add_argument("--placement", default="auto", help="auto | single | pipeline:N")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length to reserve (tokens)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPUs, f32 on CPU)")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill step")
+    p.add_argument("--reserve", default=None, help="per-device reserve policy (see `stagewise devices --help`)")
+
+
+def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs: Any) -> LoadedModel:
+    """``load_model`` with the shared options, showing per-stage progress unless ``quiet``."""
+    from stagewise.engine.load_progress import LoadProgress
+
+    with LoadProgress(enabled=not quiet) as bar:
+        return load_model(args.model, args.devices, args.placement, args.context, args.dtype,
+                          progress=bar.update, prefill_chunk=args.prefill_chunk, reserve=args.reserve,
+                          on_plan=bar.start, **kwargs)

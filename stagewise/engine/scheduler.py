@@ -1,0 +1,108 @@
+"""Scheduler: a bounded FIFO of waiting requests and the set running on the pipeline.
+
+The engine loop is ``schedule() → execute() → update()`` (vLLM v1's shape). Today a batch holds
+one request, run to completion by the one-sequence :class:`Generator`; continuous batching
+will change ``max_running`` and make ``execute`` a single step, not this interface.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from stagewise.engine.request_handle import RequestHandle
+from stagewise.errors import StagewiseError
+
+
+class QueueFull(StagewiseError):
+    """The waiting queue is full; the client should retry later."""
+
+    http_status = 429
+    code = "queue_full"
+    retry_after_s = 1
+
+
+class EngineClosed(StagewiseError):
+    """The engine stopped accepting requests (loading, draining or shut down)."""
+
+    http_status = 503
+    code = "unavailable"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What to execute next, and queued requests that were cancelled before they ran."""
+
+    run: tuple[RequestHandle, ...]
+    dropped: tuple[RequestHandle, ...] = ()
+
+
+class Scheduler:
+    """Thread-safe FIFO admission: at most ``max_waiting`` queued, at most ``max_running`` running."""
+
+    def __init__(self, max_waiting: int, max_running: int = 1) -> None:
+        if max_waiting < 1 or max_running < 1:
+            raise ValueError("max_waiting and max_running must be >= 1")
+        self.max_waiting = max_waiting
+        self.max_running = max_running
+        self._waiting: deque[RequestHandle] = deque()
+        self._running: list[RequestHandle] = []
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        with self._cond:
+            return len(self._running)
+
+    def add(self, handle: RequestHandle) -> None:
+        """Queue ``handle``. Raises :class:`QueueFull` or :class:`EngineClosed`."""
+        with self._cond:
+            if self._closed:
+                raise EngineClosed("the server is shutting down and accepts no new requests")
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"the request queue is full ({self.max_waiting} waiting); retry later")
+            self._waiting.append(handle)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuse new requests from now on; queued ones still run."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def schedule(self, timeout_s: float) -> Batch:
+        """Move the oldest waiting requests to running (FIFO); waits up to ``timeout_s`` for one."""
+        with self._cond:
+            if not self._waiting:
+                self._cond.wait(timeout_s)
+            dropped: list[RequestHandle] = []
+            run: list[RequestHandle] = []
+            while self._waiting and len(self._running) + len(run) < self.max_running:
+                handle = self._waiting.popleft()
+                (dropped if handle.is_cancelled() else run).append(handle)
+            self._running.extend(run)
+            return Batch(tuple(run), tuple(dropped))
+
+    def update(self, batch: Batch) -> None:
+        """The batch's requests finished: free their slots."""
+        with self._cond:
+            self._running = [h for h in self._running if h not in batch.run]
+            self._cond.notify_all()
+
+    def cancel_all(self) -> None:
+        """Cancel every waiting and running request (they finish as ``cancelled``)."""
+        with self._cond:
+            for handle in (*self._waiting, *self._running):
+                handle.cancel()
+            self._cond.notify_all()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._waiting and not self._running

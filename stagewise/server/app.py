@@ -1,0 +1,147 @@
+"""The OpenAI-compatible HTTP API: routes, body reading, and error mapping."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from stagewise.errors import StagewiseError
+from stagewise.server import chat_handler, completion_handler
+from stagewise.server.guards import Guards
+from stagewise.server.openai_errors import (
+    BodyTooLarge,
+    InvalidParam,
+    NotFound,
+    error_body,
+    error_response,
+    from_validation,
+)
+from stagewise.server.output_stream import ClientGone, OutputStream
+from stagewise.server.request_builder import build_chat, build_completion
+from stagewise.server.schemas import ChatCompletionBody, CompletionBody
+from stagewise.server.server_state import ServerState
+
+_CLIENT_CLOSED = 499
+
+
+async def read_json(request: Request, limit_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object; 413 past ``limit_bytes`` (also without Content-Length), 400 if not JSON."""
+    size = 0
+    parts = []
+    async for part in request.stream():
+        size += len(part)
+        if size > limit_bytes:
+            raise BodyTooLarge(f"the request body exceeds the limit of {limit_bytes} bytes")
+        parts.append(part)
+    try:
+        body = json.loads(b"".join(parts))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidParam(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidParam("the request body must be a JSON object")
+    return body
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """The FastAPI app over ``state``; wrapped by :class:`Guards` (auth, body size, counts)."""
+    settings = state.settings
+    app = FastAPI(title="stagewise", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(StagewiseError)
+    async def _typed(_: Request, exc: StagewiseError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_: Request, exc: ClientGone) -> Response:
+        return Response(status_code=_CLIENT_CLOSED)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> Response:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), None), exc.status_code)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.phase == "ready":
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": state.phase}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if state.model is not None and state.phase == "ready":
+            state.metrics.observe_memory(state.model.pipeline)
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        _, model = state.serving()
+        card = {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
+                "max_model_len": model.max_context}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        raw = await read_json(request, settings.max_body_bytes)
+        engine, model = state.serving()
+        try:
+            body = ChatCompletionBody.model_validate(raw)
+        except ValidationError as exc:
+            raise from_validation(exc) from exc
+        built = build_chat(body, model)
+        stream = OutputStream()
+        handle = engine.submit(built.request, stream.put)
+        return await chat_handler.respond(built, handle, stream, model.name, request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        raw = await read_json(request, settings.max_body_bytes)
+        engine, model = state.serving()
+        try:
+            body = CompletionBody.model_validate(raw)
+        except ValidationError as exc:
+            raise from_validation(exc) from exc
+        built = build_completion(body, model)
+        stream = OutputStream()
+        handle = engine.submit(built.request, stream.put)
+        return await completion_handler.respond(built, handle, stream, model.name, request)
+
+    if settings.fault_injection:
+        @app.post("/debug/fail-next-step")
+        async def fail_next_step(request: Request) -> Response:
+            raw = await read_json(request, settings.max_body_bytes)
+            engine, model = state.serving()
+            stage = raw.get("stage", 0)
+            if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < len(model.pipeline.stages):
+                raise InvalidParam(f"stage must be an integer in [0, {len(model.pipeline.stages)})", "stage")
+            engine.guard.fail_next_step(stage)
+            return JSONResponse({"armed": True, "stage": stage})
+
+        @app.post("/debug/step-delay")
+        async def step_delay(request: Request) -> Response:
+            raw = await read_json(request, settings.max_body_bytes)
+            engine, _ = state.serving()
+            seconds = raw.get("seconds", 0.0)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 10:
+                raise InvalidParam("seconds must be a number in [0, 10]", "seconds")
+            engine.guard.delay_s = float(seconds)
+            return JSONResponse({"delay_s": float(seconds)})
+    else:
+        @app.post("/debug/fail-next-step")
+        @app.post("/debug/step-delay")
+        async def no_fault_injection() -> Response:
+            raise NotFound("fault injection is off (set STAGEWISE_FAULT_INJECTION=1)")
+
+    return app
+
+
+def guarded_app(state: ServerState) -> Guards:
+    """The ASGI app to serve: :func:`build_app` behind :class:`Guards`."""
+    settings = state.settings
+    return Guards(build_app(state), settings.api_key, settings.max_body_bytes, state.metrics)

@@ -1,0 +1,75 @@
+"""OpenAI response objects: chat completions (full and chunks), text completions, logprobs, usage."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stagewise.engine.request_output import TokenLogprob
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_logprobs(entries: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
+    """``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``."""
+    return {"content": [
+        {"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes),
+         "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e.top]}
+        for e in entries
+    ]}
+
+
+def completion_logprobs(entries: tuple[TokenLogprob, ...] | list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """Legacy completions shape: parallel ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def chat_completion(request_id: str, created: int, model: str, message: dict[str, Any], finish_reason: str,
+                    logprobs: dict[str, Any] | None, use: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": request_id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "usage": use,
+    }
+
+
+def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, Any] | None,
+               finish_reason: str | None = None, logprobs: dict[str, Any] | None = None,
+               use: dict[str, int] | None = None, include_usage: bool = False) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; ``delta=None`` gives the usage-only chunk (empty choices)."""
+    chunk: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                             "choices": []}
+    if delta is not None:
+        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+    if include_usage:
+        chunk["usage"] = use
+    return chunk
+
+
+def text_completion(request_id: str, created: int, model: str, text: str, finish_reason: str | None,
+                    logprobs: dict[str, Any] | None, use: dict[str, int] | None, chunk: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": request_id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if use is not None or not chunk:
+        body["usage"] = use
+    return body
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"

@@ -1,0 +1,150 @@
+"""Turn validated OpenAI bodies into :class:`EngineRequest` s (template, tokens, sampling, stops)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from stagewise.engine.loaded_model import LoadedModel
+from stagewise.engine.request import EngineRequest
+from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.tokenizer import Tokenizer
+from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
+from stagewise.errors import ContextLengthExceeded, StagewiseError
+from stagewise.server.openai_errors import InvalidParam
+from stagewise.server.schemas import ChatCompletionBody, CompletionBody, SamplingFields
+
+
+@dataclass(frozen=True)
+class BuiltRequest:
+    """The engine request plus how to shape the response."""
+
+    request: EngineRequest
+    stream: bool
+    include_usage: bool
+    tool_format: ToolCallFormat | None = None  # set when tools were offered: parse the output for calls
+
+
+def _tokenizer(model: LoadedModel) -> Tokenizer:
+    if model.tokenizer is None:
+        raise InvalidParam(f"model {model.name} has no tokenizer")
+    return model.tokenizer
+
+
+def _sampling(body: SamplingFields) -> SamplingParams:
+    fields = {name: getattr(body, name) for name in ("temperature", "top_p", "top_k", "min_p",
+                                                      "presence_penalty", "frequency_penalty", "seed")}
+    try:
+        return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+    except StagewiseError as exc:
+        param = next((k for k in fields if k in str(exc)), None)
+        raise InvalidParam(str(exc), param) from exc
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _max_tokens(asked: int | None, prompt_tokens: int, context: int) -> int:
+    if prompt_tokens >= context:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens; the prompt has {prompt_tokens} tokens."
+        )
+    if asked is None:
+        return context - prompt_tokens
+    if asked < 1:
+        raise InvalidParam(f"max_tokens must be >= 1, got {asked}", "max_tokens")
+    if prompt_tokens + asked > context:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + asked} tokens ({prompt_tokens} in the messages, {asked} in the completion)."
+        )
+    return asked
+
+
+def _common(body: SamplingFields) -> None:
+    if body.n not in (None, 1):
+        raise InvalidParam("only n=1 is supported", "n")
+
+
+def _engine_request(prefix: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
+                    model: LoadedModel, logprobs: bool, top_logprobs: int) -> EngineRequest:
+    tokenizer = _tokenizer(model)
+    try:
+        return EngineRequest(
+            request_id=f"{prefix}-{uuid.uuid4().hex[:24]}",
+            prompt_ids=tuple(prompt_ids),
+            max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context),
+            sampling=_sampling(body),
+            stop=_stops(body.stop),
+            stop_token_ids=frozenset(tokenizer.eos_token_ids) | frozenset(model.config.eos_token_ids),
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+        )
+    except InvalidParam:
+        raise
+    except ContextLengthExceeded as exc:
+        raise InvalidParam(str(exc), "messages" if prefix == "chatcmpl" else "prompt", exc.code) from exc
+    except StagewiseError as exc:
+        param = next((k for k in ("stop", "top_logprobs", "max_tokens") if k in str(exc)), None)
+        raise InvalidParam(str(exc), param) from exc
+
+
+def build_chat(body: ChatCompletionBody, model: LoadedModel) -> BuiltRequest:
+    """Render the messages through the model's chat template and tokenize them."""
+    _common(body)
+    if body.response_format is not None and body.response_format.get("type") not in (None, "text"):
+        raise InvalidParam(f"response_format {body.response_format.get('type')!r} is not supported", "response_format")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
+    tokenizer = _tokenizer(model)
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    for message in messages:
+        if message["role"] == "developer":  # OpenAI's newer name for the system role
+            message["role"] = "system"
+    tools = body.tools if body.tools and body.tool_choice != "none" else None
+    if tools is not None:
+        for i, tool in enumerate(tools):
+            if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+                raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", f"tools.{i}")
+    try:
+        text = model.chat_template.render(messages, add_generation_prompt=True, tools=tools,
+                                          special_tokens=tokenizer.special_tokens_map)
+    except StagewiseError as exc:
+        raise InvalidParam(str(exc), "messages") from exc
+    ids = tokenizer.encode(text)
+    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    request = _engine_request("chatcmpl", ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0)
+    fmt = detect_tool_call_format(model.chat_template.source) if tools is not None else None
+    return BuiltRequest(request, bool(body.stream), _include_usage(body), fmt)
+
+
+def build_completion(body: CompletionBody, model: LoadedModel) -> BuiltRequest:
+    """Tokenize (or take) the prompt of a text completion."""
+    _common(body)
+    if body.echo:
+        raise InvalidParam("echo is not supported", "echo")
+    if body.suffix:
+        raise InvalidParam("suffix is not supported", "suffix")
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise InvalidParam("only one prompt per request is supported", "prompt")
+        prompt = prompt[0]
+    ids = _tokenizer(model).encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise InvalidParam("the prompt is empty", "prompt")
+    if any(not 0 <= t < model.config.vocab_size for t in ids):
+        raise InvalidParam(f"prompt token ids must be in [0, {model.config.vocab_size})", "prompt")
+    top = body.logprobs
+    if top is not None and not 0 <= top <= 5:
+        raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")
+    request = _engine_request("cmpl", ids, body.max_tokens, body, model, top is not None, top or 0)
+    return BuiltRequest(request, bool(body.stream), _include_usage(body))
+
+
+def _include_usage(body: SamplingFields) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)

@@ -1,0 +1,114 @@
+"""Run the server: HTTP up first (``/health`` 503 while loading), load in the background, drain on signals.
+
+SIGTERM/SIGINT: stop accepting (503), let in-flight and queued requests finish within
+``grace_s``, cancel what is left, close the model (free the devices), exit 0. A second signal
+cancels at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from rich.console import Console
+
+from stagewise.engine.engine import Engine
+from stagewise.engine.model_source import load_for_serving
+from stagewise.server.app import guarded_app
+from stagewise.server.load_display import placement_lines, stage_progress
+from stagewise.server.serve_settings import ServeSettings
+from stagewise.server.server_state import ServerState
+
+_SHUTDOWN_TIMEOUT_S = 5
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling (the runner drains first, then stops it)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def serve(settings: ServeSettings, console: Console | None = None) -> int:
+    """Serve until a signal; returns the exit code. Raises the load error (e.g. DoesNotFit) if loading fails."""
+    console = console or Console()
+    state = ServerState(settings)
+    config = uvicorn.Config(guarded_app(state), host=settings.host, port=settings.port, log_level="warning",
+                            lifespan="off", timeout_graceful_shutdown=_SHUTDOWN_TIMEOUT_S)
+    server = _Server(config)
+    loader = threading.Thread(target=_load, args=(state, server, console), name="stagewise-loader", daemon=True)
+    drainer: list[threading.Thread] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not state.begin_draining():
+            if state.engine is not None:
+                state.engine.scheduler.cancel_all()
+            server.should_exit = True
+            return
+        # NOTE: no printing here: the handler may interrupt the main thread inside the console's lock
+        thread = threading.Thread(target=_drain, args=(state, server, console, signal.Signals(signum).name),
+                                  name="stagewise-drain", daemon=True)
+        drainer.append(thread)
+        thread.start()
+
+    previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    console.print(f"stagewise: listening on http://{settings.host}:{settings.port} (loading the model…)")
+    try:
+        loader.start()
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for thread in drainer:
+        thread.join()
+    if state.load_error is not None:
+        raise state.load_error
+    if state.engine is not None:
+        state.engine.stop()
+    if state.model is not None:
+        state.model.close()
+        console.print("stagewise: model closed, devices freed; bye")
+    return 0
+
+
+def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
+    settings = state.settings
+    try:
+        with stage_progress(console) as progress:
+            model = load_for_serving(settings.model, settings.devices, settings.placement, settings.context,
+                                     settings.dtype, progress)
+        engine = Engine(model, settings.queue, state.metrics).start()
+    except BaseException as exc:
+        state.set_failed(exc)
+        server.should_exit = True
+        return
+    if not state.set_ready(model, engine):
+        engine.stop()
+        model.close()
+        return
+    for line in placement_lines(model):
+        console.print(line, highlight=False, soft_wrap=True)
+    _print_usage(settings, model.name, console)
+
+
+def _print_usage(settings: ServeSettings, name: str, console: Console) -> None:
+    auth = f" -H 'Authorization: Bearer {'$STAGEWISE_API_KEY'}'" if settings.api_key else ""
+    console.print(f"[bold green]Serving {name}[/] at {settings.base_url} (OpenAI-compatible)", highlight=False)
+    console.print(f"  curl {settings.base_url}/chat/completions -H 'Content-Type: application/json'{auth} "
+                  "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'", highlight=False, soft_wrap=True)
+    console.print(f"  or chat in the terminal: stagewise chat {settings.model or ''}".rstrip(), highlight=False)
+
+
+def _drain(state: ServerState, server: uvicorn.Server, console: Console, why: str) -> None:
+    console.print(f"[yellow]{why}: draining (up to {state.settings.grace_s:g} s)…[/]")
+    engine = state.engine
+    if engine is not None:
+        clean = engine.drain(state.settings.grace_s)
+        console.print("stagewise: drained" if clean else "stagewise: grace period over; cancelled the rest")
+    server.should_exit = True

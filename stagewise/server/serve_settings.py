@@ -1,0 +1,46 @@
+"""ServeSettings: everything ``stagewise serve`` was asked for, converted once from the CLI and env."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stagewise.errors import ConfigError
+
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # 4 MiB
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Model, devices and HTTP options of one server process."""
+
+    model: str | None = None
+    devices: str | None = None
+    placement: str = "auto"
+    context: int = 4096
+    dtype: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    queue: int = 16
+    grace_s: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    fault_injection: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
+        if self.queue < 1:
+            raise ConfigError(f"--queue must be >= 1, got {self.queue}")
+        if self.context < 2:
+            raise ConfigError(f"--context must be >= 2, got {self.context}")
+        if self.grace_s < 0:
+            raise ConfigError(f"--grace-s must be >= 0, got {self.grace_s}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"the body size limit must be >= 1024 bytes, got {self.max_body_bytes}")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("--api-key must not be empty")
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"

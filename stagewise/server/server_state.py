@@ -1,0 +1,57 @@
+"""ServerState: the server's phase (loading → ready → draining) and what it serves once loaded."""
+
+from __future__ import annotations
+
+import threading
+
+from stagewise.engine.engine import Engine
+from stagewise.engine.loaded_model import LoadedModel
+from stagewise.engine.metrics import EngineMetrics
+from stagewise.engine.scheduler import EngineClosed
+from stagewise.server.serve_settings import ServeSettings
+
+PHASES = ("loading", "ready", "draining", "failed")
+
+
+class ServerState:
+    """Shared by the HTTP handlers, the loader thread and the signal handler (all transitions locked)."""
+
+    def __init__(self, settings: ServeSettings, metrics: EngineMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or EngineMetrics()
+        self.phase = "loading"
+        self.model: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.load_error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def set_ready(self, model: LoadedModel, engine: Engine) -> bool:
+        """Publish the loaded model; False (and nothing published) if draining began meanwhile."""
+        with self._lock:
+            if self.phase != "loading":
+                return False
+            self.model, self.engine, self.phase = model, engine, "ready"
+            self.metrics.loaded.set(1)
+            return True
+
+    def set_failed(self, error: BaseException) -> None:
+        with self._lock:
+            self.load_error, self.phase = error, "failed"
+
+    def begin_draining(self) -> bool:
+        """Enter ``draining``; False if already draining (a second signal)."""
+        with self._lock:
+            if self.phase == "draining":
+                return False
+            self.phase = "draining"
+            self.metrics.loaded.set(0)
+            return True
+
+    def serving(self) -> tuple[Engine, LoadedModel]:
+        """The engine and model, or :class:`EngineClosed` (503) while loading or draining."""
+        with self._lock:
+            if self.phase == "ready" and self.engine is not None and self.model is not None:
+                return self.engine, self.model
+            phase = self.phase
+        raise EngineClosed(f"the server is {phase}; retry later" if phase == "loading"
+                           else f"the server is {phase} and accepts no new requests")

@@ -1,0 +1,187 @@
+"""GGUF metadata -> :class:`ModelConfig`, converted once at the edge.
+
+Keys are llama.cpp's (``gguf.constants.Keys``), for the architectures in
+:data:`~stagewise.weights.gguf_names.GGUF_ARCHITECTURES`. What the metadata does not carry is
+derived as llama.cpp derives it: the vocabulary from the token list or the embedding's shape,
+``block_count`` minus the MTP (``nextn_predict_layers``) blocks, hybrid layer types from
+``full_attention_interval``, Llama 3 rope scaling from the ``rope_freqs`` factors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gguf.constants import Keys
+
+from stagewise.errors import ConfigError, UnsupportedArchitecture
+from stagewise.spec.model_config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig, RopeScaling
+from stagewise.weights.gguf_names import GGUF_ARCHITECTURES
+
+RopeFactors = Callable[[], Sequence[float] | None]
+
+
+def gguf_family(fields: dict[str, Any], label: str) -> tuple[str, str]:
+    """(llama.cpp architecture, our family) named by ``general.architecture``."""
+    arch = fields.get(Keys.General.ARCHITECTURE)
+    if arch is None:
+        raise ConfigError(f"{label}: missing GGUF field {Keys.General.ARCHITECTURE}")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedArchitecture(
+            f"{label}: GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
+        )
+    return str(arch), GGUF_ARCHITECTURES[arch]
+
+
+def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[int, ...] | None = None,
+                     rope_factors: RopeFactors | None = None, has_output: bool = True) -> ModelConfig:
+    """Normalize GGUF metadata into a :class:`ModelConfig`.
+
+    Args:
+        fields: GGUF key -> plain Python value.
+        label: the file, for messages.
+        embedding_shape: ``token_embd.weight``'s (vocab, hidden) shape, used when no vocab size is stated.
+        rope_factors: returns the ``rope_freqs.weight`` values if the file has them (Llama 3 rope).
+        has_output: the file has ``output.weight``; without it the LM head is tied to the embedding.
+    Raises:
+        ConfigError: a required field is missing or has the wrong type.
+        UnsupportedArchitecture: ``general.architecture`` is not one we run.
+    """
+    arch, family = gguf_family(fields, label)
+
+    def get(key: str, kind: type = int, default: Any = None) -> Any:
+        full = key.format(arch=arch)
+        value = fields.get(full, default)
+        if value is None:
+            raise ConfigError(f"{label}: missing GGUF field {full}")
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{label}: GGUF field {full} must be an integer, got {value!r}")
+        if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{label}: GGUF field {full} must be a number, got {value!r}")
+        return value
+
+    block_count = get(Keys.LLM.BLOCK_COUNT)
+    nextn = get(Keys.LLM.NEXTN_PREDICT_LAYERS, default=0)
+    layers = block_count - nextn
+    hidden = get(Keys.LLM.EMBEDDING_LENGTH)
+    heads = get(Keys.Attention.HEAD_COUNT)
+    kv_heads = get(Keys.Attention.HEAD_COUNT_KV, default=heads)
+    if not isinstance(heads, int) or heads <= 0:
+        raise ConfigError(f"{label}: GGUF field {Keys.Attention.HEAD_COUNT.format(arch=arch)} must be positive")
+    head_dim = get(Keys.Attention.KEY_LENGTH, default=hidden // heads if heads else 0)
+    rotary = get(Keys.Rope.DIMENSION_COUNT, default=head_dim)
+    theta = _f32_decimal(get(Keys.Rope.FREQ_BASE, float, default=10000.0))
+    eps = _f32_decimal(get(Keys.Attention.LAYERNORM_RMS_EPS, float, default=1e-6))
+    vocab = fields.get(Keys.LLM.VOCAB_SIZE.format(arch=arch))
+    if vocab is None and embedding_shape is not None:
+        vocab = embedding_shape[0]
+    if vocab is None and isinstance(fields.get(Keys.Tokenizer.LIST), list):
+        vocab = len(fields[Keys.Tokenizer.LIST])
+    if vocab is None:
+        raise ConfigError(f"{label}: no vocabulary size (no {Keys.LLM.VOCAB_SIZE.format(arch=arch)}, no token_embd)")
+    if not isinstance(head_dim, int) or head_dim <= 0 or not isinstance(rotary, int) or not 0 < rotary <= head_dim:
+        raise ConfigError(f"{label}: rope dimension {rotary!r} does not fit head dimension {head_dim!r}")
+    rope = _rope(arch, fields, label, theta, rotary / head_dim, head_dim, rope_factors)
+
+    hybrid = family in ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+    if hybrid:
+        interval = get(Keys.LLM.FULL_ATTENTION_INTERVAL, default=4)
+        if interval <= 0:
+            raise ConfigError(f"{label}: full_attention_interval must be positive, got {interval}")
+        layer_types = tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers))
+    else:
+        layer_types = tuple(FULL_ATTENTION for _ in range(max(layers, 0)))
+    moe = family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe")
+    extra: dict[str, Any] = {"gguf_architecture": arch}
+    if nextn:
+        extra["num_nextn_predict_layers"] = nextn
+    kwargs: dict[str, Any] = {}
+    if moe:
+        kwargs.update(
+            num_experts=get(Keys.LLM.EXPERT_COUNT),
+            num_experts_per_tok=get(Keys.LLM.EXPERT_USED_COUNT),
+            moe_intermediate_size=get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH),
+            shared_expert_intermediate_size=get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0),
+        )
+    if hybrid:
+        value_heads = get(Keys.SSM.TIME_STEP_RANK)
+        inner = get(Keys.SSM.INNER_SIZE)
+        if value_heads <= 0 or inner % value_heads:
+            raise ConfigError(f"{label}: ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {value_heads}")
+        kwargs.update(
+            linear_conv_kernel_dim=get(Keys.SSM.CONV_KERNEL),
+            linear_key_head_dim=get(Keys.SSM.STATE_SIZE),
+            linear_num_key_heads=get(Keys.SSM.GROUP_COUNT),
+            linear_num_value_heads=value_heads,
+            linear_value_head_dim=inner // value_heads,
+        )
+    ffn = get(Keys.LLM.FEED_FORWARD_LENGTH, default=0)
+    bos = fields.get(Keys.Tokenizer.BOS_ID)
+    eos = fields.get(Keys.Tokenizer.EOS_ID)
+    eos_ids = tuple(int(fields[k]) for k in (Keys.Tokenizer.EOS_ID, Keys.Tokenizer.EOT_ID) if isinstance(fields.get(k), int))
+    return ModelConfig(
+        architecture=family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=ffn if isinstance(ffn, int) else 0,
+        rms_norm_eps=eps,
+        rope=rope,
+        max_position_embeddings=get(Keys.LLM.CONTEXT_LENGTH, default=4096),
+        tie_word_embeddings=not has_output,
+        layer_types=layer_types,
+        bos_token_id=bos if isinstance(bos, int) else None,
+        eos_token_ids=tuple(dict.fromkeys(eos_ids)) if eos is not None else (),
+        extra=extra,
+        **kwargs,
+    )
+
+
+def _f32_decimal(value: float) -> float:
+    # GGUF stores these as float32: 1e-5 reads back as 9.99999974e-06. Take the shortest decimal that
+    # rounds to the same float32 (what the HF config said), so configs from both formats compare equal.
+    return float(str(np.float32(value)))
+
+
+def _rope(arch: str, fields: dict[str, Any], label: str, theta: float, partial: float, head_dim: int,
+          rope_factors: RopeFactors | None) -> RopeScaling:
+    factors = rope_factors() if rope_factors is not None else None
+    if factors is None:
+        return RopeScaling(theta=theta, partial_rotary_factor=partial)
+    # Llama 3.x: the converter folds rope scaling into per-frequency factors; recover the parameters
+    # and check they reproduce every factor (anything else is a scaling we do not implement).
+    original = fields.get(f"{arch}.rope.scaling.original_context_length", 8192)
+    factor = float(max(factors))
+    rope = RopeScaling(rope_type="llama3", theta=theta, factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
+                       original_max_position_embeddings=int(original), partial_rotary_factor=partial)
+    expected = llama3_rope_factors(rope, head_dim)
+    if len(expected) != len(factors) or any(
+        not math.isclose(a, b, rel_tol=1e-5) for a, b in zip(expected, factors, strict=False)
+    ):
+        raise ConfigError(f"{label}: tensor 'rope_freqs.weight' holds rope factors that are not Llama 3 scaling")
+    return rope
+
+
+def llama3_rope_factors(rope: RopeScaling, head_dim: int) -> list[float]:
+    """The per-frequency divisors llama.cpp's converter writes as ``rope_freqs.weight`` (float64 math)."""
+    low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor
+    high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / (rope.theta ** (i / head_dim))
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(rope.factor)
+        else:
+            smooth = (rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) / (
+                rope.high_freq_factor - rope.low_freq_factor
+            )
+            out.append(1 / ((1 - smooth) / rope.factor + smooth))
+    return out

@@ -1,0 +1,238 @@
+"""Write a model's parameters as a GGUF file the way llama.cpp's converter lays them out.
+
+Metadata and the tensor table go first (``gguf.GGUFWriter``), then each tensor's data is streamed
+chunk by chunk, so memory stays bounded by one chunk (one matrix where a row permutation needs
+it). The converter's changes are applied (:mod:`stagewise.weights.gguf_layout`), so files read
+back through :class:`~stagewise.weights.gguf_source.GGUFSource` like real converted ones.
+Type policy (as llama.cpp's ``--outtype``): 1-D tensors, routers and the small linear-attention
+projections stay F32; other matrices take the requested type (Q8_0 where rows divide into 32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys, LlamaFileType
+
+from stagewise.errors import ConfigError
+from stagewise.spec.model_config import FULL_ATTENTION, ModelConfig
+from stagewise.weights.gguf_config import llama3_rope_factors
+from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, split_sizes, value_to_gguf
+from stagewise.weights.gguf_names import FAMILY_TO_GGUF, NameRule, rule_for_ours
+
+Chunks = Callable[[str, tuple[int, ...]], Iterator[torch.Tensor]]  # (our name, shape) -> float32 chunks on dim 0
+
+FILE_TYPES = {
+    "f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
+    "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16),
+    "bf16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16),
+    "q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+}
+_KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "ssm_ba.weight",
+             "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
+
+
+@dataclass(frozen=True)
+class _Planned:
+    gguf_name: str
+    shape: tuple[int, ...]  # torch order
+    ggml_type: GGMLQuantizationType
+    ours: str
+    our_shape: tuple[int, ...]
+    rule: NameRule | None  # None: rope_freqs (not a parameter)
+    part: int
+
+    @property
+    def nbytes(self) -> int:
+        block, type_bytes = GGML_QUANT_SIZES[self.ggml_type]
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n // block * type_bytes
+
+
+def write_gguf(path: Path, config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], chunks: Chunks,
+               dtype: str, metadata: dict[str, Any], split_max_bytes: int = 0, name: str = "stagewise-random") -> list[Path]:
+    """Write ``params`` (our names, in order) to ``path``; returns the files written (several when split).
+
+    Args:
+        chunks: yields each parameter's float32 values in chunks along dim 0.
+        dtype: ``f32``, ``f16``, ``bf16`` or ``q8_0``.
+        metadata: extra GGUF fields (the ``tokenizer.*`` ones).
+        split_max_bytes: split into ``-0000N-of-0000M.gguf`` parts of at most this many tensor bytes.
+    """
+    if dtype not in FILE_TYPES:
+        raise ConfigError(f"GGUF dtype {dtype!r} is not supported ({', '.join(FILE_TYPES)})")
+    _check_representable(config)
+    arch = FAMILY_TO_GGUF[config.architecture]
+    plan = _plan(config, params, FILE_TYPES[dtype][0])
+    writer = gguf.GGUFWriter(path, arch, split_max_size=split_max_bytes)
+    writer.add_name(name)
+    writer.add_file_type(int(FILE_TYPES[dtype][1]))
+    _add_hparams(writer, arch, config)
+    for key, value in metadata.items():
+        _add_field(writer, key, value)
+    for t in plan:
+        writer.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.ggml_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    assert writer.fout is not None
+    by_name = {t.gguf_name: t for t in plan}
+    files = writer.format_shard_names(path)
+    for fout, shard in zip(writer.fout, writer.tensors, strict=True):
+        writer.write_padding(fout, fout.tell())
+        for gguf_name in shard:
+            t = by_name[gguf_name]
+            written = 0
+            for piece in _gguf_chunks(config, t, chunks):
+                data = _encode(piece, t.ggml_type)
+                data.tofile(fout)
+                written += data.nbytes
+            assert written == t.nbytes, (gguf_name, written, t.nbytes)
+            writer.write_padding(fout, t.nbytes)
+    writer.close()
+    return files
+
+
+def _check_representable(config: ModelConfig) -> None:
+    if config.attention_bias or config.mlp_bias:
+        raise ConfigError("GGUF export of attention/MLP biases is not supported")
+    if config.mlp_only_layers or config.decoder_sparse_step > 1 or (config.is_moe and not config.norm_topk_prob):
+        raise ConfigError("GGUF cannot express mlp_only_layers, decoder_sparse_step or norm_topk_prob=false")
+    if config.is_hybrid:
+        interval = _attention_interval(config)
+        if interval is None:
+            raise ConfigError("GGUF needs hybrid layer types with one full-attention block every N blocks")
+    if config.rope.rope_type == "llama3" and (config.rope.low_freq_factor, config.rope.high_freq_factor) != (1.0, 4.0):
+        raise ConfigError("GGUF export of llama3 rope needs low_freq_factor 1 and high_freq_factor 4")
+
+
+def _attention_interval(config: ModelConfig) -> int | None:
+    for interval in range(1, config.num_layers + 1):
+        kinds = tuple(FULL_ATTENTION if (i + 1) % interval == 0 else "linear_attention" for i in range(config.num_layers))
+        if kinds == config.layer_types:
+            return interval
+    return None
+
+
+def _add_hparams(w: gguf.GGUFWriter, arch: str, c: ModelConfig) -> None:
+    k = Keys
+    w.add_uint32(k.LLM.VOCAB_SIZE.format(arch=arch), c.vocab_size)
+    w.add_uint32(k.LLM.CONTEXT_LENGTH.format(arch=arch), c.max_position_embeddings)
+    w.add_uint32(k.LLM.EMBEDDING_LENGTH.format(arch=arch), c.hidden_size)
+    w.add_uint32(k.LLM.BLOCK_COUNT.format(arch=arch), c.num_layers)
+    if c.intermediate_size:
+        w.add_uint32(k.LLM.FEED_FORWARD_LENGTH.format(arch=arch), c.intermediate_size)
+    w.add_uint32(k.Attention.HEAD_COUNT.format(arch=arch), c.num_attention_heads)
+    w.add_uint32(k.Attention.HEAD_COUNT_KV.format(arch=arch), c.num_kv_heads)
+    w.add_uint32(k.Attention.KEY_LENGTH.format(arch=arch), c.head_dim)
+    w.add_uint32(k.Attention.VALUE_LENGTH.format(arch=arch), c.head_dim)
+    w.add_float32(k.Attention.LAYERNORM_RMS_EPS.format(arch=arch), c.rms_norm_eps)
+    w.add_float32(k.Rope.FREQ_BASE.format(arch=arch), c.rope.theta)
+    w.add_uint32(k.Rope.DIMENSION_COUNT.format(arch=arch), c.rotary_dim)
+    if c.rope.rope_type == "llama3":
+        w.add_uint32(k.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch), c.rope.original_max_position_embeddings)
+    if c.is_moe:
+        w.add_uint32(k.LLM.EXPERT_COUNT.format(arch=arch), c.num_experts)
+        w.add_uint32(k.LLM.EXPERT_USED_COUNT.format(arch=arch), c.num_experts_per_tok)
+        w.add_uint32(k.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch), c.moe_intermediate_size)
+        if c.shared_expert_intermediate_size:
+            w.add_uint32(k.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH.format(arch=arch), c.shared_expert_intermediate_size)
+    if c.is_hybrid:
+        w.add_uint32(k.SSM.CONV_KERNEL.format(arch=arch), c.linear_conv_kernel_dim)
+        w.add_uint32(k.SSM.STATE_SIZE.format(arch=arch), c.linear_key_head_dim)
+        w.add_uint32(k.SSM.GROUP_COUNT.format(arch=arch), c.linear_num_key_heads)
+        w.add_uint32(k.SSM.TIME_STEP_RANK.format(arch=arch), c.linear_num_value_heads)
+        w.add_uint32(k.SSM.INNER_SIZE.format(arch=arch), c.linear_value_dim)
+        w.add_uint32(k.LLM.FULL_ATTENTION_INTERVAL.format(arch=arch), _attention_interval(c) or 4)
+
+
+def _add_field(w: gguf.GGUFWriter, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, (list, tuple)):
+        w.add_array(key, list(value))
+    else:
+        raise ConfigError(f"GGUF field {key} has an unsupported value type {type(value).__name__}")
+
+
+def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix_type: GGMLQuantizationType) -> list[_Planned]:
+    plan: list[_Planned] = []
+    if config.rope.rope_type == "llama3":
+        plan.append(_Planned("rope_freqs.weight", (config.head_dim // 2,), GGMLQuantizationType.F32, "", (), None, 0))
+    for ours, shape in params:
+        rule, block = rule_for_ours(config.architecture, ours)
+        sizes = split_sizes(rule, config, shape[rule.concat_dim])
+        for part, (suffix, size) in enumerate(zip(rule.gguf, sizes, strict=True)):
+            gshape = list(shape)
+            gshape[rule.concat_dim] = size
+            if rule.value == "conv":
+                gshape.pop(1)  # (C, 1, K) -> (C, K)
+            gguf_name = suffix if block is None else f"blk.{block}.{suffix}"
+            plan.append(_Planned(gguf_name, tuple(gshape), _storage_type(suffix, tuple(gshape), matrix_type),
+                                 ours, shape, rule, part))
+    return plan
+
+
+def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType) -> GGMLQuantizationType:
+    if len(shape) < 2 or suffix in _KEEP_F32:
+        return GGMLQuantizationType.F32
+    if matrix_type == GGMLQuantizationType.Q8_0 and shape[-1] % 32:
+        return GGMLQuantizationType.F16 if shape[-1] % 2 == 0 else GGMLQuantizationType.F32
+    return matrix_type
+
+
+def _gguf_chunks(config: ModelConfig, t: _Planned, chunks: Chunks) -> Iterator[torch.Tensor]:
+    if t.rule is None:  # rope_freqs
+        yield torch.tensor(llama3_rope_factors(config.rope, config.head_dim), dtype=torch.float32)
+        return
+    rule = t.rule
+    rows = row_index(rule, config, t.our_shape[0])
+    source: Iterator[torch.Tensor] = chunks(t.ours, t.our_shape)
+    if rows is not None:  # a row permutation needs the whole matrix
+        whole = torch.cat(list(source), dim=0)
+        inverse = torch.empty_like(rows)
+        inverse[rows] = torch.arange(rows.numel())
+        source = iter([whole])
+    for piece in source:
+        piece = value_to_gguf(rule, piece)
+        cols = col_group_index(rule, config)
+        if cols is not None:
+            index = expand_groups(*cols)
+            inv = torch.empty_like(index)
+            inv[index] = torch.arange(index.numel())
+            piece = piece.index_select(1, inv)
+        if rows is not None:
+            piece = piece.index_select(0, inverse)
+        if len(rule.gguf) > 1:
+            # chunks run along dim 0, so a dim-0 concatenation must have come whole (row permutation)
+            assert rule.concat_dim > 0 or piece.shape[0] == t.our_shape[0]
+            sizes = split_sizes(rule, config, piece.shape[rule.concat_dim])
+            piece = torch.split(piece, sizes, dim=rule.concat_dim)[t.part]
+        yield piece
+
+
+def _encode(piece: torch.Tensor, ggml_type: GGMLQuantizationType) -> np.ndarray:
+    piece = piece.contiguous()
+    if ggml_type == GGMLQuantizationType.F32:
+        return piece.to(torch.float32).numpy()
+    if ggml_type == GGMLQuantizationType.F16:
+        return piece.to(torch.float16).numpy()
+    if ggml_type == GGMLQuantizationType.BF16:
+        return piece.to(torch.bfloat16).view(torch.int16).numpy()
+    if ggml_type == GGMLQuantizationType.Q8_0:
+        return gguf.quants.quantize(piece.to(torch.float32).numpy(), GGMLQuantizationType.Q8_0)
+    raise ConfigError(f"cannot write GGUF type {ggml_type.name}")

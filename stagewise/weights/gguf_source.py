@@ -1,0 +1,164 @@
+"""GGUFSource: a GGUF model (single or split file) as a :class:`TensorSource` in our naming.
+
+Each tensor is read from the file mapping and placed straight on the requested device, with the
+converter's layout and value changes undone (:mod:`stagewise.weights.gguf_layout`). Dispatch is
+on each tensor's own ggml type, never on ``general.file_type``. Q8_0 matrices stay packed
+(:class:`Q8_0Weight`); F32 read on CPU at float32 is a view of the mapping (no copy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from stagewise.errors import CorruptModelFile, UnsupportedArchitecture, WeightsError
+from stagewise.spec.model_config import ModelConfig
+from stagewise.weights.gguf_config import config_from_gguf
+from stagewise.weights.gguf_file import GGUFFile
+from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, value_from_gguf
+from stagewise.weights.gguf_names import BoundRule, bind_gguf_names
+from stagewise.weights.quant.q8_0 import BLOCK, Q8_0Weight
+from stagewise.weights.quant.tensor_decode import check_supported, decode_dense
+
+
+class GGUFSource:
+    """Tensors of one GGUF model, read lazily, each straight to its device."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.file = GGUFFile(path)
+        names = set(self.file.tensors)
+        embd = self.file.info("token_embd.weight").shape if "token_embd.weight" in names else None
+        self.config: ModelConfig = config_from_gguf(
+            self.file.fields, self.label, embedding_shape=embd, rope_factors=self._rope_factors,
+            has_output="output.weight" in names,
+        )
+        bound, self._ignored = bind_gguf_names(self.config.architecture, names, self.config.num_layers)
+        self._rules: dict[str, BoundRule] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        for rule in bound:
+            if rule.ours in self._rules:
+                raise WeightsError(f"{self.label}: two GGUF tensors map to {rule.ours!r}")
+            missing = [g for g in rule.gguf if g not in names]
+            if missing:
+                raise WeightsError(f"{self.label}: tensor {missing[0]!r} is missing (needed with {rule.gguf[0]!r})")
+            for g in rule.gguf:
+                check_supported(self.file.info(g).ggml_type, self.label, g)
+            self._rules[rule.ours] = rule
+            self._shapes[rule.ours] = self._logical_shape(rule)
+        self._check_shapes()
+
+    # --- TensorSource -------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return str(self.file.path)
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """GGUF metadata (key -> plain Python value), e.g. for the tokenizer."""
+        return self.file.fields
+
+    def names(self) -> set[str]:
+        return set(self._rules)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def ignored(self) -> set[str]:
+        return set(self._ignored)
+
+    def source_bytes(self, name: str) -> int:
+        """Bytes the tensor occupies in the file (all its GGUF parts)."""
+        return sum(self.file.info(g).nbytes for g in self._rules[name].gguf)
+
+    def is_quantized(self, name: str) -> bool:
+        rule = self._rules[name]
+        if any(self.file.info(g).ggml_type != GGMLQuantizationType.Q8_0 for g in rule.gguf):
+            return False
+        if len(self._shapes[name]) < 2:
+            return False
+        cols = col_group_index(rule.rule, self.config)
+        return cols is None or cols[1] % BLOCK == 0  # column moves must be whole blocks
+
+    def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        rule = self._rules[name]
+        parts = [self._dense(g, device) for g in rule.gguf]
+        if len(parts) > 1:
+            common = parts[0].dtype if all(p.dtype == parts[0].dtype for p in parts) else torch.float32
+            tensor = torch.cat([p.to(common) for p in parts], dim=rule.rule.concat_dim)
+        else:
+            tensor = parts[0]
+        rows = row_index(rule.rule, self.config, tensor.shape[0])
+        if rows is not None:
+            tensor = tensor.index_select(0, rows.to(tensor.device))
+        cols = col_group_index(rule.rule, self.config)
+        if cols is not None:
+            tensor = tensor.index_select(1, expand_groups(*cols).to(tensor.device))
+        tensor = value_from_gguf(rule.rule, tensor)
+        return tensor.to(dtype=dtype)
+
+    def load_quantized(self, name: str, device: torch.device) -> Q8_0Weight:
+        if not self.is_quantized(name):
+            raise WeightsError(f"{self.label}: tensor {name!r} is not resident-quantized")
+        rule = self._rules[name]
+        parts = [Q8_0Weight.from_blocks(self.file.raw(g), self.file.info(g).shape, device) for g in rule.gguf]
+        weight = parts[0]
+        if len(parts) > 1:
+            dim = rule.rule.concat_dim
+            weight = Q8_0Weight(torch.cat([p.qs for p in parts], dim), torch.cat([p.scales for p in parts], dim))
+        rows = row_index(rule.rule, self.config, weight.shape[0])
+        if rows is not None:
+            rows = rows.to(device)
+            weight = Q8_0Weight(weight.qs.index_select(0, rows), weight.scales.index_select(0, rows))
+        cols = col_group_index(rule.rule, self.config)
+        if cols is not None:
+            index, group = cols
+            blocks = expand_groups(index, group // BLOCK).to(device)
+            qs = weight.qs.unflatten(-1, (-1, BLOCK)).index_select(-2, blocks).flatten(-2)
+            weight = Q8_0Weight(qs.contiguous(), weight.scales.index_select(-1, blocks).contiguous())
+        return weight
+
+    # --- internals -----------------------------------------------------------------------------
+    def _dense(self, gguf_name: str, device: torch.device) -> torch.Tensor:
+        info = self.file.info(gguf_name)
+        return decode_dense(self.file.raw(gguf_name), info.ggml_type, info.shape, device)
+
+    def _rope_factors(self) -> list[float] | None:
+        if "rope_freqs.weight" not in self.file.tensors:
+            return None
+        values: list[float] = self._dense("rope_freqs.weight", torch.device("cpu")).float().reshape(-1).tolist()
+        return values
+
+    def _logical_shape(self, rule: BoundRule) -> tuple[int, ...]:
+        shapes = [self.file.info(g).shape for g in rule.gguf]
+        dim = rule.rule.concat_dim
+        first = list(shapes[0])
+        for other in shapes[1:]:
+            if len(other) != len(first) or any(a != b for i, (a, b) in enumerate(zip(first, other, strict=True))
+                                               if i != dim):
+                raise CorruptModelFile(
+                    f"{self.label}: tensor {rule.gguf[1]!r} shape {list(other)} does not match {rule.gguf[0]!r} {first}"
+                )
+            first[dim] += other[dim]
+        if rule.rule.value == "conv" and len(first) == 2:
+            first.insert(1, 1)  # stored squeezed: (C, K) -> (C, 1, K)
+        return tuple(first)
+
+    def _check_shapes(self) -> None:
+        """Every tensor's shape against the shapes the metadata implies (the model built on meta)."""
+        from stagewise.models.registry import build_stage
+
+        try:
+            model = build_stage(self.config, 0, self.config.num_layers, entry=True, exit=True)
+        except UnsupportedArchitecture:
+            return  # the family's model is not available; the stage loader checks shapes later
+        expected = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+        for name, shape in self._shapes.items():
+            want = expected.get(name)
+            if want is not None and want != shape:
+                raise CorruptModelFile(
+                    f"{self.label}: tensor {self._rules[name].gguf[0]!r} has shape {list(shape)}, "
+                    f"but the metadata implies {list(want)}"
+                )

@@ -1,0 +1,146 @@
+"""make_model: write a random-weight model of any supported architecture and geometry.
+
+The config is a Hugging Face ``config.json`` (a path, a dict, or a preset name: see
+:func:`preset_names`). Parameter names and shapes come from the model definition itself
+(``build_stage`` on meta), values from :mod:`stagewise.weights.random_weights` (deterministic per
+seed and tensor), the tokenizer is the small trained demo BPE with the ChatML template. The same
+seed gives byte-identical files; GGUF and safetensors outputs hold the same values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stagewise.errors import ConfigError, ModelNotFound
+from stagewise.models.registry import build_stage
+from stagewise.spec.model_config import ModelConfig
+from stagewise.weights.gguf_export import write_gguf
+from stagewise.weights.random_weights import tensor_chunks
+from stagewise.weights.safetensors_export import write_safetensors
+
+FORMATS = ("gguf", "safetensors")
+DTYPES = ("f32", "f16", "bf16", "q8_0")
+_TOKENIZER_MAX = 1024  # trained vocabulary cap (the built-in corpus runs out of merges before)
+_PAD_MAX = 4096  # name extra embedding rows with <|extra_N|> tokens up to this many
+_HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+}
+
+
+def preset_names() -> list[str]:
+    """Names accepted by ``--config`` besides a path (``stagewise/assets/presets/*.json`` stems)."""
+    root = resources.files("stagewise") / "assets" / "presets"
+    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def load_hf_config(config: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """A text-only HF config dict from a path, a preset name or a dict (multimodal configs are flattened)."""
+    if isinstance(config, dict):
+        raw = dict(config)
+    else:
+        path = Path(config)
+        if not path.exists():
+            if str(config) not in preset_names():
+                raise ModelNotFound(f"{config}: no such config file or preset (presets: {', '.join(preset_names())})")
+            path = Path(str(resources.files("stagewise") / "assets" / "presets" / f"{config}.json"))
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not a readable JSON config ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a JSON object")
+    if isinstance(raw.get("text_config"), dict):  # write the language model only
+        text = dict(raw["text_config"])
+        text.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", False))
+        if not str(text.get("model_type", "")).endswith("_text"):
+            text["model_type"] = f"{raw.get('model_type')}_text"
+        raw = text
+    model_type = str(raw.get("model_type"))
+    raw["architectures"] = [_HF_ARCHITECTURES.get(model_type, raw.get("architectures", [None])[0])]
+    for key in ("_name_or_path", "id2label", "label2id"):
+        raw.pop(key, None)
+    return raw
+
+
+def model_params(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter, in model order; the LM head is omitted when tied."""
+    model = build_stage(config, 0, config.num_layers, entry=True, exit=True)
+    params = [(n, tuple(p.shape)) for n, p in model.named_parameters(remove_duplicate=False)]
+    if config.tie_word_embeddings:
+        params = [(n, s) for n, s in params if n != "lm_head.weight"]
+    return params
+
+
+def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = "gguf", dtype: str = "f32",
+               seed: int = 0, split_max_bytes: int = 0) -> Path:
+    """Write a random model; returns the ``.gguf`` file (first part when split) or the directory.
+
+    Args:
+        config: HF config path or dict, or a preset name.
+        out: a ``.gguf`` path (GGUF; other paths get ``model.gguf`` inside), or a directory (safetensors).
+        fmt: ``gguf`` or ``safetensors``.
+        dtype: ``f32``, ``f16``, ``bf16``, or ``q8_0`` (GGUF only).
+        seed: weights seed; equal seeds give byte-identical files.
+        split_max_bytes: GGUF split parts / safetensors shards of at most this many bytes (0: GGUF unsplit,
+            safetensors 2 GB shards).
+    Raises:
+        ConfigError: unsupported format/dtype combination or a config the format cannot express.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"format {fmt!r} is not supported ({', '.join(FORMATS)})")
+    if dtype not in DTYPES or (fmt == "safetensors" and dtype == "q8_0"):
+        raise ConfigError(f"dtype {dtype!r} is not supported for {fmt}")
+    raw = load_hf_config(config)
+    model_config = ModelConfig.from_hf_dict(raw, source=str(config) if not isinstance(config, dict) else "config")
+    tokenizer = _tokenizer(model_config.vocab_size)
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    raw["bos_token_id"] = vocab["<|endoftext|>"]
+    raw["eos_token_id"] = vocab["<|im_end|>"]
+    params = model_params(model_config)
+
+    def chunks(name: str, shape: tuple[int, ...]) -> Iterator[torch.Tensor]:
+        return tensor_chunks(model_config, name, shape, seed)
+
+    from stagewise.engine.chat_template import DEFAULT_CHATML
+    from stagewise.weights.tokenizer_train import export_for_gguf, save_for_hf
+
+    target = Path(out)
+    if fmt == "gguf":
+        if target.suffix != ".gguf":
+            target.mkdir(parents=True, exist_ok=True)
+            target = target / "model.gguf"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        files = write_gguf(target, model_config, params, chunks, dtype,
+                           export_for_gguf(tokenizer, chat_template=DEFAULT_CHATML), split_max_bytes)
+        return files[0]
+    target.mkdir(parents=True, exist_ok=True)
+    raw["torch_dtype"] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]
+    (target / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    if split_max_bytes:
+        write_safetensors(target, params, chunks, dtype, split_max_bytes)
+    else:
+        write_safetensors(target, params, chunks, dtype)
+    save_for_hf(tokenizer, target, chat_template=DEFAULT_CHATML)
+    return target
+
+
+def _tokenizer(vocab_size: int) -> Any:
+    from stagewise.weights.tokenizer_train import TOOL_CALL_TOKENS, pad_vocab, train_demo_tokenizer
+
+    tok = train_demo_tokenizer(min(vocab_size, _TOKENIZER_MAX) - len(TOOL_CALL_TOKENS))
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise ConfigError(f"vocab_size {vocab_size} is smaller than the demo tokenizer's {size} tokens")
+    if vocab_size - size <= _PAD_MAX:
+        pad_vocab(tok, vocab_size)  # name every embedding row; larger vocabularies keep unnamed rows
+    return tok

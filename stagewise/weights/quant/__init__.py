@@ -1,0 +1,1 @@
+"""Tensor storage formats: dense decoding, block dequantization, and resident packed weights."""

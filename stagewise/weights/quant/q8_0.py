@@ -1,0 +1,124 @@
+"""Q8_0Weight: a matrix (or a stack of expert matrices) resident as llama.cpp's Q8_0.
+
+Layout on the device: ``qs`` int8 ``(..., out, in)`` and ``scales`` float16
+``(..., out, in // 32)``; value = ``qs * scale`` of its 32-element block. Resident bytes are
+34 per 32 elements (32 int8 + one f16 scale), the same as in the file.
+
+Matmul dispatch is explicit and depends only on the weight's device, never on the input:
+``cuda`` with Triton importable -> :mod:`stagewise.weights.quant.q8_0_triton` (reads the int8
+values directly); every other device -> dequantize a bounded tile of rows at a time and
+multiply (no dense copy is ever kept). So a staged run and a single-device run on the same
+device kind run the same kernel on the same shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 32  # elements per Q8_0 block
+BLOCK_BYTES = 34  # 2 (f16 scale) + 32 (int8 values)
+TILE_ELEMENTS = 1 << 22  # dequantized elements per matmul tile (16 MiB at float32)
+_LOAD_CHUNK_BLOCKS = 1 << 20  # blocks copied to the device per step while loading (34 MiB)
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Q8_0Weight:
+    """Q8_0-packed weight of logical shape ``(out, in)`` or ``(experts, out, in)``."""
+
+    format_name = "q8_0"
+
+    def __init__(self, qs: torch.Tensor, scales: torch.Tensor) -> None:
+        if qs.dtype != torch.int8 or scales.dtype != torch.float16:
+            raise ValueError("Q8_0 needs int8 values and float16 scales")
+        if qs.shape[-1] % BLOCK or tuple(scales.shape) != (*qs.shape[:-1], qs.shape[-1] // BLOCK):
+            raise ValueError(f"Q8_0 scales {tuple(scales.shape)} do not match values {tuple(qs.shape)}")
+        self.qs = qs
+        self.scales = scales
+
+    @staticmethod
+    def empty(shape: tuple[int, ...], device: torch.device) -> Q8_0Weight:
+        """Uninitialized buffers of logical ``shape`` on ``device`` (filled by :meth:`fill_from_blocks`)."""
+        qs = torch.empty(shape, dtype=torch.int8, device=device)
+        scales = torch.empty((*shape[:-1], shape[-1] // BLOCK), dtype=torch.float16, device=device)
+        return Q8_0Weight(qs, scales)
+
+    @staticmethod
+    def from_blocks(raw: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> Q8_0Weight:
+        """Unpack GGUF Q8_0 blocks (``uint8``, ``numel / 32 * 34`` bytes, any device) onto ``device``."""
+        weight = Q8_0Weight.empty(shape, device)
+        weight.fill_from_blocks(raw)
+        return weight
+
+    def fill_from_blocks(self, raw: torch.Tensor) -> None:
+        """Overwrite every value from GGUF Q8_0 blocks, copying a bounded chunk at a time."""
+        blocks = raw.reshape(-1, BLOCK_BYTES)
+        qs = self.qs.view(-1, BLOCK)
+        scales = self.scales.view(-1)
+        if blocks.shape[0] != qs.shape[0]:
+            raise ValueError(f"{blocks.shape[0]} Q8_0 blocks for {qs.shape[0]} slots")
+        for lo in range(0, blocks.shape[0], _LOAD_CHUNK_BLOCKS):
+            chunk = blocks[lo : lo + _LOAD_CHUNK_BLOCKS].to(self.qs.device)  # (n, 34) straight to the device
+            qs[lo : lo + chunk.shape[0]] = chunk[:, 2:].view(torch.int8)
+            scales[lo : lo + chunk.shape[0]] = chunk[:, :2].contiguous().view(torch.float16).view(-1)
+
+    @property
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        return tuple(self.qs.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() * 1 + self.scales.numel() * 2  # int8 values + f16 scales
+
+    @property
+    def device(self) -> torch.device:
+        return self.qs.device
+
+    def expert(self, index: int) -> Q8_0Weight:
+        """The 2-D weight of expert ``index`` (views, no copy)."""
+        if self.qs.dim() != 3:
+            raise ValueError("expert() needs a 3-D (experts, out, in) weight")
+        return Q8_0Weight(self.qs[index], self.scales[index])
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._dequantize_rows(0, self.qs.shape[-2], dtype) if self.qs.dim() == 2 else (
+            (self.qs.to(torch.float32).unflatten(-1, (-1, BLOCK)) * self.scales.to(torch.float32)[..., None])
+            .flatten(-2).to(dtype)
+        )
+
+    def _dequantize_rows(self, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
+        qs = self.qs[lo:hi].to(torch.float32).unflatten(-1, (-1, BLOCK))  # (r, in/32, 32)
+        return (qs * self.scales[lo:hi].to(torch.float32)[..., None]).flatten(-2).to(dtype)  # (r, in)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` for ``x (..., in)`` -> ``(..., out)`` in ``x``'s dtype (2-D weights only)."""
+        if self.qs.dim() != 2:
+            raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
+        if self.qs.device.type == "cuda" and triton_available():
+            from stagewise.weights.quant.q8_0_triton import q8_0_matmul
+
+            return q8_0_matmul(x, self.qs, self.scales)
+        return self._tiled_matmul(x)
+
+    def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        out_features, in_features = self.qs.shape
+        rows = max(1, TILE_ELEMENTS // in_features)  # depends on the weight only: same tiles every call
+        if rows >= out_features:
+            return torch.nn.functional.linear(x, self._dequantize_rows(0, out_features, x.dtype))
+        y = x.new_empty((*x.shape[:-1], out_features))
+        for lo in range(0, out_features, rows):
+            hi = min(lo + rows, out_features)
+            y[..., lo:hi] = torch.nn.functional.linear(x, self._dequantize_rows(lo, hi, x.dtype))
+        return y
+
+    def to(self, device: torch.device) -> Q8_0Weight:
+        return Q8_0Weight(self.qs.to(device), self.scales.to(device))
+
+    def __repr__(self) -> str:
+        return f"Q8_0Weight(shape={self.shape}, device={self.qs.device})"

@@ -1,0 +1,44 @@
+"""Decode one GGUF tensor's bytes, dispatching on that tensor's own ggml type.
+
+* F32, F16, BF16: reinterpret the bytes (zero-copy on CPU), then place on the device;
+* Q8_0: resident packed (:class:`~stagewise.weights.quant.q8_0.Q8_0Weight`), or dequantized where
+  a dense tensor is required (embeddings, norms);
+* Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: dequantized at load, on the target device;
+* anything else: :class:`~stagewise.errors.UnsupportedTensorType` naming the tensor and type.
+"""
+
+from __future__ import annotations
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from stagewise.errors import UnsupportedTensorType
+from stagewise.weights.quant.dequant import DEQUANTIZERS, dequantize
+
+DENSE_TYPES: dict[GGMLQuantizationType, torch.dtype] = {
+    GGMLQuantizationType.F32: torch.float32,
+    GGMLQuantizationType.F16: torch.float16,
+    GGMLQuantizationType.BF16: torch.bfloat16,
+}
+RESIDENT_QUANT_TYPES = frozenset({GGMLQuantizationType.Q8_0})
+DEQUANT_AT_LOAD_TYPES = frozenset(DEQUANTIZERS) - RESIDENT_QUANT_TYPES
+SUPPORTED_TYPES = frozenset(DENSE_TYPES) | frozenset(DEQUANTIZERS)
+
+
+def check_supported(ggml_type: GGMLQuantizationType, label: str, tensor: str) -> None:
+    if ggml_type not in SUPPORTED_TYPES:
+        supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
+        raise UnsupportedTensorType(f"{label}: tensor {tensor!r} has type {ggml_type.name} (supported: {supported})")
+
+
+def decode_dense(raw: torch.Tensor, ggml_type: GGMLQuantizationType, shape: tuple[int, ...],
+                 device: torch.device) -> torch.Tensor:
+    """The tensor on ``device``: at its file dtype when dense, float32 when block-quantized.
+
+    ``raw`` is the tensor's bytes (CPU ``uint8``, typically a view of the file mapping); on a CPU
+    device a dense tensor stays a view of it (no copy).
+    """
+    dtype = DENSE_TYPES.get(ggml_type)
+    if dtype is not None:
+        return raw.view(dtype).reshape(shape).to(device)
+    return dequantize(raw.to(device), ggml_type, shape)

@@ -1,0 +1,127 @@
+"""The engine on a real (tiny, random) model: outputs, stop strings, failures, cancellation, draining."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stagewise.engine.engine import Engine
+from stagewise.engine.loaded_model import LoadedModel
+from stagewise.engine.model_source import load_for_serving
+from stagewise.engine.request import EngineRequest
+from stagewise.engine.request_output import RequestOutput
+from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.scheduler import QueueFull
+from stagewise.errors import StepFailed
+from tests.test_server_support import make_model_dir
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module", params=["single", "pipeline:2"])
+def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
+    path = make_model_dir(tmp_path_factory.mktemp("engine-model"))
+    devices = "cpu:2x2GiB" if request.param != "single" else None
+    model = load_for_serving(str(path), devices, request.param, 256)
+    yield model
+    model.close()
+
+
+@pytest.fixture
+def engine(loaded: LoadedModel) -> Iterator[Engine]:
+    engine = Engine(loaded, max_waiting=2, prefill_chunk=8).start()
+    yield engine
+    engine.stop()
+
+
+def _request(engine: Engine, prompt: str = "Hello, world! How are you today?", **kw: object) -> EngineRequest:
+    ids = tuple(engine.tokenizer.encode(prompt))
+    fields: dict[str, object] = {"max_tokens": 24, "sampling": GREEDY, "stop_token_ids": engine.stop_token_ids} | kw
+    return EngineRequest("test", ids, **fields)  # type: ignore[arg-type]
+
+
+def _run(engine: Engine, request: EngineRequest) -> list[RequestOutput]:
+    outputs: queue.Queue[RequestOutput] = queue.Queue()
+    handle = engine.submit(request, outputs.put)
+    assert handle.wait(30)
+    items = []
+    while not outputs.empty():
+        items.append(outputs.get())
+    assert items[-1].finished
+    return items
+
+
+def _text(outputs: list[RequestOutput]) -> str:
+    return "".join(o.text for o in outputs)
+
+
+def test_text_matches_the_generator(engine: Engine) -> None:
+    request = _request(engine)
+    tokens = [e.sample.token for e in engine.generator.stream(request.generation())]
+    outputs = _run(engine, request)
+    kept = [t for t in tokens if t not in engine.stop_token_ids]
+    assert _text(outputs) == engine.tokenizer.decode(kept)
+    assert outputs[-1].completion_tokens == len(tokens)
+    assert outputs[-1].prompt_tokens == len(request.prompt_ids)
+    assert outputs[-1].finish_reason == ("stop" if tokens[-1] in engine.stop_token_ids else "length")
+
+
+def test_stop_string_cuts_the_output(engine: Engine) -> None:
+    full = _text(_run(engine, _request(engine)))
+    assert len(full) >= 8
+    stop = full[5:8]
+    cut = _run(engine, _request(engine, stop=(stop,)))
+    assert _text(cut) == full[: full.index(stop)]
+    assert cut[-1].finish_reason == "stop"
+
+
+def test_failed_step_fails_only_its_request(engine: Engine) -> None:
+    expected = _text(_run(engine, _request(engine)))
+    engine.guard.fail_next_step(len(engine.model.pipeline.stages) - 1)
+    failed = _run(engine, _request(engine))
+    assert failed[-1].finish_reason == "error"
+    assert isinstance(failed[-1].error, StepFailed)
+    assert _text(_run(engine, _request(engine))) == expected  # rolled back: nothing leaked
+
+
+def test_cancel_during_prefill_frees_the_slot(engine: Engine) -> None:
+    engine.guard.delay_s = 0.02
+    long_prompt = "Pipelines split a model into stages; each stage owns one device. " * 4
+    outputs: queue.Queue[RequestOutput] = queue.Queue()
+    handle = engine.submit(_request(engine, long_prompt), outputs.put)
+    time.sleep(0.1)  # a few 8-token prefill chunks in
+    handle.cancel()
+    assert handle.wait(2)
+    last = outputs.get()
+    assert last.finish_reason == "cancelled" and last.completion_tokens == 0
+    deadline = time.monotonic() + 2
+    while engine.scheduler.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.scheduler.running == 0
+    assert engine.metrics.state_slots_in_use._value.get() == 0
+
+
+def test_queue_full_then_drain_cancels_after_grace(engine: Engine) -> None:
+    engine.guard.delay_s = 0.05
+    sink: queue.Queue[RequestOutput] = queue.Queue()
+    running = engine.submit(_request(engine, max_tokens=200), sink.put)
+    while not engine.scheduler.running:
+        time.sleep(0.01)
+    waiting = [engine.submit(_request(engine), sink.put) for _ in range(2)]
+    with pytest.raises(QueueFull):
+        engine.submit(_request(engine), sink.put)
+    assert engine.drain(grace_s=0.2) is False
+    for handle in (running, *waiting):
+        assert handle.done
+
+
+def test_drain_lets_requests_finish(engine: Engine) -> None:
+    sink: queue.Queue[RequestOutput] = queue.Queue()
+    handle = engine.submit(_request(engine, max_tokens=8), sink.put)
+    assert engine.drain(grace_s=10) is True
+    finals = [o for o in list(sink.queue) if o.finished]
+    assert handle.done and finals[0].finish_reason in ("stop", "length")

@@ -1,0 +1,84 @@
+"""Stop-string matching across chunk boundaries, and the scheduler's FIFO admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagewise.engine.request import EngineRequest
+from stagewise.engine.request_handle import RequestHandle
+from stagewise.engine.scheduler import EngineClosed, QueueFull, Scheduler
+from stagewise.engine.stop_strings import StopMatcher
+from stagewise.errors import RequestError
+
+
+def _feed(stops: tuple[str, ...], chunks: list[str]) -> tuple[str, bool]:
+    matcher = StopMatcher(stops)
+    out = []
+    for chunk in chunks:
+        text, stopped = matcher.push(chunk)
+        out.append(text)
+        if stopped:
+            return "".join(out), True
+    return "".join(out) + matcher.flush(), False
+
+
+@pytest.mark.parametrize(
+    ("stops", "chunks", "expected"),
+    [
+        (("END",), ["hello E", "N", "D and more"], ("hello ", True)),
+        (("END",), ["hello EN", "d"], ("hello ENd", False)),
+        (("\n\n", "###"), ["a\n", "\nb"], ("a", True)),
+        (("ab", "b"), ["xa", "b"], ("x", True)),
+        ((), ["any", " text"], ("any text", False)),
+        (("stop",), ["sto"], ("sto", False)),
+        (("é!",), ["caf", "é", "!", "x"], ("caf", True)),
+    ],
+)
+def test_stop_matcher(stops: tuple[str, ...], chunks: list[str], expected: tuple[str, bool]) -> None:
+    assert _feed(stops, chunks) == expected
+
+
+def test_stop_matcher_holds_back_only_possible_prefixes() -> None:
+    matcher = StopMatcher(("<end>",))
+    assert matcher.push("abc<en") == ("abc", False)
+    assert matcher.push("x") == ("<enx", False)
+
+
+def _handle(n: int) -> RequestHandle:
+    return RequestHandle(EngineRequest(f"r{n}", (1, 2, 3), 4), lambda _: None)
+
+
+def test_scheduler_is_fifo_and_bounded() -> None:
+    scheduler = Scheduler(max_waiting=2)
+    a, b = _handle(0), _handle(1)
+    scheduler.add(a)
+    scheduler.add(b)
+    with pytest.raises(QueueFull):
+        scheduler.add(_handle(2))
+    batch = scheduler.schedule(0.0)
+    assert batch.run == (a,)
+    assert scheduler.schedule(0.0).run == ()  # one running at a time
+    scheduler.update(batch)
+    assert scheduler.schedule(0.0).run == (b,)
+
+
+def test_scheduler_drops_cancelled_and_refuses_after_close() -> None:
+    scheduler = Scheduler(max_waiting=4)
+    a, b = _handle(0), _handle(1)
+    scheduler.add(a)
+    scheduler.add(b)
+    a.cancel()
+    batch = scheduler.schedule(0.0)
+    assert batch.dropped == (a,) and batch.run == (b,)
+    scheduler.close()
+    with pytest.raises(EngineClosed):
+        scheduler.add(_handle(2))
+
+
+def test_engine_request_validates() -> None:
+    with pytest.raises(RequestError):
+        EngineRequest("r", (), 4)
+    with pytest.raises(RequestError):
+        EngineRequest("r", (1,), 4, stop=("a", "b", "c", "d", "e"))
+    with pytest.raises(RequestError):
+        EngineRequest("r", (1,), 0)

@@ -1,0 +1,97 @@
+"""Helpers for the server tests: a small random model directory with a tokenizer, a served subprocess.
+
+(No tests here; the module name keeps it among the files this suite owns.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from stagewise.engine.chat_template import DEFAULT_CHATML
+from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
+from tests.hf_models import make_hf_model
+
+MODEL_VOCAB = 448
+TOKENIZER_VOCAB = 420
+LLAMA_SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=MODEL_VOCAB)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_model_dir(path: Path, seed: int = 3) -> Path:
+    """A 4-block random Llama with the demo ChatML tokenizer (vocab padded to the model's)."""
+    make_hf_model("llama", LLAMA_SMALL, path, seed=seed)
+    tok = train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB)
+    save_for_hf(tok, path, chat_template=DEFAULT_CHATML)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServedModel:
+    """A ``stagewise serve`` subprocess on 127.0.0.1."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    api_key: str | None = None
+    log: Path = field(default_factory=lambda: Path(os.devnull))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=5.0).text
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+
+def start_server(model_dir: Path, log: Path, *extra: str, api_key: str | None = None,
+                 env: dict[str, str] | None = None) -> ServedModel:
+    port = free_port()
+    args = [sys.executable, "-m", "stagewise", "serve", str(model_dir), "--port", str(port), "--context", "256", *extra]
+    if api_key:
+        args += ["--api-key", api_key]
+    full_env = {**os.environ, "STAGEWISE_FAULT_INJECTION": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env.pop("STAGEWISE_API_KEY", None)
+    handle = log.open("wb")
+    process = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=handle, stderr=subprocess.STDOUT)
+    return ServedModel(process, port, api_key, log)
