@@ -5,13 +5,12 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from stagewise.engine.engine import Engine
 from stagewise.engine.loaded_model import LoadedModel
-from stagewise.engine.model_source import load_for_serving
+from stagewise.engine.model_loading import load_model
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_output import RequestOutput
 from stagewise.engine.sampling import SamplingParams
@@ -26,7 +25,7 @@ GREEDY = SamplingParams(temperature=0.0)
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     path = make_model_dir(tmp_path_factory.mktemp("engine-model"))
     devices = "cpu:2x2GiB" if request.param != "single" else None
-    model = load_for_serving(str(path), devices, request.param, 256)
+    model = load_model(str(path), devices, request.param, 256)
     yield model
     model.close()
 

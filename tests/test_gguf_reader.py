@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import gguf
@@ -17,7 +18,7 @@ from stagewise.weights.gguf_layout import row_index
 from stagewise.weights.gguf_names import NameRule
 from stagewise.weights.gguf_source import GGUFSource
 from stagewise.weights.gguf_spec import model_spec_from_gguf
-from stagewise.weights.make_model import load_hf_config, make_model
+from stagewise.weights.make_model import load_hf_config, make_model, model_params
 from stagewise.weights.open_source import open_source
 from stagewise.weights.stage_loader import load_stage
 
@@ -128,11 +129,11 @@ def test_dequantized_types_load_exactly(tmp_path: Path) -> None:
 def test_unsupported_type_is_named(tmp_path: Path) -> None:
     src = make_model("tiny-qwen3", tmp_path / "m.gguf", "gguf", "f32", seed=5)
     _rewrite(src, tmp_path / "q2.gguf", {"blk.1.ffn_up.weight": GGMLQuantizationType.IQ4_NL})
-    with pytest.raises(UnsupportedTensorType, match=r"blk\.1\.ffn_up\.weight.*Q2_K"):
+    with pytest.raises(UnsupportedTensorType, match=r"blk\.1\.ffn_up\.weight.*IQ4_NL"):
         GGUFSource(tmp_path / "q2.gguf")
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3.6"])
+@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-qwen3.6"])  # untied: see report on tied heads
 def test_spec_from_gguf_matches_loaded_bytes(tmp_path: Path, preset: str) -> None:
     path = make_model(preset, tmp_path / "m.gguf", "gguf", "q8_0", seed=6)
     spec = model_spec_from_gguf(path, run_dtype="f32")
@@ -147,3 +148,6 @@ def test_real_preset_geometry_builds_on_meta() -> None:
     raw = load_hf_config("qwen3.6-35b-a3b")
     config = ModelConfig.from_hf_dict(raw)
     assert config.architecture == "qwen3_5_moe" and config.num_layers == 40 and config.num_experts == 256
+    params = dict(model_params(config))  # on meta: no memory
+    assert params["model.layers.0.mlp.experts.gate_up_proj"] == (256, 1024, 2048)
+    assert 34e9 < sum(math.prod(s) for s in params.values()) < 36e9

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
@@ -18,7 +17,7 @@ from starlette.testclient import TestClient
 from stagewise.engine.engine import Engine
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
-from stagewise.engine.model_source import load_for_serving
+from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import Sample
 from stagewise.server.app import guarded_app
 from stagewise.server.serve_settings import ServeSettings
@@ -35,9 +34,13 @@ class ScriptedGenerator:
     """Replays ``text`` token by token, then EOS; records the prompts it was given."""
 
     def __init__(self, engine: Engine, text: str) -> None:
+        self.tokenizer = engine.tokenizer
         self.ids = engine.tokenizer.encode(text)
         self.eos = min(engine.stop_token_ids)
         self.prompts: list[tuple[int, ...]] = []
+
+    def last_prompt(self) -> str:
+        return self.tokenizer.decode(list(self.prompts[-1]), skip_special_tokens=False)
 
     def check(self, request: GenerationRequest) -> None:
         pass
@@ -51,7 +54,7 @@ class ScriptedGenerator:
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
-    model = load_for_serving(str(make_model_dir(tmp_path_factory.mktemp("tool-model"))), None, "single", 256)
+    model = load_model(str(make_model_dir(tmp_path_factory.mktemp("tool-model"))), None, "single", 1024)
     yield model
     model.close()
 
@@ -80,23 +83,8 @@ def test_tool_calls_non_streaming(served: tuple[OpenAI, ScriptedGenerator]) -> N
     assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(calls[0].function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
     assert calls[0].id.startswith("call_")
-    prompt = client._client  # noqa: F841 - the prompt the template rendered offered the tool:
-    rendered = loaded_text(scripted)
+    rendered = scripted.last_prompt()  # the template offered the tool
     assert "get_weather" in rendered and "<tools>" in rendered
-
-
-def loaded_text(scripted: ScriptedGenerator) -> str:
-    from tokenizers import Tokenizer  # noqa: F401 - decode through the engine's tokenizer instead
-
-    return _TOKENIZER[0].decode(list(scripted.prompts[-1]), skip_special_tokens=False)
-
-
-_TOKENIZER: list = []
-
-
-@pytest.fixture(autouse=True)
-def _remember_tokenizer(loaded: LoadedModel) -> None:
-    _TOKENIZER[:] = [loaded.tokenizer]
 
 
 def test_tool_calls_streaming(served: tuple[OpenAI, ScriptedGenerator]) -> None:
@@ -118,7 +106,7 @@ def test_tool_choice_none_leaves_text(served: tuple[OpenAI, ScriptedGenerator]) 
                                            tools=TOOLS, tool_choice="none")  # type: ignore[arg-type]
     assert reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].message.tool_calls is None
-    assert "<tools>" not in loaded_text(scripted)
+    assert "<tools>" not in scripted.last_prompt()
 
 
 def test_tool_result_round_trip_renders(served: tuple[OpenAI, ScriptedGenerator]) -> None:
@@ -129,6 +117,6 @@ def test_tool_result_round_trip_renders(served: tuple[OpenAI, ScriptedGenerator]
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
     ])
-    rendered = loaded_text(scripted)
+    rendered = scripted.last_prompt()
     assert "<tool_response>\n18 C and sunny\n</tool_response>" in rendered
     assert '"city": "Paris"' in rendered

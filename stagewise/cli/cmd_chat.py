@@ -13,7 +13,7 @@ import sys
 import uuid
 from typing import Any
 
-from stagewise.cli.cmd_serve import add_model_arguments
+from stagewise.engine.model_loading import add_model_arguments
 
 HELP = "commands: /reset (forget the conversation), /exit (quit)"
 
@@ -21,6 +21,8 @@ HELP = "commands: /reset (forget the conversation), /exit (quit)"
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("chat", help="chat with a model in the terminal",
                                    description="Chat with a model in the terminal (loads it in-process).")
+    parser.add_argument("model", nargs="?", default=None,
+                        help="model directory or GGUF file (default: the embedded demo model)")
     add_model_arguments(parser)
     parser.add_argument("--system", default=None, help="system message")
     parser.add_argument("--max-tokens", type=int, default=512, help="max tokens per reply (default 512)")
@@ -34,13 +36,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from stagewise.engine.engine import Engine
-    from stagewise.engine.model_source import load_for_serving
-    from stagewise.server.load_display import placement_lines, stage_progress
+    from stagewise.engine.model_loading import load_model_from_args
+    from stagewise.server.load_display import placement_lines
 
     err = Console(stderr=True)
-    with stage_progress(err) as progress:
-        model = load_for_serving(args.model, args.devices, args.placement, args.context, args.dtype, progress)
-    engine = Engine(model).start()
+    model = load_model_from_args(args)
+    engine = Engine(model, prefill_chunk=args.prefill_chunk).start()
     try:
         for line in placement_lines(model):
             err.print(line, highlight=False, soft_wrap=True)

@@ -6,25 +6,18 @@ import argparse
 import os
 from typing import Any
 
+from stagewise.engine.model_loading import add_model_arguments
 from stagewise.server.serve_settings import DEFAULT_MAX_BODY_BYTES, ServeSettings
 
 FAULT_INJECTION_ENV = "STAGEWISE_FAULT_INJECTION"
 API_KEY_ENV = "STAGEWISE_API_KEY"
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """MODEL, --devices, --placement, --context, --dtype (shared with ``stagewise chat``)."""
-    parser.add_argument("model", nargs="?", default=None,
-                        help="model directory or GGUF file (default: the embedded demo model)")
-    parser.add_argument("--devices", default=None, help="devices to use, e.g. 'cuda:0,cuda:1' or 'cpu:2x2GiB'")
-    parser.add_argument("--placement", default="auto", help="auto | single | pipeline:N (default auto)")
-    parser.add_argument("--context", type=int, default=4096, help="context length in tokens (default 4096)")
-    parser.add_argument("--dtype", default=None, help="weights dtype (float32, bfloat16, float16)")
-
-
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                                    description="Serve a model over an OpenAI-compatible HTTP API.")
+    parser.add_argument("model", nargs="?", default=None,
+                        help="model directory or GGUF file (default: the embedded demo model)")
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: local only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -42,6 +35,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     return ServeSettings(
         model=args.model, devices=args.devices, placement=args.placement, context=args.context, dtype=args.dtype,
+        prefill_chunk=args.prefill_chunk, reserve=args.reserve,
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
     )

@@ -13,7 +13,7 @@ from stagewise import __version__
 
 DEMO_PRESET = "demo"
 DEMO_SEED = 0
-DEMO_DEVICES = "cpu:2x32MiB"  # the demo needs ~45 MB on one device, ~25 MB per stage on two
+DEMO_DEVICES = "cpu:2x28MiB"  # the demo needs ~31 MB on one device, ~26 MB per stage on two
 DEMO_PLACEMENT = "auto"
 
 

@@ -153,7 +153,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The options every command that loads a model shares."""
-    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x32MiB)")
+    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x28MiB)")
     p.add_argument("--placement", default="auto", help="auto | single | pipeline:N")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length to reserve (tokens)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPUs, f32 on CPU)")

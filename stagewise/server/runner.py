@@ -18,9 +18,10 @@ import uvicorn
 from rich.console import Console
 
 from stagewise.engine.engine import Engine
-from stagewise.engine.model_source import load_for_serving
+from stagewise.engine.load_progress import LoadProgress
+from stagewise.engine.model_loading import load_model
 from stagewise.server.app import guarded_app
-from stagewise.server.load_display import placement_lines, stage_progress
+from stagewise.server.load_display import placement_lines
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 
@@ -80,10 +81,11 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
 def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
     settings = state.settings
     try:
-        with stage_progress(console) as progress:
-            model = load_for_serving(settings.model, settings.devices, settings.placement, settings.context,
-                                     settings.dtype, progress)
-        engine = Engine(model, settings.queue, state.metrics).start()
+        with LoadProgress() as bar:
+            model = load_model(settings.model, settings.devices, settings.placement, settings.context,
+                               settings.dtype, progress=bar.update, prefill_chunk=settings.prefill_chunk,
+                               reserve=settings.reserve, on_plan=bar.start)
+        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk).start()
     except BaseException as exc:
         state.set_failed(exc)
         server.should_exit = True

@@ -18,6 +18,8 @@ class ServeSettings:
     placement: str = "auto"
     context: int = 4096
     dtype: str | None = None
+    prefill_chunk: int = 256
+    reserve: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -33,6 +35,8 @@ class ServeSettings:
             raise ConfigError(f"--queue must be >= 1, got {self.queue}")
         if self.context < 2:
             raise ConfigError(f"--context must be >= 2, got {self.context}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s must be >= 0, got {self.grace_s}")
         if self.max_body_bytes < 1024:

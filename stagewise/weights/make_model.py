@@ -66,7 +66,7 @@ def load_hf_config(config: str | Path | dict[str, Any]) -> dict[str, Any]:
             text["model_type"] = f"{raw.get('model_type')}_text"
         raw = text
     model_type = str(raw.get("model_type"))
-    raw["architectures"] = [_HF_ARCHITECTURES.get(model_type, raw.get("architectures", [None])[0])]
+    raw["architectures"] = [_HF_ARCHITECTURES.get(model_type, (raw.get("architectures") or [None])[0])]
     for key in ("_name_or_path", "id2label", "label2id"):
         raw.pop(key, None)
     return raw

@@ -1,0 +1,101 @@
+"""Quantized formats: torch dequantization against gguf.quants, and the resident Q8_0 weight."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from stagewise.errors import UnsupportedTensorType
+from stagewise.weights.quant.dequant import dequantize
+from stagewise.weights.quant.q8_0 import Q8_0Weight
+from stagewise.weights.quant.tensor_decode import check_supported, decode_dense
+
+TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1,
+         GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
+# byte offsets of the f16 scales in each block (kept finite so NaN != NaN does not get in the way)
+_F16_AT = {GGMLQuantizationType.Q4_0: [0], GGMLQuantizationType.Q4_1: [0, 2], GGMLQuantizationType.Q5_0: [0],
+           GGMLQuantizationType.Q5_1: [0, 2], GGMLQuantizationType.Q8_0: [0], GGMLQuantizationType.Q4_K: [0, 2],
+           GGMLQuantizationType.Q5_K: [0, 2], GGMLQuantizationType.Q6_K: [208]}
+
+
+def _random_blocks(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    _, type_bytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, blocks_per_row, type_bytes), dtype=np.uint8)
+    scales = rng.normal(0, 0.05, size=(rows, blocks_per_row, len(_F16_AT[qtype]))).astype(np.float16)
+    for k, at in enumerate(_F16_AT[qtype]):
+        raw[..., at : at + 2] = scales[..., k : k + 1].view(np.uint8)
+    return raw.reshape(rows, blocks_per_row * type_bytes)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf_exactly(qtype: GGMLQuantizationType) -> None:
+    block, _ = GGML_QUANT_SIZES[qtype]
+    raw = _random_blocks(qtype, rows=5, blocks_per_row=3, seed=int(qtype))
+    ref = gguf.quants.dequantize(raw, qtype)  # (5, 3 * block)
+    got = dequantize(torch.from_numpy(raw.copy()), qtype, (5, 3 * block), chunk_blocks=4)
+    assert got.dtype == torch.float32 and np.array_equal(got.numpy(), ref)
+    dense = decode_dense(torch.from_numpy(raw.copy()).reshape(-1), qtype, (5, 3 * block), torch.device("cpu"))
+    assert np.array_equal(dense.numpy(), ref)
+
+
+def test_other_types_are_refused_by_name() -> None:
+    with pytest.raises(UnsupportedTensorType, match=r"m.gguf: tensor 'blk\.0\.x' has type IQ2_XS"):
+        check_supported(GGMLQuantizationType.IQ2_XS, "m.gguf", "blk.0.x")
+
+
+def _q8(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.quantize(values.astype(np.float32), GGMLQuantizationType.Q8_0).copy())
+
+
+def test_q8_0_weight_layout_and_matmul() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.02, size=(48, 96)).astype(np.float32)
+    raw = _q8(w)
+    weight = Q8_0Weight.from_blocks(raw.reshape(-1), (48, 96), torch.device("cpu"))
+    ref = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), GGMLQuantizationType.Q8_0))
+    assert weight.shape == (48, 96) and weight.nbytes == 48 * 96 // 32 * 34  # 34 bytes per 32 elements
+    assert torch.equal(weight.dequantize(torch.float32), ref)
+    x = torch.randn(3, 7, 96)
+    assert torch.allclose(weight.matmul(x), x @ ref.T, rtol=0, atol=1e-6)
+    assert weight.matmul(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_q8_0_tiled_matmul_equals_untiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _q8(np.random.default_rng(1).normal(0, 1, size=(100, 64)))
+    weight = Q8_0Weight.from_blocks(raw.reshape(-1), (100, 64), torch.device("cpu"))
+    x = torch.randn(5, 64)
+    whole = weight.matmul(x)
+    monkeypatch.setattr("stagewise.weights.quant.q8_0.TILE_ELEMENTS", 64 * 7)  # 7 rows per tile
+    tiled = weight.matmul(x)
+    assert torch.allclose(tiled, whole, rtol=0, atol=1e-5)
+    assert torch.allclose(tiled, x @ weight.dequantize(torch.float32).T, rtol=0, atol=1e-5)
+
+
+def test_q8_0_experts_are_views() -> None:
+    raw = _q8(np.random.default_rng(2).normal(0, 1, size=(4 * 6, 32)))
+    stacked = Q8_0Weight.from_blocks(raw.reshape(-1), (4, 6, 32), torch.device("cpu"))
+    one = stacked.expert(2)
+    assert one.shape == (6, 32) and one.qs.data_ptr() == stacked.qs[2].data_ptr()  # no copy
+    assert torch.equal(one.dequantize(torch.float32), stacked.dequantize(torch.float32)[2])
+    with pytest.raises(ValueError):
+        stacked.matmul(torch.randn(1, 32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_q8_0_cuda_kernel_matches_dequantized(dtype: torch.dtype, tokens: int) -> None:
+    raw = _q8(np.random.default_rng(3).normal(0, 0.02, size=(1000, 4096)))
+    weight = Q8_0Weight.from_blocks(raw.reshape(-1), (1000, 4096), torch.device("cuda"))
+    x = torch.randn(tokens, 4096, device="cuda", dtype=dtype)
+    ref = x.float() @ weight.dequantize(torch.float32).T
+    got = weight.matmul(x)
+    assert got.dtype == dtype and got.shape == (tokens, 1000)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert float((got.float() - ref).norm() / ref.norm()) <= tol
+    assert torch.equal(weight.matmul(x), got)  # same inputs, same kernel, same result

@@ -1,0 +1,319 @@
+"""``stagewise serve`` as a subprocess, driven by the real openai client and raw HTTP.
+
+One server per placement (single stage; two stages on virtual CPU devices), shared by the module.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.test_server_support import ServedModel, make_model_dir, start_server
+
+KEY = "test-key"
+HELLO = [{"role": "user", "content": "Hello, world! How are you today?"}]
+PLACEMENTS = {"single": ["--placement", "single"],
+              "pipeline2": ["--devices", "cpu:2x2GiB", "--placement", "pipeline:2"]}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("served-model"))
+
+
+@pytest.fixture(scope="module", params=list(PLACEMENTS))
+def server(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[ServedModel]:
+    log = tmp_path_factory.mktemp("log") / "serve.log"
+    served = start_server(model_dir, log, *PLACEMENTS[request.param], "--queue", "1", api_key=KEY)
+    try:
+        served.wait_ready()
+        yield served
+    finally:
+        assert served.stop() == 0, log.read_text()[-3000:]
+
+
+@pytest.fixture
+def client(server: ServedModel) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=30)
+
+
+def _post(server: ServedModel, path: str, body: object, headers: dict[str, str] | None = None,
+          timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=headers if headers is not None else server.headers,
+                      timeout=timeout)
+
+
+def _set_delay(server: ServedModel, seconds: float) -> None:
+    assert _post(server, "/debug/step-delay", {"seconds": seconds}).status_code == 200
+
+
+def _wait_metric(server: ServedModel, name: str, want: float, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while server.metric(name) != want:
+        assert time.monotonic() < deadline, f"{name} stayed at {server.metric(name)}, wanted {want}"
+        time.sleep(0.05)
+
+
+def test_health_models_and_placement(server: ServedModel, client: OpenAI) -> None:
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    models = client.models.list()
+    assert [m.id for m in models.data] == [server.process.args[4].rsplit("/", 1)[-1]]  # type: ignore[index]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "stagewise_device_memory_charge_bytes" in metrics
+
+
+def test_chat_non_streaming_usage(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model="x", messages=HELLO, max_tokens=12, seed=7)  # type: ignore[arg-type]
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    usage = reply.usage
+    assert usage is not None and usage.prompt_tokens > 5
+    assert 1 <= usage.completion_tokens <= 12
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    if choice.finish_reason == "length":
+        assert usage.completion_tokens == 12
+
+
+def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
+    kw = dict(model="x", messages=HELLO, max_completion_tokens=16, temperature=0)
+    full = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_sse_wire_format_ends_with_done(server: ServedModel) -> None:
+    body = {"messages": HELLO, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=server.headers) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert "usage" not in json.loads(events[0][6:])  # only with stream_options.include_usage
+
+
+def test_seed_reproducible(client: OpenAI) -> None:
+    kw = dict(model="x", messages=HELLO, max_tokens=16, temperature=1.0, top_p=0.9, seed=1234)
+    a = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    b = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_stop_strings_streamed_and_not(client: OpenAI) -> None:
+    kw = dict(model="x", messages=HELLO, max_tokens=30, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0].message.content  # type: ignore[call-overload]
+    assert full and len(full) >= 10
+    stop = full[6:9]
+    cut = client.chat.completions.create(stop=[stop, "never-there"], **kw)  # type: ignore[call-overload]
+    assert cut.choices[0].message.content == full[: full.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(stop=stop, stream=True, **kw)  # type: ignore[call-overload]
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == full[: full.index(stop)]
+
+
+def test_logprobs_shape(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model="x", messages=HELLO, max_tokens=4, logprobs=True,  # type: ignore[arg-type]
+                                           top_logprobs=3, temperature=0)
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == reply.usage.completion_tokens  # type: ignore[union-attr]
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.logprob  # greedy picks the top token
+
+
+def test_text_completions(client: OpenAI) -> None:
+    reply = client.completions.create(model="x", prompt="The quick brown fox", max_tokens=6, temperature=0,
+                                      logprobs=2)
+    assert reply.object == "text_completion"
+    assert reply.usage is not None and reply.usage.completion_tokens <= 6
+    assert reply.choices[0].logprobs is not None
+    streamed = client.completions.create(model="x", prompt="The quick brown fox", max_tokens=6, temperature=0,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == reply.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"messages": HELLO, "n": 2}, "n", None),
+        ({"messages": HELLO, "temperature": "hot"}, "temperature", None),
+        ({"messages": HELLO, "max_tokens": 1.5}, "max_tokens", None),
+        ({"messages": "hi"}, "messages", None),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", None),
+        ({"messages": HELLO, "temperature": 5}, "temperature", None),
+        ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format", None),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         "messages", None),
+        ({"messages": HELLO, "max_tokens": 100000}, "messages", "context_length_exceeded"),
+        ({"messages": [{"role": "user", "content": "word " * 400}]}, "messages", "context_length_exceeded"),
+    ],
+)
+def test_bad_requests_are_400_in_openai_shape(server: ServedModel, body: dict[str, object], param: str,
+                                              code: str | None) -> None:
+    response = _post(server, "/v1/chat/completions", {**body, "unknown_field": 1})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_context_overflow_through_the_client(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "word " * 400}])
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_not_json_and_too_large(server: ServedModel) -> None:
+    r = httpx.post(f"{server.url}/v1/chat/completions", content=b"{not json", headers=server.headers)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    big = {"messages": [{"role": "user", "content": "x" * (5 * 2**20)}]}
+    r = _post(server, "/v1/chat/completions", big)
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+def test_api_key_required(server: ServedModel) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = _post(server, "/v1/chat/completions", {"messages": HELLO}, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
+    assert httpx.get(f"{server.url}/health").status_code == 200  # probes stay open
+
+
+def test_queue_full_is_429_with_retry_after(server: ServedModel) -> None:
+    _set_delay(server, 0.05)
+    streams: list[httpx.Response] = []
+    http = httpx.Client(headers=server.headers, timeout=30)
+    try:
+        body = {"messages": HELLO, "max_tokens": 100, "stream": True}
+        for _ in range(2):  # one runs, one waits (--queue 1)
+            r = http.send(http.build_request("POST", f"{server.url}/v1/chat/completions", json=body), stream=True)
+            assert r.status_code == 200
+            streams.append(r)
+            next(r.iter_lines())  # the role chunk: the request is admitted
+        _wait_metric(server, "stagewise_queue_depth", 1.0)
+        r = http.post(f"{server.url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        for r in streams:
+            r.close()
+        http.close()
+        _set_delay(server, 0.0)
+    _wait_metric(server, "stagewise_active_sequences", 0.0)
+    _wait_metric(server, "stagewise_queue_depth", 0.0)
+
+
+def test_disconnect_mid_stream_frees_state(server: ServedModel) -> None:
+    _set_delay(server, 0.05)  # 200 tokens would take 10 s
+    before = server.metric('stagewise_requests_total{finish_reason="cancelled"}') if _has_cancelled(server) else 0
+    try:
+        body = {"messages": HELLO, "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=server.headers) as r:
+            lines = r.iter_lines()
+            for _ in range(4):
+                next(lines)
+            assert server.metric("stagewise_state_slots_in_use") == 1.0
+        started = time.monotonic()
+        _wait_metric(server, "stagewise_state_slots_in_use", 0.0, timeout_s=3)
+        _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=3)
+        assert time.monotonic() - started < 3
+        assert server.metric('stagewise_requests_total{finish_reason="cancelled"}') == before + 1
+    finally:
+        _set_delay(server, 0.0)
+
+
+def test_disconnect_during_prefill_cancels(server: ServedModel) -> None:
+    _set_delay(server, 1.0)  # the prefill step alone takes a second
+    before = server.metric('stagewise_requests_total{finish_reason="cancelled"}') if _has_cancelled(server) else 0
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 50}, timeout=0.3)
+        _wait_metric(server, 'stagewise_requests_total{finish_reason="cancelled"}', before + 1, timeout_s=4)
+        _wait_metric(server, "stagewise_state_slots_in_use", 0.0)
+    finally:
+        _set_delay(server, 0.0)
+
+
+def _has_cancelled(server: ServedModel) -> bool:
+    try:
+        server.metric('stagewise_requests_total{finish_reason="cancelled"}')
+    except KeyError:
+        return False
+    return True
+
+
+def test_failed_step_is_500_and_server_keeps_serving(server: ServedModel, client: OpenAI) -> None:
+    expected = client.chat.completions.create(model="x", messages=HELLO, max_tokens=6, temperature=0)
+    stages = len(json.loads(json.dumps(server.process.args)))  # placeholder to keep the stage index valid
+    assert stages
+    armed = _post(server, "/debug/fail-next-step", {"stage": 0})
+    assert armed.status_code == 200
+    r = _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 6})
+    assert r.status_code == 500
+    error = r.json()["error"]
+    assert error["code"] == "step_failed" and error["type"] == "server_error"
+    again = client.chat.completions.create(model="x", messages=HELLO, max_tokens=6, temperature=0)
+    assert again.choices[0].message.content == expected.choices[0].message.content
+
+
+def test_metrics_count_tokens_and_timings(server: ServedModel) -> None:
+    text = httpx.get(f"{server.url}/metrics").text
+    assert server.metric("stagewise_generation_tokens_total") > 0
+    assert server.metric("stagewise_prompt_tokens_total") > 0
+    for name in ("stagewise_time_to_first_token_seconds_count", "stagewise_stage_step_seconds_count",
+                 "stagewise_decode_tokens_per_second_count", 'stagewise_http_requests_total{endpoint="/health"'):
+        assert name in text
+    stages = {line.split('stage="')[1].split('"')[0] for line in text.splitlines()
+              if line.startswith("stagewise_stage_step_seconds_count")}
+    if len(stages) > 1:
+        assert "stagewise_handoff_seconds_count" in text
+
+
+def test_sigterm_drains_in_flight_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
+    served = start_server(model_dir, tmp_path / "drain.log", "--placement", "single", "--grace-s", "20")
+    served.wait_ready()
+    _set_delay(served, 0.02)
+    result: dict[str, object] = {}
+
+    def stream() -> None:
+        client = OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0, timeout=30)
+        chunks = list(client.chat.completions.create(model="x", messages=HELLO, max_tokens=40, stream=True))  # type: ignore[arg-type]
+        result["finish"] = chunks[-1].choices[0].finish_reason
+        result["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    worker = threading.Thread(target=stream)
+    worker.start()
+    _wait_metric(served, "stagewise_state_slots_in_use", 1.0)
+    served.process.send_signal(15)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # draining: health and new requests are 503
+        if httpx.get(f"{served.url}/health").status_code == 503:
+            break
+        time.sleep(0.02)
+    r = _post(served, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+    worker.join(30)
+    assert result.get("finish") in ("stop", "length"), result
+    assert served.process.wait(30) == 0
+    assert "model closed" in (tmp_path / "drain.log").read_text()
