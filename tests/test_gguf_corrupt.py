@@ -116,14 +116,14 @@ def test_missing_metadata(tmp_path: Path, model: Path, key: str) -> None:
     bad = _copy_with(model, tmp_path / "b.gguf", drop=(key,)) if key != "general.architecture" else None
     if bad is None:  # the writer always writes the architecture: corrupt its value instead
         bad = _copy_with(model, tmp_path / "b.gguf", override={"general.architecture": "mamba"})
-    with pytest.raises(StagewiseError, match="b.gguf"):
+    with pytest.raises(StagewiseError, match=r"b\.gguf"):
         GGUFSource(bad)
 
 
 def test_missing_tokenizer_fields(tmp_path: Path, model: Path) -> None:
     bad = _copy_with(model, tmp_path / "b.gguf", drop=("tokenizer.ggml.tokens",))
     source = GGUFSource(bad)  # the weights are fine ...
-    with pytest.raises(CorruptModelFile, match="tokenizer.ggml.tokens"):
+    with pytest.raises(CorruptModelFile, match=r"tokenizer\.ggml\.tokens"):
         Tokenizer.from_gguf_fields(source.fields)  # ... the tokenizer is not
 
 

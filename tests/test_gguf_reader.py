@@ -54,14 +54,14 @@ def test_split_gguf_reads_as_one(tmp_path: Path) -> None:
     whole = GGUFSource(make_model("tiny-qwen3.6", tmp_path / "one" / "m.gguf", "gguf", "q8_0", seed=2))
     first = make_model("tiny-qwen3.6", tmp_path / "split" / "m.gguf", "gguf", "q8_0", seed=2, split_max_bytes=60_000)
     parts = sorted((tmp_path / "split").glob("*.gguf"))
-    assert len(parts) > 2 and first.name.endswith("-00001-of-%05d.gguf" % len(parts))
+    assert len(parts) > 2 and first.name.endswith(f"-00001-of-{len(parts):05d}.gguf")
     split = open_source(parts[1])  # any part opens the whole model
     assert isinstance(split, GGUFSource)
     assert split.names() == whole.names() and split.config == whole.config
     for name in sorted(whole.names()):
         assert torch.equal(split.load(name, CPU, torch.float32), whole.load(name, CPU, torch.float32)), name
         if whole.is_quantized(name):
-            a, b = split.load_quantized(name, CPU), whole.load_quantized(name, CPU)
+            a, b = split.load_q8_0(name, CPU), whole.load_q8_0(name, CPU)
             assert torch.equal(a.qs, b.qs) and torch.equal(a.scales, b.scales)
     parts[-1].unlink()
     with pytest.raises(ModelNotFound, match="missing"):

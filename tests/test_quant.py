@@ -88,7 +88,7 @@ def test_q8_0_experts_are_views() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("tokens", [1, 5, 300])
+@pytest.mark.parametrize("tokens", [1, 5, 16, 17, 300])
 def test_q8_0_cuda_kernel_matches_dequantized(dtype: torch.dtype, tokens: int) -> None:
     raw = _q8(np.random.default_rng(3).normal(0, 0.02, size=(1000, 4096)))
     weight = Q8_0Weight.from_blocks(raw.reshape(-1), (1000, 4096), torch.device("cuda"))

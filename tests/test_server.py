@@ -63,10 +63,10 @@ def _wait_metric(server: ServedModel, name: str, want: float, timeout_s: float =
         time.sleep(0.05)
 
 
-def test_health_models_and_placement(server: ServedModel, client: OpenAI) -> None:
+def test_health_models_and_placement(server: ServedModel, client: OpenAI, model_dir: Path) -> None:
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     models = client.models.list()
-    assert [m.id for m in models.data] == [server.process.args[4].rsplit("/", 1)[-1]]  # type: ignore[index]
+    assert [m.id for m in models.data] == [model_dir.name]
     metrics = httpx.get(f"{server.url}/metrics").text
     assert "stagewise_device_memory_charge_bytes" in metrics
 
@@ -265,9 +265,10 @@ def _has_cancelled(server: ServedModel) -> bool:
 
 def test_failed_step_is_500_and_server_keeps_serving(server: ServedModel, client: OpenAI) -> None:
     expected = client.chat.completions.create(model="x", messages=HELLO, max_tokens=6, temperature=0)
-    stages = len(json.loads(json.dumps(server.process.args)))  # placeholder to keep the stage index valid
-    assert stages
-    armed = _post(server, "/debug/fail-next-step", {"stage": 0})
+    last_stage = max(int(line.split('stage="')[1].split('"')[0])
+                     for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+                     if line.startswith("stagewise_device_memory_charge_bytes{"))
+    armed = _post(server, "/debug/fail-next-step", {"stage": last_stage})
     assert armed.status_code == 200
     r = _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 6})
     assert r.status_code == 500
@@ -317,3 +318,11 @@ def test_sigterm_drains_in_flight_and_exits_zero(model_dir: Path, tmp_path: Path
     assert result.get("finish") in ("stop", "length"), result
     assert served.process.wait(30) == 0
     assert "model closed" in (tmp_path / "drain.log").read_text()
+
+
+def test_does_not_fit_exits_2_with_one_line(model_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "nofit.log"
+    served = start_server(model_dir, log, "--devices", "cpu:2x64KiB")
+    assert served.process.wait(60) == 2
+    errors = [line for line in log.read_text().splitlines() if line.startswith("stagewise: error:")]
+    assert len(errors) == 1 and "Traceback" not in log.read_text()

@@ -15,9 +15,11 @@ import torch
 
 from stagewise.engine.chat_template import ChatTemplate
 from stagewise.engine.tokenizer import Tokenizer
+from stagewise.hardware.topology import Topology
 from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.stage import ChargeCheck
 from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.model_spec import ModelSpec
 
 StageProgress = Callable[[int, str, int], None]  # (stage index, tensor name, bytes loaded)
 
@@ -35,6 +37,8 @@ class LoadedModel:
     chat_template: ChatTemplate
     max_context: int
     dtype: torch.dtype
+    spec: ModelSpec | None = None  # the accounting the placement was certified with
+    topology: Topology | None = None  # the devices it was planned on
 
     def charge_checks(self) -> list[ChargeCheck]:
         return [stage.charge_check() for stage in self.pipeline.stages]

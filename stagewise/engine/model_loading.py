@@ -148,7 +148,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     template = ChatTemplate((tokenizer.chat_template if tokenizer else None) or DEFAULT_CHATML)
     placement_json = cert.to_dict()
     return LoadedModel(name or opened.name, opened.config, pipeline, placement_json,
-                       placement_summary(cert, topology), tokenizer, template, context, run_dtype)
+                       placement_summary(cert, topology), tokenizer, template, context, run_dtype, spec, topology)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

@@ -59,9 +59,16 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, top_logprobs: int = 0) -> Sample:
         """Choose the next token from ``logits`` ``(V,)`` (float32)."""
+        p = self.params
+        if p.temperature == 0.0 and not top_logprobs and not (p.presence_penalty or p.frequency_penalty):
+            # greedy on the logits' own device: only two scalars come back to the host
+            token_t = torch.argmax(logits)
+            logprob_t = torch.log_softmax(logits.float(), dim=-1)[token_t]
+            token, logprob = (float(v) for v in torch.stack([token_t.float(), logprob_t]).tolist())
+            self.counts[int(token)] += 1
+            return Sample(int(token), logprob)
         logits = logits.detach().float().cpu()
         logprobs = torch.log_softmax(logits, dim=-1)
-        p = self.params
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = torch.tensor(list(self.counts))
             freq = torch.tensor([self.counts[i] for i in self.counts], dtype=torch.float32)

@@ -30,3 +30,25 @@ NVLINK_BANDWIDTH_PER_LINK_BYTES_PER_S = 25e9
 NVLINK_LATENCY_S = 10e-6
 PCIE_P2P_BANDWIDTH_BYTES_PER_S = 20e9
 PCIE_P2P_LATENCY_S = 15e-6
+
+# Datasheet leads for GPUs discovery recognizes by name (memory bandwidth bytes/s, dense bf16
+# FLOP/s). Longest matching name fragment wins; `devices --measure` replaces them.
+GPU_DATASHEET: dict[str, tuple[float, float]] = {
+    "H200": (4.8e12, 989e12),
+    "H100": (3.35e12, 989e12),
+    "A100": (2.0e12, 312e12),
+    "L40S": (864e9, 362e12),
+    "RTX 6000 Ada": (960e9, 364e12),
+    "A6000": (768e9, 155e12),
+    "RTX 4090": (1008e9, 165e12),
+    "RTX 3090": (936e9, 71e12),
+    "RTX 3060": (360e9, 25e12),
+}
+
+
+def gpu_datasheet(name: str) -> tuple[float, float]:
+    """(memory bandwidth bytes/s, matmul FLOP/s) for a GPU name, or the generic GPU defaults."""
+    matches = [key for key in GPU_DATASHEET if key.lower() in name.lower()]
+    if not matches:
+        return GPU_MEMORY_BANDWIDTH_BYTES_PER_S, GPU_MATMUL_FLOPS_PER_S
+    return GPU_DATASHEET[max(matches, key=len)]

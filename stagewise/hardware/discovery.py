@@ -26,7 +26,9 @@ def discover_topology(reserve: ReservePolicy | None = None) -> Topology:
     devices += cuda
     links += cuda_links
     devices += _other_devices(policy)
-    return Topology(tuple(devices), tuple(links), name="discovered")
+    from stagewise.hardware.measure import apply_cached  # measured beats assumed
+
+    return apply_cached(Topology(tuple(devices), tuple(links), name="discovered"))
 
 
 def cpu_device(policy: ReservePolicy) -> DeviceInfo:
@@ -124,8 +126,8 @@ def _cuda_devices(policy: ReservePolicy) -> tuple[list[DeviceInfo], list[Link]]:
                 name=props.name,
                 memory_bytes=int(total),
                 budget_bytes=policy.budget_bytes("cuda", int(total), int(free)),
-                memory_bandwidth_bytes_per_s=defaults.GPU_MEMORY_BANDWIDTH_BYTES_PER_S,
-                matmul_flops_per_s=defaults.GPU_MATMUL_FLOPS_PER_S,
+                memory_bandwidth_bytes_per_s=defaults.gpu_datasheet(props.name)[0],
+                matmul_flops_per_s=defaults.gpu_datasheet(props.name)[1],
                 torch_device=f"cuda:{index}",
                 uuid=uuid,
                 pci_bus_id=bus.lower(),

@@ -50,6 +50,15 @@ def measure_topology(topology: Topology, use_cache: bool = True) -> tuple[Topolo
     return _apply(topology, figures), figures
 
 
+def apply_cached(topology: Topology) -> Topology:
+    """``topology`` with this machine's cached measurements applied, if any were taken (no timing)."""
+    path = cache_dir() / f"measure-{machine_key(topology)}.json"
+    try:
+        return _apply(topology, json.loads(path.read_text())) if path.exists() else topology
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return topology
+
+
 def _apply(topology: Topology, figures: dict[str, Any]) -> Topology:
     devices = []
     for d in topology.devices:

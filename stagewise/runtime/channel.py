@@ -37,8 +37,8 @@ class PeerCopyChannel:
         self.dst = dst
 
     def send(self, handoff: Handoff) -> Handoff:
-        hidden = handoff.hidden.to(self.dst, non_blocking=True)
-        return Handoff(handoff.step_id, handoff.positions.to(self.dst, non_blocking=True), hidden)
+        hidden = handoff.hidden.to(self.dst, non_blocking=True)  # ordered after the sender's stream
+        return Handoff(handoff.step_id, handoff.positions, hidden)
 
 
 class HostStagedChannel:
@@ -59,7 +59,7 @@ class HostStagedChannel:
         staged = self._buffer(handoff.hidden)
         staged.copy_(handoff.hidden)  # device -> pinned host (synchronous: the buffer is reused)
         hidden = staged.to(self.dst, non_blocking=False)
-        return Handoff(handoff.step_id, handoff.positions.to(self.dst), hidden)
+        return Handoff(handoff.step_id, handoff.positions, hidden)
 
 
 def channel_for(src: torch.device, dst: torch.device, link_kind: str | None) -> Channel:

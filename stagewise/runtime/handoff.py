@@ -11,7 +11,8 @@ from stagewise.errors import HandoffError
 
 @dataclass(frozen=True)
 class Handoff:
-    """One step's activation ``(B, T, H)`` with its step id and absolute positions ``(B, T)``."""
+    """One step's activation ``(B, T, H)`` on a device, with its step id and absolute positions
+    ``(B, T)`` as host-side metadata (checking them never waits for a device)."""
 
     step_id: int
     positions: torch.Tensor
@@ -34,5 +35,5 @@ class Handoff:
             raise HandoffError(f"handoff shape {list(self.shape)} != expected {[batch, steps, hidden_size]}")
         if self.dtype != dtype:
             raise HandoffError(f"handoff dtype {self.dtype} != expected {dtype}")
-        if not torch.equal(self.positions.cpu(), positions.cpu()):
+        if not torch.equal(self.positions, positions):
             raise HandoffError(f"handoff positions differ from step {step_id}'s positions")

@@ -43,6 +43,7 @@ class Pipeline:
         self.step_id = 0
         self.fault_hook: FaultHook | None = None
         self.last_timings = StepTimings()
+        self._pin = any(s.device.type == "cuda" for s in stages) and torch.cuda.is_available()
 
     @property
     def entry_device(self) -> torch.device:
@@ -65,14 +66,16 @@ class Pipeline:
         self.step_id += 1
         step_id = self.step_id
         timings = StepTimings()
+        positions = positions.cpu()
+        staged_pos = positions.pin_memory() if self._pin else positions
         try:
-            x = tokens.to(self.entry_device)
-            pos = positions.to(self.entry_device)
+            x = (tokens.cpu().pin_memory() if self._pin else tokens).to(self.entry_device, non_blocking=True)
             out: StageOutput | None = None
             for k, stage in enumerate(self.stages):
                 if self.fault_hook is not None:
                     self.fault_hook(k, step_id)
                 t0 = time.perf_counter()
+                pos = staged_pos.to(stage.device, non_blocking=True)  # (B, T), no host wait when pinned
                 out = stage.run(x, pos, start, all_logits)
                 self._sync(stage.device)
                 timings.stage_s.append(time.perf_counter() - t0)
@@ -81,12 +84,12 @@ class Pipeline:
                 if cancel is not None and cancel():
                     raise StepCancelled(f"step {step_id} cancelled between stage {k} and stage {k + 1}")
                 t0 = time.perf_counter()
-                received = self.channels[k].send(Handoff(step_id, pos, out.hidden))
+                received = self.channels[k].send(Handoff(step_id, positions, out.hidden))
                 nxt = self.stages[k + 1]
                 received.check(step_id, positions, self.hidden_size, nxt.dtype)
                 self._sync(nxt.device)
                 timings.handoff_s.append(time.perf_counter() - t0)
-                x, pos = received.hidden, received.positions
+                x = received.hidden
         except StagewiseError:
             self.rollback()
             raise

@@ -43,8 +43,8 @@ async def read_json(request: Request, limit_bytes: int) -> dict[str, Any]:
         parts.append(part)
     try:
         body = json.loads(b"".join(parts))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidParam(f"the request body is not valid JSON: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidParam(f"the request body is not valid JSON: {type(exc).__name__}: {exc}") from exc
     if not isinstance(body, dict):
         raise InvalidParam("the request body must be a JSON object")
     return body

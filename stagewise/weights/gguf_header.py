@@ -9,6 +9,7 @@ is used, so a corrupt file costs at most one pass over its header and raises a t
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import struct
 from dataclasses import dataclass
@@ -227,6 +228,6 @@ def _check_layout(p: Path, tensors: tuple[GGUFTensorInfo, ...]) -> None:
             raise CorruptModelFile(f"{p}: duplicate tensor {t.name!r}")
         seen.add(t.name)
     ordered = sorted(tensors, key=lambda t: t.offset_bytes)
-    for prev, cur in zip(ordered, ordered[1:], strict=False):
+    for prev, cur in itertools.pairwise(ordered):
         if cur.offset_bytes < prev.offset_bytes + prev.nbytes:
             raise CorruptModelFile(f"{p}: tensor {cur.name!r} overlaps tensor {prev.name!r}")

@@ -9,12 +9,13 @@ on each tensor's own ggml type, never on ``general.file_type``. Q8_0 matrices st
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.errors import CorruptModelFile, UnsupportedArchitecture, WeightsError
+from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.gguf_config import config_from_gguf
 from stagewise.weights.gguf_file import GGUFFile
@@ -99,7 +100,11 @@ class GGUFSource:
         tensor = value_from_gguf(rule.rule, tensor)
         return tensor.to(dtype=dtype)
 
-    def load_quantized(self, name: str, device: torch.device) -> Q8_0Weight:
+    def load_quantized(self, name: str, device: torch.device) -> QuantizedWeight:
+        return cast(QuantizedWeight, self.load_q8_0(name, device))
+
+    def load_q8_0(self, name: str, device: torch.device) -> Q8_0Weight:
+        """``name`` as a :class:`Q8_0Weight` on ``device`` (2-D, or 3-D for stacked experts)."""
         if not self.is_quantized(name):
             raise WeightsError(f"{self.label}: tensor {name!r} is not resident-quantized")
         rule = self._rules[name]

@@ -4,11 +4,12 @@ Layout on the device: ``qs`` int8 ``(..., out, in)`` and ``scales`` float16
 ``(..., out, in // 32)``; value = ``qs * scale`` of its 32-element block. Resident bytes are
 34 per 32 elements (32 int8 + one f16 scale), the same as in the file.
 
-Matmul dispatch is explicit and depends only on the weight's device, never on the input:
-``cuda`` with Triton importable -> :mod:`stagewise.weights.quant.q8_0_triton` (reads the int8
-values directly); every other device -> dequantize a bounded tile of rows at a time and
-multiply (no dense copy is ever kept). So a staged run and a single-device run on the same
-device kind run the same kernel on the same shapes.
+Matmul dispatch is explicit and depends only on the weight's device and the number of input rows:
+``cuda`` with Triton importable and at most 16 rows (decode) ->
+:mod:`stagewise.weights.quant.q8_0_triton` (reads the int8 values directly); otherwise (CPU,
+other devices, prefill) -> dequantize a bounded tile of rows at a time and multiply with the
+device's matmul (no dense copy is ever kept). Same inputs on the same device kind -> same kernel,
+so a staged run and a single-device run agree bit for bit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 BLOCK = 32  # elements per Q8_0 block
 BLOCK_BYTES = 34  # 2 (f16 scale) + 32 (int8 values)
 TILE_ELEMENTS = 1 << 22  # dequantized elements per matmul tile (16 MiB at float32)
+_TRITON_MAX_TOKENS = 16  # = q8_0_triton.MAX_TOKENS (not imported: triton may be absent)
 _LOAD_CHUNK_BLOCKS = 1 << 20  # blocks copied to the device per step while loading (34 MiB)
 
 
@@ -69,7 +71,8 @@ class Q8_0Weight:
             scales[lo : lo + chunk.shape[0]] = chunk[:, :2].contiguous().view(torch.float16).view(-1)
 
     @property
-    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
+    def shape(self) -> tuple[int, ...]:
+        # (out, in), or (experts, out, in): satisfies QuantizedWeight / QuantizedExperts respectively
         return tuple(self.qs.shape)
 
     @property
@@ -100,7 +103,8 @@ class Q8_0Weight:
         """``x @ W.T`` for ``x (..., in)`` -> ``(..., out)`` in ``x``'s dtype (2-D weights only)."""
         if self.qs.dim() != 2:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
-        if self.qs.device.type == "cuda" and triton_available():
+        tokens = x.numel() // max(x.shape[-1], 1)
+        if self.qs.device.type == "cuda" and tokens <= _TRITON_MAX_TOKENS and triton_available():
             from stagewise.weights.quant.q8_0_triton import q8_0_matmul
 
             return q8_0_matmul(x, self.qs, self.scales)

@@ -1,0 +1,71 @@
+"""``stagewise bench``: prefill and decode speed of one placement, side by side with a baseline.
+
+Reports prefill tokens/s, decode tokens/s, time to first token, per-stage step time, handoff time
+per token, bytes read per decoded token and the fraction of the memory-bandwidth roofline. With
+``--baseline transformers`` the same weights run through Hugging Face transformers (accelerate's
+device map across the same devices) in the same process, and the ratio is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser("bench", help="measure prefill / decode speed of a placement")
+    p.add_argument("model", help="model directory, GGUF file, or random:PRESET")
+    add_model_arguments(p)
+    p.add_argument("--prompt", type=int, default=512, help="prompt tokens")
+    p.add_argument("--gen", type=int, default=128, help="generated tokens")
+    p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    p.add_argument("--baseline", choices=["transformers"], default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run, context=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stagewise.engine.bench_runner import bench_loaded, bench_transformers
+
+    if args.context is None or args.context == 4096:
+        args.context = max(args.prompt + args.gen + 8, 64)
+    loaded = load_model_from_args(args, quiet=args.json)
+    try:
+        result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),
+                                  "placement": loaded.placement_json, "summary": loaded.placement_summary}
+        result["stagewise"] = bench_loaded(loaded, args.prompt, args.gen, args.repeats)
+    finally:
+        loaded.close()
+    if args.baseline == "transformers":
+        result["transformers"] = bench_transformers(args.model, loaded, args.prompt, args.gen, args.repeats)
+        ours, theirs = result["stagewise"], result["transformers"]
+        result["ratio_vs_transformers"] = {
+            "decode": ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"],
+            "prefill": ours["prefill_tokens_per_s"] / theirs["prefill_tokens_per_s"],
+        }
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        _print_table(result)
+    return 0
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    ours = result["stagewise"]
+    print(result["summary"])
+    rows = [("prefill tokens/s", "prefill_tokens_per_s"), ("decode tokens/s", "decode_tokens_per_s"),
+            ("time to first token s", "ttft_s"), ("handoff s/token (median)", "handoff_s_per_token"),
+            ("bytes read / token", "bytes_read_per_token"), ("roofline fraction", "roofline_fraction")]
+    for label, key in rows:
+        line = f"{label:28s} {ours.get(key)!s:>14}"
+        if "transformers" in result and key in result["transformers"]:
+            line += f"   transformers {result['transformers'][key]!s:>12}"
+        print(line)
+    for k, t in enumerate(ours.get("stage_step_s", [])):
+        print(f"stage {k} step s (median)      {t:.6f}")
+    if "ratio_vs_transformers" in result:
+        print("vs transformers:", json.dumps(result["ratio_vs_transformers"]))
