@@ -118,7 +118,8 @@ def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]
 def load_model(model: str | None, devices: str | None = None, placement: str = "auto",
                context: int = DEFAULT_CONTEXT, dtype: str | None = None, progress: StageProgress | None = None,
                prefill_chunk: int = 256, reserve: str | None = None, objective: str = "latency",
-               on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False) -> LoadedModel:
+               on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
+               cuda_graphs: bool = True) -> LoadedModel:
     """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits."""
     if model is None:
         model = str(ensure_demo_model())
@@ -144,6 +145,9 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     links = [topology.link(a.device, b.device).kind for a, b in zip(specs, specs[1:])]
     pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, 1, context, links, progress,
                               timing=timing)
+    if cuda_graphs:
+        for stage in pipeline.stages:
+            stage.enable_graphs()  # decode steps replay as CUDA graphs on GPU stages
     tokenizer = opened.tokenizer
     template = ChatTemplate((tokenizer.chat_template if tokenizer else None) or DEFAULT_CHATML)
     placement_json = cert.to_dict()
@@ -159,6 +163,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPUs, f32 on CPU)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill step")
     p.add_argument("--reserve", default=None, help="per-device reserve policy (see `stagewise devices --help`)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="run decode steps eagerly instead of replaying CUDA graphs")
 
 
 def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs: Any) -> LoadedModel:
@@ -168,4 +174,4 @@ def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs
     with LoadProgress(enabled=not quiet) as bar:
         return load_model(args.model, args.devices, args.placement, args.context, args.dtype,
                           progress=bar.update, prefill_chunk=args.prefill_chunk, reserve=args.reserve,
-                          on_plan=bar.start, **kwargs)
+                          on_plan=bar.start, cuda_graphs=getattr(args, "cuda_graphs", True), **kwargs)

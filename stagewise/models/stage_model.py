@@ -91,13 +91,15 @@ class StageModel(nn.Module):
         return {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device)  # type: ignore[operator]
                 for i in self.block_indices}
 
-    def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype) -> StepContext:
-        kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
+    def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype,
+                kv_length: int | None = None) -> StepContext:
+        if kv_length is None:
+            kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
         rotary = {self.config.rotary_dim: rotary_cos_sin(self.inv_freq, positions, dtype)}
         return StepContext.build(positions, start, kv_length, rotary)
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: Mapping[int, BlockState],
-                start: int | None = None, all_logits: bool = False) -> StageOutput:
+                start: int | None = None, all_logits: bool = False, kv_length: int | None = None) -> StageOutput:
         """Run this stage.
 
         Args:
@@ -106,9 +108,12 @@ class StageModel(nn.Module):
             states: this stage's block states (written provisionally).
             start: the common first position, when all rows are contiguous from it.
             all_logits: logits for every position instead of the last only.
+            kv_length: attend over this many cache positions (masked causally) instead of the
+                step's own extent; with ``start=None`` the step needs no host synchronization
+                (CUDA graph capture).
         """
         hidden = self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs  # (B, T, H)
-        ctx = self.context(positions, start, hidden.dtype)
+        ctx = self.context(positions, start, hidden.dtype, kv_length)
         for i in self.block_indices:
             hidden = self.model.layers[str(i)](hidden, ctx, states[i])
         if self.model.norm is None or self.lm_head is None:

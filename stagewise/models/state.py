@@ -99,6 +99,10 @@ class RecurrentState:
         self.buffers[name][1 - self.active][: value.shape[0]].copy_(value)
         self._written = True
 
+    def mark_written(self) -> None:
+        """A replayed CUDA graph wrote the provisional buffer (no Python ran to note it)."""
+        self._written = True
+
     def publish(self) -> None:
         if self._written:
             # the sequences not in this step keep their published rows

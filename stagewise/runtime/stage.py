@@ -11,6 +11,7 @@ from stagewise.errors import StagewiseError
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.state import BlockState
+from stagewise.runtime.decode_graphs import DecodeGraphs
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.stage_loader import load_stage
@@ -89,6 +90,8 @@ class Stage:
         self.dtype = dtype
         self.device = torch.device(spec.torch_device)
         self.states: dict[int, BlockState] = {}
+        self.graphs: DecodeGraphs | None = None  # CUDA-graph decode, enabled by enable_graphs()
+        self.max_context = 0
 
     @staticmethod
     def load(spec: StageSpec, config: ModelConfig, source: TensorSource, dtype: torch.dtype,
@@ -108,6 +111,14 @@ class Stage:
         nbytes = sum(s.nbytes for s in planned.values())
         self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}")
         self.states = self.model.new_states(batch, max_context, self.dtype, self.device)
+        self.max_context = max_context
+
+    def enable_graphs(self) -> bool:
+        """Replay decode steps as CUDA graphs on this stage's device; False where not possible."""
+        if self.device.type != "cuda" or not self.states:
+            return False
+        self.graphs = DecodeGraphs(self.model, self.states, self.device, self.max_context)
+        return True
 
     def measured_bytes(self) -> int:
         """Weights resident plus state allocated, counted from the real tensors."""
@@ -119,6 +130,9 @@ class Stage:
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
             all_logits: bool) -> StageOutput:
+        decode = inputs.shape[1] == 1 and start is not None and not all_logits
+        if self.graphs is not None and decode and start is not None:
+            return self.graphs.run(inputs, positions, start)
         with torch.inference_mode():
             return self.model(inputs, positions, self.states, start=start, all_logits=all_logits)
 
@@ -136,6 +150,7 @@ class Stage:
 
     def close(self) -> None:
         """Free the stage's device memory."""
+        self.graphs = None
         self.states = {}
         self.model = None  # type: ignore[assignment]
         if self.device.type == "cuda":

@@ -16,6 +16,7 @@ from torch import nn
 from stagewise.models.layers.quantized_experts import QuantizedExperts
 
 _NAMES = ("gate_up_proj", "down_proj")
+GATHER_MAX_SLOTS = 64  # routed (token, expert) pairs up to which decode gathers experts instead of looping
 
 
 class Experts(nn.Module):
@@ -57,6 +58,8 @@ class Experts(nn.Module):
 
         Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``.
         """
+        if top_index.numel() <= GATHER_MAX_SLOTS:
+            return self._gathered(x, top_index, top_weight)
         out = torch.zeros_like(x)
         # NOTE: one small matmul pair per routed expert; the host reads the routed set (a sync).
         for expert in torch.unique(top_index).tolist():
@@ -65,6 +68,22 @@ class Experts(nn.Module):
             y = self._matmul("down_proj", expert, nn.functional.silu(gate) * up)  # (n_e, H)
             out.index_add_(0, token, (y * top_weight[token, slot, None]).to(out.dtype))
         return out
+
+    def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
+        """Decode path: gather the routed experts' weights (only those are read); no host sync."""
+        tokens, k = top_index.shape
+        index = top_index.reshape(-1)  # (N*K,)
+        xs = x.repeat_interleave(k, dim=0)  # (N*K, H)
+        gate, up = self._gather_matmul("gate_up_proj", index, xs).chunk(2, dim=-1)  # (N*K, I) each
+        y = self._gather_matmul("down_proj", index, nn.functional.silu(gate) * up)  # (N*K, H)
+        return (y.view(tokens, k, -1) * top_weight[..., None]).sum(dim=1).to(x.dtype)  # (N, H)
+
+    def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+        packed = self.quantized.get(name)
+        if packed is not None:
+            return packed.gather_matmul(index, xs)
+        weight = getattr(self, name)  # (E, out, in)
+        return torch.bmm(weight.index_select(0, index), xs[:, :, None]).squeeze(-1)  # (N*K, out)
 
     def extra_repr(self) -> str:
         formats = {n: (self.quantized[n].format_name if n in self.quantized else "dense") for n in _NAMES}

@@ -31,6 +31,9 @@ def triton_available() -> bool:
     return True
 
 
+GEMV_MAX_TOKENS = 4  # decode: one program per (row block, token) GEMV kernel
+
+
 class Q8_0Weight:
     """Q8_0-packed weight of logical shape ``(out, in)`` or ``(experts, out, in)``."""
 
@@ -104,6 +107,10 @@ class Q8_0Weight:
         if self.qs.dim() != 2:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
         tokens = x.numel() // max(x.shape[-1], 1)
+        if self.qs.device.type == "cuda" and tokens <= GEMV_MAX_TOKENS and triton_available():
+            from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+
+            return q8_0_gemv(x, self.qs, self.scales).reshape(*x.shape[:-1], self.qs.shape[0])
         if self.qs.device.type == "cuda" and tokens <= _TRITON_MAX_TOKENS and triton_available():
             from stagewise.weights.quant.q8_0_triton import q8_0_matmul
 
@@ -120,6 +127,21 @@ class Q8_0Weight:
             hi = min(lo + rows, out_features)
             y[..., lo:hi] = torch.nn.functional.linear(x, self._dequantize_rows(lo, hi, x.dtype))
         return y
+
+    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Row ``m`` of ``x (M, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.
+
+        Reads only the routed experts; no host synchronization (CUDA graph safe).
+        """
+        if self.qs.dim() != 3:
+            raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
+        if self.qs.device.type == "cuda" and triton_available():
+            from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+
+            return q8_0_gemv(x, self.qs, self.scales, expert_index)
+        qs = self.qs.index_select(0, expert_index).to(torch.float32).unflatten(-1, (-1, BLOCK))  # (M, out, in/32, 32)
+        w = (qs * self.scales.index_select(0, expert_index).to(torch.float32)[..., None]).flatten(-2).to(x.dtype)
+        return torch.bmm(w, x[:, :, None]).squeeze(-1)  # (M, out)
 
     def to(self, device: torch.device) -> Q8_0Weight:
         return Q8_0Weight(self.qs.to(device), self.scales.to(device))

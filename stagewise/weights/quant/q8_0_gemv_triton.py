@@ -1,0 +1,77 @@
+"""Triton GEMV for Q8_0 weights: few tokens (decode), int8 values and f16 scales read directly.
+
+``y[m] = W[e_m] @ x[m]`` where ``W`` is ``(N, K)`` (one matrix for every row) or a stack
+``(E, N, K)`` gathered by ``expert_index[m]`` — the MoE decode path reads only the routed experts.
+Each program owns ``BLOCK_N`` output rows of one token and walks K in ``BLOCK_K`` steps; the 32
+values of a Q8_0 block are summed before their scale is applied. Accumulation is float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+QBLOCK = 32
+
+
+@triton.jit
+def _q8_0_gemv_kernel(
+    x_ptr, q_ptr, s_ptr, y_ptr, e_ptr,
+    N, K,
+    stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_ym,
+    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    if GATHER:
+        e = tl.load(e_ptr + m).to(tl.int64)
+    else:
+        e = 0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_b = tl.arange(0, BLOCK_K // 32)
+    q_rows = q_ptr + e * stride_qe + offs_n[:, None].to(tl.int64) * stride_qn
+    s_rows = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)  # (BK,)
+        q = tl.load(q_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0)  # (BN, BK) int8
+        blocks = tl.sum(tl.reshape(q.to(tl.float32) * x[None, :], (BLOCK_N, BLOCK_K // 32, 32)), axis=2)
+        kb = k0 // 32 + offs_b
+        s = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb[None, :] < K // 32), other=0.0)
+        acc += tl.sum(blocks * s.to(tl.float32), axis=1)
+    tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages); chosen by bench/q8_0_kernels.py on an H200
+CONFIG = (8, 512, 4, 4)
+
+
+def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_index: torch.Tensor | None = None,
+              config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """``x (M, K)`` -> ``(M, N)``; ``qs`` ``(N, K)`` or ``(E, N, K)`` int8 with ``scales`` ``(…, K/32)`` f16.
+
+    With a 3-D stack, ``expert_index`` ``(M,)`` names each row's matrix. K must be a multiple of 32.
+    """
+    block_n, block_k, warps, stages = config or CONFIG
+    n, k = qs.shape[-2], qs.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    gather = qs.dim() == 3
+    if gather and (expert_index is None or expert_index.numel() != m):
+        raise ValueError("a 3-D Q8_0 stack needs one expert index per row")
+    e = expert_index.to(torch.int32).contiguous() if gather and expert_index is not None else y  # unused if 2-D
+    qe = qs.stride(0) if gather else 0
+    se = scales.stride(0) if gather else 0
+    grid = (triton.cdiv(n, block_n), m)
+    _q8_0_gemv_kernel[grid](
+        x2, qs, scales, y, e, n, k,
+        x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0),
+        GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        num_warps=warps, num_stages=stages,
+    )
+    return y
