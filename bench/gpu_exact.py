@@ -60,14 +60,23 @@ def _run(model: str, devices: str, placement: str, prompt: list[int], chunk: int
     return trace, rows
 
 
+def _first_mismatch(a: list[torch.Tensor], b: list[torch.Tensor]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if not torch.equal(x.cpu(), y.cpu()):
+            return i
+    return None
+
+
 def _compare(a: Trace, b: Trace) -> dict[str, Any]:
-    out = {"tokens_equal": a.tokens == b.tokens,
+    out: dict[str, Any] = {"tokens_equal": a.tokens == b.tokens,
            "logits_equal": all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a.logits, b.logits)),
            "features_equal": all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a.features, b.features)),
            "states_compared": sorted({k.split(".", 1)[1] for k in a.states}),
            "states_equal": a.states.keys() == b.states.keys()
            and all(torch.equal(a.states[k].cpu(), b.states[k].cpu()) for k in a.states)}
     out["bit_identical"] = all(v for k, v in out.items() if k.endswith("_equal"))
+    out["first_logits_mismatch_step"] = _first_mismatch(a.logits, b.logits)
+    out["steps_compared"] = len(a.logits)
     return out
 
 

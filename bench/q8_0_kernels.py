@@ -21,9 +21,9 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stagewise.weights.quant.q8_0 import Q8_0Weight  # noqa: E402
-from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv  # noqa: E402
-from stagewise.weights.quant.q8_0_triton import q8_0_matmul  # noqa: E402
+from stagewise.weights.quant.q8_0 import Q8_0Weight
+from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+from stagewise.weights.quant.q8_0_triton import q8_0_matmul
 
 SHAPES = {"llama8b qkv-ish 4096x4096": (4096, 4096), "llama8b up 14336x4096": (14336, 4096),
           "llama8b down 4096x14336": (4096, 14336), "qwen3.6 head 248320x2048": (248320, 2048),

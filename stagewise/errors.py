@@ -94,3 +94,20 @@ class ContextLengthExceeded(StagewiseError):
 
 class RequestError(StagewiseError):
     """A malformed or unsupported request."""
+
+
+class WorkerLost(StagewiseError):
+    """A stage's worker process died, hung or left mid-request; the step was rolled back and the
+    pipeline refuses requests until the worker rejoins."""
+
+    exit_code = 3
+    http_status = 503
+    code = "worker_lost"
+
+
+class WorkerNotJoined(StagewiseError):
+    """A worker process did not join the coordinator (or did not load its stage) in time."""
+
+    exit_code = 3
+    http_status = 503
+    code = "worker_not_joined"

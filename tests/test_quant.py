@@ -99,3 +99,18 @@ def test_q8_0_cuda_kernel_matches_dequantized(dtype: torch.dtype, tokens: int) -
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert float((got.float() - ref).norm() / ref.norm()) <= tol
     assert torch.equal(weight.matmul(x), got)  # same inputs, same kernel, same result
+
+
+def test_torch_q8_0_quantizer_matches_gguf_bytes() -> None:
+    import gguf
+    import numpy as np
+
+    from stagewise.weights.gguf_export import quantize_q8_0
+
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(64, 256, generator=gen) * torch.logspace(-4, 1, 64)[:, None]
+    values[3] = 0.0  # an all-zero block keeps a zero scale
+    values[5, :32] = 0.5  # exact halves round away from zero
+    ours = quantize_q8_0(values).numpy()
+    ref = gguf.quants.quantize(values.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(-1, 34)
+    assert np.array_equal(ours, ref)

@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
     p.add_argument("--baseline", choices=["transformers"], default=None)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run, context=None)
+    p.set_defaults(func=run, context=None, prefill_chunk=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,11 +33,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.context is None or args.context == 4096:
         args.context = max(args.prompt + args.gen + 8, 64)
+    if args.prefill_chunk is None or args.prefill_chunk == 256:
+        args.prefill_chunk = min(args.prompt, 2048)  # one chunk unless asked to split the prompt
     loaded = load_model_from_args(args, quiet=args.json)
     try:
         result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),
                                   "placement": loaded.placement_json, "summary": loaded.placement_summary}
-        result["stagewise"] = bench_loaded(loaded, args.prompt, args.gen, args.repeats)
+        result["stagewise"] = bench_loaded(loaded, args.prompt, args.gen, args.repeats, args.prefill_chunk)
     finally:
         loaded.close()
     if args.baseline == "transformers":

@@ -20,13 +20,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="gguf")
     parser.add_argument("--dtype", choices=DTYPES, default="f32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu",
+                        help="draw and quantize values on this torch device (e.g. cuda: fast for large geometries;"
+                             " values then differ from a CPU-made file of the same seed)")
     parser.add_argument("--split-max-bytes", type=int, default=0,
                         help="GGUF split parts / safetensors shards of at most this many bytes")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_model(args.config, args.out, fmt=args.fmt, dtype=args.dtype, seed=args.seed,
+    path = make_model(args.config, args.out, fmt=args.fmt, dtype=args.dtype, seed=args.seed, device=args.device,
                       split_max_bytes=args.split_max_bytes)
     print(f"wrote {path}")
     return 0

@@ -44,12 +44,13 @@ def _one(generator: Generator, prompt: tuple[int, ...], gen: int) -> tuple[float
     return t_first, time.perf_counter() - t0 - t_first, tokens
 
 
-def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repeats: int) -> dict[str, Any]:
+def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repeats: int,
+                 prefill_chunk: int) -> dict[str, Any]:
     """Median prefill / decode speed over ``repeats`` runs of one greedy request."""
     pipeline = loaded.pipeline
-    generator = Generator(pipeline, loaded.max_context, prefill_chunk=max(prompt_tokens, 1))
+    generator = Generator(pipeline, loaded.max_context, prefill_chunk=prefill_chunk)
     prompt = _prompt(loaded.config.vocab_size, prompt_tokens)
-    _one(generator, prompt[:8], 4)  # warm-up: kernels, allocator
+    _one(generator, prompt, gen_tokens)  # warm-up on the timed shapes: kernels, graphs, allocator
     ttfts, decodes, tokens = [], [], []
     for _ in range(max(repeats, 1)):
         ttft, decode_s, tokens = _one(generator, prompt, gen_tokens)
@@ -72,6 +73,7 @@ def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repea
     pipeline.timing = False
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
+        "prefill_chunk_tokens": prefill_chunk,
         "generated_tokens": len(tokens),
         "prefill_tokens_per_s": prompt_tokens / ttft,
         "ttft_s": ttft,
@@ -102,7 +104,7 @@ def bench_transformers(model: str, loaded: LoadedModel, prompt_tokens: int, gen_
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     with torch.inference_mode():
-        hf.generate(prompt[:, :8], max_new_tokens=4, do_sample=False)
+        hf.generate(prompt, max_new_tokens=gen_tokens, min_new_tokens=gen_tokens, do_sample=False)  # warm-up
         prefills, totals = [], []
         for _ in range(max(repeats, 1)):
             _sync_all()

@@ -32,6 +32,8 @@ def build_hf_model(model: str, loaded: LoadedModel) -> tuple[Any, torch.device]:
     if model.endswith(".gguf"):
         raise ConfigError("--baseline transformers needs a safetensors directory or random:PRESET, not a GGUF file")
     opened = open_model(model)
+    if "@" in model:
+        raise ConfigError("--baseline transformers runs dense weights; drop the @q8_0 suffix")
     raw = load_hf_config(model[len("random:"):] if model.startswith("random:") else model)
     cls = getattr(transformers, _CLASSES[loaded.config.architecture])
     config = transformers.AutoConfig.for_model(**raw)

@@ -27,6 +27,7 @@ from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan, verify
 from stagewise.runtime.builder import build_pipeline
+from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
@@ -67,9 +68,10 @@ def open_model(model: str) -> OpenedModel:
         from stagewise.weights.make_model import load_hf_config
         from stagewise.weights.random_source import RandomSource
 
-        raw = load_hf_config(model[len("random:") :])
+        preset, _, fmt = model[len("random:") :].partition("@")  # random:PRESET[@q8_0]
+        raw = load_hf_config(preset)
         config = ModelConfig.from_hf_dict(raw, source=model)
-        return OpenedModel(model, config, RandomSource(config), None)
+        return OpenedModel(model, config, RandomSource(config, fmt=fmt or "dense"), None)
     from stagewise.weights.open_source import open_source
 
     path = Path(model)
@@ -96,6 +98,10 @@ def model_spec(opened: OpenedModel, dtype: torch.dtype) -> ModelSpec:
         from stagewise.weights.gguf_spec import model_spec_from_gguf
 
         return model_spec_from_gguf(opened.gguf_path, run_dtype=_SPEC_DTYPE[dtype])
+    if getattr(opened.source, "fmt", "dense") == "q8_0":  # random Q8_0: exact packed bytes
+        from stagewise.weights.source_spec import spec_from_source
+
+        return spec_from_source(opened.config, opened.source, dtype.itemsize, "q8_0", opened.name)
     return ModelSpec.from_config(opened.config, _SPEC_DTYPE[dtype], name=opened.name)
 
 
@@ -119,8 +125,16 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
                context: int = DEFAULT_CONTEXT, dtype: str | None = None, progress: StageProgress | None = None,
                prefill_chunk: int = 256, reserve: str | None = None, objective: str = "latency",
                on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
-               cuda_graphs: bool = True) -> LoadedModel:
-    """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits."""
+               cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
+               join_timeout_s: float = 120.0, rejoin: bool = True) -> LoadedModel:
+    """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
+
+    ``workers``: None runs every stage in this process; ``local`` spawns one worker process per
+    stage; ``N@HOST:PORT`` waits for N ``stagewise worker --join`` processes (any host) and plans
+    on the devices they offer. Then ``pipeline`` is a :class:`DistributedPipeline` (same surface,
+    plus ``health()``); ``worker_timeout_s`` bounds a step, ``join_timeout_s`` joining and loading,
+    ``rejoin=False`` fails for good when a worker is lost (see docs/multihost.md).
+    """
     if model is None:
         model = str(ensure_demo_model())
         devices = devices or DEMO_DEVICES
@@ -130,7 +144,14 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         name = ""
     stages = parse_placement(placement)
     opened = open_model(model)
-    topology = resolve_device_spec(devices, ReservePolicy.parse(reserve))
+    pool, cluster, joins = None, None, None
+    if workers is not None:
+        from stagewise.runtime.distributed_start import cluster_topology, open_pool
+
+        pool = open_pool(workers, worker_timeout_s)
+        if not pool.mode.local:
+            cluster, joins = cluster_topology(pool, join_timeout_s)  # plan on the devices the workers offer
+    topology = cluster.topology if cluster else resolve_device_spec(devices, ReservePolicy.parse(reserve))
     run_dtype = DTYPES[dtype] if dtype else default_dtype(topology)
     if dtype and dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -143,8 +164,15 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         on_plan(cert)
     specs = stage_specs(cert, topology)
     links = [topology.link(a.device, b.device).kind for a, b in zip(specs, specs[1:])]
-    pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, 1, context, links, progress,
-                              timing=timing)
+    if pool is not None:
+        from stagewise.runtime.distributed_start import start_workers
+
+        path = model if model.startswith("random:") else str(Path(model).resolve())
+        pipeline: Pipeline = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
+                                           join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs)
+    else:
+        pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, 1, context, links, progress,
+                                  timing=timing)
     if cuda_graphs:
         for stage in pipeline.stages:
             stage.enable_graphs()  # decode steps replay as CUDA graphs on GPU stages

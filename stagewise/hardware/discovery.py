@@ -138,7 +138,8 @@ def _cuda_devices(policy: ReservePolicy) -> tuple[list[DeviceInfo], list[Link]]:
     for i, a in enumerate(devices):
         for b in devices[i + 1 :]:
             peer = bool(torch.cuda.can_device_access_peer(a.index, b.index))
-            nvlinks = _nvlink_count(nvml, handles.get(a.id), b.pci_bus_id)
+            nvlinks = _nvlink_count(nvml, handles.get(a.id), b.pci_bus_id) or _nvlink_p2p(
+                nvml, handles.get(a.id), handles.get(b.id))
             if nvlinks:
                 bw = nvlinks * defaults.NVLINK_BANDWIDTH_PER_LINK_BYTES_PER_S
                 links.append(Link(a.id, b.id, "nvlink", bw, defaults.NVLINK_LATENCY_S, peer, nvlinks))
@@ -149,6 +150,26 @@ def _cuda_devices(policy: ReservePolicy) -> tuple[list[DeviceInfo], list[Link]]:
                 bw, lat = defaults.HOST_STAGED_BANDWIDTH_BYTES_PER_S, defaults.HOST_STAGED_LATENCY_S
                 links.append(Link(a.id, b.id, "pcie-host-staged", bw, lat, False))
     return devices, links
+
+
+def _nvlink_p2p(nvml: Any, handle: Any, peer: Any) -> int:
+    """Active NVLinks of ``handle`` when NVML says the pair talks over NVLink (switched systems and
+    VMs report the switch or a host bus id as the remote end, so the bus-id match finds none)."""
+    if nvml is None or handle is None or peer is None:
+        return 0
+    try:
+        status = nvml.nvmlDeviceGetP2PStatus(handle, peer, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    except Exception:
+        return 0
+    if status != getattr(nvml, "NVML_P2P_STATUS_OK", 0):
+        return 0
+    active = 0
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            active += 1 if nvml.nvmlDeviceGetNvLinkState(handle, link) else 0
+        except Exception:
+            continue
+    return max(active, 1)
 
 
 def _nvlink_count(nvml: Any, handle: Any, peer_bus: str) -> int:

@@ -19,6 +19,7 @@ from stagewise.hardware.topology import Topology
 
 ACTIVATION_BYTES = 8 << 10  # one decode token's hidden state (4096 x bf16)
 LARGE_BYTES = 64 << 20
+DEVICE_COPY_BYTES = 2 << 30  # GPU copy: 2 GiB read + 2 GiB written, past any L2
 _REPEATS = 5
 
 
@@ -64,10 +65,11 @@ def _apply(topology: Topology, figures: dict[str, Any]) -> Topology:
     for d in topology.devices:
         m = figures.get("devices", {}).get(d.id)
         if m:
+            # NOTE: two significant digits: run-to-run noise must not decide a placement
             d = replace(
                 d,
-                memory_bandwidth_bytes_per_s=m["memory_bandwidth_bytes_per_s"],
-                matmul_flops_per_s=m["matmul_flops_per_s"],
+                memory_bandwidth_bytes_per_s=_round2(m["memory_bandwidth_bytes_per_s"]),
+                matmul_flops_per_s=_round2(m["matmul_flops_per_s"]),
                 measured=True,
             )
         devices.append(d)
@@ -79,6 +81,10 @@ def _apply(topology: Topology, figures: dict[str, Any]) -> Topology:
             lk = replace(lk, measured=True)
         links.append(lk)
     return Topology(tuple(devices), tuple(links), topology.name)
+
+
+def _round2(value: float) -> float:
+    return float(f"{value:.2g}")
 
 
 def _sync(device: str) -> None:
@@ -108,15 +114,19 @@ def _measure(topology: Topology) -> dict[str, Any]:
         if not d.executable:
             continue
         dev = d.torch_device
-        n = LARGE_BYTES // 2
-        src = torch.empty(n, dtype=torch.bfloat16, device=dev)
+        gpu = dev.startswith("cuda")
+        copy_bytes = DEVICE_COPY_BYTES if gpu else LARGE_BYTES  # far larger than any cache
+        src = torch.ones(copy_bytes // 2, dtype=torch.bfloat16, device=dev)
         dst = torch.empty_like(src)
         copy_s = _median_s(lambda s=src, t=dst: t.copy_(s), dev)
-        size = 2048 if dev.startswith("cuda") else 512
-        a = torch.randn(size, size, dtype=torch.bfloat16 if dev != "cpu" else torch.float32, device=dev)
-        mm_s = _median_s(lambda a=a: a @ a, dev)
+        del src, dst
+        size = 8192 if gpu else 512
+        a = torch.randn(size, size, dtype=torch.bfloat16 if gpu else torch.float32, device=dev)
+        b = torch.randn(size, size, dtype=a.dtype, device=dev)
+        mm_s = _median_s(lambda a=a, b=b: a @ b, dev)
+        del a, b
         out["devices"][d.id] = {
-            "memory_bandwidth_bytes_per_s": 2 * LARGE_BYTES / copy_s,  # read + write
+            "memory_bandwidth_bytes_per_s": 2 * copy_bytes / copy_s,  # read + write
             "matmul_flops_per_s": 2 * size**3 / mm_s,
         }
     for lk in topology.links:

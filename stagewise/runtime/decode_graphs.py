@@ -55,13 +55,14 @@ class DecodeGraphs:
         """Replay (capturing on first use) the decode step for ``inputs`` at ``positions`` (B, 1)."""
         bucket = kv_bucket(start + 1, self.max_context)
         key = (int(positions.shape[0]), bucket, self._parity())
-        entry = self.graphs.get(key)
-        if entry is None:
-            entry = self._capture(inputs, positions, bucket)
-            self.graphs[key] = entry
-        entry.inputs.copy_(inputs)
-        entry.positions.copy_(positions)
-        entry.graph.replay()
+        with torch.cuda.device(self.device):  # capture and replay on this stage's own device
+            entry = self.graphs.get(key)
+            if entry is None:
+                entry = self._capture(inputs, positions, bucket)
+                self.graphs[key] = entry
+            entry.inputs.copy_(inputs)
+            entry.positions.copy_(positions)
+            entry.graph.replay()
         for state in self.states.values():
             mark = getattr(state, "mark_written", None)
             if mark is not None:

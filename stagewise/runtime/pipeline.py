@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -113,6 +114,16 @@ class Pipeline:
         """Start a new sequence in ``slot`` on every stage."""
         for stage in self.stages:
             stage.reset(slot)
+
+    @property
+    def degraded(self) -> bool:
+        """True while the pipeline refuses requests (an in-process pipeline never does)."""
+        return False
+
+    def health(self) -> dict[str, Any]:
+        """For /health and /metrics: ``status`` (ok | degraded | failed | closed), ``degraded``,
+        ``message`` and per-worker entries (none in process); see :class:`DistributedPipeline`."""
+        return {"status": "ok", "degraded": False, "message": "", "workers": []}
 
     def close(self) -> None:
         for stage in self.stages:

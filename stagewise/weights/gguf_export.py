@@ -214,9 +214,9 @@ def _gguf_chunks(config: ModelConfig, t: _Planned, chunks: Chunks) -> Iterator[t
             index = expand_groups(*cols)
             inv = torch.empty_like(index)
             inv[index] = torch.arange(index.numel())
-            piece = piece.index_select(1, inv)
+            piece = piece.index_select(1, inv.to(piece.device))
         if rows is not None:
-            piece = piece.index_select(0, inverse)
+            piece = piece.index_select(0, inverse.to(piece.device))
         if len(rule.gguf) > 1:
             # chunks run along dim 0, so a dim-0 concatenation must have come whole (row permutation)
             assert rule.concat_dim > 0 or piece.shape[0] == t.our_shape[0]
@@ -225,8 +225,25 @@ def _gguf_chunks(config: ModelConfig, t: _Planned, chunks: Chunks) -> Iterator[t
         yield piece
 
 
+def quantize_q8_0(values: torch.Tensor) -> torch.Tensor:
+    """GGUF Q8_0 blocks ``(n, 34)`` uint8 on the CPU, computed where ``values`` live.
+
+    The same arithmetic as ``gguf.quants`` (float32 scale = max|x| / 127, round half away from
+    zero, f16 scale first), so the bytes match it exactly.
+    """
+    blocks = values.to(torch.float32).reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    scaled = blocks * inv
+    qs = (torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)).to(torch.int8)
+    out = torch.cat([d.to(torch.float16).view(torch.uint8), qs.view(torch.uint8)], dim=1)  # (n, 2 + 32)
+    return out.cpu()
+
+
 def _encode(piece: torch.Tensor, ggml_type: GGMLQuantizationType) -> np.ndarray:
     piece = piece.contiguous()
+    if ggml_type != GGMLQuantizationType.Q8_0:
+        piece = piece.cpu()
     if ggml_type == GGMLQuantizationType.F32:
         return piece.to(torch.float32).numpy()
     if ggml_type == GGMLQuantizationType.F16:
@@ -234,5 +251,5 @@ def _encode(piece: torch.Tensor, ggml_type: GGMLQuantizationType) -> np.ndarray:
     if ggml_type == GGMLQuantizationType.BF16:
         return piece.to(torch.bfloat16).view(torch.int16).numpy()
     if ggml_type == GGMLQuantizationType.Q8_0:
-        return gguf.quants.quantize(piece.to(torch.float32).numpy(), GGMLQuantizationType.Q8_0)
+        return quantize_q8_0(piece).numpy()
     raise ConfigError(f"cannot write GGUF type {ggml_type.name}")

@@ -82,7 +82,7 @@ def model_params(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = "gguf", dtype: str = "f32",
-               seed: int = 0, split_max_bytes: int = 0) -> Path:
+               seed: int = 0, split_max_bytes: int = 0, device: str = "cpu") -> Path:
     """Write a random model; returns the ``.gguf`` file (first part when split) or the directory.
 
     Args:
@@ -91,6 +91,8 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
         fmt: ``gguf`` or ``safetensors``.
         dtype: ``f32``, ``f16``, ``bf16``, or ``q8_0`` (GGUF only).
         seed: weights seed; equal seeds give byte-identical files.
+        device: where random values are drawn and quantized (``cuda`` for large geometries; the values
+            then differ from a CPU-made file of the same seed).
         split_max_bytes: GGUF split parts / safetensors shards of at most this many bytes (0: GGUF unsplit,
             safetensors 2 GB shards).
     Raises:
@@ -109,7 +111,8 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
     params = model_params(model_config)
 
     def chunks(name: str, shape: tuple[int, ...]) -> Iterator[torch.Tensor]:
-        return tensor_chunks(model_config, name, shape, seed)
+        pieces = tensor_chunks(model_config, name, shape, seed, device)
+        return pieces if fmt == "gguf" else (piece.cpu() for piece in pieces)
 
     from stagewise.engine.chat_template import DEFAULT_CHATML
     from stagewise.weights.tokenizer_train import export_for_gguf, save_for_hf

@@ -22,13 +22,24 @@ def _tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-class RandomSource:
-    """Every parameter of ``config``'s full model, drawn on demand."""
+_DENSE_ONLY = ("embed_tokens", "mlp.gate.weight", "shared_expert_gate", "conv1d", "norm")
 
-    def __init__(self, config: ModelConfig, seed: int = 0, std: float = 0.02) -> None:
+
+class RandomSource:
+    """Every parameter of ``config``'s full model, drawn on demand.
+
+    With ``fmt="q8_0"`` the projection matrices (experts and LM head included) are drawn directly
+    in their packed Q8_0 form on the device (random int8 values, scales giving ~``std``), as a
+    llama.cpp Q8_0 file keeps them; embeddings, norms, the router and other small tensors stay dense.
+    """
+
+    def __init__(self, config: ModelConfig, seed: int = 0, std: float = 0.02, fmt: str = "dense") -> None:
+        if fmt not in ("dense", "q8_0"):
+            raise WeightsError(f"random weights: format {fmt!r} must be dense or q8_0")
         self.config = config
         self.seed = seed
         self.std = std
+        self.fmt = fmt
         full = build_stage(config, 0, config.num_layers, entry=True, exit=True, device="meta")
         self._shapes = {n: tuple(p.shape) for n, p in full.named_parameters()}
         if config.tie_word_embeddings:
@@ -45,7 +56,16 @@ class RandomSource:
         return self._shapes[name]
 
     def is_quantized(self, name: str) -> bool:
-        return False
+        shape = self._shapes[name]
+        return (self.fmt == "q8_0" and len(shape) >= 2 and shape[-1] % 32 == 0
+                and not any(part in name for part in _DENSE_ONLY))
+
+    def source_bytes(self, name: str) -> int:
+        """Packed bytes of a Q8_0 tensor: 34 bytes per 32 values (int8 + f16 scale)."""
+        numel = 1
+        for d in self._shapes[name]:
+            numel *= d
+        return numel // 32 * 34
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         shape = self._shapes[name]
@@ -63,7 +83,16 @@ class RandomSource:
         return values.to(dtype)
 
     def load_quantized(self, name: str, device: torch.device) -> QuantizedWeight:
-        raise WeightsError(f"{self.label}: tensor {name!r} is not quantized")
+        if not self.is_quantized(name):
+            raise WeightsError(f"{self.label}: tensor {name!r} is not quantized")
+        from stagewise.weights.quant.q8_0 import Q8_0Weight
+
+        shape = self._shapes[name]
+        gen = torch.Generator(device=device).manual_seed(_tensor_seed(self.seed, name))
+        qs = torch.randint(-127, 128, shape, generator=gen, device=device, dtype=torch.int8)
+        scale = self.std / 73.0  # uniform int8 in [-127, 127] has a standard deviation of ~73
+        scales = torch.full((*shape[:-1], shape[-1] // 32), scale, dtype=torch.float16, device=device)
+        return Q8_0Weight(qs, scales)  # type: ignore[return-value]
 
     def ignored(self) -> set[str]:
         return set()

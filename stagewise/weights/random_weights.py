@@ -30,9 +30,14 @@ def chunk_rows(shape: tuple[int, ...]) -> int:
     return max(1, CHUNK_ELEMENTS // max(row, 1))
 
 
-def tensor_chunks(config: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> Iterator[torch.Tensor]:
-    """float32 chunks of parameter ``name`` along dim 0, concatenating to ``shape``."""
-    gen = torch.Generator().manual_seed(tensor_seed(seed, name))
+def tensor_chunks(config: ModelConfig, name: str, shape: tuple[int, ...], seed: int,
+                  device: str = "cpu") -> Iterator[torch.Tensor]:
+    """float32 chunks of parameter ``name`` along dim 0, concatenating to ``shape``.
+
+    ``device`` draws the values there (a CUDA generator gives other values than the CPU one for
+    the same seed: files made on a GPU are deterministic, but not byte-equal to CPU-made ones).
+    """
+    gen = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
     rows = chunk_rows(shape)
     for lo in range(0, shape[0], rows):
         n = min(rows, shape[0] - lo)
@@ -44,10 +49,10 @@ def full_tensor(config: ModelConfig, name: str, shape: tuple[int, ...], seed: in
 
 
 def _values(config: ModelConfig, name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    noise = torch.randn(shape, generator=gen)
+    noise = torch.randn(shape, generator=gen, device=gen.device)
     leaf = name.rsplit(".", 2)
     if name.endswith("A_log"):
-        a = torch.rand(shape, generator=gen) * 15 + 1  # A in [1, 16), as the reference initializes it
+        a = torch.rand(shape, generator=gen, device=gen.device) * 15 + 1  # A in [1, 16), as the reference initializes it
         return _exp_log_fixed_point(torch.log(a))
     if name.endswith("dt_bias"):
         return 1.0 + 0.1 * noise

@@ -1,0 +1,66 @@
+"""Starting a distributed pipeline: open the worker pool, learn the cluster, start the workers.
+
+:func:`load_model` (engine) calls these around its one planning step:
+
+- ``local``: plan on the given devices as usual, then :func:`start_workers` spawns one local
+  worker process per stage;
+- ``N@HOST:PORT``: :func:`cluster_topology` waits for N workers to join and merges their
+  devices into one multi-host topology; the plan is made on it; :func:`start_workers` then
+  assigns each stage to the worker that owns its device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, stage_owners
+from stagewise.runtime.remote_pipeline import DistributedPipeline
+from stagewise.runtime.stage import StageSpec
+from stagewise.runtime.worker_messages import Assignment, JoinReport, assign_key
+from stagewise.runtime.worker_pool import WorkerMode, WorkerPool
+from stagewise.spec.model_config import ModelConfig
+
+
+def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0) -> WorkerPool:
+    """Host the rendezvous store for ``workers`` (``local`` or ``N@HOST:PORT``)."""
+    return WorkerPool(WorkerMode.parse(workers), timeout_s, heartbeat_timeout_s)
+
+
+def cluster_topology(pool: WorkerPool, join_timeout_s: float) -> tuple[ClusterTopology, dict[int, JoinReport]]:
+    """Wait for the pool's N remote workers and merge the devices they offer."""
+    joins = pool.wait_joins(list(range(1, pool.count + 1)), join_timeout_s)
+    try:
+        return merge_reports(joins), joins
+    except BaseException as exc:
+        refuse(pool, joins, str(exc))
+        raise
+
+
+def refuse(pool: WorkerPool, joins: dict[int, JoinReport], message: str) -> None:
+    """Tell joined workers they will not be used (they exit with ``message``)."""
+    for rank, report in joins.items():
+        no = Assignment("", "float32", 1, 1, (), 0, rank - 1, pool.count, "gloo", -1, -1, 1, pool.count, 1.0,
+                        refused=message or "the coordinator gave up")
+        pool.store.set(assign_key(rank, report.incarnation), no.to_json())
+    pool.close(grace_s=1.0)
+
+
+def start_workers(pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], dtype: torch.dtype,
+                  context: int, cluster: ClusterTopology | None = None, joins: dict[int, JoinReport] | None = None,
+                  join_timeout_s: float = 60.0, load_timeout_s: float = 600.0, rejoin: bool = True,
+                  cuda_graphs: bool = True, batch: int = 1) -> DistributedPipeline:
+    """Start (local: spawn) the workers, assign the stages and return the running pipeline.
+
+    Raises :class:`WorkerNotJoined` when a worker does not join or load in time (every worker
+    is stopped first)."""
+    if cluster is None:  # local: one worker per stage
+        pool.count = len(specs)
+        owners = [spec.index + 1 for spec in specs]
+        for rank in owners:
+            pool.spawn(rank)
+    else:
+        owners = stage_owners([s.device for s in specs], cluster.owners)
+    pipeline = DistributedPipeline(pool, config, model, specs, owners, dtype, batch, context, pool.timeout_s,
+                                   load_timeout_s, respawn=cluster is None, rejoin=rejoin, cuda_graphs=cuda_graphs)
+    pipeline.start(joins, join_timeout_s)
+    return pipeline

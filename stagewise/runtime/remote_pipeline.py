@@ -1,0 +1,431 @@
+"""DistributedPipeline: a :class:`Pipeline` whose stages run in worker processes (on any host).
+
+The coordinator (this object, rank 0) hosts the TCPStore. Each step is a two-phase transaction:
+
+1. ``run``: every worker runs its stages, the activation moving worker to worker over the data
+   process group (:class:`DistributedChannel`), and acknowledges; the exit's worker also leaves
+   the logits and features in the store. State stays provisional everywhere.
+2. all acknowledged success -> ``publish``; anything else (a failure, a lost worker, no answer
+   within ``timeout_s``) -> ``rollback`` to every live worker, and a typed error.
+
+A lost worker (process exit, silent heartbeat, no answer in time) fails the request with
+:class:`WorkerLost` (HTTP 503) and leaves the pipeline *degraded*: requests are refused until a
+worker of the same rank rejoins (local workers are respawned automatically), reloads its stage and
+every worker rebuilds the data group; then it serves again. ``health()`` reports all of it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stagewise import errors
+from stagewise.errors import StagewiseError, StepCancelled, StepFailed, WorkerLost, WorkerNotJoined
+from stagewise.models.stage_model import StageOutput
+from stagewise.runtime.distributed_group import choose_backend
+from stagewise.runtime.handoff import Handoff
+from stagewise.runtime.pipeline import CancelCheck, Pipeline, StepTimings
+from stagewise.runtime.remote_stage import RemoteStage
+from stagewise.runtime.stage import Stage, StageSpec
+from stagewise.runtime.worker_messages import (
+    Ack,
+    Assignment,
+    Command,
+    JoinReport,
+    ack_key,
+    assign_key,
+    cmd_key,
+    count_key,
+    done_key,
+    dtype_name,
+    out_key,
+    tensor_from_bytes,
+)
+from stagewise.runtime.worker_pool import WorkerPool
+from stagewise.spec.model_config import ModelConfig
+
+FAIL_GRACE_S = 2.0  # after one worker fails, how long the others get to report
+WATCH_S = 0.2
+CLEANUP_EVERY = 32
+
+
+class RemoteBoundary:
+    """Placeholder for a boundary between two workers: the handoff happens inside the workers."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def send(self, handoff: Handoff) -> Handoff:
+        raise RuntimeError("a distributed boundary is crossed inside the workers")
+
+
+class DistributedPipeline(Pipeline):
+    """Stages ``specs`` run by workers ``owners[k]`` (ranks >= 1) of ``pool``; see the module doc.
+
+    ``timeout_s`` bounds one step (and every data-group operation); ``load_timeout_s`` bounds
+    joining and loading. ``respawn``: restart lost local workers. ``rejoin=False``: a lost worker
+    fails the pipeline for good (callers should exit with the message) instead of waiting.
+    """
+
+    def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
+                 dtype: torch.dtype, batch: int, context: int, timeout_s: float = 30.0,
+                 load_timeout_s: float = 600.0, respawn: bool = True, rejoin: bool = True,
+                 cuda_graphs: bool = True) -> None:
+        stages: list[Stage] = [RemoteStage(s, config, dtype, r) for s, r in zip(specs, owners, strict=True)]
+        self.backend = choose_backend([s.torch_device for s in specs])
+        super().__init__(stages, [RemoteBoundary(f"distributed-{self.backend}") for _ in specs[1:]])
+        self.pool = pool
+        self.model = model
+        self.specs = specs
+        self.owners = owners
+        self.dtype = dtype
+        self.batch = batch
+        self.context = context
+        self.timeout_s = timeout_s
+        self.load_timeout_s = load_timeout_s
+        self.respawn = respawn
+        self.rejoin = rejoin
+        self.cuda_graphs = cuda_graphs
+        self.max_respawns = 5
+        self.respawns = 0
+        self.gen = -1
+        self._seq = 0
+        self._cleaned = 1
+        self._lock = threading.RLock()
+        self._inflight: int | None = None
+        self._lost: dict[int, str] = {}
+        self._failed = ""
+        self._needs_regroup = False
+        self._closed = False
+        self._message = ""
+        self._watcher: threading.Thread | None = None
+        self._recovering = False
+        self.last_step_s = 0.0  # wall time of the last step, seconds, coordinator's view
+
+    # ----- start ---------------------------------------------------------------------------------
+
+    def start(self, joins: dict[int, JoinReport] | None = None, join_timeout_s: float = 60.0) -> None:
+        """Wait for every worker to join (unless ``joins`` already holds them), send each its
+        assignment and wait until all loaded their stages and formed the data group.
+
+        Raises :class:`WorkerNotJoined` (after stopping every worker) when that fails in time."""
+        ranks = list(range(1, self.pool.count + 1))
+        try:
+            found = joins if joins is not None else self.pool.wait_joins(ranks, join_timeout_s)
+            for report in found.values():
+                self.pool.admit(report)
+            self._watcher = threading.Thread(target=self._watch, name="stagewise-coordinator", daemon=True)
+            self._watcher.start()
+            problems = self._regroup(found)
+            if problems:
+                raise WorkerNotJoined(f"workers could not start: {_describe(problems)}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _assignment(self, rank: int, first_seq: int) -> Assignment:
+        mine = tuple(s for s, r in zip(self.specs, self.owners, strict=True) if r == rank)
+        prev = next_ = -1
+        if mine:
+            first, last = mine[0].index, mine[-1].index
+            prev = self.owners[first - 1] - 1 if first > 0 else -1
+            next_ = self.owners[last + 1] - 1 if last + 1 < len(self.specs) else -1
+        return Assignment(self.model, dtype_name(self.dtype), self.batch, self.context, mine, self.gen, rank - 1,
+                          self.pool.count, self.backend, prev, next_, first_seq, self.pool.count, self.timeout_s,
+                          self.cuda_graphs)
+
+    def _regroup(self, fresh: dict[int, JoinReport]) -> dict[int, str]:
+        """New generation: survivors rebuild the data group, ``fresh`` workers load and join it.
+
+        Returns the workers that failed to (rank -> why); empty when the group is whole again."""
+        self.gen += 1
+        seq = self._next_seq()
+        survivors = [r for r in self.pool.members if r not in fresh]
+        if survivors:
+            self._send(Command(seq, "regroup", self.pool.incarnations(), gen=self.gen,
+                               expected_acks=self.pool.count))
+        for rank, report in fresh.items():
+            self.pool.store.set(assign_key(rank, report.incarnation), self._assignment(rank, seq + 1).to_json())
+        _, acks = self._collect(seq, self.load_timeout_s)
+        problems = {r: f"{a.error_type}: {a.error}" for r, a in acks.items() if not a.ok}
+        dead = self.pool.dead(self.pool.store)
+        for rank in self.pool.members:
+            if rank not in acks:
+                problems[rank] = dead.get(rank, f"not ready within {self.load_timeout_s:g} s")
+        if problems:
+            return problems
+        for stage in self.stages:
+            assert isinstance(stage, RemoteStage)
+            mine = [s.index for s in self.specs if self.owners[s.index] == stage.rank]
+            sizes = acks[stage.rank].measured_bytes
+            if stage.rank in fresh and len(sizes) == len(mine):
+                stage.reported_bytes = sizes[mine.index(stage.spec.index)]
+        self._needs_regroup = False
+        self._lost.clear()
+        self._message = ""
+        return {}
+
+    # ----- the command bus -----------------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        seq = self._seq
+        self._seq += 1
+        return seq
+
+    def _members(self) -> dict[int, str]:
+        return {r: inc for r, inc in self.pool.incarnations().items() if r not in self._lost}
+
+    def _send(self, cmd: Command) -> None:
+        self.pool.store.set(cmd_key(cmd.seq), cmd.to_json())
+
+    def _command(self, op: str, **fields: Any) -> int:
+        seq = self._next_seq()
+        self._send(Command(seq, op, self._members(), **fields))
+        return seq
+
+    def _collect(self, seq: int, timeout_s: float) -> tuple[str, dict[int, Ack]]:
+        """Wait for ``done/{seq}``; return the outcome (``all``, ``fail``, ``lost``, ``timeout``)
+        and the acknowledgements that arrived."""
+        store = self.pool.store
+        self._inflight = seq
+        try:
+            store.wait([done_key(seq)], timedelta(seconds=timeout_s))
+            outcome = store.get(done_key(seq)).decode()
+        except dist.DistStoreError:
+            outcome = "timeout"
+        finally:
+            self._inflight = None
+        keys = {r: ack_key(seq, r) for r in self.pool.members}
+        if outcome == "fail" and not self.pool.dead(store):
+            try:  # the others abort quickly unless stuck on a lost peer
+                store.wait(list(keys.values()), timedelta(seconds=FAIL_GRACE_S))
+            except dist.DistStoreError:
+                pass
+        acks = {r: Ack.from_json(store.get(k)) for r, k in keys.items() if store.check([k])}
+        return outcome, acks
+
+    def _cleanup(self, upto: int) -> None:
+        """Delete the keys of every command before ``upto`` (all workers have read them)."""
+        store = self.pool.store
+        for seq in range(self._cleaned, upto):
+            for key in (cmd_key(seq), count_key(seq), done_key(seq), out_key(seq, "hidden"), out_key(seq, "logits"),
+                        *(ack_key(seq, r) for r in self.pool.members)):
+                store.delete_key(key)
+        self._cleaned = max(self._cleaned, upto)
+
+    # ----- steps ---------------------------------------------------------------------------------
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self._lost or self._failed or self._closed)
+
+    def _refuse(self) -> None:
+        if self._closed:
+            raise WorkerLost("the distributed pipeline is closed")
+        if self._failed:
+            raise WorkerLost(self._failed)
+        if self._lost:
+            raise WorkerLost(self._message or f"workers {sorted(self._lost)} are lost; waiting for them to rejoin")
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
+             all_logits: bool = False, cancel: CancelCheck | None = None) -> StageOutput:
+        """As :meth:`Pipeline.step`; also raises :class:`WorkerLost` when a worker is lost."""
+        self._refuse()
+        with self._lock:
+            self._refuse()
+            if self._needs_regroup and (problems := self._regroup({})):
+                self._lose(problems)
+                raise WorkerLost(f"the data group could not be rebuilt: {self._message}")
+            self.step_id += 1
+            step_id = self.step_id
+            try:
+                if self.fault_hook is not None:
+                    for k in range(len(self.stages)):
+                        self.fault_hook(k, step_id)
+                if cancel is not None and cancel():
+                    raise StepCancelled(f"step {step_id} cancelled before it started")
+            except StagewiseError:
+                raise
+            except Exception as exc:
+                raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
+            t0 = time.perf_counter()
+            seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
+                                positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
+                                expected_acks=self.pool.count)
+            outcome, acks = self._collect(seq, self.timeout_s)
+            ok = outcome == "all" and len(acks) == len(self.pool.members) and all(a.ok for a in acks.values())
+            if ok and cancel is not None and cancel():
+                self._command("rollback")
+                raise StepCancelled(f"step {step_id} cancelled before it was published")
+            if not ok:
+                self._command("rollback")
+                self._fail(step_id, outcome, acks)
+            out = self._outputs(seq)
+            self._command("publish")
+            self.last_timings = self._timings(acks)
+            self.last_step_s = time.perf_counter() - t0
+            if seq - self._cleaned >= CLEANUP_EVERY:
+                self._cleanup(seq)
+            return out
+
+    def _outputs(self, seq: int) -> StageOutput:
+        store = self.pool.store
+        hidden = tensor_from_bytes(store.get(out_key(seq, "hidden")))
+        logits = tensor_from_bytes(store.get(out_key(seq, "logits"))) if store.check([out_key(seq, "logits")]) else None
+        return StageOutput(hidden, logits)
+
+    def _timings(self, acks: dict[int, Ack]) -> StepTimings:
+        timings = StepTimings()
+        for rank in sorted(set(self.owners)):
+            timings.stage_s.extend(acks[rank].stage_s)
+            if rank != self.owners[0]:
+                timings.handoff_s.append(acks[rank].handoff_s)
+        return timings
+
+    def _fail(self, step_id: int, outcome: str, acks: dict[int, Ack]) -> None:
+        """Classify a failed step and raise its typed error (the rollback is already sent)."""
+        dead = self.pool.dead(self.pool.store)
+        missing = [r for r in self.pool.members if r not in acks]
+        if outcome == "timeout":
+            for rank in missing:
+                dead.setdefault(rank, f"no answer within {self.timeout_s:g} s (hung)")
+        if dead:
+            self._lose(dead)
+            raise WorkerLost(f"step {step_id} rolled back: {self._message}")
+        failures = [a for a in acks.values() if not a.ok]
+        root = next((a for a in failures if not a.aborted), failures[0] if failures else None)
+        if missing or any(not _is_typed(a.error_type) for a in failures):
+            self._needs_regroup = True  # a communication error may have left the group unusable
+        if root is None:
+            raise StepFailed(f"step {step_id} failed ({outcome}) and was rolled back")
+        cls = getattr(errors, root.error_type, None)
+        where = f"worker {root.rank} (stages {[s.index for s in self.specs if self.owners[s.index] == root.rank]})"
+        if _is_typed(root.error_type) and isinstance(cls, type):
+            raise cls(f"{where}: {root.error}")
+        raise StepFailed(f"step {step_id} failed on {where} and was rolled back: {root.error_type}: {root.error}")
+
+    def _lose(self, dead: dict[int, str]) -> None:
+        """Mark ``dead`` lost: kill hung local processes, respawn them (or fail for good)."""
+        self._lost.update(dead)
+        parts = []
+        for rank, why in sorted(dead.items()):
+            member = self.pool.members.get(rank)
+            stages = [s.index for s in self.specs if self.owners[s.index] == rank]
+            where = f"pid {member.pid} on {member.host}" if member else "never joined"
+            parts.append(f"worker {rank} ({where}, stages {stages}) is lost: {why}")
+            self.pool.kill(rank)
+        self._message = "; ".join(parts)
+        if not self.rejoin:
+            self._failed = f"{self._message}; not waiting for it to rejoin (restart stagewise)"
+            return
+        self._message += "; requests are refused until it rejoins"
+        for rank in dead:
+            if rank in self.pool.procs and self.respawn and self.respawns < self.max_respawns:
+                self.respawns += 1
+                self.pool.spawn(rank)
+
+    def reset(self, slot: int) -> None:
+        """Start a new sequence in ``slot`` on every worker (refused while degraded)."""
+        self._refuse()
+        with self._lock:
+            self._refuse()
+            self._command("reset", slot=slot)
+
+    def rollback(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._command("rollback")
+
+    # ----- health and recovery -------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``status`` (ok | degraded | failed | closed), ``degraded``, ``message``, the data-group
+        ``generation`` and one entry per worker (rank, pid, host, stages, alive)."""
+        status = "closed" if self._closed else "failed" if self._failed else "degraded" if self._lost else "ok"
+        workers = []
+        for rank, m in sorted(self.pool.members.items()):
+            workers.append({"rank": rank, "pid": m.pid, "host": m.host, "alive": rank not in self._lost,
+                            "local": rank in self.pool.procs,
+                            "stages": [s.index for s in self.specs if self.owners[s.index] == rank]})
+        return {"status": status, "degraded": self.degraded, "message": self._failed or self._message,
+                "generation": self.gen, "backend": self.backend, "workers": workers}
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block until the pipeline is not degraded (True) or ``timeout_s`` passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.degraded and time.monotonic() < deadline and not self._failed and not self._closed:
+            time.sleep(0.05)
+        return not self.degraded
+
+    def _watch(self) -> None:
+        """Background: flag lost workers during a step; while idle, notice deaths and rejoins."""
+        watch = self.pool.client()
+        while not self._closed:
+            time.sleep(WATCH_S)
+            try:
+                seq = self._inflight
+                if seq is not None:
+                    if self.pool.dead(watch):
+                        watch.set(done_key(seq), "lost")
+                elif self._lost and not self._failed and not self._recovering:
+                    if all(self.pool.fresh_join(r, watch) is not None for r in list(self._lost)):
+                        self._recovering = True
+                        threading.Thread(target=self._recover, name="stagewise-rejoin", daemon=True).start()
+                elif not self._lost and not self._failed and self.pool.dead(watch):
+                    if self._lock.acquire(blocking=False):  # idle: nobody is stepping
+                        try:
+                            if (dead := self.pool.dead(self.pool.store)) and not self._closed:
+                                self._command("rollback")
+                                self._lose(dead)
+                        finally:
+                            self._lock.release()
+            except Exception as exc:  # never let the watcher die silently
+                if not self._closed:
+                    self._message = f"coordinator watcher: {type(exc).__name__}: {exc}"
+
+    def _recover(self) -> None:
+        """Admit the rejoined workers and rebuild the group (runs on its own thread)."""
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                fresh = {r: self.pool.fresh_join(r, self.pool.store) for r in self._lost}
+                joined = {r: rep for r, rep in fresh.items() if rep is not None}
+                if len(joined) != len(fresh):
+                    return
+                for report in joined.values():
+                    self.pool.admit(report)
+                problems = self._regroup(joined)
+                if problems:
+                    self._lose(problems)
+        except Exception as exc:
+            self._message = f"rejoin failed: {type(exc).__name__}: {exc}; still waiting"
+        finally:
+            self._recovering = False
+
+    def close(self) -> None:
+        """Tell every worker to exit, then reap (and if need be kill) the local ones."""
+        if self._closed:
+            return
+        with self._lock:
+            self._closed = True
+            try:
+                seq = self._next_seq()
+                self._send(Command(seq, "exit", self.pool.incarnations()))
+            except Exception:
+                pass
+            self.pool.close()
+
+
+def _describe(problems: dict[int, str]) -> str:
+    return "; ".join(f"worker {rank}: {why}" for rank, why in sorted(problems.items()))
+
+
+def _is_typed(error_type: str) -> bool:
+    cls = getattr(errors, error_type, None)
+    return isinstance(cls, type) and issubclass(cls, StagewiseError)

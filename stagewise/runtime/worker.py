@@ -1,0 +1,203 @@
+"""The worker process: join a coordinator, load the assigned stages, execute its commands.
+
+``stagewise worker --join HOST:PORT --rank K`` runs :func:`run_worker`. The worker
+
+1. connects to the coordinator's TCPStore and publishes a :class:`JoinReport` (its devices);
+2. waits for its :class:`Assignment`, loads only its stages straight to their devices, joins the
+   data process group and acknowledges (``ack/{first_seq - 1}/{rank}``);
+3. reads every :class:`Command` in sequence: ``run`` leaves state provisional and acknowledges;
+   ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision); ``regroup``
+   rebuilds the data group after another worker was replaced; ``exit`` leaves.
+
+It exits when the coordinator's store disappears (a heartbeat thread notices within seconds),
+when told to, or when a command shows it was replaced (declared lost, e.g. after hanging).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stagewise.errors import StagewiseError, WorkerNotJoined
+from stagewise.runtime.distributed_group import join_group, leave_group
+from stagewise.runtime.worker_messages import (
+    Ack,
+    Assignment,
+    Command,
+    JoinReport,
+    ack_key,
+    assign_key,
+    cmd_key,
+    count_key,
+    done_key,
+    heartbeat_key,
+    join_key,
+    out_key,
+    tensor_to_bytes,
+)
+from stagewise.runtime.worker_segment import Opener, WorkerSegment
+
+HEARTBEAT_S = 1.0
+IDLE_WAIT = timedelta(days=7)  # a blocking wait on the next command; ends early if the store dies
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); raises :class:`WorkerNotJoined` on anything else."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise WorkerNotJoined(f"--join must look like HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+def connect(address: str, timeout_s: float) -> dist.TCPStore:
+    """A client of the coordinator's store; :class:`WorkerNotJoined` if it is not reachable."""
+    host, port = parse_address(address)
+    try:
+        return dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
+    except Exception as exc:
+        raise WorkerNotJoined(f"cannot reach the coordinator at {address} within {timeout_s:g} s ({exc})") from None
+
+
+def _log(rank: int, message: str) -> None:
+    print(f"stagewise worker {rank}: {message}", file=sys.stderr, flush=True)
+
+
+def _heartbeat(address: str, key: str, timeout_s: float) -> None:
+    """Bump ``key`` every second; exit the process when the coordinator's store is gone."""
+    try:
+        store = connect(address, timeout_s)
+        while True:
+            store.add(key, 1)
+            time.sleep(HEARTBEAT_S)
+    except BaseException:
+        os._exit(4)  # the coordinator is gone: leave no orphan behind
+
+
+class Worker:
+    """One worker's state across commands."""
+
+    def __init__(self, store: dist.TCPStore, rank: int, incarnation: str, opener: Opener) -> None:
+        self.store = store
+        self.rank = rank
+        self.incarnation = incarnation
+        self.opener = opener
+        self.segment: WorkerSegment | None = None
+        self.assignment: Assignment | None = None
+
+    def _ack(self, seq: int, ack: Ack, expected: int) -> None:
+        self.store.set(ack_key(seq, self.rank), ack.to_json())
+        if not ack.ok:
+            self.store.set(done_key(seq), "fail")
+        if self.store.add(count_key(seq), 1) >= expected:
+            self.store.set(done_key(seq), "all")
+
+    def _failure(self, exc: BaseException) -> Ack:
+        from stagewise.runtime.distributed_channel import UpstreamAborted
+
+        return Ack(self.rank, False, f"{exc}", type(exc).__name__, aborted=isinstance(exc, UpstreamAborted))
+
+    def start(self, assignment: Assignment) -> None:
+        """Load the stages, join the data group, acknowledge readiness."""
+        self.assignment = assignment
+        seq = assignment.first_seq - 1
+        try:
+            self.segment = WorkerSegment.load(assignment, self.opener)
+            self._join(assignment.gen)
+            ack = Ack(self.rank, True, measured_bytes=self.segment.measured_bytes())
+        except Exception as exc:
+            ack = self._failure(exc)
+        self._ack(seq, ack, assignment.expected_acks)
+        if not ack.ok:
+            raise SystemExit(f"stagewise worker {self.rank}: could not start: {ack.error}")
+        _log(self.rank, f"ready: stages {[s.index for s in assignment.stages]} (generation {assignment.gen})")
+
+    def _join(self, gen: int) -> None:
+        a = self.assignment
+        assert a is not None and self.segment is not None
+        device = self.segment.stages[0].device if self.segment.stages else torch.device("cpu")
+        join_group(self.store, gen, a.data_rank, a.data_world, a.backend, a.timeout_s, device)
+
+    def serve(self) -> int:
+        """Execute commands from ``first_seq`` on; returns the exit code."""
+        assert self.assignment is not None and self.segment is not None
+        seq = self.assignment.first_seq
+        while True:
+            self.store.wait([cmd_key(seq)], IDLE_WAIT)
+            cmd = Command.from_json(self.store.get(cmd_key(seq)))
+            if cmd.members.get(self.rank) != self.incarnation:
+                _log(self.rank, "replaced by a newer worker of the same rank (declared lost); exiting")
+                return 5
+            if cmd.op == "exit":
+                return 0
+            self._execute(cmd)
+            seq += 1
+
+    def _execute(self, cmd: Command) -> None:
+        segment = self.segment
+        assert segment is not None
+        if cmd.op == "run":
+            try:
+                result = segment.run(cmd)
+                if result.output is not None:
+                    self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))  # type: ignore[arg-type]
+                    if result.output.logits is not None:
+                        self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(result.output.logits))  # type: ignore[arg-type]
+                ack = Ack(self.rank, True, stage_s=result.stage_s, handoff_s=result.handoff_s)
+            except Exception as exc:
+                ack = self._failure(exc)
+            self._ack(cmd.seq, ack, cmd.expected_acks)
+        elif cmd.op == "publish":
+            segment.publish()
+        elif cmd.op == "rollback":
+            segment.rollback()
+        elif cmd.op == "reset":
+            segment.reset(cmd.slot)
+        elif cmd.op == "regroup":
+            try:
+                self._join(cmd.gen)
+                ack = Ack(self.rank, True)
+            except Exception as exc:
+                ack = self._failure(exc)
+            self._ack(cmd.seq, ack, cmd.expected_acks)
+
+
+def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any], timeout_s: float = 30.0,
+               host: str = "") -> int:
+    """Join the coordinator at ``address`` as ``rank`` (>= 1), offering the devices in
+    ``topology`` (topology JSON), and serve until told to exit. Returns the exit code."""
+    if rank < 1:
+        raise WorkerNotJoined(f"--rank must be >= 1 (rank 0 is the coordinator), got {rank}")
+    store = connect(address, timeout_s)
+    incarnation = uuid.uuid4().hex
+    beat = threading.Thread(target=_heartbeat, args=(address, heartbeat_key(rank, incarnation), timeout_s),
+                            name="stagewise-heartbeat", daemon=True)
+    beat.start()
+    report = JoinReport(rank, incarnation, os.getpid(), host or os.uname().nodename, topology)
+    store.set(join_key(rank), report.to_json())
+    store.wait([assign_key(rank, incarnation)], IDLE_WAIT)
+    assignment = Assignment.from_json(store.get(assign_key(rank, incarnation)))
+    if assignment.refused:
+        _log(rank, f"not used: {assignment.refused}")
+        return 2
+    worker = Worker(store, rank, incarnation, opener)
+    try:
+        worker.start(assignment)
+        return worker.serve()
+    except dist.DistNetworkError:
+        _log(rank, "the coordinator went away; exiting")
+        return 4
+    except StagewiseError as exc:
+        _log(rank, str(exc))
+        return exc.exit_code
+    finally:
+        if worker.segment is not None:
+            worker.segment.close()
+        leave_group()

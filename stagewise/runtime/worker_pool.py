@@ -1,0 +1,195 @@
+"""WorkerPool: the coordinator's side of membership — the store it hosts, the workers that joined,
+the local worker processes it spawned, and whether each worker is still alive.
+
+Liveness has three signals: a local worker's process exit (seen at once), a worker's heartbeat
+counter that stops moving for ``heartbeat_timeout_s`` (a remote death, or a hung process), and a
+step that is not acknowledged in time (judged by the pipeline).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from stagewise.errors import ConfigError, WorkerNotJoined
+from stagewise.runtime.distributed_group import WORKER_ENV
+from stagewise.runtime.worker_messages import JoinReport, heartbeat_key, join_key
+
+
+@dataclass(frozen=True)
+class WorkerMode:
+    """``local``: spawn one worker process per stage on this machine; ``N@HOST:PORT``: listen on
+    HOST:PORT and wait for N workers started with ``stagewise worker --join``."""
+
+    local: bool
+    count: int = 0
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    @staticmethod
+    def parse(text: str) -> WorkerMode:
+        if text == "local":
+            return WorkerMode(True)
+        count, sep, address = text.partition("@")
+        host, colon, port = address.rpartition(":")
+        if not sep or not count.isdigit() or int(count) < 1 or not colon or not port.isdigit():
+            raise ConfigError(f"--workers must be 'local' or N@HOST:PORT (e.g. 2@0.0.0.0:29500), got {text!r}")
+        return WorkerMode(False, int(count), host or "0.0.0.0", int(port))
+
+
+class WorkerPool:
+    """Hosts the store (rank 0 of the rendezvous) and tracks workers ``1..count``."""
+
+    def __init__(self, mode: WorkerMode, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0) -> None:
+        self.mode = mode
+        self.timeout_s = timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        try:
+            self.store = dist.TCPStore(mode.host, mode.port, None, True, timedelta(seconds=timeout_s),
+                                       wait_for_workers=False)
+        except Exception as exc:
+            raise ConfigError(f"cannot listen on {mode.host}:{mode.port} for workers ({exc})") from None
+        self.port = int(self.store.port)
+        self.count = mode.count
+        self.members: dict[int, JoinReport] = {}  # rank -> the incarnation in use
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._beats: dict[int, tuple[int, float]] = {}  # rank -> (counter, when it last moved)
+        self._closed = False
+        atexit.register(_kill_at_exit, weakref.ref(self))
+
+    @property
+    def address(self) -> str:
+        host = "127.0.0.1" if self.mode.local or self.mode.host in ("", "0.0.0.0") else self.mode.host
+        return f"{host}:{self.port}"
+
+    def client(self) -> dist.TCPStore:
+        """A second connection to the store (for a thread of its own)."""
+        return dist.TCPStore("127.0.0.1", self.port, None, False, timedelta(seconds=self.timeout_s))
+
+    # ----- local workers -------------------------------------------------------------------------
+
+    def spawn(self, rank: int) -> None:
+        """Start local worker ``rank`` (``python -m stagewise worker --join 127.0.0.1:PORT``)."""
+        env = dict(os.environ)
+        for key, value in WORKER_ENV.items():
+            env.setdefault(key, value)
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        cmd = [sys.executable, "-m", "stagewise", "worker", "--join", f"127.0.0.1:{self.port}",
+               "--rank", str(rank), "--timeout", f"{self.timeout_s:g}", "--local"]
+        self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL local worker ``rank`` (a hung one) and reap it."""
+        proc = self.procs.get(rank)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def kill_local(self) -> None:
+        for rank in list(self.procs):
+            self.kill(rank)
+
+    # ----- joining -------------------------------------------------------------------------------
+
+    def report(self, rank: int, store: dist.Store | None = None) -> JoinReport | None:
+        """The latest JoinReport of ``rank``, or None if it never joined."""
+        store = store or self.store
+        key = join_key(rank)
+        if not store.check([key]):
+            return None
+        return JoinReport.from_json(store.get(key))
+
+    def fresh_join(self, rank: int, store: dist.Store | None = None) -> JoinReport | None:
+        """A JoinReport of ``rank`` newer than the member in use (a restarted worker), else None."""
+        report = self.report(rank, store)
+        current = self.members.get(rank)
+        if report is None or (current is not None and report.incarnation == current.incarnation):
+            return None
+        return report
+
+    def wait_joins(self, ranks: list[int], timeout_s: float) -> dict[int, JoinReport]:
+        """Wait until each of ``ranks`` has a fresh JoinReport; :class:`WorkerNotJoined` otherwise."""
+        deadline = time.monotonic() + timeout_s
+        found: dict[int, JoinReport] = {}
+        while True:
+            for rank in ranks:
+                if rank not in found and (report := self.fresh_join(rank)) is not None:
+                    found[rank] = report
+            if len(found) == len(ranks):
+                return found
+            missing = [r for r in ranks if r not in found]
+            for rank in missing:
+                proc = self.procs.get(rank)
+                if proc is not None and proc.poll() is not None:
+                    raise WorkerNotJoined(f"local worker {rank} exited with code {proc.returncode} before joining")
+            if time.monotonic() > deadline:
+                how = " ".join(f"`stagewise worker --join HOST:{self.port} --rank {r}`" for r in missing)
+                raise WorkerNotJoined(f"worker rank(s) {missing} did not join {self.address} within "
+                                      f"{timeout_s:g} s (start them with {how})")
+            time.sleep(0.05)
+
+    def admit(self, report: JoinReport) -> None:
+        """Make ``report``'s incarnation the member of its rank; its heartbeat clock starts now."""
+        self.members[report.rank] = report
+        self._beats[report.rank] = (-1, time.monotonic())
+
+    def incarnations(self) -> dict[int, str]:
+        return {rank: m.incarnation for rank, m in sorted(self.members.items())}
+
+    # ----- liveness ------------------------------------------------------------------------------
+
+    def exited(self, rank: int) -> bool:
+        proc = self.procs.get(rank)
+        return proc is not None and proc.poll() is not None
+
+    def stale(self, store: dist.Store, rank: int) -> bool:
+        """True when ``rank``'s heartbeat has not moved for ``heartbeat_timeout_s``."""
+        member = self.members.get(rank)
+        if member is None:
+            return False
+        count = store.add(heartbeat_key(rank, member.incarnation), 0)
+        last, since = self._beats.get(rank, (-1, time.monotonic()))
+        now = time.monotonic()
+        if count != last:
+            self._beats[rank] = (count, now)
+            return False
+        return now - since > self.heartbeat_timeout_s
+
+    def dead(self, store: dist.Store) -> dict[int, str]:
+        """Ranks that are gone, with why: process exit or a silent heartbeat."""
+        out: dict[int, str] = {}
+        for rank in sorted(self.members):
+            if self.exited(rank):
+                out[rank] = f"its process exited (code {self.procs[rank].returncode})"
+            elif self.stale(store, rank):
+                out[rank] = f"no heartbeat for {self.heartbeat_timeout_s:g} s"
+        return out
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Wait up to ``grace_s`` for local workers to exit (after an ``exit`` command), then kill."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_local()
+
+
+def _kill_at_exit(ref: weakref.ref[WorkerPool]) -> None:
+    """atexit: leave no local worker behind, whatever happened to the coordinator."""
+    pool = ref()
+    if pool is not None:
+        pool.kill_local()

@@ -1,0 +1,134 @@
+"""WorkerSegment: the contiguous stages one worker process owns, with its two distributed ends.
+
+A segment runs one step as the in-process :class:`Pipeline` would over its stages — receive the
+activation (or take the tokens at the entry), run each stage, hand over in-process between them,
+send the activation on (or keep the exit's output) — and leaves every stage's state provisional
+until the coordinator says publish or rollback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from stagewise.models.stage_model import StageOutput
+from stagewise.runtime.channel import Channel, channel_for
+from stagewise.runtime.distributed_channel import DistributedChannel
+from stagewise.runtime.distributed_group import wire_device
+from stagewise.runtime.handoff import Handoff
+from stagewise.runtime.stage import Stage
+from stagewise.runtime.worker_messages import DTYPE_NAMES, Assignment, Command
+from stagewise.spec.model_config import ModelConfig
+from stagewise.weights.tensor_source import TensorSource
+
+Opener = Callable[[str], tuple[ModelConfig, TensorSource]]  # model path -> (config, tensor source)
+
+
+@dataclass
+class SegmentResult:
+    """One step's outcome on this worker: the exit's output (last segment only) and timings."""
+
+    output: StageOutput | None
+    stage_s: list[float]
+    handoff_s: float
+
+
+class WorkerSegment:
+    """Stages ``stages`` (in order) with ``inbound`` from the previous worker (``None`` at the
+    entry) and ``outbound`` to the next one (``None`` at the exit)."""
+
+    def __init__(self, stages: list[Stage], inbound: DistributedChannel | None,
+                 outbound: DistributedChannel | None, hidden_size: int) -> None:
+        self.stages = stages
+        self.inbound = inbound
+        self.outbound = outbound
+        self.hidden_size = hidden_size
+        self.local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
+
+    @staticmethod
+    def load(assignment: Assignment, opener: Opener) -> WorkerSegment:
+        """Load only this worker's stages, each straight to its device, and allocate their state."""
+        if not assignment.stages:
+            return WorkerSegment([], None, None, 0)
+        config, source = opener(assignment.model)
+        dtype = DTYPE_NAMES[assignment.dtype]
+        stages: list[Stage] = []
+        try:
+            for spec in assignment.stages:
+                stage = Stage.load(spec, config, source, dtype)
+                stage.allocate_state(assignment.batch, assignment.context)
+                if assignment.cuda_graphs:
+                    stage.enable_graphs()  # a no-op off CUDA
+                stages.append(stage)
+        except BaseException:
+            for stage in stages:
+                stage.close()
+            raise
+        first, last = stages[0].device, stages[-1].device
+        inbound = outbound = None
+        if assignment.prev_rank >= 0:
+            inbound = DistributedChannel(assignment.prev_rank, wire_device(assignment.backend, first), first)
+        if assignment.next_rank >= 0:
+            outbound = DistributedChannel(assignment.next_rank, wire_device(assignment.backend, last), last)
+        return WorkerSegment(stages, inbound, outbound, config.hidden_size)
+
+    def run(self, cmd: Command) -> SegmentResult:
+        """Run step ``cmd.step_id``; on failure, send an ABORT downstream, then re-raise."""
+        if not self.stages:
+            return SegmentResult(None, [], 0.0)  # a worker the placement left without a stage
+        positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T)
+        sent = False
+        try:
+            handoff_s = 0.0
+            if self.inbound is None:
+                x = torch.tensor(cmd.tokens, dtype=torch.int64).to(self.stages[0].device)  # (B, T)
+            else:
+                x = self.inbound.recv(cmd.step_id, positions, self.hidden_size, self.stages[0].dtype).hidden
+                handoff_s = self.inbound.last_transfer_s
+            stage_s: list[float] = []
+            out: StageOutput | None = None
+            for k, stage in enumerate(self.stages):
+                t0 = time.perf_counter()
+                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits)
+                stage_s.append(time.perf_counter() - t0)
+                if k + 1 < len(self.stages):
+                    received = self.local[k].send(Handoff(cmd.step_id, positions, out.hidden))
+                    received.check(cmd.step_id, positions, self.hidden_size, self.stages[k + 1].dtype)
+                    x = received.hidden
+            assert out is not None
+            if self.outbound is not None:
+                sent = True
+                self.outbound.send(Handoff(cmd.step_id, positions, out.hidden))
+                return SegmentResult(None, stage_s, handoff_s)
+            return SegmentResult(out, stage_s, handoff_s)
+        except BaseException:
+            if self.outbound is not None and not sent:
+                try:
+                    self.outbound.send_abort(cmd.step_id)
+                except Exception:
+                    pass  # the next worker is gone too; the coordinator sees it
+            raise
+
+    def publish(self) -> None:
+        for stage in self.stages:
+            stage.publish()
+
+    def rollback(self) -> None:
+        for stage in self.stages:
+            stage.rollback()
+
+    def reset(self, slot: int) -> None:
+        for stage in self.stages:
+            stage.reset(slot)
+
+    def measured_bytes(self) -> list[int]:
+        return [stage.measured_bytes() for stage in self.stages]
+
+    def close(self) -> None:
+        for stage in self.stages:
+            stage.close()
+        self.stages = []

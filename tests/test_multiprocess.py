@@ -1,0 +1,66 @@
+"""Stages in separate worker processes (Gloo on 127.0.0.1) give bit-identical results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from stagewise.engine.model_loading import load_model
+from stagewise.runtime.distributed_start import open_pool, start_workers
+from stagewise.runtime.remote_pipeline import DistributedPipeline
+from stagewise.spec.model_config import ModelConfig
+from tests.hf_models import QWEN3_CONFIGS, make_hf_model
+from tests.multiprocess_helpers import assert_same, greedy_tokens, step_trace
+from tests.staged import load_pipeline, specs_for_cuts
+
+CONTEXT = 64
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("qwen3-mp")
+    make_hf_model("qwen3", QWEN3_CONFIGS["qwen3-gqa"], path, seed=11)  # 3 blocks
+    return path
+
+
+def test_two_local_workers_through_load_model(model_dir: Path) -> None:
+    """``load_model(..., workers="local")``: same placement, same logits, same tokens."""
+    args = dict(devices="cpu:2x1GiB", placement="pipeline:2", context=CONTEXT, dtype="float32")
+    single = load_model(str(model_dir), **{**args, "placement": "single"})  # type: ignore[arg-type]
+    reference = step_trace(single.pipeline)
+    ref_tokens = greedy_tokens(single.pipeline, CONTEXT)
+    single.close()
+    loaded = load_model(str(model_dir), workers="local", worker_timeout_s=20, **args)  # type: ignore[arg-type]
+    try:
+        pipeline = loaded.pipeline
+        assert isinstance(pipeline, DistributedPipeline)
+        health = pipeline.health()
+        assert health["status"] == "ok" and not health["degraded"] and health["backend"] == "gloo"
+        assert [w["stages"] for w in health["workers"]] == [[0], [1]]
+        assert all(c.measured_bytes > 0 for c in loaded.charge_checks())
+        assert_same(reference, step_trace(pipeline))
+        assert greedy_tokens(pipeline, CONTEXT) == ref_tokens
+        assert len(pipeline.last_timings.stage_s) == 2 and len(pipeline.last_timings.handoff_s) == 1
+    finally:
+        loaded.close()
+    assert pipeline.health()["status"] == "closed"
+    assert all(proc.poll() is not None for proc in pipeline.pool.procs.values())  # no orphans
+
+
+def test_three_workers_equal_single_process(model_dir: Path) -> None:
+    config = ModelConfig.from_path(model_dir)
+    single = load_pipeline(model_dir, [], torch.float32, context=CONTEXT)
+    staged = load_pipeline(model_dir, [1, 2], torch.float32, context=CONTEXT)
+    reference = step_trace(single)
+    assert_same(reference, step_trace(staged))
+    pool = open_pool("local", timeout_s=20)
+    pipeline = start_workers(pool, config, str(model_dir), specs_for_cuts(config, [1, 2]), torch.float32, CONTEXT,
+                             join_timeout_s=60)
+    try:
+        assert len(pipeline.health()["workers"]) == 3
+        assert_same(reference, step_trace(pipeline))
+        assert_same(reference, step_trace(pipeline))  # reset between sequences works across processes
+    finally:
+        pipeline.close()
