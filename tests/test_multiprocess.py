@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,30 @@ def test_three_workers_equal_single_process(model_dir: Path) -> None:
         assert_same(reference, step_trace(pipeline))  # reset between sequences works across processes
     finally:
         pipeline.close()
+
+
+def test_workers_that_join_from_two_hosts(model_dir: Path) -> None:
+    """``N@HOST:PORT``: workers join with ``stagewise worker``; the plan spans their hosts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    workers = [subprocess.Popen([sys.executable, "-m", "stagewise", "worker", "--join", f"127.0.0.1:{port}",
+                                 "--rank", str(rank), "--devices", "cpu:1x1GiB", "--host-name", f"host{rank}"])
+               for rank in (1, 2)]
+    try:
+        loaded = load_model(str(model_dir), workers=f"2@127.0.0.1:{port}", placement="pipeline:2", context=CONTEXT,
+                            dtype="float32", join_timeout_s=60)
+        try:
+            assert loaded.topology is not None
+            assert [d.host for d in loaded.topology.devices] == ["host1", "host2"]
+            assert loaded.topology.link("cpu:0", "cpu:1").kind == "network"
+            assert [w["host"] for w in loaded.pipeline.health()["workers"]] == ["host1", "host2"]
+            single = load_pipeline(model_dir, [], torch.float32, context=CONTEXT)
+            assert_same(step_trace(single), step_trace(loaded.pipeline))
+        finally:
+            loaded.close()
+        assert [w.wait(timeout=20) for w in workers] == [0, 0]  # told to exit, they leave
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()

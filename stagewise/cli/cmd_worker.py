@@ -8,6 +8,8 @@ straight to its devices, and serves steps until the coordinator exits or tells i
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 from stagewise.spec.model_config import ModelConfig
@@ -42,4 +44,7 @@ def run(args: argparse.Namespace) -> int:
         from stagewise.hardware.reserve_policy import ReservePolicy
 
         topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve)).to_dict()
-    return run_worker(args.join, args.rank, _open, topology, args.timeout, args.host_name)
+    code = run_worker(args.join, args.rank, _open, topology, args.timeout, args.host_name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # NOTE: skip interpreter teardown: the heartbeat thread may be inside a store call

@@ -191,6 +191,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPUs, f32 on CPU)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill step")
     p.add_argument("--reserve", default=None, help="per-device reserve policy (see `stagewise devices --help`)")
+    p.add_argument("--workers", nargs="?", const="local", default=None, metavar="local|N@HOST:PORT",
+                   help="run stages in worker processes: one per stage here (`local`, the default), or wait for N "
+                        "`stagewise worker --join HOST:PORT` on any host (see docs/multihost.md)")
+    p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds a step may take before a worker "
+                   "is declared lost (with --workers)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="run decode steps eagerly instead of replaying CUDA graphs")
 
@@ -199,6 +204,8 @@ def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs
     """``load_model`` with the shared options, showing per-stage progress unless ``quiet``."""
     from stagewise.engine.load_progress import LoadProgress
 
+    kwargs.setdefault("workers", getattr(args, "workers", None))
+    kwargs.setdefault("worker_timeout_s", getattr(args, "worker_timeout", 30.0))
     with LoadProgress(enabled=not quiet) as bar:
         return load_model(args.model, args.devices, args.placement, args.context, args.dtype,
                           progress=bar.update, prefill_chunk=args.prefill_chunk, reserve=args.reserve,

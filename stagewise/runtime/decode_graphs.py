@@ -20,11 +20,18 @@ from stagewise.models.state import BlockState
 MIN_BUCKET = 256
 
 
+LINEAR_BUCKET = 1024
+
+
 def kv_bucket(next_length: int, max_context: int) -> int:
-    """Smallest power of two >= ``next_length`` (at least MIN_BUCKET), capped at ``max_context``."""
+    """Attended length for a decode step: the smallest power of two >= ``next_length`` up to
+    LINEAR_BUCKET (at least MIN_BUCKET), then the next multiple of LINEAR_BUCKET; capped at
+    ``max_context``. Fewer wasted positions than pure powers of two, few graphs."""
     bucket = MIN_BUCKET
-    while bucket < next_length:
+    while bucket < next_length and bucket < LINEAR_BUCKET:
         bucket *= 2
+    if bucket < next_length:
+        bucket = -(-next_length // LINEAR_BUCKET) * LINEAR_BUCKET
     return min(bucket, max_context)
 
 
@@ -47,6 +54,9 @@ class DecodeGraphs:
         self.max_context = max_context
         self.graphs: dict[tuple[int, int, tuple[int, ...]], _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle()
+        # NOTE: torch.cuda.graph's default capture stream belongs to whichever device was current
+        # when it was first made; each stage captures on a stream of its own device.
+        self.stream = torch.cuda.Stream(device)
 
     def _parity(self) -> tuple[int, ...]:
         return tuple(int(getattr(s, "active", 0)) for s in self.states.values())
@@ -72,7 +82,7 @@ class DecodeGraphs:
     def _capture(self, inputs: torch.Tensor, positions: torch.Tensor, bucket: int) -> _Graph:
         static_in = inputs.clone()
         static_pos = positions.clone()
-        side = torch.cuda.Stream(self.device)
+        side = self.stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.inference_mode():
             # NOTE: warm-up writes provisional state with this very step's inputs; the replay that
@@ -81,6 +91,6 @@ class DecodeGraphs:
                 self.model(static_in, static_pos, self.states, start=None, kv_length=bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream), torch.inference_mode():
             output = self.model(static_in, static_pos, self.states, start=None, kv_length=bucket)
         return _Graph(graph, static_in, static_pos, output)

@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 
+from stagewise.errors import WorkerNotJoined
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, stage_owners
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
-from stagewise.runtime.worker_messages import Assignment, JoinReport, assign_key
+from stagewise.runtime.worker_messages import Assignment, JoinReport, ack_key, assign_key
 from stagewise.runtime.worker_pool import WorkerMode, WorkerPool
 from stagewise.spec.model_config import ModelConfig
 
@@ -28,7 +31,12 @@ def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float 
 
 def cluster_topology(pool: WorkerPool, join_timeout_s: float) -> tuple[ClusterTopology, dict[int, JoinReport]]:
     """Wait for the pool's N remote workers and merge the devices they offer."""
-    joins = pool.wait_joins(list(range(1, pool.count + 1)), join_timeout_s)
+    ranks = list(range(1, pool.count + 1))
+    try:
+        joins = pool.wait_joins(ranks, join_timeout_s)
+    except WorkerNotJoined as exc:  # send home the ones that did come
+        refuse(pool, {r: rep for r in ranks if (rep := pool.report(r)) is not None}, str(exc))
+        raise
     try:
         return merge_reports(joins), joins
     except BaseException as exc:
@@ -42,6 +50,10 @@ def refuse(pool: WorkerPool, joins: dict[int, JoinReport], message: str) -> None
         no = Assignment("", "float32", 1, 1, (), 0, rank - 1, pool.count, "gloo", -1, -1, 1, pool.count, 1.0,
                         refused=message or "the coordinator gave up")
         pool.store.set(assign_key(rank, report.incarnation), no.to_json())
+    try:  # keep the store up until they have read it
+        pool.store.wait([ack_key(0, rank) for rank in joins], timedelta(seconds=5))
+    except Exception:
+        pass
     pool.close(grace_s=1.0)
 
 

@@ -181,14 +181,16 @@ def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any]
                             name="stagewise-heartbeat", daemon=True)
     beat.start()
     report = JoinReport(rank, incarnation, os.getpid(), host or os.uname().nodename, topology)
-    store.set(join_key(rank), report.to_json())
-    store.wait([assign_key(rank, incarnation)], IDLE_WAIT)
-    assignment = Assignment.from_json(store.get(assign_key(rank, incarnation)))
-    if assignment.refused:
-        _log(rank, f"not used: {assignment.refused}")
-        return 2
     worker = Worker(store, rank, incarnation, opener)
     try:
+        store.set(join_key(rank), report.to_json())
+        _log(rank, f"joined {address}; waiting for an assignment")
+        store.wait([assign_key(rank, incarnation)], IDLE_WAIT)
+        assignment = Assignment.from_json(store.get(assign_key(rank, incarnation)))
+        if assignment.refused:
+            store.set(ack_key(0, rank), Ack(rank, False, assignment.refused).to_json())  # "heard you"
+            _log(rank, f"not used: {assignment.refused}")
+            return 2
         worker.start(assignment)
         return worker.serve()
     except dist.DistNetworkError:

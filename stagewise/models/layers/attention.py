@@ -60,11 +60,13 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(ctx.positions, k, v, ctx.start)
         keys, values = cache.view(batch, ctx.kv_length)  # (B, kvH, L, D)
+        # grouped-query attention without repeating keys/values: the G query heads that share a
+        # kv head become G * T query rows of that head (rows ordered group-major, then token)
         groups = self.heads // self.kv_heads
-        if groups > 1:
-            keys = keys.repeat_interleave(groups, dim=1)  # (B, H, L, D)
-            values = values.repeat_interleave(groups, dim=1)
-        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=ctx.mask)  # (B, H, T, D)
+        rows = q.reshape(batch, self.kv_heads, groups * steps, self.head_dim)  # (B, kvH, G*T, D)
+        mask = ctx.mask.repeat(1, 1, groups, 1) if groups > 1 else ctx.mask  # (B, 1, G*T, L)
+        out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)  # (B, kvH, G*T, D)
+        out = out.reshape(batch, self.heads, steps, self.head_dim)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
         if gate is not None:
             out = out * torch.sigmoid(gate)

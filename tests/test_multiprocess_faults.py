@@ -1,0 +1,130 @@
+"""Worker faults: a killed or hung worker fails the request with WorkerLost within the bound, the
+pipeline refuses requests while degraded and resumes, bit-identical, once the worker rejoins."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from stagewise.engine.model_loading import load_model
+from stagewise.errors import StagewiseError, WorkerLost, WorkerNotJoined
+from stagewise.runtime.distributed_start import open_pool, start_workers
+from stagewise.runtime.remote_pipeline import DistributedPipeline
+from stagewise.spec.model_config import ModelConfig
+from tests.hf_models import QWEN3_CONFIGS, make_hf_model
+from tests.multiprocess_helpers import StepTrace, assert_same, step_trace
+from tests.staged import load_pipeline, specs_for_cuts
+
+CONTEXT = 48
+STEP_TIMEOUT_S = 8.0
+HEARTBEAT_S = 2.0
+BOUND_S = 10.0  # a fault must surface within this
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("qwen3-faults")
+    make_hf_model("qwen3", QWEN3_CONFIGS["qwen3-tied-odd"], path, seed=5)  # 2 blocks
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> StepTrace:
+    return step_trace(load_pipeline(model_dir, [], torch.float32, context=CONTEXT))
+
+
+def _start(model_dir: Path, rejoin: bool = True) -> DistributedPipeline:
+    config = ModelConfig.from_path(model_dir)
+    pool = open_pool("local", timeout_s=STEP_TIMEOUT_S, heartbeat_timeout_s=HEARTBEAT_S)
+    return start_workers(pool, config, str(model_dir), specs_for_cuts(config, [1]), torch.float32, CONTEXT,
+                         join_timeout_s=60, rejoin=rejoin)
+
+
+@pytest.fixture(scope="module")
+def pipeline(model_dir: Path) -> Iterator[DistributedPipeline]:
+    pipe = _start(model_dir)
+    yield pipe
+    pipe.close()
+    assert all(proc.poll() is not None for proc in pipe.pool.procs.values())
+
+
+def _pid(pipeline: DistributedPipeline, rank: int) -> int:
+    return next(w["pid"] for w in pipeline.health()["workers"] if w["rank"] == rank)
+
+
+def _fault_then_recover(pipeline: DistributedPipeline, reference: StepTrace, rank: int, sig: int) -> None:
+    pid = _pid(pipeline, rank)
+    started = time.monotonic()
+    with pytest.raises(WorkerLost, match=f"worker {rank} .*lost"):
+        step_trace(pipeline, on_decode={2: lambda: os.kill(pid, sig)})
+    assert time.monotonic() - started < BOUND_S
+    health = pipeline.health()
+    assert health["degraded"] or pipeline.wait_ready(0)  # it may already be back
+    if health["degraded"]:
+        with pytest.raises(WorkerLost):  # refused at once while degraded
+            pipeline.reset(0)
+    assert pipeline.wait_ready(60), pipeline.health()
+    assert _pid(pipeline, rank) != pid  # a new process rejoined with the same rank
+    assert_same(reference, step_trace(pipeline))
+
+
+def test_killed_worker_fails_request_then_rejoins(pipeline: DistributedPipeline, reference: StepTrace) -> None:
+    assert_same(reference, step_trace(pipeline))
+    _fault_then_recover(pipeline, reference, 2, signal.SIGKILL)
+
+
+def test_hung_worker_fails_request_then_rejoins(pipeline: DistributedPipeline, reference: StepTrace) -> None:
+    _fault_then_recover(pipeline, reference, 1, signal.SIGSTOP)  # heartbeat stops; the coordinator kills it
+
+
+def test_failure_inside_a_worker_rolls_back(pipeline: DistributedPipeline, reference: StepTrace) -> None:
+    pipeline.reset(0)
+    with pytest.raises(StagewiseError):  # positions past the context fail inside worker 1's stage
+        pipeline.step(torch.tensor([[3]]), torch.tensor([[CONTEXT + 5]]), start=CONTEXT + 5)
+    assert not pipeline.degraded
+    assert_same(reference, step_trace(pipeline))
+
+
+def test_rejoin_disabled_refuses_with_a_clear_message(model_dir: Path) -> None:
+    pipe = _start(model_dir, rejoin=False)
+    try:
+        os.kill(_pid(pipe, 2), signal.SIGKILL)
+        with pytest.raises(WorkerLost):
+            step_trace(pipe, decode_steps=1)
+        with pytest.raises(WorkerLost, match="not waiting for it to rejoin"):
+            pipe.reset(0)
+        assert pipe.health()["status"] == "failed"
+    finally:
+        pipe.close()
+    assert all(proc.poll() is not None for proc in pipe.pool.procs.values())
+
+
+def test_worker_that_never_joins(model_dir: Path) -> None:
+    """Two workers expected, one comes: a clear error in time, and the one that came goes home."""
+    with socket.socket() as probe:  # a free port for the coordinator load_model starts below
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = subprocess.Popen([sys.executable, "-m", "stagewise", "worker", "--join", f"127.0.0.1:{port}",
+                               "--rank", "1", "--devices", "cpu:1x1GiB", "--timeout", "20"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(WorkerNotJoined, match=r"rank\(s\) \[2\] did not join .* --rank 2"):
+            load_model(str(model_dir), workers=f"2@127.0.0.1:{port}", join_timeout_s=6, context=CONTEXT)
+        assert time.monotonic() - started < 6 + 5
+        code = worker.wait(timeout=20)
+        assert worker.stderr is not None
+        err = worker.stderr.read()
+        assert code == 2 and "not used" in err, err  # refused: it exits instead of lingering
+    finally:
+        if worker.poll() is None:
+            worker.kill()
