@@ -210,7 +210,11 @@ def main() -> int:
             serve_and_exercise(args.gguf, report, args.devices)
         except Exception as exc:  # record and go on to the bench
             report["serve_error"] = repr(exc)
-        print("serve:", {k: report.get(k) for k in ("load", "determinism", "injected_failure", "shutdown")}, flush=True)
+        print("serve:", {k: report.get(k) for k in ("load", "determinism", "stream", "prefill", "cancel",
+                                                     "injected_failure", "queued", "shutdown", "serve_error")},
+              flush=True)
+        if report.get("serve_error"):
+            print(Path("/tmp/serve.log").read_text()[-3000:], flush=True)
     if "bench" not in skip:
         report["bench"] = _cli_json("bench", args.gguf, "--devices", args.devices, "--prompt", "512", "--gen", "64",
                                     "--repeats", "2")

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
+from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS
 
 
 def register(sub: Any) -> None:
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.context is None or args.context == 4096:
         args.context = max(args.prompt + args.gen + 8, 64)
-    if args.prefill_chunk is None or args.prefill_chunk == 256:
+    if args.prefill_chunk is None or args.prefill_chunk == DEFAULT_PREFILL_CHUNK_TOKENS:
         args.prefill_chunk = min(args.prompt, 2048)  # one chunk unless asked to split the prompt
     loaded = load_model_from_args(args, quiet=args.json)
     try:

@@ -51,7 +51,9 @@ def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repea
     generator = Generator(pipeline, loaded.max_context, prefill_chunk=prefill_chunk)
     prompt = _prompt(loaded.config.vocab_size, prompt_tokens)
     _one(generator, prompt, gen_tokens)  # warm-up on the timed shapes: kernels, graphs, allocator
-    ttfts, decodes, tokens = [], [], []
+    ttfts: list[float] = []
+    decodes: list[float] = []
+    tokens: list[int] = []
     for _ in range(max(repeats, 1)):
         ttft, decode_s, tokens = _one(generator, prompt, gen_tokens)
         ttfts.append(ttft)

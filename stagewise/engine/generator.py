@@ -45,7 +45,7 @@ class TokenEvent:
 class Generator:
     """Runs requests one at a time in sequence slot 0 of a pipeline built for ``max_context``."""
 
-    def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 256) -> None:
+    def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512) -> None:
         self.pipeline = pipeline
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk

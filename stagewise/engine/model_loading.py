@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
-from stagewise.engine.demo_model import DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
+from stagewise.engine.demo_model import DEMO_CONTEXT, DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
 from stagewise.engine.loaded_model import LoadedModel, StageProgress
 from stagewise.engine.placement_summary import placement_summary
 from stagewise.engine.tokenizer import Tokenizer
@@ -31,7 +31,7 @@ from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import Profile
+from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS, Profile
 from stagewise.weights.tensor_source import TensorSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -123,7 +123,7 @@ def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]
 
 def load_model(model: str | None, devices: str | None = None, placement: str = "auto",
                context: int = DEFAULT_CONTEXT, dtype: str | None = None, progress: StageProgress | None = None,
-               prefill_chunk: int = 256, reserve: str | None = None, objective: str = "latency",
+               prefill_chunk: int = DEFAULT_PREFILL_CHUNK_TOKENS, reserve: str | None = None, objective: str = "latency",
                on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
                cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
                join_timeout_s: float = 120.0, rejoin: bool = True) -> LoadedModel:
@@ -139,6 +139,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         model = str(ensure_demo_model())
         devices = devices or DEMO_DEVICES
         placement = DEMO_PLACEMENT if placement == "auto" else placement
+        context = DEMO_CONTEXT if context == DEFAULT_CONTEXT else context
         name = "demo"
     else:
         name = ""
@@ -185,11 +186,12 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The options every command that loads a model shares."""
-    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x28MiB)")
+    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x12MiB)")
     p.add_argument("--placement", default="auto", help="auto | single | pipeline:N")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length to reserve (tokens)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPUs, f32 on CPU)")
-    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill step")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS,
+                   help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK_TOKENS}, as assess and plan assume)")
     p.add_argument("--reserve", default=None, help="per-device reserve policy (see `stagewise devices --help`)")
     p.add_argument("--workers", nargs="?", const="local", default=None, metavar="local|N@HOST:PORT",
                    help="run stages in worker processes: one per stage here (`local`, the default), or wait for N "

@@ -19,6 +19,7 @@ from stagewise.hardware.topology import Topology
 
 ACTIVATION_BYTES = 8 << 10  # one decode token's hidden state (4096 x bf16)
 LARGE_BYTES = 64 << 20
+SAME_MODEL_TOLERANCE = 0.05  # measured spread between identical GPUs treated as noise
 DEVICE_COPY_BYTES = 2 << 30  # GPU copy: 2 GiB read + 2 GiB written, past any L2
 _REPEATS = 5
 
@@ -60,10 +61,29 @@ def apply_cached(topology: Topology) -> Topology:
         return topology
 
 
+def _same_model_figures(topology: Topology, figures: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per device, its measured figures; devices of one model whose figures lie within
+    SAME_MODEL_TOLERANCE of each other share their mean (identical parts: the rest is noise)."""
+    measured = {d.id: dict(figures.get("devices", {}).get(d.id) or {}) for d in topology.devices}
+    by_name: dict[str, list[str]] = {}
+    for d in topology.devices:
+        if measured[d.id]:
+            by_name.setdefault(f"{d.kind}|{d.name}", []).append(d.id)
+    for ids in by_name.values():
+        for key in ("memory_bandwidth_bytes_per_s", "matmul_flops_per_s"):
+            values = [measured[i][key] for i in ids]
+            if len(values) > 1 and max(values) <= min(values) * (1 + SAME_MODEL_TOLERANCE):
+                mean = sum(values) / len(values)
+                for i in ids:
+                    measured[i][key] = mean
+    return measured
+
+
 def _apply(topology: Topology, figures: dict[str, Any]) -> Topology:
     devices = []
+    shared = _same_model_figures(topology, figures)
     for d in topology.devices:
-        m = figures.get("devices", {}).get(d.id)
+        m = shared.get(d.id)
         if m:
             # NOTE: two significant digits: run-to-run noise must not decide a placement
             d = replace(

@@ -91,6 +91,8 @@ class DecodeGraphs:
                 self.model(static_in, static_pos, self.states, start=None, kv_length=bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream), torch.inference_mode():
+        # thread_local: the server's other threads may touch CUDA (metrics) while this one captures
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"), \
+                torch.inference_mode():
             output = self.model(static_in, static_pos, self.states, start=None, kv_length=bucket)
         return _Graph(graph, static_in, static_pos, output)

@@ -18,7 +18,7 @@ class ServeSettings:
     placement: str = "auto"
     context: int = 4096
     dtype: str | None = None
-    prefill_chunk: int = 256
+    prefill_chunk: int = 512
     reserve: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000

@@ -85,6 +85,21 @@ class GGUFFile:
         buf = self._map(index)
         return torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.offset_bytes)
 
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of ``name`` from this process (after its bytes went to a device),
+        so host RSS while loading onto accelerators stays bounded by one tensor, not the file."""
+        index, info = self.tensors[name]
+        if index not in self._maps or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = info.offset_bytes // page * page
+        end = -(-(info.offset_bytes + info.nbytes) // page) * page
+        end = min(end, len(self._maps[index]))
+        try:
+            self._maps[index].madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass  # an advisory only
+
     def _map(self, index: int) -> mmap.mmap:
         if index not in self._maps:
             part = self.parts[index]

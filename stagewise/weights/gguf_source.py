@@ -86,6 +86,7 @@ class GGUFSource:
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         rule = self._rules[name]
         parts = [self._dense(g, device) for g in rule.gguf]
+        self._release(rule.gguf, device)
         if len(parts) > 1:
             common = parts[0].dtype if all(p.dtype == parts[0].dtype for p in parts) else torch.float32
             tensor = torch.cat([p.to(common) for p in parts], dim=rule.rule.concat_dim)
@@ -109,6 +110,7 @@ class GGUFSource:
             raise WeightsError(f"{self.label}: tensor {name!r} is not resident-quantized")
         rule = self._rules[name]
         parts = [Q8_0Weight.from_blocks(self.file.raw(g), self.file.info(g).shape, device) for g in rule.gguf]
+        self._release(rule.gguf, device)
         weight = parts[0]
         if len(parts) > 1:
             dim = rule.rule.concat_dim
@@ -126,6 +128,11 @@ class GGUFSource:
         return weight
 
     # --- internals -----------------------------------------------------------------------------
+    def _release(self, gguf_names: tuple[str, ...] | list[str], device: torch.device) -> None:
+        if device.type != "cpu":  # the bytes now live on the device: unmap the host pages
+            for g in gguf_names:
+                self.file.release(g)
+
     def _dense(self, gguf_name: str, device: torch.device) -> torch.Tensor:
         info = self.file.info(gguf_name)
         return decode_dense(self.file.raw(gguf_name), info.ggml_type, info.shape, device)

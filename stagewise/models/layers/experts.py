@@ -60,14 +60,23 @@ class Experts(nn.Module):
         """
         if top_index.numel() <= GATHER_MAX_SLOTS:
             return self._gathered(x, top_index, top_weight)
-        out = torch.zeros_like(x)
-        # NOTE: one small matmul pair per routed expert; the host reads the routed set (a sync).
-        for expert in torch.unique(top_index).tolist():
-            token, slot = torch.where(top_index == expert)  # (n_e,) each
-            gate, up = self._matmul("gate_up_proj", expert, x[token]).chunk(2, dim=-1)  # (n_e, I) each
-            y = self._matmul("down_proj", expert, nn.functional.silu(gate) * up)  # (n_e, H)
-            out.index_add_(0, token, (y * top_weight[token, slot, None]).to(out.dtype))
-        return out
+        tokens, k = top_index.shape
+        flat = top_index.reshape(-1)  # (N*K,) routed (token, slot) pairs
+        order = torch.argsort(flat, stable=True)  # grouped by expert
+        # NOTE: one host read per MoE layer (the routed counts), then one matmul pair per used expert
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        xs = x.index_select(0, order // k)  # (N*K, H) sorted by expert
+        ys = torch.empty_like(xs)
+        lo = 0
+        for expert, count in enumerate(counts):
+            if count:
+                gate, up = self._matmul("gate_up_proj", expert, xs[lo : lo + count]).chunk(2, dim=-1)  # (n_e, I)
+                ys[lo : lo + count] = self._matmul("down_proj", expert, nn.functional.silu(gate) * up)  # (n_e, H)
+                lo += count
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        y = ys.index_select(0, inverse).view(tokens, k, -1)  # (N, K, H) back in slot order
+        return (y * top_weight[..., None]).sum(dim=1).to(x.dtype)  # a fixed-order sum: deterministic
 
     def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
         """Decode path: gather the routed experts' weights (only those are read); no host sync."""
