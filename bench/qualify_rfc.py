@@ -62,7 +62,12 @@ def _chat(client: httpx.Client, content: str, max_tokens: int, **extra: Any) -> 
             "temperature": 0, **extra}
     t0 = time.perf_counter()
     r = client.post("/v1/chat/completions", json=body, timeout=600)
-    return {"status": r.status_code, "s": time.perf_counter() - t0, "body": r.json()}
+    try:
+        parsed = r.json()
+    except ValueError:
+        parsed = {"error": {"message": r.text[:2000]}}
+        print("non-JSON response", r.status_code, r.text[:500], flush=True)
+    return {"status": r.status_code, "s": time.perf_counter() - t0, "body": parsed}
 
 
 def _stream(client: httpx.Client, content: str, max_tokens: int, stop_after: int | None = None) -> dict[str, Any]:
@@ -124,6 +129,8 @@ def serve_and_exercise(gguf: str, report: dict[str, Any], devices: str) -> None:
     prompt = "Tell me about pipelines across two GPUs."
     a = _chat(client, prompt, 16, logprobs=True)
     b = _chat(client, prompt, 16, logprobs=True)
+    if a["status"] != 200:
+        raise RuntimeError(f"chat request failed: {a['status']} {a['body']}")
     toks = [[t["token"] for t in r["body"]["choices"][0]["logprobs"]["content"]] for r in (a, b)]
     report["determinism"] = {"same_tokens": toks[0] == toks[1], "tokens": toks[0], "first_s": a["s"], "second_s": b["s"]}
     report["stream"] = _stream(client, prompt, 64)

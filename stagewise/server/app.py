@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
+import traceback
 from typing import Any
 
 from fastapi import FastAPI
@@ -62,6 +64,12 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> Response:
         return Response(status_code=_CLIENT_CLOSED)
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> Response:
+        # a bug, not the user's mistake: answer in OpenAI's shape, keep serving, keep the traceback
+        traceback.print_exception(exc, file=sys.stderr)
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}", None), 500)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> Response:
