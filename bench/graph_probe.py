@@ -18,20 +18,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stagewise.engine.model_loading import load_model  # noqa: E402
 
 
+PROMPT = 32
+
+
 def _trace(loaded, steps: int = 4) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
     pipe = loaded.pipeline
     pipe.reset(0)
-    out = pipe.step(torch.arange(1, 33)[None], torch.arange(32)[None], start=0)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, loaded.config.vocab_size, (1, PROMPT), generator=gen)
+    out = pipe.step(prompt, torch.arange(PROMPT)[None], start=0)
     logits = [out.logits.float().clone()]
     for i in range(steps):
-        out = pipe.step(torch.tensor([[5 + i]]), torch.tensor([[32 + i]]), start=32 + i)
+        out = pipe.step(torch.tensor([[5 + i]]), torch.tensor([[PROMPT + i]]), start=PROMPT + i)
         logits.append(out.logits.float().clone())
     return logits
 
 
 def main() -> int:
-    for model in sys.argv[1:]:
-        loaded = load_model(model, devices="cuda:0", placement="single", context=256, dtype="bfloat16",
+    global PROMPT
+    models = sys.argv[1:]
+    if models and models[0].startswith("--prompt="):
+        PROMPT = int(models.pop(0).split("=")[1])
+    for model in models:
+        loaded = load_model(model, devices="cuda:0", placement="single", context=PROMPT + 64, dtype="bfloat16",
                             cuda_graphs=False)
         eager = _trace(loaded)
         for stage in loaded.pipeline.stages:
@@ -39,7 +48,7 @@ def main() -> int:
         graphed = _trace(loaded)
         diffs = [f"{(a - b).abs().max().item():.3g}" for a, b in zip(eager, graphed, strict=True)]
         finite = [bool(torch.isfinite(t).all()) for t in graphed]
-        print(model, "graph finite:", finite, "max|eager-graph| per step:", diffs, flush=True)
+        print(model, "eager finite:", [bool(torch.isfinite(t).all()) for t in eager], "graph finite:", finite, "max|eager-graph| per step:", diffs, flush=True)
         loaded.close()
         del loaded
         torch.cuda.empty_cache()
