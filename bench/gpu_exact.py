@@ -42,7 +42,7 @@ def _run(model: str, devices: str, placement: str, prompt: list[int], chunk: int
         torch.cuda.reset_peak_memory_stats(i)
     trace = run_trace(loaded.pipeline, prompt, chunk=chunk, decode_steps=steps)
     rows = []
-    for st, cert in zip(loaded.pipeline.stages, loaded.placement_json["stages"]):
+    for st, cert in zip(loaded.pipeline.stages, loaded.placement_json["stages"], strict=False):
         idx = st.device.index or 0
         resident = after[idx] - before[idx]
         peak = torch.cuda.max_memory_allocated(idx) - after[idx]
@@ -61,7 +61,7 @@ def _run(model: str, devices: str, placement: str, prompt: list[int], chunk: int
 
 
 def _first_mismatch(a: list[torch.Tensor], b: list[torch.Tensor]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if not torch.equal(x.cpu(), y.cpu()):
             return i
     return None
@@ -69,8 +69,8 @@ def _first_mismatch(a: list[torch.Tensor], b: list[torch.Tensor]) -> int | None:
 
 def _compare(a: Trace, b: Trace) -> dict[str, Any]:
     out: dict[str, Any] = {"tokens_equal": a.tokens == b.tokens,
-           "logits_equal": all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a.logits, b.logits)),
-           "features_equal": all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a.features, b.features)),
+           "logits_equal": all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a.logits, b.logits, strict=False)),
+           "features_equal": all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a.features, b.features, strict=False)),
            "states_compared": sorted({k.split(".", 1)[1] for k in a.states}),
            "states_equal": a.states.keys() == b.states.keys()
            and all(torch.equal(a.states[k].cpu(), b.states[k].cpu()) for k in a.states)}

@@ -15,8 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stagewise.engine.model_loading import load_model  # noqa: E402
-
+from stagewise.engine.model_loading import load_model
 
 PROMPT = 32
 

@@ -58,13 +58,13 @@ def main() -> int:
         row = {"shape": label, "bytes": nbytes, "configs": {}}
         for cfg in CONFIGS:
             y = q8_0_gemv(x, q.qs, q.scales, config=cfg)
-            ms = triton.testing.do_bench(lambda cfg=cfg: q8_0_gemv(x, q.qs, q.scales, config=cfg), return_mode="median")
+            ms = triton.testing.do_bench(lambda cfg=cfg, x=x, q=q: q8_0_gemv(x, q.qs, q.scales, config=cfg), return_mode="median")
             row["configs"][str(cfg)] = {"rel_err": _rel(y, ref), "us": ms * 1e3, "GBps": nbytes / (ms * 1e-3) / 1e9}
-        ms = triton.testing.do_bench(lambda: q8_0_matmul(x, q.qs, q.scales), return_mode="median")
+        ms = triton.testing.do_bench(lambda x=x, q=q: q8_0_matmul(x, q.qs, q.scales), return_mode="median")
         row["tl_dot_kernel"] = {"rel_err": _rel(q8_0_matmul(x, q.qs, q.scales), ref), "us": ms * 1e3,
                                 "GBps": nbytes / (ms * 1e-3) / 1e9}
         wd = w.to(torch.bfloat16)
-        ms = triton.testing.do_bench(lambda: torch.nn.functional.linear(x, wd), return_mode="median")
+        ms = triton.testing.do_bench(lambda x=x, wd=wd: torch.nn.functional.linear(x, wd), return_mode="median")
         row["dense_bf16"] = {"us": ms * 1e3, "GBps": wd.numel() * 2 / (ms * 1e-3) / 1e9}
         rows.append(row)
         best = min(row["configs"].items(), key=lambda kv: kv[1]["us"])

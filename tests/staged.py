@@ -69,9 +69,9 @@ def run_trace(pipeline: Pipeline, prompt: list[int], chunk: int, decode_steps: i
 def assert_traces_equal(a: Trace, b: Trace) -> None:
     assert a.tokens == b.tokens
     assert len(a.logits) == len(b.logits)
-    for x, y in zip(a.logits, b.logits):
+    for x, y in zip(a.logits, b.logits, strict=False):
         assert torch.equal(x, y)
-    for x, y in zip(a.features, b.features):
+    for x, y in zip(a.features, b.features, strict=False):
         assert torch.equal(x, y)
     assert a.states.keys() == b.states.keys()
     for key in a.states:

@@ -34,7 +34,7 @@ def test_run_matches_transformers_generate(tmp_path: Path, family: str, override
         ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False, output_logits=True,
                           return_dict_in_generate=True)
     ref_tokens = ref.sequences[0, len(PROMPT):].tolist()
-    ref_logprobs = [float(torch.log_softmax(lg[0].float(), -1)[t]) for lg, t in zip(ref.logits, ref_tokens)]
+    ref_logprobs = [float(torch.log_softmax(lg[0].float(), -1)[t]) for lg, t in zip(ref.logits, ref_tokens, strict=False)]
     prompt = ",".join(map(str, PROMPT))
     single = run_json(str(tmp_path), "--prompt-tokens", prompt, "--max-tokens", "16", "--temperature", "0")
     assert single["tokens"] == ref_tokens

@@ -82,3 +82,15 @@ def test_engine_request_validates() -> None:
         EngineRequest("r", (1,), 4, stop=("a", "b", "c", "d", "e"))
     with pytest.raises(RequestError):
         EngineRequest("r", (1,), 0)
+
+
+def test_sampler_refuses_non_finite_logits() -> None:
+    import pytest
+    import torch
+
+    from stagewise.engine.sampling import Sampler, SamplingParams
+    from stagewise.errors import StepFailed
+
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=1)):
+        with pytest.raises(StepFailed, match="non-finite"):
+            Sampler(params).sample(torch.full((16,), float("nan")))

@@ -9,6 +9,7 @@ its device -> compare planned with measured charges.
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +165,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     if on_plan is not None:
         on_plan(cert)
     specs = stage_specs(cert, topology)
-    links = [topology.link(a.device, b.device).kind for a, b in zip(specs, specs[1:])]
+    links = [topology.link(a.device, b.device).kind for a, b in itertools.pairwise(specs)]
     if pool is not None:
         from stagewise.runtime.distributed_start import start_workers
 

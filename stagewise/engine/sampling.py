@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
-from stagewise.errors import RequestError
+from stagewise.errors import RequestError, StepFailed
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Sample:
     top: tuple[tuple[int, float], ...] = ()
 
 
+def _check_finite(logprob: float) -> None:
+    if not math.isfinite(logprob):
+        raise StepFailed(f"the model produced non-finite logits (log-probability {logprob}); nothing was sampled")
+
+
 class Sampler:
     """Draws tokens for one sequence; a fixed ``seed`` makes the draws reproducible."""
 
@@ -65,9 +71,12 @@ class Sampler:
             token_t = torch.argmax(logits)
             logprob_t = torch.log_softmax(logits.float(), dim=-1)[token_t]
             token, logprob = (float(v) for v in torch.stack([token_t.float(), logprob_t]).tolist())
+            _check_finite(logprob)
             self.counts[int(token)] += 1
             return Sample(int(token), logprob)
         logits = logits.detach().float().cpu()
+        if not bool(torch.isfinite(logits).all()):
+            _check_finite(float("nan"))
         logprobs = torch.log_softmax(logits, dim=-1)
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = torch.tensor(list(self.counts))
@@ -82,7 +91,8 @@ class Sampler:
         top: tuple[tuple[int, float], ...] = ()
         if top_logprobs:
             values, ids = torch.topk(logprobs, top_logprobs)
-            top = tuple((int(i), float(v)) for i, v in zip(ids, values))
+            top = tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
+        _check_finite(float(logprobs[token]))
         return Sample(token, float(logprobs[token]), top)
 
     def _draw(self, logits: torch.Tensor) -> int:

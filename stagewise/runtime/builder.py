@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -41,5 +42,5 @@ def build_pipeline(config: ModelConfig, source: TensorSource, specs: Sequence[St
             stage.close()
         raise
     kinds = list(link_kinds) or [None] * (len(stages) - 1)
-    channels = [channel_for(a.device, b.device, kinds[i]) for i, (a, b) in enumerate(zip(stages, stages[1:]))]
+    channels = [channel_for(a.device, b.device, kinds[i]) for i, (a, b) in enumerate(itertools.pairwise(stages))]
     return Pipeline(stages, channels, timing=timing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -133,8 +134,13 @@ class Stage:
         decode = inputs.shape[1] == 1 and start is not None and not all_logits
         if self.graphs is not None and decode and start is not None:
             return self.graphs.run(inputs, positions, start)
-        with torch.inference_mode():
+        # NOTE: Triton kernels launch on the *current* CUDA device, not the tensors' device: make
+        # this stage's device current, or a second GPU's stage would run its kernels on the first
+        with self._device_context(), torch.inference_mode():
             return self.model(inputs, positions, self.states, start=start, all_logits=all_logits)
+
+    def _device_context(self) -> contextlib.AbstractContextManager[object]:
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def publish(self) -> None:
         for state in self.states.values():

@@ -68,10 +68,11 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
     qe = qs.stride(0) if gather else 0
     se = scales.stride(0) if gather else 0
     grid = (triton.cdiv(n, block_n), m)
-    _q8_0_gemv_kernel[grid](
-        x2, qs, scales, y, e, n, k,
-        x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0),
-        GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        num_warps=warps, num_stages=stages,
-    )
+    with torch.cuda.device(x.device):  # Triton launches on the current device
+        _q8_0_gemv_kernel[grid](
+            x2, qs, scales, y, e, n, k,
+            x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0),
+            GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+            num_warps=warps, num_stages=stages,
+        )
     return y

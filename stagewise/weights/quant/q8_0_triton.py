@@ -58,10 +58,11 @@ def q8_0_matmul(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
         return y.reshape(*x.shape[:-1], n)
     block_m, block_n, block_k, warps, stages = tiles or TILES["decode" if m <= 16 else "prefill"]
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _q8_0_matmul_kernel[grid](
-        x2, qs, scales, y, m, n, k,
-        x2.stride(0), x2.stride(1), qs.stride(0), qs.stride(1), scales.stride(0), scales.stride(1),
-        y.stride(0), y.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
-    )
+    with torch.cuda.device(x.device):  # Triton launches on the current device
+        _q8_0_matmul_kernel[grid](
+            x2, qs, scales, y, m, n, k,
+            x2.stride(0), x2.stride(1), qs.stride(0), qs.stride(1), scales.stride(0), scales.stride(1),
+            y.stride(0), y.stride(1),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        )
     return y.reshape(*x.shape[:-1], n)
