@@ -101,11 +101,11 @@ def _metric(client: httpx.Client, name: str) -> float | None:
     return None
 
 
-def serve_and_exercise(gguf: str, report: dict[str, Any], devices: str) -> None:
+def serve_and_exercise(gguf: str, report: dict[str, Any], devices: str, context: int) -> None:
     port = _free_port()
     env = {**os.environ, "STAGEWISE_FAULT_INJECTION": "1", "PYTHONUNBUFFERED": "1"}
     log = open("/tmp/serve.log", "w")
-    server = subprocess.Popen([*CLI, "serve", gguf, "--devices", devices, "--port", str(port), "--context", "4096",
+    server = subprocess.Popen([*CLI, "serve", gguf, "--devices", devices, "--port", str(port), "--context", str(context),
                                "--grace-s", "60"], stdout=log, stderr=subprocess.STDOUT, env=env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}")
     t0 = time.perf_counter()
@@ -138,7 +138,7 @@ def serve_and_exercise(gguf: str, report: dict[str, Any], devices: str) -> None:
     if u and report["stream"]["ttft_s"]:
         gen = u.get("completion_tokens", 0)
         report["stream"]["decode_tokens_per_s"] = (gen - 1) / (report["stream"]["total_s"] - report["stream"]["ttft_s"])
-    long_prompt = " ".join(["pipeline stage handoff"] * 300)
+    long_prompt = " ".join(["pipeline stage handoff"] * max(4, min(300, context // 16)))  # fits the context
     p = _chat(client, long_prompt, 1)
     pt = p["body"].get("usage", {}).get("prompt_tokens", 0)
     report["prefill"] = {"prompt_tokens": pt, "seconds": p["s"], "tokens_per_s": pt / p["s"] if p["s"] else None}
@@ -165,12 +165,25 @@ def serve_and_exercise(gguf: str, report: dict[str, Any], devices: str) -> None:
     def long_request() -> None:
         results["first"] = _stream(client, prompt, 128)
 
+    client.post("/debug/step-delay", json={"seconds": 0.02})  # keep the first request running meanwhile
     t = threading.Thread(target=long_request)
     t.start()
-    time.sleep(1.0)
-    queued_depth = _metric(client, "stagewise_queue_depth")
+    time.sleep(0.5)
+    seen: dict[str, Any] = {}
+
+    def watch() -> None:  # the queue depth while the second request waits
+        deadline = time.time() + 10
+        while time.time() < deadline and not seen.get("depth"):
+            seen["depth"] = _metric(client, "stagewise_queue_depth")
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     second = _chat(client, "A short one.", 8)
     t.join()
+    watcher.join()
+    queued_depth = seen.get("depth")
+    client.post("/debug/step-delay", json={"seconds": 0.0})
     report["queued"] = {"first_total_s": results["first"]["total_s"], "second_status": second["status"],
                         "second_total_s": second["s"], "queue_depth_seen": queued_depth}
     # graceful shutdown with a request in flight
@@ -197,6 +210,7 @@ def main() -> int:
     ap.add_argument("--one-device", default="cuda:0@22.760GB")
     ap.add_argument("--preset", default="qwen3.6-35b-a3b")
     ap.add_argument("--make-device", default="cuda")
+    ap.add_argument("--context", type=int, default=4096)
     args = ap.parse_args()
     skip = set(args.skip.split(","))
     report: dict[str, Any] = {"command": "python " + " ".join(sys.argv),
@@ -208,13 +222,13 @@ def main() -> int:
         report["make_model_s"] = time.perf_counter() - t0
     report["gguf_bytes"] = Path(args.gguf).stat().st_size
     if "assess" not in skip:
-        report["assess_one_gpu"] = _cli_json("assess", args.gguf, "--devices", args.one_device)
-        report["assess_two_gpus"] = _cli_json("assess", args.gguf, "--devices", args.devices)
+        report["assess_one_gpu"] = _cli_json("assess", args.gguf, "--devices", args.one_device, "--context", str(args.context))
+        report["assess_two_gpus"] = _cli_json("assess", args.gguf, "--devices", args.devices, "--context", str(args.context))
         print("assess:", report["assess_one_gpu"].get("outcome"), report["assess_one_gpu"].get("deficit_bytes"),
               "|", report["assess_two_gpus"].get("outcome"), flush=True)
     if "serve" not in skip:
         try:
-            serve_and_exercise(args.gguf, report, args.devices)
+            serve_and_exercise(args.gguf, report, args.devices, args.context)
         except Exception as exc:  # record and go on to the bench
             report["serve_error"] = repr(exc)
         print("serve:", {k: report.get(k) for k in ("load", "determinism", "stream", "prefill", "cancel",
@@ -223,8 +237,10 @@ def main() -> int:
         if report.get("serve_error"):
             print(Path("/tmp/serve.log").read_text()[-3000:], flush=True)
     if "bench" not in skip:
-        report["bench"] = _cli_json("bench", args.gguf, "--devices", args.devices, "--prompt", "512", "--gen", "64",
-                                    "--repeats", "2")
+        prompt = min(512, args.context // 2)
+        report["bench"] = _cli_json("bench", args.gguf, "--devices", args.devices, "--prompt", str(prompt),
+                                    "--gen", str(min(64, args.context // 4)), "--repeats", "2", "--placement", "pipeline:2",
+                                    "--context", str(args.context))
         b = report["bench"].get("stagewise", {})
         print("bench:", {k: b.get(k) for k in ("prefill_tokens_per_s", "decode_tokens_per_s", "ttft_s",
                                                 "handoff_s_per_token", "stage_step_s")}, flush=True)

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from stagewise.cli.cmd_plan import add_common, headline, inputs, speed_line
+from stagewise.cli.cmd_plan import activation_dtype, add_common, headline, inputs, speed_line
 from stagewise.errors import StagewiseError
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
@@ -95,12 +95,13 @@ def _catalog(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    profile = Profile(args.context, args.batch, args.chunk, args.activation_dtype)
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
+    dtype = activation_dtype(args, topology)
+    profile = Profile(args.context, args.batch, args.chunk, dtype)
     rows: list[dict[str, Any]] = []
     for path in catalog_entries(args.model):
         try:
-            cert = assess(load_model_spec(path, args.fmt), topology, profile, args.objective)
+            cert = assess(load_model_spec(path, args.fmt, run_dtype=dtype), topology, profile, args.objective)
             rows.append({**cert.to_dict(), "model": path.name})
         except StagewiseError as exc:
             rows.append({"model": path.name, "outcome": "error", "error": str(exc)})

@@ -27,7 +27,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_TOKENS, help="context tokens (default 4096)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument("--chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS, help="prefill chunk tokens (default 512)")
-    p.add_argument("--activation-dtype", default="bf16", help="bf16, f16 or f32 (default bf16)")
+    p.add_argument("--activation-dtype", default=None,
+                   help="bf16, f16 or f32 (default: what `run`/`serve` use: f32 on CPU devices, bf16 otherwise)")
     p.add_argument("--format", dest="fmt", help="stored weight format: bf16, f16, f32, q8_0, q4_0, q4_k, q6_k…")
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--json", action="store_true", help="print the certified placement as JSON")
@@ -43,10 +44,18 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def activation_dtype(args: argparse.Namespace, topology: Topology) -> str:
+    """The dtype activations (and dense weights) run in: as asked, else the runtime's default."""
+    if args.activation_dtype:
+        return str(args.activation_dtype)
+    return "f32" if all(d.kind == "cpu" for d in topology.devices) else "bf16"
+
+
 def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
-    profile = Profile(args.context, args.batch, args.chunk, args.activation_dtype)
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
-    return load_model_spec(args.model, args.fmt), topology, profile
+    dtype = activation_dtype(args, topology)
+    profile = Profile(args.context, args.batch, args.chunk, dtype)
+    return load_model_spec(args.model, args.fmt, run_dtype=dtype), topology, profile
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:

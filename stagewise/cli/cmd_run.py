@@ -44,7 +44,7 @@ def _prompt_ids(args: argparse.Namespace, loaded: Any) -> list[int]:
         raise RequestError(f"{loaded.name} has no tokenizer: use --prompt-tokens")
     if args.chat is not None:
         text = loaded.chat_template.render([{"role": "user", "content": args.chat}], add_generation_prompt=True,
-                                           bos_token=loaded.tokenizer.bos_text, eos_token=loaded.tokenizer.eos_text)
+                                           special_tokens=loaded.tokenizer.special_tokens_map)
         return loaded.tokenizer.encode(text)
     return loaded.tokenizer.encode(args.prompt if args.prompt is not None else "Once upon a time")
 
@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(out))
         else:
             print(loaded.placement_summary, file=sys.stderr)
+            for check in loaded.charge_checks():
+                print(f"  stage {check.stage} on {check.device}: planned {check.planned_bytes / 1e9:.4g} GB, "
+                      f"measured {check.measured_bytes / 1e9:.4g} GB", file=sys.stderr)
             print(out.get("text", " ".join(map(str, tokens))))
         return 0
     finally:

@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                                    description="Serve a model over an OpenAI-compatible HTTP API.")
     parser.add_argument("model", nargs="?", default=None,
-                        help="model directory or GGUF file (default: the embedded demo model)")
+                        help="model directory, GGUF file or random:PRESET (default: the embedded demo model)")
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: local only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -38,6 +38,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         prefill_chunk=args.prefill_chunk, reserve=args.reserve,
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
+        cuda_graphs=getattr(args, "cuda_graphs", True), workers=getattr(args, "workers", None),
+        worker_timeout_s=getattr(args, "worker_timeout", 30.0),
     )
 
 

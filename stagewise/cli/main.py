@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stagewise: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `stagewise devices --json | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""LoadedModel: everything the engine needs to serve one model, and :func:`load_model` to get it.
+"""LoadedModel: everything the engine needs to serve one model.
 
-``load_model`` is the one path from a user's MODEL argument to a running pipeline: open the
+:func:`stagewise.engine.model_loading.load_model` is the one path from a user's MODEL argument to a running pipeline: open the
 weights, plan (once) a certified placement on the devices, load each stage straight to its device,
 and attach the tokenizer and chat template. CLI ``run``/``chat``/``bench`` and ``serve`` all use it.
 """

@@ -25,7 +25,11 @@ _REPEATS = 5
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("STAGEWISE_CACHE", Path.home() / ".cache" / "stagewise"))
+    """The same cache as the demo model: ``$STAGEWISE_CACHE``, ``$XDG_CACHE_HOME/stagewise`` or ``~/.cache/stagewise``."""
+    if os.environ.get("STAGEWISE_CACHE"):
+        return Path(os.environ["STAGEWISE_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "stagewise"
 
 
 def machine_key(topology: Topology) -> str:

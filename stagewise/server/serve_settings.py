@@ -27,6 +27,9 @@ class ServeSettings:
     grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     fault_injection: bool = False
+    cuda_graphs: bool = True
+    workers: str | None = None  # None: stages in this process; "local" or "N@HOST:PORT": worker processes
+    worker_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -26,15 +26,21 @@ def is_catalog(path: str | Path) -> bool:
     return p.is_dir() and not (p / "config.json").exists()
 
 
-def load_model_spec(path: str | Path, fmt: str | None = None) -> ModelSpec:
-    """The :class:`ModelSpec` of the model at ``path`` (see module docstring)."""
+def load_model_spec(path: str | Path, fmt: str | None = None, run_dtype: str | None = None) -> ModelSpec:
+    """The :class:`ModelSpec` of the model at ``path`` (see module docstring).
+
+    ``run_dtype`` (``f32``/``bf16``/``f16``): the dtype the runtime keeps dense weights in; a model
+    directory without ``fmt`` is charged at it (the loader casts to it), a GGUF's dense tensors too.
+    """
     p = Path(path)
     if not p.exists():
         raise ModelNotFound(f"{p}: no such file or directory")
     if p.suffix == ".gguf":
-        return _from_gguf(p)
+        return _from_gguf(p, run_dtype)
     config = ModelConfig.from_path(p)
     name = p.name if p.is_dir() else p.stem
+    if fmt is None and p.is_dir() and run_dtype is not None:
+        fmt = run_dtype  # the loader casts dense checkpoints to the run dtype
     if fmt is None:
         fmt = _dir_format(p) if p.is_dir() else None
         fmt = fmt or _config_dtype(p / "config.json" if p.is_dir() else p) or "bf16"
@@ -55,12 +61,12 @@ def catalog_entries(path: str | Path) -> list[Path]:
     return out
 
 
-def _from_gguf(p: Path) -> ModelSpec:
+def _from_gguf(p: Path, run_dtype: str | None = None) -> ModelSpec:
     try:
         from stagewise.weights.gguf_spec import model_spec_from_gguf  # type: ignore[import-not-found]
     except ImportError:
         raise ConfigError(f"{p}: GGUF assessment is unavailable (stagewise.weights.gguf_spec is not installed)") from None
-    spec = model_spec_from_gguf(p)
+    spec = model_spec_from_gguf(p, run_dtype=run_dtype)
     if not isinstance(spec, ModelSpec):
         raise ConfigError(f"{p}: the GGUF reader did not return a ModelSpec")
     return spec
