@@ -27,6 +27,7 @@ def test_logits_match_transformers(tmp_path: Path, family: str, name: str) -> No
     config = ModelConfig.from_path(tmp_path)
     stage = build_stage(config, 0, config.num_layers, entry=True, exit=True)
     load_stage(stage, SafetensorsSource(tmp_path), torch.device("cpu"), torch.float32)
+    stage.fuse_projections()  # q/k/v and gate/up as single matmuls, as the runtime runs them
     states = stage.new_states(1, 128, torch.float32, torch.device("cpu"))
 
     gen = torch.Generator().manual_seed(7)

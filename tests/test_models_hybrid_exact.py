@@ -45,6 +45,7 @@ def test_logits_and_states_match_transformers(tmp_path: Path, name: str) -> None
     source = SafetensorsSource(tmp_path)
     stage = build_stage(config, 0, config.num_layers, entry=True, exit=True)
     load_stage(stage, source, torch.device("cpu"), torch.float32)
+    stage.fuse_projections()  # as the runtime runs them
     states = stage.new_states(1, 128, torch.float32, torch.device("cpu"))
     if name.endswith("conditional"):
         assert source.ignored() and all(n.startswith("model.visual.") for n in source.ignored())

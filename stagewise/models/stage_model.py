@@ -66,6 +66,13 @@ class StageModel(nn.Module):
             if callable(init):
                 init(device)
 
+    def fuse_projections(self) -> None:
+        """After loading: run q/k/v and gate/up as single matmuls wherever the layers allow it."""
+        for module in list(self.modules()):
+            fuse = getattr(module, "fuse", None)
+            if callable(fuse):
+                fuse()
+
     def resident_bytes(self) -> int:
         """Bytes of weights resident for this stage: dense parameters (shared ones once) + packed ones."""
         dense = sum(p.numel() * p.element_size() for p in self.parameters())  # parameters() dedupes ties

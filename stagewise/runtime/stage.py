@@ -103,6 +103,7 @@ class Stage:
         ledger.charge("workspace", spec.planned_workspace_bytes, "workspace")
         ledger.charge("weights", _weight_bytes_before_load(model, source, dtype), "weights")
         load_stage(model, source, torch.device(spec.torch_device), dtype, progress)
+        model.fuse_projections()
         model.eval()
         return Stage(spec, model, ledger, dtype)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import apply_rotary
@@ -39,20 +40,34 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.zero_centered_norm)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.zero_centered_norm)
 
+        self.qkv_proj: Linear | None = None  # q, k and v as one matmul, after fuse()
+
+    def fuse(self) -> None:
+        """Replace q_proj + k_proj + v_proj by one matmul (after loading)."""
+        self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.q_proj.out_features, kv, kv], dim=-1)
+        return q, k, v
+
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache(batch, self.kv_heads, max_context, self.head_dim, dtype, device)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         batch, steps, _ = x.shape
         gate: torch.Tensor | None = None
+        q_out, k_out, v_out = self._project(x)
         if self.output_gate:
-            q_and_gate = self.q_proj(x).view(batch, steps, self.heads, 2 * self.head_dim)
+            q_and_gate = q_out.reshape(batch, steps, self.heads, 2 * self.head_dim)
             q, gate = torch.chunk(q_and_gate, 2, dim=-1)  # (B, T, H, D) each
             gate = gate.reshape(batch, steps, self.heads * self.head_dim)
         else:
-            q = self.q_proj(x).view(batch, steps, self.heads, self.head_dim)
-        k = self.k_proj(x).view(batch, steps, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, steps, self.kv_heads, self.head_dim)
+            q = q_out.reshape(batch, steps, self.heads, self.head_dim)
+        k = k_out.reshape(batch, steps, self.kv_heads, self.head_dim)
+        v = v_out.reshape(batch, steps, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)

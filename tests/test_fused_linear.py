@@ -1,0 +1,55 @@
+"""fuse_linears: one matmul equals the separate projections; packed Q8_0 parts stay packed."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stagewise.models.layers.fused_linear import fuse_linears
+from stagewise.models.layers.linear import Linear
+from stagewise.weights.gguf_export import quantize_q8_0
+from stagewise.weights.quant.q8_0 import Q8_0Weight
+
+
+def _dense(out_features: int, seed: int, bias: bool = False) -> Linear:
+    gen = torch.Generator().manual_seed(seed)
+    lin = Linear(64, out_features, bias)
+    lin.weight = nn.Parameter(torch.randn(out_features, 64, generator=gen), requires_grad=False)
+    if bias:
+        lin.bias = nn.Parameter(torch.randn(out_features, generator=gen), requires_grad=False)
+    return lin
+
+
+def _packed(out_features: int, seed: int) -> Linear:
+    lin = _dense(out_features, seed)
+    assert lin.weight is not None
+    blocks = quantize_q8_0(lin.weight.detach())
+    lin.set_quantized(Q8_0Weight.from_blocks(blocks.reshape(-1), (out_features, 64), torch.device("cpu")))
+    return lin
+
+
+def test_dense_fusion_matches_separate_projections() -> None:
+    parts = [_dense(48, 1, bias=True), _dense(16, 2, bias=True), _dense(16, 3, bias=True)]
+    x = torch.randn(3, 5, 64)
+    separate = torch.cat([p(x) for p in parts], dim=-1)
+    fused = fuse_linears(parts)
+    assert fused is not None and fused.out_features == 80
+    torch.testing.assert_close(fused(x), separate, rtol=1e-6, atol=1e-6)
+    assert all(p.weight is None and p.bias is None for p in parts)  # one copy stays resident
+
+
+def test_packed_fusion_stays_packed() -> None:
+    parts = [_packed(64, 4), _packed(32, 5)]
+    x = torch.randn(7, 64)
+    separate = torch.cat([p(x) for p in parts], dim=-1)
+    nbytes = sum(p.quantized.nbytes for p in parts if p.quantized is not None)
+    fused = fuse_linears(parts)
+    assert fused is not None and fused.weight is None and fused.quantized is not None
+    assert fused.quantized.nbytes == nbytes
+    torch.testing.assert_close(fused(x), separate, rtol=1e-5, atol=1e-5)
+
+
+def test_mixed_parts_are_left_alone() -> None:
+    parts = [_dense(32, 6), _packed(32, 7)]
+    assert fuse_linears(parts) is None
+    assert parts[0].weight is not None and parts[1].quantized is not None
