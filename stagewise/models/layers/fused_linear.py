@@ -27,8 +27,7 @@ def fuse_linears(parts: list[Linear]) -> Linear | None:
     if any(p.in_features != in_features for p in parts):
         return None
     out_features = sum(p.out_features for p in parts)
-    device = parts[0].weight.device if dense and parts[0].weight is not None else None
-    with torch.device(device or "meta"):
+    with torch.device("meta"):  # no allocation: the concatenated tensors are assigned below
         fused = Linear(in_features, out_features, bias=parts[0].bias is not None)
     if dense:
         weights: list[torch.Tensor] = [p.weight for p in parts if p.weight is not None]
