@@ -88,9 +88,10 @@ def resolve_device_spec(
         return read_topology_file(spec, policy)
     if discover is None:
         from stagewise.hardware.discovery import discover_topology
+        from stagewise.hardware.measure import apply_cached
 
         def discover() -> Topology:
-            return discover_topology(policy)
+            return apply_cached(discover_topology(policy))  # measured beats assumed
 
     if spec is None:
         return discover()

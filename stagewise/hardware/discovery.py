@@ -26,9 +26,7 @@ def discover_topology(reserve: ReservePolicy | None = None) -> Topology:
     devices += cuda
     links += cuda_links
     devices += _other_devices(policy)
-    from stagewise.hardware.measure import apply_cached  # measured beats assumed
-
-    return apply_cached(Topology(tuple(devices), tuple(links), name="discovered"))
+    return Topology(tuple(devices), tuple(links), name="discovered")
 
 
 def cpu_device(policy: ReservePolicy) -> DeviceInfo:
