@@ -47,10 +47,13 @@ class Link:
         return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "between": [self.a, self.b],
             "kind": self.kind,
             "bandwidth": self.bandwidth_bytes_per_s,
             "latency_s": self.latency_s,
             "peer_access": self.peer_access,
         }
+        if self.measured:  # only when true: unmeasured topologies (and their fingerprints) stay as they were
+            out["measured"] = True
+        return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stagewise.errors import TopologyError
@@ -24,6 +24,8 @@ class Topology:
     devices: tuple[DeviceInfo, ...]
     links: tuple[Link, ...] = ()
     name: str = ""
+    # NOTE: an index for link(), which the planner calls O(devices^3) times; derived, not compared
+    _by_key: dict[tuple[str, str], Link] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -44,6 +46,7 @@ class Topology:
                 raise TopologyError(f"links: link {link.a}-{link.b} listed twice")
             seen.add(link.key)
         object.__setattr__(self, "links", tuple(sorted(self.links, key=lambda lk: lk.key)))
+        self._by_key.update((lk.key, lk) for lk in self.links)
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -59,10 +62,9 @@ class Topology:
     def link(self, a: str, b: str) -> Link:
         """The link from ``a`` to ``b``: listed, else the documented default for the pair."""
         da, db = self.device(a), self.device(b)
-        key = (a, b) if a <= b else (b, a)
-        for lk in self.links:
-            if lk.key == key:
-                return lk
+        listed = self._by_key.get((a, b) if a <= b else (b, a))
+        if listed is not None:
+            return listed
         if a == b or (da.host == db.host and da.torch_device and da.torch_device == db.torch_device):
             bw = min(da.memory_bandwidth_bytes_per_s, db.memory_bandwidth_bytes_per_s)
             return Link(a, b, "same-device", bw, defaults.SAME_DEVICE_LATENCY_S, peer_access=True)

@@ -107,6 +107,7 @@ def _link(raw: Any, where: str) -> Link:
             bandwidth_bytes_per_s=_number(raw, "bandwidth", where),
             latency_s=latency,
             peer_access=bool(raw.get("peer_access", False)),
+            measured=raw.get("measured") is True,
         )
     except TopologyError as exc:
         raise TopologyError(f"{where}: {exc}") from None

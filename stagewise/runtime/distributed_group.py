@@ -34,9 +34,9 @@ def wire_device(backend: str, device: torch.device) -> torch.device:
 
 
 def join_group(store: dist.Store, gen: int, rank: int, world: int, backend: str, timeout_s: float,
-               device: torch.device | None = None) -> None:
-    """Leave any previous group, then build generation ``gen`` (blocks until all ``world`` ranks
-    arrive, at most ``timeout_s``). A world of one needs no group."""
+               device: torch.device | None = None, prefix: str = "pg") -> None:
+    """Leave any previous group, then build generation ``gen`` under store prefix ``{prefix}/{gen}``
+    (blocks until all ``world`` ranks arrive, at most ``timeout_s``). A world of one needs no group."""
     leave_group()
     if world <= 1:
         return
@@ -44,7 +44,7 @@ def join_group(store: dist.Store, gen: int, rank: int, world: int, backend: str,
         os.environ.setdefault(key, value)
     if backend == "nccl" and device is not None and device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"pg/{gen}", store), rank=rank, world_size=world,
+    dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/{gen}", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
 
 
