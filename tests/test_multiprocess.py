@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stagewise.engine.model_loading import load_model
+from stagewise.hardware import defaults
 from stagewise.runtime.distributed_start import open_pool, start_workers
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.spec.model_config import ModelConfig
@@ -83,7 +84,13 @@ def test_workers_that_join_from_two_hosts(model_dir: Path) -> None:
         try:
             assert loaded.topology is not None
             assert [d.host for d in loaded.topology.devices] == ["host1", "host2"]
-            assert loaded.topology.link("cpu:0", "cpu:1").kind == "network"
+            link = loaded.topology.link("cpu:0", "cpu:1")  # timed by the workers when they joined
+            assert link.kind == "network" and link.measured
+            assert (link.bandwidth_bytes_per_s, link.latency_s) != (defaults.NETWORK_BANDWIDTH_BYTES_PER_S,
+                                                                    defaults.NETWORK_LATENCY_S)
+            handoff_bytes = loaded.config.hidden_size * 4  # one float32 hidden state per decode token
+            assert loaded.placement_json["predicted"]["handoff_s_per_token"] == pytest.approx(
+                link.transfer_s(handoff_bytes), abs=1e-12)  # the plan priced the hop with the measured link
             assert [w["host"] for w in loaded.pipeline.health()["workers"]] == ["host1", "host2"]
             single = load_pipeline(model_dir, [], torch.float32, context=CONTEXT)
             assert_same(step_trace(single), step_trace(loaded.pipeline))

@@ -127,14 +127,15 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
                prefill_chunk: int = DEFAULT_PREFILL_CHUNK_TOKENS, reserve: str | None = None, objective: str = "latency",
                on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
                cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
-               join_timeout_s: float = 120.0, rejoin: bool = True) -> LoadedModel:
+               join_timeout_s: float = 120.0, rejoin: bool = True, measure_links: bool = True) -> LoadedModel:
     """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
 
     ``workers``: None runs every stage in this process; ``local`` spawns one worker process per
     stage; ``N@HOST:PORT`` waits for N ``stagewise worker --join`` processes (any host) and plans
     on the devices they offer. Then ``pipeline`` is a :class:`DistributedPipeline` (same surface,
     plus ``health()``); ``worker_timeout_s`` bounds a step, ``join_timeout_s`` joining and loading,
-    ``rejoin=False`` fails for good when a worker is lost (see docs/multihost.md).
+    ``rejoin=False`` fails for good when a worker is lost, ``measure_links=False`` plans on the
+    default figures of the links between workers instead of timing them (see docs/multihost.md).
     """
     if model is None:
         model = str(ensure_demo_model())
@@ -152,7 +153,10 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
 
         pool = open_pool(workers, worker_timeout_s)
         if not pool.mode.local:
-            cluster, joins = cluster_topology(pool, join_timeout_s)  # plan on the devices the workers offer
+            # plan on the devices the workers offer, across links timed at one activation (bf16 unless told)
+            itemsize = DTYPES[dtype].itemsize if dtype is not None and dtype in DTYPES else 2
+            activation_bytes = opened.config.hidden_size * itemsize
+            cluster, joins = cluster_topology(pool, join_timeout_s, measure_links, activation_bytes)
     topology = cluster.topology if cluster else resolve_device_spec(devices, ReservePolicy.parse(reserve))
     run_dtype = DTYPES[dtype] if dtype else default_dtype(topology)
     if dtype and dtype not in DTYPES:
@@ -199,6 +203,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "`stagewise worker --join HOST:PORT` on any host (see docs/multihost.md)")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds a step may take before a worker "
                    "is declared lost (with --workers)")
+    p.add_argument("--no-measure-links", dest="measure_links", action="store_false",
+                   help="with --workers N@HOST:PORT: plan on default figures for the links between workers "
+                        "instead of timing them when they join")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="run decode steps eagerly instead of replaying CUDA graphs")
 
@@ -209,6 +216,7 @@ def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs
 
     kwargs.setdefault("workers", getattr(args, "workers", None))
     kwargs.setdefault("worker_timeout_s", getattr(args, "worker_timeout", 30.0))
+    kwargs.setdefault("measure_links", getattr(args, "measure_links", True))
     with LoadProgress(enabled=not quiet) as bar:
         return load_model(args.model, args.devices, args.placement, args.context, args.dtype,
                           progress=bar.update, prefill_chunk=args.prefill_chunk, reserve=args.reserve,

@@ -4,8 +4,9 @@
 
 - ``local``: plan on the given devices as usual, then :func:`start_workers` spawns one local
   worker process per stage;
-- ``N@HOST:PORT``: :func:`cluster_topology` waits for N workers to join and merges their
-  devices into one multi-host topology; the plan is made on it; :func:`start_workers` then
+- ``N@HOST:PORT``: :func:`cluster_topology` waits for N workers to join, merges their
+  devices into one multi-host topology and (by default) has them time the links between them;
+  the plan is made on it; :func:`start_workers` then
   assigns each stage to the worker that owns its device.
 """
 
@@ -16,6 +17,7 @@ from datetime import timedelta
 import torch
 
 from stagewise.errors import WorkerNotJoined
+from stagewise.runtime.cluster_links import ACTIVATION_BYTES, measure_cluster_links
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, stage_owners
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
@@ -29,8 +31,13 @@ def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float 
     return WorkerPool(WorkerMode.parse(workers), timeout_s, heartbeat_timeout_s)
 
 
-def cluster_topology(pool: WorkerPool, join_timeout_s: float) -> tuple[ClusterTopology, dict[int, JoinReport]]:
-    """Wait for the pool's N remote workers and merge the devices they offer."""
+def cluster_topology(pool: WorkerPool, join_timeout_s: float, measure_links: bool = True,
+                     activation_bytes: int = ACTIVATION_BYTES) -> tuple[ClusterTopology, dict[int, JoinReport]]:
+    """Wait for the pool's N remote workers and merge the devices they offer; with
+    ``measure_links``, the links between workers carry measured figures (one handoff of
+    ``activation_bytes`` and one large transfer; see :mod:`stagewise.runtime.cluster_links`).
+
+    On any failure the joined workers are sent home before the error propagates."""
     ranks = list(range(1, pool.count + 1))
     try:
         joins = pool.wait_joins(ranks, join_timeout_s)
@@ -38,7 +45,10 @@ def cluster_topology(pool: WorkerPool, join_timeout_s: float) -> tuple[ClusterTo
         refuse(pool, {r: rep for r in ranks if (rep := pool.report(r)) is not None}, str(exc))
         raise
     try:
-        return merge_reports(joins), joins
+        cluster = merge_reports(joins)
+        if measure_links:
+            cluster, _ = measure_cluster_links(pool, joins, cluster, activation_bytes)
+        return cluster, joins
     except BaseException as exc:
         refuse(pool, joins, str(exc))
         raise

@@ -5,6 +5,8 @@ renumbers them per kind in rank order (worker 1's ``cuda:0, cuda:1`` stay, worke
 becomes ``cuda:2``), keeps each device's ``torch_device`` as the worker sees it and stamps it with
 the worker's host, so pairs on different hosts default to ``network`` links, which the planner
 costs as such. ``owners`` maps each global device id to the rank that runs it.
+:func:`with_measured_links` replaces those defaults with what the workers measured
+(:mod:`stagewise.runtime.cluster_links`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from stagewise.errors import TopologyError
 from stagewise.hardware.link import Link
 from stagewise.hardware.topology import Topology
 from stagewise.hardware.topology_file import topology_from_dict
+from stagewise.runtime.link_probe import LinkFigures
 from stagewise.runtime.worker_messages import JoinReport
 
 
@@ -48,6 +51,38 @@ def merge_reports(reports: dict[int, JoinReport], links: tuple[Link, ...] = ()) 
     if not devices:
         raise TopologyError("no worker offered any device")
     return ClusterTopology(Topology(tuple(devices), tuple(renamed_links) + links, name="cluster"), owners)
+
+
+def with_measured_links(cluster: ClusterTopology, figures: tuple[LinkFigures, ...]) -> ClusterTopology:
+    """``cluster`` with every link between a device of worker ``a_rank`` and one of ``b_rank`` set to
+    that pair's measured figures (``measured=True``): bandwidth from the large transfer, latency
+    from the activation-sized one (as ``stagewise devices --measure`` does in one process).
+
+    All device pairs of two workers share the figures of their representative pair, so identical
+    devices on one host stay interchangeable for the planner. The kind stays the default's
+    (``network`` across hosts), except that two workers never share a ``same-device`` link.
+    """
+    topo = cluster.topology
+    by_ranks = {(f.a_rank, f.b_rank): f for f in figures}
+    measured: list[Link] = []
+    for i, da in enumerate(topo.devices):
+        for db in topo.devices[i + 1 :]:
+            ra, rb = sorted((cluster.owners[da.id], cluster.owners[db.id]))
+            f = by_ranks.get((ra, rb))
+            if ra == rb or f is None:
+                continue
+            kind = topo.link(da.id, db.id).kind
+            kind = "pcie-host-staged" if kind == "same-device" else kind
+            # NOTE: two significant digits, as for measured devices: run-to-run noise must not decide a placement
+            measured.append(Link(da.id, db.id, kind, _round2(f.bandwidth_bytes_per_s), _round2(f.latency_s),
+                                 measured=True))
+    keys = {lk.key for lk in measured}
+    kept = tuple(lk for lk in topo.links if lk.key not in keys)
+    return ClusterTopology(Topology(topo.devices, kept + tuple(measured), topo.name), cluster.owners)
+
+
+def _round2(value: float) -> float:
+    return float(f"{value:.2g}")
 
 
 def stage_owners(device_ids: list[str], owners: dict[str, int]) -> list[int]:

@@ -3,6 +3,8 @@
 ``stagewise worker --join HOST:PORT --rank K`` runs :func:`run_worker`. The worker
 
 1. connects to the coordinator's TCPStore and publishes a :class:`JoinReport` (its devices);
+   while it waits for its assignment it answers any :class:`LinkProbe` (the coordinator timing
+   the links between workers before it plans);
 2. waits for its :class:`Assignment`, loads only its stages straight to their devices, joins the
    data process group and acknowledges (``ack/{first_seq - 1}/{rank}``);
 3. reads every :class:`Command` in sequence: ``run`` leaves state provisional and acknowledges;
@@ -28,6 +30,7 @@ import torch.distributed as dist
 
 from stagewise.errors import StagewiseError, WorkerNotJoined
 from stagewise.runtime.distributed_group import join_group, leave_group
+from stagewise.runtime.link_probe import LinkProbe, probe_key, probe_report_key, run_probe
 from stagewise.runtime.worker_messages import (
     Ack,
     Assignment,
@@ -47,6 +50,7 @@ from stagewise.runtime.worker_segment import Opener, WorkerSegment
 
 HEARTBEAT_S = 1.0
 IDLE_WAIT = timedelta(days=7)  # a blocking wait on the next command; ends early if the store dies
+POLL_S = 0.02  # before the assignment, two keys may come (probe or assignment): poll both
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -79,6 +83,20 @@ def _heartbeat(address: str, key: str, timeout_s: float) -> None:
             time.sleep(HEARTBEAT_S)
     except BaseException:
         os._exit(4)  # the coordinator is gone: leave no orphan behind
+
+
+def await_assignment(store: dist.Store, rank: int, incarnation: str) -> Assignment:
+    """Wait for this incarnation's :class:`Assignment`, answering every :class:`LinkProbe` that comes
+    first (each is deleted once read, so the next probe can use the same key)."""
+    assign, probe = assign_key(rank, incarnation), probe_key(rank, incarnation)
+    while not store.check([assign]):
+        if store.check([probe]):
+            request = LinkProbe.from_json(store.get(probe))
+            store.delete_key(probe)
+            store.set(probe_report_key(request.n, rank), run_probe(store, rank, request).to_json())
+        else:
+            time.sleep(POLL_S)
+    return Assignment.from_json(store.get(assign))
 
 
 class Worker:
@@ -185,8 +203,7 @@ def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any]
     try:
         store.set(join_key(rank), report.to_json())
         _log(rank, f"joined {address}; waiting for an assignment")
-        store.wait([assign_key(rank, incarnation)], IDLE_WAIT)
-        assignment = Assignment.from_json(store.get(assign_key(rank, incarnation)))
+        assignment = await_assignment(store, rank, incarnation)
         if assignment.refused:
             store.set(ack_key(0, rank), Ack(rank, False, assignment.refused).to_json())  # "heard you"
             _log(rank, f"not used: {assignment.refused}")

@@ -85,7 +85,8 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             model = load_model(settings.model, settings.devices, settings.placement, settings.context,
                                settings.dtype, progress=bar.update, prefill_chunk=settings.prefill_chunk,
                                reserve=settings.reserve, on_plan=bar.start, cuda_graphs=settings.cuda_graphs,
-                               workers=settings.workers, worker_timeout_s=settings.worker_timeout_s)
+                               workers=settings.workers, worker_timeout_s=settings.worker_timeout_s,
+                               measure_links=settings.measure_links)
         engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk).start()
     except BaseException as exc:
         state.set_failed(exc)

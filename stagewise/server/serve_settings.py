@@ -30,6 +30,7 @@ class ServeSettings:
     cuda_graphs: bool = True
     workers: str | None = None  # None: stages in this process; "local" or "N@HOST:PORT": worker processes
     worker_timeout_s: float = 30.0
+    measure_links: bool = True  # time the links between joined workers before planning
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
