@@ -52,3 +52,19 @@ def gpu_datasheet(name: str) -> tuple[float, float]:
     if not matches:
         return GPU_MEMORY_BANDWIDTH_BYTES_PER_S, GPU_MATMUL_FLOPS_PER_S
     return GPU_DATASHEET[max(matches, key=len)]
+
+
+# Fixed time per kernel of a decode step, on top of the bytes it moves: measured on an H200 with
+# CUDA-graph decode (Llama-3.1-8B: 7.42 ms per token = 3.66 ms of weight reads at 4.1 TB/s +
+# 1,234 kernels x 3.0 us; bench/results/bench_llama8b_1gpu_vs_transformers.json). CPU: eager ops.
+KERNEL_OVERHEAD_S = {"cpu": 5.0e-6}
+GPU_KERNEL_OVERHEAD_S = 3.0e-6
+
+
+def kernel_overhead_s(kind: str) -> float:
+    """Seconds one kernel of a decode step costs beyond its bytes, by device kind."""
+    return KERNEL_OVERHEAD_S.get(kind, GPU_KERNEL_OVERHEAD_S)
+
+
+# Host time per operation of an eager (not graph-replayed) step: prefill chunks are issued op by op.
+HOST_OP_S = 15e-6

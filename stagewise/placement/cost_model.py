@@ -1,22 +1,27 @@
 """Cost model: predicted seconds per token of each stage and each handoff.
 
 Decode, per token: a stage reads its active weights and its KV cache at the profile's full
-context (bytes / memory bandwidth) and does its FLOPs (/ matmul rate); a handoff moves one
+context (bytes / memory bandwidth), does its FLOPs (/ matmul rate) and launches its kernels
+(count x the device's per-kernel time, measured); a handoff moves one
 hidden state (latency + bytes / bandwidth). Stage cost is a sum of per-block costs, each
 rounded to integer picoseconds, so the planner's sums are exact and ties are real ties.
 Prefill, per token: weights are read once per chunk, FLOPs include attention over half the
-context on average.
+context on average; a chunk also takes at least its operation count x the host's time per
+operation (prefill is issued eagerly; MoE blocks issue a few operations per expert used).
 """
 
 from __future__ import annotations
 
+from stagewise.hardware.defaults import HOST_OP_S, kernel_overhead_s
 from stagewise.hardware.device_info import DeviceInfo
 from stagewise.hardware.link import Link
 from stagewise.spec.block_spec import BlockSpec, EndSpec
+from stagewise.spec.kernel_counts import block_prefill_ops
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
 
 PS_PER_S = 10**12
+PREFILL_DEVICE_EFFICIENCY = 0.65  # share of matmul peak prefill GEMMs reach (measured ~0.6-0.7 on an H200)
 OBJECTIVES = ("latency", "throughput")
 
 
@@ -31,6 +36,7 @@ def block_decode_ps(block: BlockSpec, device: DeviceInfo, profile: Profile) -> i
     return _ps(
         (block.read_bytes_per_token + kv_read) / device.memory_bandwidth_bytes_per_s
         + flops / device.matmul_flops_per_s
+        + block.kernels_per_token * kernel_overhead_s(device.kind)  # launches, not bytes
     )
 
 
@@ -39,6 +45,7 @@ def end_decode_ps(end: EndSpec, device: DeviceInfo, profile: Profile) -> int:
     return _ps(
         end.read_bytes_per_token / device.memory_bandwidth_bytes_per_s
         + profile.batch * end.flops_per_token / device.matmul_flops_per_s
+        + end.kernels_per_token * kernel_overhead_s(device.kind)
     )
 
 
@@ -68,7 +75,13 @@ def stage_prefill_s_per_token(
     mean_context = profile.context_tokens / 2
     flops = sum(b.flops_per_token + b.attention_flops_per_position * mean_context for b in blocks)
     flops += spec.exit.flops_per_token / profile.chunk_tokens if exit else 0  # logits of the last token only
-    return read / profile.chunk_tokens / device.memory_bandwidth_bytes_per_s + flops / device.matmul_flops_per_s
+    device_s = (read / profile.chunk_tokens / device.memory_bandwidth_bytes_per_s
+                + flops / device.matmul_flops_per_s) / PREFILL_DEVICE_EFFICIENCY
+    # the host issues a chunk's operations one by one; the device cannot run ahead of that
+    ops = sum(block_prefill_ops(b.kernels_per_token, b.mixer, b.routed_experts, b.experts_per_token,
+                                profile.chunk_tokens) for b in blocks)
+    host_s = ops * HOST_OP_S / profile.chunk_tokens
+    return max(device_s, host_s)
 
 
 def objective_key(

@@ -34,7 +34,9 @@ class BlockSpec:
     per-sequence state of a linear-attention block, before double buffering.
     Prefill workspace per token: ``activation_values_per_token`` (activation dtype),
     ``f32_values_per_token`` (router logits), ``score_values_per_position`` (fp32 attention
-    scores per attended position: one per query head).
+    scores per attended position: one per query head). ``kernels_per_token``: kernels one decode
+    step of the block launches in stagewise (:mod:`stagewise.spec.kernel_counts`);
+    ``routed_experts`` / ``experts_per_token``: the MoE's E and top-k (0 for a dense MLP).
     """
 
     index: int
@@ -50,6 +52,9 @@ class BlockSpec:
     activation_values_per_token: int = 0
     f32_values_per_token: int = 0
     score_values_per_position: int = 0
+    kernels_per_token: int = 0
+    routed_experts: int = 0
+    experts_per_token: int = 0
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:
@@ -76,6 +81,7 @@ class EndSpec:
     flops_per_token: int
     shared_bytes: int = 0
     logits_values_per_token: int = 0
+    kernels_per_token: int = 0
 
     def __post_init__(self) -> None:
         _check_counts(self, "entry/exit")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from stagewise.errors import ConfigError
 from stagewise.spec.block_spec import BlockSpec, EndSpec
 from stagewise.spec.formats import stored_format
+from stagewise.spec.kernel_counts import ENTRY_KERNELS, EXIT_KERNELS, block_kernels
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
@@ -42,6 +43,7 @@ def build_spec(
         weight_bytes=entry_w,
         read_bytes_per_token=entry_w // c.vocab_size,  # one embedding row
         flops_per_token=0,
+        kernels_per_token=ENTRY_KERNELS,
     )
     exit_ = EndSpec(
         weight_bytes=exit_w,
@@ -49,6 +51,7 @@ def build_spec(
         flops_per_token=2 * head,  # LM head matmul
         shared_bytes=min(entry_w, exit_w) if c.tie_word_embeddings else 0,
         logits_values_per_token=c.vocab_size,
+        kernels_per_token=EXIT_KERNELS,
     )
     return ModelSpec(
         name=name or c.architecture,
@@ -93,6 +96,9 @@ def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read
             recurrent_state_values=nv * dk * dv,
             activation_values_per_token=act,
             f32_values_per_token=f32,
+            kernels_per_token=block_kernels(c, i),
+            routed_experts=c.num_experts if c.block_is_moe(i) else 0,
+            experts_per_token=c.num_experts_per_tok if c.block_is_moe(i) else 0,
         )
     heads, kv, d = c.num_attention_heads, c.num_kv_heads, c.head_dim
     q = heads * d * (2 if c.attn_output_gate else 1)
@@ -108,5 +114,8 @@ def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read
         attention_flops_per_position=4 * heads * d,  # q.k and p.v, multiply-add
         activation_values_per_token=act,
         f32_values_per_token=f32,
+        kernels_per_token=block_kernels(c, i),
         score_values_per_position=heads,
+        routed_experts=c.num_experts if c.block_is_moe(i) else 0,
+        experts_per_token=c.num_experts_per_tok if c.block_is_moe(i) else 0,
     )

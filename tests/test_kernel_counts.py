@@ -1,0 +1,26 @@
+"""The cost model's kernels per decode step match what the model code really launches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.count_kernels import CountOps
+from stagewise.engine.model_loading import load_model
+from stagewise.spec.kernel_counts import block_kernels
+
+
+@pytest.mark.parametrize("model", ["random:tiny-llama", "random:tiny-qwen3", "random:tiny-qwen3-moe",
+                                   "random:tiny-qwen3.5", "random:tiny-qwen3.6"])
+def test_block_kernel_counts(model: str) -> None:
+    loaded = load_model(model, devices="cpu:1x1GiB", context=64, dtype="bfloat16")
+    stage = loaded.pipeline.stages[0]
+    loaded.pipeline.reset(0)
+    loaded.pipeline.step(torch.arange(1, 9)[None], torch.arange(8)[None], start=0)
+    ctx = stage.model.context(torch.tensor([[8]]), 8, torch.bfloat16)
+    for i in stage.model.block_indices:
+        hidden = torch.randn(1, 1, stage.model.config.hidden_size, dtype=torch.bfloat16)
+        counter = CountOps()
+        with counter, torch.inference_mode():
+            stage.model.model.layers[str(i)](hidden, ctx, stage.states[i])
+        assert counter.count == block_kernels(stage.model.config, i), (model, i)
