@@ -24,7 +24,7 @@ activations; objective latency. Weights are estimated from each `config.json` wi
 in [accounting.md](accounting.md) (a GGUF file gives exact per-block bytes). Budgets come from
 the topology file, else the default reserve policy. Stages are `device[first..last block]`;
 `E` marks the entry (embedding) and `X` the exit (norm + LM head). Every row passed `verify`.
-Speeds are predicted ranges (50–80% of roofline), not measurements.
+Speeds are predicted by the cost model (docs/accounting.md: bytes, FLOPs, kernel launches and host issue rate, calibrated on an H200), not measured.
 
 The planner uses the fewest devices that legally hold the model: one device whenever one
 fits, never a comparison of the model with a sum of budgets.
