@@ -114,3 +114,15 @@ def test_torch_q8_0_quantizer_matches_gguf_bytes() -> None:
     ours = quantize_q8_0(values).numpy()
     ref = gguf.quants.quantize(values.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(-1, 34)
     assert np.array_equal(ours, ref)
+
+
+def test_decode_to_in_slabs_equals_whole_dequantization(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagewise.weights.quant import tensor_decode
+
+    gen = np.random.default_rng(5)
+    values = gen.standard_normal((40, 64)).astype(np.float32)
+    raw = torch.from_numpy(gguf.quants.quantize(values, GGMLQuantizationType.Q8_0).reshape(-1).copy())
+    whole = dequantize(raw, GGMLQuantizationType.Q8_0, (40, 64))
+    monkeypatch.setattr(tensor_decode, "DECODE_CHUNK_ELEMENTS", 64 * 7)  # 7 rows per slab: 6 slabs
+    slabs = tensor_decode.decode_to(raw, GGMLQuantizationType.Q8_0, (40, 64), torch.device("cpu"), torch.bfloat16)
+    assert slabs.dtype == torch.bfloat16 and torch.equal(slabs, whole.to(torch.bfloat16))

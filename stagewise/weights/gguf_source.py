@@ -22,7 +22,7 @@ from stagewise.weights.gguf_file import GGUFFile
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, value_from_gguf
 from stagewise.weights.gguf_names import BoundRule, bind_gguf_names
 from stagewise.weights.quant.q8_0 import BLOCK, Q8_0Weight
-from stagewise.weights.quant.tensor_decode import check_supported, decode_dense
+from stagewise.weights.quant.tensor_decode import check_supported, decode_dense, decode_to
 
 
 class GGUFSource:
@@ -85,7 +85,11 @@ class GGUFSource:
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         rule = self._rules[name]
-        parts = [self._dense(g, device) for g in rule.gguf]
+        if len(rule.gguf) == 1:  # straight to the run dtype, dequantized in bounded slabs
+            info = self.file.info(rule.gguf[0])
+            parts = [decode_to(self.file.raw(rule.gguf[0]), info.ggml_type, info.shape, device, dtype)]
+        else:
+            parts = [self._dense(g, device) for g in rule.gguf]
         self._release(rule.gguf, device)
         if len(parts) > 1:
             common = parts[0].dtype if all(p.dtype == parts[0].dtype for p in parts) else torch.float32

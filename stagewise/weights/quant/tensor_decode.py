@@ -42,3 +42,26 @@ def decode_dense(raw: torch.Tensor, ggml_type: GGMLQuantizationType, shape: tupl
     if dtype is not None:
         return raw.view(dtype).reshape(shape).to(device)
     return dequantize(raw.to(device), ggml_type, shape)
+
+
+DECODE_CHUNK_ELEMENTS = 1 << 24  # dequantize at most this many values at a time (64 MiB of float32)
+
+
+def decode_to(raw: torch.Tensor, ggml_type: GGMLQuantizationType, shape: tuple[int, ...], device: torch.device,
+              dtype: torch.dtype) -> torch.Tensor:
+    """The tensor on ``device`` in ``dtype``, block-quantized types dequantized a bounded slab of
+    rows at a time, so the only full-size allocation is the result (no float32 copy of it)."""
+    if ggml_type in DENSE_TYPES or len(shape) < 2:
+        return decode_dense(raw, ggml_type, shape, device).to(dtype)
+    rows = shape[0]
+    row_elements = 1
+    for d in shape[1:]:
+        row_elements *= d
+    row_bytes = raw.numel() // rows
+    out = torch.empty(shape, dtype=dtype, device=device)
+    step = max(1, DECODE_CHUNK_ELEMENTS // row_elements)
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step)
+        part = raw[lo * row_bytes : hi * row_bytes].to(device)
+        out[lo:hi] = dequantize(part, ggml_type, (hi - lo, *shape[1:])).to(dtype)
+    return out
