@@ -83,3 +83,11 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr, label
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and expect[label] in lines[0], (label, proc.stderr)
+
+
+def test_run_text_and_chat_on_the_demo_model() -> None:
+    text = run_json("-p", "Hello there", "--max-tokens", "4")
+    assert len(text["tokens"]) <= 4 and isinstance(text["text"], str)
+    assert text["placement"]["outcome"] == "fits_across"  # the demo needs two virtual devices
+    chat = run_json("--chat", "Hello", "--max-tokens", "4")
+    assert isinstance(chat["text"], str) and chat["tokens"]
