@@ -11,7 +11,7 @@ from stagewise.hardware.sizes import format_bytes
 from stagewise.placement import plan, verify
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import Profile
+from stagewise.spec.profile import Profile, runtime_workspace_for
 
 REF = Path("/work/shared/reference")
 OUT = Path(__file__).resolve().parent.parent / "docs" / "placement.md"
@@ -48,12 +48,12 @@ def cell(cert) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
-    profile = Profile()
     lines = [HEADER]
     topologies = sorted((REF / "topologies").glob("*.json"))
     models = sorted((REF / "models").glob("*.json"))
     for topo_path in topologies:
         topo = resolve_device_spec(str(topo_path))
+        profile = Profile(runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topo.devices}))
         budgets = ", ".join(f"{d.id} {format_bytes(d.budget_bytes)}" for d in topo.devices)
         lines.append(f"## {topo_path.stem}\n\nBudgets: {budgets}\n")
         lines.append("| model | format | weights | outcome | stages (charge/budget) | decode tok/s |")

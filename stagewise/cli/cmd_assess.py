@@ -20,7 +20,7 @@ from stagewise.placement import CertifiedPlacement, assess
 from stagewise.spec.charge import Charge, stage_charge
 from stagewise.spec.model_source import catalog_entries, is_catalog, load_model_spec
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import Profile
+from stagewise.spec.profile import Profile, runtime_workspace_for
 
 BAR_WIDTH = 48
 
@@ -97,7 +97,8 @@ def _catalog(args: argparse.Namespace) -> int:
 
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
     dtype = activation_dtype(args, topology)
-    profile = Profile(args.context, args.batch, args.chunk, dtype)
+    profile = Profile(args.context, args.batch, args.chunk, dtype,
+                      runtime_workspace_for({d.kind for d in topology.devices}))
     rows: list[dict[str, Any]] = []
     for path in catalog_entries(args.model):
         try:

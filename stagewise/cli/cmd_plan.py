@@ -17,7 +17,7 @@ from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import DEFAULT_CONTEXT_TOKENS, DEFAULT_PREFILL_CHUNK_TOKENS, Profile
+from stagewise.spec.profile import DEFAULT_CONTEXT_TOKENS, DEFAULT_PREFILL_CHUNK_TOKENS, Profile, runtime_workspace_for
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -54,7 +54,8 @@ def activation_dtype(args: argparse.Namespace, topology: Topology) -> str:
 def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
     dtype = activation_dtype(args, topology)
-    profile = Profile(args.context, args.batch, args.chunk, dtype)
+    profile = Profile(args.context, args.batch, args.chunk, dtype,
+                      runtime_workspace_for({d.kind for d in topology.devices}))
     return load_model_spec(args.model, args.fmt, run_dtype=dtype), topology, profile
 
 

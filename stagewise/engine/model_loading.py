@@ -32,7 +32,7 @@ from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS, Profile
+from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS, Profile, runtime_workspace_for
 from stagewise.weights.tensor_source import TensorSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -163,6 +163,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     spec = model_spec(opened, run_dtype)
     profile = Profile(context_tokens=context, batch=1, prefill_chunk_tokens=prefill_chunk,
+                      runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
                       activation_dtype=_SPEC_DTYPE[run_dtype])
     cert = plan(spec, topology, profile, objective=objective, stages=stages).require_fit()
     verify(cert, spec, topology, profile)

@@ -11,18 +11,23 @@ from stagewise.spec.formats import activation_bytes
 DEFAULT_CONTEXT_TOKENS = 4096  # assess / plan default; run may ask for more
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 MAX_CONTEXT_TOKENS = 1 << 24
+# cuBLAS workspaces and CUDA-graph memory pools a stage holds on an accelerator, beyond its own
+# tensors: measured on an H200 as the prefill peak above the resident tensors minus the modelled
+# activations (~100-140 MB; bench/results/gpu_exact_2xh200.json)
+ACCELERATOR_RUNTIME_WORKSPACE_BYTES = 160 << 20
 
 
 @dataclass(frozen=True)
 class Profile:
     """Serving profile: ``batch`` sequences of up to ``context_tokens`` positions each, prompts
     ingested ``prefill_chunk_tokens`` at a time, activations / KV / conv state in
-    ``activation_dtype``."""
+    ``activation_dtype``; each stage also holds ``runtime_workspace_bytes`` for the device runtime."""
 
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     batch: int = 1
     prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS
     activation_dtype: str = "bf16"
+    runtime_workspace_bytes: int = 0  # per stage; ACCELERATOR_RUNTIME_WORKSPACE_BYTES on GPUs
 
     def __post_init__(self) -> None:
         for name, top in (("context_tokens", MAX_CONTEXT_TOKENS), ("batch", 4096), ("prefill_chunk_tokens", 1 << 20)):
@@ -30,6 +35,8 @@ class Profile:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ConfigError(f"profile: {name} must be an integer in 1..{top}, got {value!r}")
         activation_bytes(self.activation_dtype)
+        if isinstance(self.runtime_workspace_bytes, bool) or not 0 <= self.runtime_workspace_bytes < 1 << 40:
+            raise ConfigError(f"profile: runtime_workspace_bytes must be in [0, 1 TiB), got {self.runtime_workspace_bytes!r}")
 
     @property
     def chunk_tokens(self) -> int:
@@ -42,3 +49,8 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def runtime_workspace_for(kinds: set[str]) -> int:
+    """The per-stage runtime workspace for devices of these kinds (none on CPUs)."""
+    return ACCELERATOR_RUNTIME_WORKSPACE_BYTES if kinds - {"cpu"} else 0

@@ -28,7 +28,10 @@ def block_workspace_bytes(block: BlockSpec, profile: Profile) -> int:
 
 
 def handoff_buffer_bytes(hidden_size: int, profile: Profile) -> int:
-    return HANDOFF_BUFFERS * profile.batch * profile.chunk_tokens * hidden_size * profile.activation_bytes
+    """Per stage: the in/out activation buffers, plus the device runtime's own workspace
+    (``profile.runtime_workspace_bytes``: BLAS workspaces and CUDA-graph pools on accelerators)."""
+    buffers = HANDOFF_BUFFERS * profile.batch * profile.chunk_tokens * hidden_size * profile.activation_bytes
+    return buffers + profile.runtime_workspace_bytes
 
 
 def logits_buffer_bytes(vocab_size: int, profile: Profile) -> int:
