@@ -91,3 +91,7 @@ def test_run_text_and_chat_on_the_demo_model() -> None:
     assert text["placement"]["outcome"] == "fits_across"  # the demo needs two virtual devices
     chat = run_json("--chat", "Hello", "--max-tokens", "4")
     assert isinstance(chat["text"], str) and chat["tokens"]
+
+
+def test_unknown_dtype_is_a_typed_error() -> None:
+    assert main(["run", "--dtype", "float8", "--prompt-tokens", "1", "--max-tokens", "1"]) == 2

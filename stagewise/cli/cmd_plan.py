@@ -17,7 +17,13 @@ from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import DEFAULT_CONTEXT_TOKENS, DEFAULT_PREFILL_CHUNK_TOKENS, Profile, runtime_workspace_for
+from stagewise.spec.profile import (
+    DEFAULT_CONTEXT_TOKENS,
+    DEFAULT_PREFILL_CHUNK_TOKENS,
+    Profile,
+    default_activation_dtype,
+    runtime_workspace_for,
+)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -48,7 +54,7 @@ def activation_dtype(args: argparse.Namespace, topology: Topology) -> str:
     """The dtype activations (and dense weights) run in: as asked, else the runtime's default."""
     if args.activation_dtype:
         return str(args.activation_dtype)
-    return "f32" if all(d.kind == "cpu" for d in topology.devices) else "bf16"
+    return default_activation_dtype({d.kind for d in topology.devices})
 
 
 def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:

@@ -12,6 +12,7 @@ from stagewise.errors import ContextLengthExceeded, RequestError
 from stagewise.runtime.pipeline import Pipeline
 
 CancelCheck = Callable[[], bool]
+MAX_TOP_LOGPROBS = 20  # as OpenAI
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class GenerationRequest:
             raise RequestError("the prompt is empty")
         if self.max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.top_logprobs <= 20:
-            raise RequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,7 @@ class Generator:
         self.pipeline = pipeline
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
-        vocab = pipeline.stages[0].model.config.vocab_size
-        self.vocab_size = vocab
+        self.vocab_size = pipeline.stages[0].model.config.vocab_size
 
     def check(self, request: GenerationRequest) -> None:
         n = len(request.prompt_ids)

@@ -7,7 +7,6 @@ and attach the tokenizer and chat template. CLI ``run``/``chat``/``bench`` and `
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +19,6 @@ from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.stage import ChargeCheck
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-
-StageProgress = Callable[[int, str, int], None]  # (stage index, tensor name, bytes loaded)
 
 
 @dataclass

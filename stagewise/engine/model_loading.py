@@ -19,7 +19,7 @@ import torch
 
 from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
 from stagewise.engine.demo_model import DEMO_CONTEXT, DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
-from stagewise.engine.loaded_model import LoadedModel, StageProgress
+from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.placement_summary import placement_summary
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.errors import ConfigError, PlacementError
@@ -27,12 +27,17 @@ from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan, verify
-from stagewise.runtime.builder import build_pipeline
+from stagewise.runtime.builder import StageProgress, build_pipeline
 from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS, Profile, runtime_workspace_for
+from stagewise.spec.profile import (
+    DEFAULT_PREFILL_CHUNK_TOKENS,
+    Profile,
+    default_activation_dtype,
+    runtime_workspace_for,
+)
 from stagewise.weights.tensor_source import TensorSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -88,9 +93,15 @@ def open_model(model: str) -> OpenedModel:
     return OpenedModel(path.name, config, source, tokenizer)
 
 
-def default_dtype(topology: Topology) -> torch.dtype:
-    """bfloat16 on accelerators, float32 on CPU devices."""
-    return torch.float32 if all(d.kind == "cpu" for d in topology.devices) else torch.bfloat16
+def check_dtype(dtype: str | None) -> None:
+    """Refuse a ``--dtype`` that is not one of :data:`DTYPES` (before anything is opened)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def run_dtype_for(dtype: str | None, topology: Topology) -> torch.dtype:
+    """The checked ``--dtype``, else the default for the devices (bfloat16 on accelerators, float32 on CPUs)."""
+    return DTYPES[dtype or default_activation_dtype({d.kind for d in topology.devices})]
 
 
 def model_spec(opened: OpenedModel, dtype: torch.dtype) -> ModelSpec:
@@ -146,6 +157,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     else:
         name = ""
     stages = parse_placement(placement)
+    check_dtype(dtype)
     opened = open_model(model)
     pool, cluster, joins = None, None, None
     if workers is not None:
@@ -154,13 +166,11 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         pool = open_pool(workers, worker_timeout_s)
         if not pool.mode.local:
             # plan on the devices the workers offer, across links timed at one activation (bf16 unless told)
-            itemsize = DTYPES[dtype].itemsize if dtype is not None and dtype in DTYPES else 2
+            itemsize = DTYPES[dtype].itemsize if dtype is not None else 2
             activation_bytes = opened.config.hidden_size * itemsize
             cluster, joins = cluster_topology(pool, join_timeout_s, measure_links, activation_bytes)
     topology = cluster.topology if cluster else resolve_device_spec(devices, ReservePolicy.parse(reserve))
-    run_dtype = DTYPES[dtype] if dtype else default_dtype(topology)
-    if dtype and dtype not in DTYPES:
-        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    run_dtype = run_dtype_for(dtype, topology)
     spec = model_spec(opened, run_dtype)
     profile = Profile(context_tokens=context, batch=1, prefill_chunk_tokens=prefill_chunk,
                       runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),

@@ -9,7 +9,6 @@ from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import RequestError
 
 MAX_STOP_STRINGS = 4  # as OpenAI
-MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -31,16 +30,12 @@ class EngineRequest:
     top_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise RequestError("the prompt is empty")
-        if self.max_tokens < 1:
-            raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        # the token-level checks (prompt, max_tokens, top_logprobs) are GenerationRequest's own
+        GenerationRequest(self.prompt_ids, self.max_tokens, self.sampling, self.stop_token_ids, self.top_logprobs)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise RequestError(f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
 
     @property
     def prompt_tokens(self) -> int:

@@ -46,9 +46,8 @@ class Sample:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def _check_finite(logprob: float) -> None:
-    if not math.isfinite(logprob):
-        raise StepFailed(f"the model produced non-finite logits (log-probability {logprob}); nothing was sampled")
+def _non_finite() -> StepFailed:
+    return StepFailed("the model produced non-finite logits (NaN or inf); nothing was sampled")
 
 
 class Sampler:
@@ -71,12 +70,13 @@ class Sampler:
             token_t = torch.argmax(logits)
             logprob_t = torch.log_softmax(logits.float(), dim=-1)[token_t]
             token, logprob = (float(v) for v in torch.stack([token_t.float(), logprob_t]).tolist())
-            _check_finite(logprob)
+            if not math.isfinite(logprob):  # non-finite logits give a NaN log-probability
+                raise _non_finite()
             self.counts[int(token)] += 1
             return Sample(int(token), logprob)
         logits = logits.detach().float().cpu()
         if not bool(torch.isfinite(logits).all()):
-            _check_finite(float("nan"))
+            raise _non_finite()
         logprobs = torch.log_softmax(logits, dim=-1)
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = torch.tensor(list(self.counts))
@@ -92,7 +92,6 @@ class Sampler:
         if top_logprobs:
             values, ids = torch.topk(logprobs, top_logprobs)
             top = tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
-        _check_finite(float(logprobs[token]))
         return Sample(token, float(logprobs[token]), top)
 
     def _draw(self, logits: torch.Tensor) -> int:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.errors import StagewiseError
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.state import BlockState
@@ -62,19 +61,20 @@ def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: to
     total = 0
     seen: set[int] = set()
     modules = dict(model.named_modules())
+    available = source.names()  # a fresh set per call: read it once
     packed = getattr(source, "source_bytes", None)  # bytes of a tensor kept packed as stored
     for name, param in model.named_parameters():
         if id(param) in seen:
             continue
         seen.add(id(param))
         src = name
-        if name == "lm_head.weight" and name not in source.names() and model.config.tie_word_embeddings:
+        if name == "lm_head.weight" and name not in available and model.config.tie_word_embeddings:
             if model.entry:
                 continue  # shares the embedding on this stage
             src = "model.embed_tokens.weight"
         owner = modules[name.rpartition(".")[0]]
         keeps_packed = hasattr(owner, "set_quantized_param")  # else the loader dequantizes
-        if callable(packed) and keeps_packed and src in source.names() and source.is_quantized(src):
+        if callable(packed) and keeps_packed and src in available and source.is_quantized(src):
             total += int(packed(src))
         else:
             total += param.numel() * dtype.itemsize
@@ -133,7 +133,7 @@ class Stage:
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
             all_logits: bool) -> StageOutput:
         decode = inputs.shape[1] == 1 and start is not None and not all_logits
-        if self.graphs is not None and decode and start is not None:
+        if self.graphs is not None and decode and start is not None:  # (start: for the type checker)
             return self.graphs.run(inputs, positions, start)
         # NOTE: Triton kernels launch on the *current* CUDA device, not the tensors' device: make
         # this stage's device current, or a second GPU's stage would run its kernels on the first
@@ -163,6 +163,3 @@ class Stage:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-
-def is_user_error(exc: BaseException) -> bool:
-    return isinstance(exc, StagewiseError)

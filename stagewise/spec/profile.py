@@ -51,6 +51,11 @@ class Profile:
         return asdict(self)
 
 
+def default_activation_dtype(kinds: set[str]) -> str:
+    """What stagewise runs in when not told: ``f32`` on CPU-only devices, ``bf16`` elsewhere."""
+    return "f32" if not kinds - {"cpu"} else "bf16"
+
+
 def runtime_workspace_for(kinds: set[str]) -> int:
     """The per-stage runtime workspace for devices of these kinds (none on CPUs)."""
     return ACCELERATOR_RUNTIME_WORKSPACE_BYTES if kinds - {"cpu"} else 0
