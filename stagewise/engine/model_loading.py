@@ -107,13 +107,15 @@ def run_dtype_for(dtype: str | None, topology: Topology) -> torch.dtype:
 def model_spec(opened: OpenedModel, dtype: torch.dtype) -> ModelSpec:
     """Metadata-only accounting of the model as it will be resident at ``dtype``."""
     if opened.gguf_path is not None:
+        from stagewise.weights.gguf_source import GGUFSource
         from stagewise.weights.gguf_spec import model_spec_from_gguf
 
-        return model_spec_from_gguf(opened.gguf_path, run_dtype=_SPEC_DTYPE[dtype])
+        assert isinstance(opened.source, GGUFSource)  # the file is already open: no second parse
+        return model_spec_from_gguf(opened.source, run_dtype=_SPEC_DTYPE[dtype])
     if getattr(opened.source, "fmt", "dense") == "q8_0":  # random Q8_0: exact packed bytes
         from stagewise.weights.source_spec import spec_from_source
 
-        return spec_from_source(opened.config, opened.source, dtype.itemsize, "q8_0", opened.name)
+        return spec_from_source(opened.config, opened.source, _SPEC_DTYPE[dtype], opened.name)
     return ModelSpec.from_config(opened.config, _SPEC_DTYPE[dtype], name=opened.name)
 
 

@@ -15,7 +15,7 @@ from stagewise.runtime.decode_graphs import DecodeGraphs
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.stage_loader import load_stage
-from stagewise.weights.tensor_source import TensorSource
+from stagewise.weights.tensor_source import TensorSource, resident_bytes
 
 Progress = Callable[[str, int], None]
 
@@ -62,7 +62,6 @@ def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: to
     seen: set[int] = set()
     modules = dict(model.named_modules())
     available = source.names()  # a fresh set per call: read it once
-    packed = getattr(source, "source_bytes", None)  # bytes of a tensor kept packed as stored
     for name, param in model.named_parameters():
         if id(param) in seen:
             continue
@@ -73,11 +72,10 @@ def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: to
                 continue  # shares the embedding on this stage
             src = "model.embed_tokens.weight"
         owner = modules[name.rpartition(".")[0]]
-        keeps_packed = hasattr(owner, "set_quantized_param")  # else the loader dequantizes
-        if callable(packed) and keeps_packed and src in available and source.is_quantized(src):
-            total += int(packed(src))
+        if src in available:
+            total += resident_bytes(source, src, owner, dtype.itemsize)
         else:
-            total += param.numel() * dtype.itemsize
+            total += param.numel() * dtype.itemsize  # missing: the loader will say so
     return total
 
 

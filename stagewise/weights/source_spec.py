@@ -1,46 +1,44 @@
-"""spec_from_source: a ModelSpec whose weight bytes are what a TensorSource will make resident.
+"""spec_from_source: a ModelSpec whose weight bytes are what the loader will make resident.
 
-Packed tensors count their packed bytes (``source.source_bytes``); everything else counts at the
-run dtype, as the loader casts it. The same rule as :mod:`stagewise.weights.gguf_spec`, for any
-source that keeps some tensors packed (e.g. random Q8_0 weights).
+Every tensor counts as :func:`~stagewise.weights.tensor_source.resident_bytes` says — packed as
+stored where the loader keeps it packed, else dense at the run dtype — so GGUF files, random Q8_0
+weights and any other source with packed tensors are charged by the very rule that loads them.
 """
 
 from __future__ import annotations
 
-import re
-
 from stagewise.models.registry import build_stage
+from stagewise.spec.formats import activation_bytes
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.weights.tensor_source import TensorSource
+from stagewise.weights.tensor_source import TensorSource, block_index, keeps_packed, resident_bytes
 
-_BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
+EMBEDDING = "model.embed_tokens.weight"
 
 
-def spec_from_source(config: ModelConfig, source: TensorSource, run_dtype_bytes: int, fmt: str,
-                     name: str) -> ModelSpec:
-    """Exact resident bytes per block, entry and exit for ``source`` loaded at the run dtype."""
-    packed_bytes = getattr(source, "source_bytes", None)
+def spec_from_source(config: ModelConfig, source: TensorSource, run_dtype: str, name: str) -> ModelSpec:
+    """Exact resident bytes per block, entry and exit for ``source`` loaded at ``run_dtype``
+    (``f32``/``bf16``/``f16``); the format is ``q8_0`` when any tensor stays packed."""
+    dense_bytes = activation_bytes(run_dtype)
     full = build_stage(config, 0, config.num_layers, entry=True, exit=True, device="meta")
     modules = dict(full.named_modules())
     by_block = dict.fromkeys(range(config.num_layers), 0)
     entry = exit_ = 0
+    any_packed = False
     for tensor in source.names():
-        numel = 1
-        for d in source.shape(tensor):
-            numel *= d
         owner = modules.get(tensor.rpartition(".")[0])
-        keeps_packed = owner is not None and hasattr(owner, "set_quantized_param")  # as the loader decides
-        packed = callable(packed_bytes) and keeps_packed and source.is_quantized(tensor)
-        nbytes = int(packed_bytes(tensor)) if packed and callable(packed_bytes) else numel * run_dtype_bytes
-        match = _BLOCK.match(tensor)
-        if match:
-            by_block[int(match.group(1))] += nbytes
+        any_packed = any_packed or keeps_packed(owner, source, tensor)
+        nbytes = resident_bytes(source, tensor, owner, dense_bytes)
+        block = block_index(tensor)
+        if block is not None:
+            by_block[block] += nbytes
         elif tensor.startswith("model.embed_tokens."):
             entry += nbytes
-            if config.tie_word_embeddings:
-                exit_ += nbytes
         else:
             exit_ += nbytes
+    if config.tie_word_embeddings and EMBEDDING in source.names():
+        # the head reads the embedding, held as the head would hold it (packed when stored packed)
+        exit_ += resident_bytes(source, EMBEDDING, modules["lm_head"], dense_bytes)
+    fmt = "q8_0" if any_packed else run_dtype
     return ModelSpec.from_config(config, fmt, name=name, tensor_bytes_by_block=by_block, entry_bytes=entry,
                                  exit_bytes=exit_)

@@ -6,7 +6,6 @@ parameters left on meta are errors (:class:`~stagewise.errors.WeightsError`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import torch
@@ -14,9 +13,8 @@ from torch import nn
 
 from stagewise.errors import WeightsError
 from stagewise.models.stage_model import StageModel
-from stagewise.weights.tensor_source import TensorSource
+from stagewise.weights.tensor_source import TensorSource, block_index, keeps_packed
 
-_BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
 Progress = Callable[[str, int], None]  # (tensor name, bytes loaded)
 
 
@@ -24,9 +22,9 @@ def stage_tensor_names(stage: StageModel, available: set[str]) -> set[str]:
     """Names in ``available`` that belong to ``stage`` (its blocks, entry and exit)."""
     wanted = set()
     for name in available:
-        match = _BLOCK.match(name)
-        if match:
-            if stage.start <= int(match.group(1)) < stage.end:
+        block = block_index(name)
+        if block is not None:
+            if stage.start <= block < stage.end:
                 wanted.add(name)
         elif name.startswith("model.embed_tokens.") and stage.entry:
             wanted.add(name)
@@ -62,7 +60,7 @@ def load_stage(stage: StageModel, source: TensorSource, device: torch.device, dt
             raise WeightsError(f"{source.label}: tensor {src!r} has shape {list(got)}, expected {list(want)}")
         owner_name, _, leaf = name.rpartition(".")
         owner = modules[owner_name]
-        if source.is_quantized(src) and hasattr(owner, "set_quantized_param"):
+        if keeps_packed(owner, source, src):
             qweight = source.load_quantized(src, device)
             owner.set_quantized_param(leaf, qweight)  # stays packed: no dequantized copy
             nbytes = qweight.nbytes

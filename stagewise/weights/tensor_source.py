@@ -6,6 +6,8 @@ naming and layout (e.g. GGUF's) behind this interface.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Protocol
 
 import torch
@@ -44,3 +46,25 @@ class TensorSource(Protocol):
     def ignored(self) -> set[str]:
         """Names present in the file that are knowingly not executed (MTP, vision tower)."""
         ...
+
+
+_BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def block_index(name: str) -> int | None:
+    """The global block a tensor name belongs to (``model.layers.<i>.…``), or None (entry / exit)."""
+    match = _BLOCK.match(name)
+    return int(match.group(1)) if match else None
+
+
+def keeps_packed(owner: object, source: TensorSource, name: str) -> bool:
+    """The loader's rule: ``name`` stays resident packed when the source stores it packed and the
+    module owning it can hold packed weights; anything else is dequantized at load."""
+    return hasattr(owner, "set_quantized_param") and source.is_quantized(name)
+
+
+def resident_bytes(source: TensorSource, name: str, owner: object, dense_bytes: int) -> int:
+    """Bytes ``name`` will take on its device: packed as stored, or dense at ``dense_bytes`` per value."""
+    if keeps_packed(owner, source, name):
+        return int(source.source_bytes(name))  # type: ignore[attr-defined]  # packed sources report it
+    return math.prod(source.shape(name)) * dense_bytes
