@@ -40,3 +40,13 @@ def build_stage(config: ModelConfig, start: int, end: int, entry: bool, exit: bo
     factory = block_factory(config.architecture)
     with torch.device(device):
         return StageModel(config, start, end, entry, exit, factory)
+
+
+def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter of the whole model, in model order, built on meta (no
+    memory); the LM head is omitted when tied (it reads the embedding)."""
+    model = build_stage(config, 0, config.num_layers, entry=True, exit=True)
+    params = [(n, tuple(p.shape)) for n, p in model.named_parameters(remove_duplicate=False)]
+    if config.tie_word_embeddings:
+        params = [(n, s) for n, s in params if n != "lm_head.weight"]
+    return params

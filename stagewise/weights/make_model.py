@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from stagewise.errors import ConfigError, ModelNotFound
-from stagewise.models.registry import build_stage
+from stagewise.models.registry import parameter_shapes
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.gguf_export import write_gguf
 from stagewise.weights.random_weights import tensor_chunks
@@ -73,12 +73,8 @@ def load_hf_config(config: str | Path | dict[str, Any]) -> dict[str, Any]:
 
 
 def model_params(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every parameter, in model order; the LM head is omitted when tied."""
-    model = build_stage(config, 0, config.num_layers, entry=True, exit=True)
-    params = [(n, tuple(p.shape)) for n, p in model.named_parameters(remove_duplicate=False)]
-    if config.tie_word_embeddings:
-        params = [(n, s) for n, s in params if n != "lm_head.weight"]
-    return params
+    """(name, shape) of every parameter the files hold: :func:`~stagewise.models.registry.parameter_shapes`."""
+    return parameter_shapes(config)
 
 
 def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = "gguf", dtype: str = "f32",

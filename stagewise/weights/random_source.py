@@ -7,20 +7,13 @@ so any placement of the same model sees the same weights.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from stagewise.errors import WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
-from stagewise.models.registry import build_stage
+from stagewise.models.registry import parameter_shapes
 from stagewise.spec.model_config import ModelConfig
-
-
-def _tensor_seed(seed: int, name: str) -> int:
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
+from stagewise.weights.random_weights import tensor_seed
 
 _DENSE_ONLY = ("embed_tokens", "mlp.gate.weight", "shared_expert_gate", "conv1d", "norm")
 
@@ -40,10 +33,7 @@ class RandomSource:
         self.seed = seed
         self.std = std
         self.fmt = fmt
-        full = build_stage(config, 0, config.num_layers, entry=True, exit=True, device="meta")
-        self._shapes = {n: tuple(p.shape) for n, p in full.named_parameters()}
-        if config.tie_word_embeddings:
-            self._shapes.pop("lm_head.weight", None)
+        self._shapes = dict(parameter_shapes(config))
 
     @property
     def label(self) -> str:
@@ -69,7 +59,7 @@ class RandomSource:
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         shape = self._shapes[name]
-        gen = torch.Generator(device=device).manual_seed(_tensor_seed(self.seed, name))
+        gen = torch.Generator(device=device).manual_seed(tensor_seed(self.seed, name))
         leaf = name.rsplit(".", 1)[-1]
         if "norm" in name:  # around 1, or around 0 where the model stores offsets from 1
             base = 0.0 if self.config.zero_centered_norm else 1.0
@@ -88,7 +78,7 @@ class RandomSource:
         from stagewise.weights.quant.q8_0 import Q8_0Weight
 
         shape = self._shapes[name]
-        gen = torch.Generator(device=device).manual_seed(_tensor_seed(self.seed, name))
+        gen = torch.Generator(device=device).manual_seed(tensor_seed(self.seed, name))
         qs = torch.randint(-127, 128, shape, generator=gen, device=device, dtype=torch.int8)
         scale = self.std / 73.0  # uniform int8 in [-127, 127] has a standard deviation of ~73
         scales = torch.full((*shape[:-1], shape[-1] // 32), scale, dtype=torch.float16, device=device)

@@ -6,7 +6,7 @@ Layout on the device: ``qs`` int8 ``(..., out, in)`` and ``scales`` float16
 
 Matmul dispatch is explicit and depends only on the weight's device and the number of input rows:
 ``cuda`` with Triton importable and at most 16 rows (decode) ->
-:mod:`stagewise.weights.quant.q8_0_triton` (reads the int8 values directly); otherwise (CPU,
+:mod:`stagewise.weights.quant.q8_0_gemv_triton` (reads the int8 values directly); otherwise (CPU,
 other devices, prefill) -> dequantize a bounded tile of rows at a time and multiply with the
 device's matmul (no dense copy is ever kept). Same inputs on the same device kind -> same kernel,
 so a staged run and a single-device run agree bit for bit.
@@ -14,15 +14,17 @@ so a staged run and a single-device run agree bit for bit.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 BLOCK = 32  # elements per Q8_0 block
 BLOCK_BYTES = 34  # 2 (f16 scale) + 32 (int8 values)
 TILE_ELEMENTS = 1 << 22  # dequantized elements per matmul tile (16 MiB at float32)
-_TRITON_MAX_TOKENS = 16  # = q8_0_triton.MAX_TOKENS (not imported: triton may be absent)
 _LOAD_CHUNK_BLOCKS = 1 << 20  # blocks copied to the device per step while loading (34 MiB)
 
 
+@functools.cache
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -93,14 +95,12 @@ class Q8_0Weight:
         return Q8_0Weight(self.qs[index], self.scales[index])
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self._dequantize_rows(0, self.qs.shape[-2], dtype) if self.qs.dim() == 2 else (
-            (self.qs.to(torch.float32).unflatten(-1, (-1, BLOCK)) * self.scales.to(torch.float32)[..., None])
-            .flatten(-2).to(dtype)
-        )
+        """The dense matrix (or stack, sliced along its first dimension)."""
+        return self._dequantize_rows(0, self.qs.shape[0], dtype)
 
     def _dequantize_rows(self, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
-        qs = self.qs[lo:hi].to(torch.float32).unflatten(-1, (-1, BLOCK))  # (r, in/32, 32)
-        return (qs * self.scales[lo:hi].to(torch.float32)[..., None]).flatten(-2).to(dtype)  # (r, in)
+        qs = self.qs[lo:hi].to(torch.float32).unflatten(-1, (-1, BLOCK))  # (r, …, in/32, 32)
+        return (qs * self.scales[lo:hi].to(torch.float32)[..., None]).flatten(-2).to(dtype)  # (r, …, in)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` for ``x (..., in)`` -> ``(..., out)`` in ``x``'s dtype (2-D weights only)."""
@@ -111,10 +111,6 @@ class Q8_0Weight:
             from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales).reshape(*x.shape[:-1], self.qs.shape[0])
-        if self.qs.device.type == "cuda" and tokens <= _TRITON_MAX_TOKENS and triton_available():
-            from stagewise.weights.quant.q8_0_triton import q8_0_matmul
-
-            return q8_0_matmul(x, self.qs, self.scales)
         return self._tiled_matmul(x)
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,9 +135,8 @@ class Q8_0Weight:
             from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales, expert_index)
-        qs = self.qs.index_select(0, expert_index).to(torch.float32).unflatten(-1, (-1, BLOCK))  # (M, out, in/32, 32)
-        w = (qs * self.scales.index_select(0, expert_index).to(torch.float32)[..., None]).flatten(-2).to(x.dtype)
-        return torch.bmm(w, x[:, :, None]).squeeze(-1)  # (M, out)
+        routed = Q8_0Weight(self.qs.index_select(0, expert_index), self.scales.index_select(0, expert_index))
+        return torch.bmm(routed.dequantize(x.dtype), x[:, :, None]).squeeze(-1)  # (M, out)
 
     def to(self, device: torch.device) -> Q8_0Weight:
         return Q8_0Weight(self.qs.to(device), self.scales.to(device))

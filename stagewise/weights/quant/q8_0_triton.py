@@ -1,7 +1,8 @@
 """Triton kernel: ``y = x @ dequant(W).T`` reading Q8_0 int8 values and f16 scales directly.
 
-Used by :meth:`Q8_0Weight.matmul` when the weight lives on a CUDA device, Triton is importable
-and the input has at most :data:`MAX_TOKENS` rows (decode). Tiles: BLOCK_M tokens x BLOCK_N output rows, stepping BLOCK_K
+Not on the serving path: the GEMV kernel (:mod:`stagewise.weights.quant.q8_0_gemv_triton`) measured
+4-10x faster for decode, so this tiled ``tl.dot`` kernel stays only as the reference that
+``bench/q8_0_kernels.py`` compares against. Tiles: BLOCK_M tokens x BLOCK_N output rows, stepping BLOCK_K
 (a multiple of 32) along the input; each int8 tile is scaled per 32-element block in float32
 and fed to ``tl.dot`` in the activation dtype; accumulation is float32.
 """
@@ -44,7 +45,6 @@ def _q8_0_matmul_kernel(
 # decode (<= 16 tokens) wants many narrow programs over N. Measured there: 66 us for 1 token vs 27 us
 # for the dense bf16 matmul; prefill is left to the tiled dequantize + cuBLAS path (Q8_0Weight.matmul).
 TILES = {"decode": (16, 16, 256, 4, 3), "prefill": (128, 16, 64, 4, 3)}
-MAX_TOKENS = 16  # Q8_0Weight.matmul sends larger inputs to the tiled path
 
 
 def q8_0_matmul(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
