@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -20,6 +22,33 @@ def _strip_prefix(name: str) -> str:
     if name.startswith("model.language_model."):
         return "model." + name[len("model.language_model.") :]
     return name
+
+
+class _ShardReader:
+    """Reads tensors by our name, opening each shard at most once while in use."""
+
+    def __init__(self, where: dict[str, tuple[Path, str]]) -> None:
+        self.where = where
+        self.handles: dict[Path, Any] = {}
+        self.stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def __call__(self, name: str) -> torch.Tensor:
+        path, raw = self.where[name]
+        try:
+            handle = self.handles.get(path)
+            if handle is None:
+                handle = self.stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+                self.handles[path] = handle
+            tensor: torch.Tensor = handle.get_tensor(raw)
+        except SafetensorError as exc:
+            raise CorruptModelFile(f"{path}: cannot read tensor {raw!r} ({exc})") from None
+        return tensor
 
 
 class SafetensorsSource:
@@ -86,19 +115,13 @@ class SafetensorsSource:
         return False
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        stacked = self._stacked.get(name)
-        if stacked is not None:
-            return load_stacked(stacked, self._read, device, dtype)
-        return self._read(name).to(device=device, dtype=dtype)
-
-    def _read(self, name: str) -> torch.Tensor:
-        path, raw = self._where[name]
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                tensor = handle.get_tensor(raw)
-        except SafetensorError as exc:
-            raise CorruptModelFile(f"{path}: cannot read tensor {raw!r} ({exc})") from None
-        return tensor
+        # each shard is opened (its header parsed) once per loaded tensor, however many source
+        # matrices a stacked expert tensor gathers from it
+        with _ShardReader(self._where) as read:
+            stacked = self._stacked.get(name)
+            if stacked is not None:
+                return load_stacked(stacked, read, device, dtype)
+            return read(name).to(device=device, dtype=dtype)
 
     def load_quantized(self, name: str, device: torch.device) -> QuantizedWeight:
         raise WeightsError(f"{self.label}: tensor {name!r} is not quantized")
