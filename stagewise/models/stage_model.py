@@ -103,7 +103,8 @@ class StageModel(nn.Module):
         if kv_length is None:
             kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
         rotary = {self.config.rotary_dim: rotary_cos_sin(self.inv_freq, positions, dtype)}
-        return StepContext.build(positions, start, kv_length, rotary)
+        groups = self.config.num_attention_heads // self.config.num_kv_heads
+        return StepContext.build(positions, start, kv_length, rotary, groups)
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: Mapping[int, BlockState],
                 start: int | None = None, all_logits: bool = False, kv_length: int | None = None) -> StageOutput:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from stagewise.spec.model_config import ModelConfig
 
 # mixer (norm + projections + rotary + cache write + attention + output + residual)
-ATTENTION_KERNELS = 34
+ATTENTION_KERNELS = 33
 QK_NORM_KERNELS = 16  # per-head RMSNorm of q and k (Qwen3, hybrids)
 OUTPUT_GATE_KERNELS = 12  # the hybrids' sigmoid output gate and zero-centred norms
 LINEAR_ATTENTION_KERNELS = 86  # Gated DeltaNet: projections, conv, decay, recurrent step, gated norm
@@ -20,7 +20,7 @@ LINEAR_ATTENTION_KERNELS = 86  # Gated DeltaNet: projections, conv, decay, recur
 DENSE_MLP_KERNELS = 4  # gate_up, silu, multiply, down
 MOE_KERNELS = 16  # router, softmax, top-k, normalization, gathered experts, weighted sum
 SHARED_EXPERT_KERNELS = 8  # shared expert and its sigmoid gate
-STAGE_KERNELS = 11  # per stage and step: rotary tables and the causal mask
+STAGE_KERNELS = 12  # per stage and step: rotary tables and the causal mask (repeated for grouped queries)
 EXIT_KERNELS = 10  # final norm, LM head, float logits
 ENTRY_KERNELS = 1  # embedding lookup
 

@@ -79,8 +79,7 @@ class Attention(nn.Module):
         # kv head become G * T query rows of that head (rows ordered group-major, then token)
         groups = self.heads // self.kv_heads
         rows = q.reshape(batch, self.kv_heads, groups * steps, self.head_dim)  # (B, kvH, G*T, D)
-        mask = ctx.mask.repeat(1, 1, groups, 1) if groups > 1 else ctx.mask  # (B, 1, G*T, L)
-        out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)  # (B, kvH, G*T, D)
+        out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=ctx.mask)  # (B, kvH, G*T, D)
         out = out.reshape(batch, self.heads, steps, self.head_dim)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
         if gate is not None:
