@@ -27,7 +27,6 @@ class RequestHandle:
         self._done = threading.Event()
         self.submitted_s = time.monotonic()
         self.first_token_s: float | None = None
-        self.finished_s: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -51,8 +50,6 @@ class RequestHandle:
         """Engine side: hand ``output`` to the client (never raises)."""
         if self._done.is_set():
             return
-        if output.finished:
-            self.finished_s = time.monotonic()
         try:
             self._sink(output)
         except Exception:  # a client that went away must not stop the engine

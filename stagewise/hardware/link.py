@@ -8,8 +8,6 @@ from typing import Any
 from stagewise.errors import TopologyError
 
 LINK_KINDS = ("same-device", "nvlink", "pcie-p2p", "pcie-host-staged", "network")
-# Preference when choosing a device order: lower is better (neighbours over fast links).
-LINK_RANK = {kind: rank for rank, kind in enumerate(LINK_KINDS)}
 
 
 @dataclass(frozen=True)

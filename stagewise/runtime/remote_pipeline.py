@@ -105,7 +105,6 @@ class DistributedPipeline(Pipeline):
         self._message = ""
         self._watcher: threading.Thread | None = None
         self._recovering = False
-        self.last_step_s = 0.0  # wall time of the last step, seconds, coordinator's view
 
     # ----- start ---------------------------------------------------------------------------------
 
@@ -253,7 +252,6 @@ class DistributedPipeline(Pipeline):
                 raise
             except Exception as exc:
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
-            t0 = time.perf_counter()
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
                                 expected_acks=self.pool.count)
@@ -268,7 +266,6 @@ class DistributedPipeline(Pipeline):
             out = self._outputs(seq)
             self._command("publish")
             self.last_timings = self._timings(acks)
-            self.last_step_s = time.perf_counter() - t0
             if seq - self._cleaned >= CLEANUP_EVERY:
                 self._cleanup(seq)
             return out

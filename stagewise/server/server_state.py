@@ -10,8 +10,6 @@ from stagewise.engine.metrics import EngineMetrics
 from stagewise.engine.scheduler import EngineClosed
 from stagewise.server.serve_settings import ServeSettings
 
-PHASES = ("loading", "ready", "draining", "failed")
-
 
 class ServerState:
     """Shared by the HTTP handlers, the loader thread and the signal handler (all transitions locked)."""

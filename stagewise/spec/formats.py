@@ -25,10 +25,6 @@ class StoredFormat:
     def quantized(self) -> bool:
         return self.block_elements > 1
 
-    @property
-    def bits_per_element(self) -> float:
-        return 8.0 * self.block_bytes / self.block_elements
-
 
 FORMATS: dict[str, StoredFormat] = {
     f.name: f

@@ -6,8 +6,6 @@ the GGUF reader, with exact per-block bytes (``tensor_bytes_by_block``). No torc
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +82,3 @@ class ModelSpec:
             "entry": self.entry.to_dict(),
             "exit": self.exit.to_dict(),
         }
-
-    def digest(self) -> str:
-        """sha256 of the canonical JSON of :meth:`to_dict`."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()

@@ -76,9 +76,6 @@ class GGUFFile:
     def info(self, name: str) -> GGUFTensorInfo:
         return self.tensors[name][1]
 
-    def part_of(self, name: str) -> Path:
-        return self.parts[self.tensors[name][0]]
-
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a CPU ``uint8`` tensor viewing the file's mapping (no copy)."""
         index, info = self.tensors[name]

@@ -52,17 +52,6 @@ class GGUFTensorInfo:
     offset_bytes: int  # absolute, from the start of the file
     nbytes: int
 
-    @property
-    def type_name(self) -> str:
-        return self.ggml_type.name
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
 
 @dataclass(frozen=True)
 class GGUFHeader:

@@ -7,6 +7,8 @@ so any placement of the same model sees the same weights.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from stagewise.errors import WeightsError
@@ -52,10 +54,7 @@ class RandomSource:
 
     def source_bytes(self, name: str) -> int:
         """Packed bytes of a Q8_0 tensor: 34 bytes per 32 values (int8 + f16 scale)."""
-        numel = 1
-        for d in self._shapes[name]:
-            numel *= d
-        return numel // 32 * 34
+        return math.prod(self._shapes[name]) // 32 * 34
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         shape = self._shapes[name]

@@ -44,13 +44,8 @@ def tensor_chunks(config: ModelConfig, name: str, shape: tuple[int, ...], seed: 
         yield _values(config, name, (n, *shape[1:]), gen)
 
 
-def full_tensor(config: ModelConfig, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    return torch.cat(list(tensor_chunks(config, name, shape, seed)), dim=0)
-
-
 def _values(config: ModelConfig, name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    noise = torch.randn(shape, generator=gen, device=gen.device)
-    leaf = name.rsplit(".", 2)
+    noise = torch.randn(shape, generator=gen, device=gen.device)  # drawn first for every tensor
     if name.endswith("A_log"):
         a = torch.rand(shape, generator=gen, device=gen.device) * 15 + 1  # A in [1, 16), as the reference initializes it
         return _exp_log_fixed_point(torch.log(a))
@@ -61,9 +56,7 @@ def _values(config: ModelConfig, name: str, shape: tuple[int, ...], gen: torch.G
     if name.endswith("norm.weight"):
         zero_centred = config.zero_centered_norm and ".linear_attn." not in name
         return 0.05 * noise if zero_centred else 1.0 + 0.1 * noise
-    if leaf[-1] == "bias":
-        return WEIGHT_STD * noise
-    return WEIGHT_STD * noise
+    return WEIGHT_STD * noise  # matrices and biases
 
 
 def _exp_log_fixed_point(x: torch.Tensor) -> torch.Tensor:

@@ -105,7 +105,7 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
             fuse_unk=False,
         )
     )
-    backend.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre"))
+    backend.pre_tokenizer = pre_tokenizer_for(fields.get("tokenizer.ggml.pre"))
     backend.decoder = decoders.ByteLevel()
     _add_typed_tokens(backend, tokens, token_types)
 
@@ -134,7 +134,8 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
     )
 
 
-def _pre_tokenizer(pre: object) -> pre_tokenizers.PreTokenizer:
+def pre_tokenizer_for(pre: object) -> pre_tokenizers.PreTokenizer:
+    """The pre-tokenizer of GGUF ``tokenizer.ggml.pre`` (``qwen2``, ``llama-bpe``, …; GPT-2's otherwise)."""
     split = PRE_TOKENIZER_SPLITS.get(str(pre)) if pre is not None else None
     if split is None:
         return pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's own regex
@@ -168,8 +169,7 @@ def _add_typed_tokens(backend: BackendTokenizer, tokens: list[str], token_types:
 def _byte_spelling(token: str) -> str:
     if set(token) <= _BYTE_ALPHABET:
         return token
-    spelling = _bytes_to_unicode()
-    return "".join(spelling[b] for b in token.encode("utf-8"))
+    return "".join(_BYTE_SPELLING[b] for b in token.encode("utf-8"))
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -182,6 +182,9 @@ def _bytes_to_unicode() -> dict[int, str]:
             mapping[b] = chr(256 + shifted)
             shifted += 1
     return mapping
+
+
+_BYTE_SPELLING = _bytes_to_unicode()  # built once: every token outside the alphabet uses it
 
 
 def _split_merge(merge: str) -> tuple[str, str]:

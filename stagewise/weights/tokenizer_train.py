@@ -22,16 +22,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, trainers
+from tokenizers import AddedToken, decoders, pre_tokenizers, trainers
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
 from stagewise.errors import ConfigError
 from stagewise.weights.tokenizer_gguf import (
-    QWEN2_SPLIT,
     TOKEN_TYPE_CONTROL,
     TOKEN_TYPE_NORMAL,
     TOKEN_TYPE_USER_DEFINED,
+    pre_tokenizer_for,
 )
 
 CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -107,12 +107,7 @@ def train_demo_tokenizer(
     if vocab_size < minimum:
         raise ConfigError(f"demo tokenizer vocab_size {vocab_size} is below the byte alphabet + specials ({minimum})")
     tok = BackendTokenizer(BPE(continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    tok.pre_tokenizer = pre_tokenizer_for("qwen2")  # the GGUF export names it "qwen2": both must agree
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

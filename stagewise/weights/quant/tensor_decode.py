@@ -20,8 +20,6 @@ DENSE_TYPES: dict[GGMLQuantizationType, torch.dtype] = {
     GGMLQuantizationType.F16: torch.float16,
     GGMLQuantizationType.BF16: torch.bfloat16,
 }
-RESIDENT_QUANT_TYPES = frozenset({GGMLQuantizationType.Q8_0})
-DEQUANT_AT_LOAD_TYPES = frozenset(DEQUANTIZERS) - RESIDENT_QUANT_TYPES
 SUPPORTED_TYPES = frozenset(DENSE_TYPES) | frozenset(DEQUANTIZERS)
 
 
