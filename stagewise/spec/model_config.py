@@ -30,6 +30,11 @@ FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 
 
+def layer_types_for_interval(interval: int, layers: int) -> tuple[str, ...]:
+    """Hybrid pattern: every ``interval``-th block full attention, the others linear attention."""
+    return tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers))
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Rotary embedding parameters: ``rope_type`` is ``default`` or ``llama3``."""
@@ -251,7 +256,7 @@ def _from_hf(raw: dict[str, Any], source: str) -> ModelConfig:
     layer_types: list[str] = list(raw.get("layer_types") or ())
     if arch in HYBRID_ARCHITECTURES and not layer_types:
         interval = int(raw.get("full_attention_interval", 4))
-        layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)]
+        layer_types = list(layer_types_for_interval(interval, layers))
     if arch not in HYBRID_ARCHITECTURES:
         layer_types = [FULL_ATTENTION] * layers
     num_experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)

@@ -17,7 +17,14 @@ import numpy as np
 from gguf.constants import Keys
 
 from stagewise.errors import ConfigError, UnsupportedArchitecture
-from stagewise.spec.model_config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig, RopeScaling
+from stagewise.spec.model_config import (
+    FULL_ATTENTION,
+    HYBRID_ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    ModelConfig,
+    RopeScaling,
+    layer_types_for_interval,
+)
 from stagewise.weights.gguf_names import GGUF_ARCHITECTURES
 
 RopeFactors = Callable[[], Sequence[float] | None]
@@ -85,15 +92,15 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
         raise ConfigError(f"{label}: rope dimension {rotary!r} does not fit head dimension {head_dim!r}")
     rope = _rope(arch, fields, label, theta, rotary / head_dim, head_dim, rope_factors)
 
-    hybrid = family in ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+    hybrid = family in HYBRID_ARCHITECTURES
     if hybrid:
         interval = get(Keys.LLM.FULL_ATTENTION_INTERVAL, default=4)
         if interval <= 0:
             raise ConfigError(f"{label}: full_attention_interval must be positive, got {interval}")
-        layer_types = tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers))
+        layer_types = layer_types_for_interval(interval, layers)
     else:
         layer_types = tuple(FULL_ATTENTION for _ in range(max(layers, 0)))
-    moe = family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe")
+    moe = family in MOE_ARCHITECTURES
     extra: dict[str, Any] = {"gguf_architecture": arch}
     if nextn:
         extra["num_nextn_predict_layers"] = nextn

@@ -21,7 +21,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys, LlamaFileType
 
 from stagewise.errors import ConfigError
-from stagewise.spec.model_config import FULL_ATTENTION, ModelConfig
+from stagewise.spec.model_config import ModelConfig, layer_types_for_interval
 from stagewise.weights.gguf_config import llama3_rope_factors
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, split_sizes, value_to_gguf
 from stagewise.weights.gguf_names import FAMILY_TO_GGUF, NameRule, rule_for_ours
@@ -116,8 +116,7 @@ def _check_representable(config: ModelConfig) -> None:
 
 def _attention_interval(config: ModelConfig) -> int | None:
     for interval in range(1, config.num_layers + 1):
-        kinds = tuple(FULL_ATTENTION if (i + 1) % interval == 0 else "linear_attention" for i in range(config.num_layers))
-        if kinds == config.layer_types:
+        if layer_types_for_interval(interval, config.num_layers) == config.layer_types:
             return interval
     return None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
 
 from stagewise.errors import UnsupportedArchitecture
+from stagewise.spec.model_config import HYBRID_ARCHITECTURES
 
 # llama.cpp architecture name (general.architecture) -> our family
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -120,7 +121,7 @@ def block_rules(family: str) -> list[NameRule]:
 
 
 def top_rules(family: str) -> list[NameRule]:
-    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+    if family in HYBRID_ARCHITECTURES:
         return [_zero_centred(r) for r in _TOP]
     return list(_TOP)
 
