@@ -14,6 +14,7 @@ from typing import Any
 
 from stagewise.errors import ConfigError
 from stagewise.hardware.device_spec import resolve_device_spec
+from stagewise.hardware.discovery import discover_topology
 from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
@@ -37,12 +38,16 @@ def run(args: argparse.Namespace) -> int:
     if args.workers:
         datasheet, topology, owners = _cluster(args.workers, args.join_timeout, args.measure)
     else:
-        datasheet = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
-        topology = datasheet
+        policy = ReservePolicy.parse(args.reserve)
+        # the "sheet" column must show datasheet figures, not the cached measurements that
+        # resolve_device_spec applies by default for planning
+        datasheet = resolve_device_spec(args.devices, policy, discover=lambda: discover_topology(policy))
         if args.measure:
             from stagewise.hardware.measure import measure_topology
 
             topology, _ = measure_topology(datasheet)
+        else:
+            topology = resolve_device_spec(args.devices, policy)
     if args.json:
         out = topology.to_dict()
         out["links_resolved"] = [

@@ -13,7 +13,6 @@ from stagewise.placement.prediction import Prediction
 from stagewise.placement.search import Found, Searcher
 from stagewise.placement.stage_placement import StagePlacement
 from stagewise.spec.charge import stage_charge
-from stagewise.spec.profile import Profile
 
 
 def certify(searcher: Searcher, found: Found, objective: str, reasons: tuple[str, ...]) -> CertifiedPlacement:
@@ -76,9 +75,10 @@ def does_not_fit(searcher: Searcher, objective: str, k_max: int, n_dev: int) -> 
             f"1 device: needs {format_bytes(one.budget_bytes + one.overflow_bytes)}, "
             f"largest budget {format_bytes(one.budget_bytes)} ({one.device_id})"
         )
+    exhaustive = searcher.exhaustive  # probing more devices below must not change the certificate's flag
     if k_max < n_dev:
-        more = Searcher(spec, topology, profile, list(topology.devices))
-        fits_more = any(more.feasible(k) for k in range(k_max + 1, min(n_dev, spec.num_blocks) + 1))
+        # no order was fixed (a fixed one never reaches here): the searcher already holds every device
+        fits_more = any(searcher.feasible(k) for k in range(k_max + 1, min(n_dev, spec.num_blocks) + 1))
         reasons.append(f"more devices: {'would fit' if fits_more else 'would not fit either'} beyond --max-stages {k_max}")
     else:
         reasons.append(f"more devices: none left ({n_dev} listed)")
@@ -96,7 +96,7 @@ def does_not_fit(searcher: Searcher, objective: str, k_max: int, n_dev: int) -> 
         budget_bytes=miss.budget_bytes,
         deficit_bytes=miss.overflow_bytes,
         longest_context_tokens=_longest_context(searcher, k_max),
-        exhaustive=searcher.exhaustive,
+        exhaustive=exhaustive,
     )
 
 
@@ -105,8 +105,7 @@ def _longest_context(searcher: Searcher, k_max: int) -> int | None:
     fitting only gets harder as the context grows)."""
 
     def fits(context: int) -> bool:
-        profile: Profile = replace(searcher.profile, context_tokens=context)
-        s = Searcher(searcher.spec, searcher.topology, profile, searcher.devices)
+        s = searcher.with_profile(replace(searcher.profile, context_tokens=context))
         return any(s.feasible(k) for k in range(1, k_max + 1))
 
     lo, hi = 0, searcher.profile.context_tokens - 1  # invariant: lo fits (0 = none), answer <= hi

@@ -19,6 +19,7 @@ from stagewise.spec.block_spec import BlockSpec, EndSpec
 from stagewise.spec.kernel_counts import block_prefill_ops
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
+from stagewise.spec.state_bytes import kv_cache_bytes
 
 PS_PER_S = 10**12
 PREFILL_DEVICE_EFFICIENCY = 0.65  # share of matmul peak prefill GEMMs reach (measured ~0.6-0.7 on an H200)
@@ -31,7 +32,7 @@ def _ps(seconds: float) -> int:
 
 def block_decode_ps(block: BlockSpec, device: DeviceInfo, profile: Profile) -> int:
     """Picoseconds block ``block`` adds to one decode step on ``device``."""
-    kv_read = profile.batch * profile.context_tokens * block.kv_values_per_token * profile.activation_bytes
+    kv_read = kv_cache_bytes(block, profile)  # decode reads the whole cache
     flops = profile.batch * (block.flops_per_token + block.attention_flops_per_position * profile.context_tokens)
     return _ps(
         (block.read_bytes_per_token + kv_read) / device.memory_bandwidth_bytes_per_s

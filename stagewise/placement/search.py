@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -47,6 +48,17 @@ class Searcher:
         self.classes = interchangeable_classes(topology, devices)
         self._handoff: dict[tuple[str, str], int] = {}
         self.exhaustive = True
+
+    def with_profile(self, profile: Profile) -> Searcher:
+        """The same devices priced under ``profile``; the interchangeable device classes and ranks
+        (which depend on the topology alone) are reused rather than recomputed."""
+        other = copy.copy(self)
+        other.profile = profile
+        other.table = StageTable.build(self.spec, profile)
+        other.costs = {d.id: DeviceCosts.build(self.spec, profile, d) for d in self.devices}
+        other._handoff = {}
+        other.exhaustive = True
+        return other
 
     def handoffs(self, order: list[str]) -> list[int]:
         out = []
