@@ -26,6 +26,7 @@ class Topology:
     name: str = ""
     # NOTE: an index for link(), which the planner calls O(devices^3) times; derived, not compared
     _by_key: dict[tuple[str, str], Link] = field(init=False, repr=False, compare=False, default_factory=dict)
+    _by_id: dict[str, DeviceInfo] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -36,6 +37,7 @@ class Topology:
             raise TopologyError(f"devices: duplicate device id {dupes[0]!r}")
         ordered = tuple(sorted(self.devices, key=lambda d: d.sort_key))
         object.__setattr__(self, "devices", ordered)
+        self._by_id.update((d.id, d) for d in ordered)
         known = set(ids)
         seen: set[tuple[str, str]] = set()
         for link in self.links:
@@ -54,9 +56,9 @@ class Topology:
 
     def device(self, device_id: str) -> DeviceInfo:
         """The device with id ``device_id``; :class:`TopologyError` naming it if unknown."""
-        for d in self.devices:
-            if d.id == device_id:
-                return d
+        found = self._by_id.get(device_id)
+        if found is not None:
+            return found
         raise TopologyError(f"unknown device id {device_id!r} (devices: {', '.join(self.ids)})")
 
     def link(self, a: str, b: str) -> Link:

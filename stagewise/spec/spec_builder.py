@@ -68,54 +68,45 @@ def build_spec(
 def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read: int) -> BlockSpec:
     h = c.hidden_size
     k = c.num_experts_per_tok
+    moe = c.block_is_moe(i)
     matrix = sum(t.elements for t in tensors if t.role in ("matrix", "router"))
     expert = sum(t.elements for t in tensors if t.role == "expert")
     active = matrix + (expert * k // c.num_experts if expert else 0)
     flops = 2 * active  # one multiply-add per active weight
     act = 2 * h  # residual + normed hidden
-    if c.block_is_moe(i):
+    if moe:
         s = c.shared_expert_intermediate_size
         act += k * (3 * c.moe_intermediate_size + h) + 3 * s  # dispatched gate/up/act + expert outputs
         f32 = 2 * c.num_experts  # router logits + probabilities
     else:
         act += 3 * c.intermediate_size  # gate, up, activated product
         f32 = 0
+    mixer: dict[str, int | str]
     if c.block_is_linear(i):
         nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         conv_dim = c.linear_conv_dim
         act += 2 * conv_dim + 2 * c.linear_value_dim + 2 * nv  # qkv before/after conv, z, output, a, b
         flops += 4 * nv * dk * dv  # recurrent state update + readout
-        return BlockSpec(
-            index=i,
-            mixer="linear_attention",
-            moe=c.block_is_moe(i),
-            weight_bytes=weight,
-            read_bytes_per_token=read,
-            flops_per_token=flops,
-            conv_state_values=conv_dim * c.linear_conv_kernel_dim,
-            recurrent_state_values=nv * dk * dv,
-            activation_values_per_token=act,
-            f32_values_per_token=f32,
-            kernels_per_token=block_kernels(c, i),
-            routed_experts=c.num_experts if c.block_is_moe(i) else 0,
-            experts_per_token=c.num_experts_per_tok if c.block_is_moe(i) else 0,
-        )
-    heads, kv, d = c.num_attention_heads, c.num_kv_heads, c.head_dim
-    q = heads * d * (2 if c.attn_output_gate else 1)
-    act += q + 2 * kv * d + heads * d  # q (+gate), k, v, attention output
+        mixer = dict(mixer="linear_attention", conv_state_values=conv_dim * c.linear_conv_kernel_dim,
+                     recurrent_state_values=nv * dk * dv)
+    else:
+        heads, kv, d = c.num_attention_heads, c.num_kv_heads, c.head_dim
+        q = heads * d * (2 if c.attn_output_gate else 1)
+        act += q + 2 * kv * d + heads * d  # q (+gate), k, v, attention output
+        mixer = dict(mixer="attention",
+                     kv_values_per_token=2 * kv * d,  # key + value
+                     attention_flops_per_position=4 * heads * d,  # q.k and p.v, multiply-add
+                     score_values_per_position=heads)
     return BlockSpec(
         index=i,
-        mixer="attention",
-        moe=c.block_is_moe(i),
+        moe=moe,
         weight_bytes=weight,
         read_bytes_per_token=read,
         flops_per_token=flops,
-        kv_values_per_token=2 * kv * d,  # key + value
-        attention_flops_per_position=4 * heads * d,  # q.k and p.v, multiply-add
         activation_values_per_token=act,
         f32_values_per_token=f32,
         kernels_per_token=block_kernels(c, i),
-        score_values_per_position=heads,
-        routed_experts=c.num_experts if c.block_is_moe(i) else 0,
-        experts_per_token=c.num_experts_per_tok if c.block_is_moe(i) else 0,
+        routed_experts=c.num_experts if moe else 0,
+        experts_per_token=k if moe else 0,
+        **mixer,  # type: ignore[arg-type]
     )
