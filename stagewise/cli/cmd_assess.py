@@ -10,17 +10,15 @@ import argparse
 import json
 from typing import Any
 
-from stagewise.cli.cmd_plan import activation_dtype, add_common, headline, inputs, speed_line
+from stagewise.cli.cmd_plan import add_common, devices_and_profile, headline, inputs, speed_line
 from stagewise.errors import StagewiseError
-from stagewise.hardware.device_spec import resolve_device_spec
-from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, assess
 from stagewise.spec.charge import Charge, stage_charge
 from stagewise.spec.model_source import catalog_entries, is_catalog, load_model_spec
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import Profile, runtime_workspace_for
+from stagewise.spec.profile import Profile
 
 BAR_WIDTH = 48
 
@@ -95,14 +93,12 @@ def _catalog(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
-    dtype = activation_dtype(args, topology)
-    profile = Profile(args.context, args.batch, args.chunk, dtype,
-                      runtime_workspace_for({d.kind for d in topology.devices}))
+    topology, profile = devices_and_profile(args)
     rows: list[dict[str, Any]] = []
     for path in catalog_entries(args.model):
         try:
-            cert = assess(load_model_spec(path, args.fmt, run_dtype=dtype), topology, profile, args.objective)
+            spec = load_model_spec(path, args.fmt, run_dtype=profile.activation_dtype)
+            cert = assess(spec, topology, profile, args.objective)
             rows.append({**cert.to_dict(), "model": path.name})
         except StagewiseError as exc:
             rows.append({"model": path.name, "outcome": "error", "error": str(exc)})

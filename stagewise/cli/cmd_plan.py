@@ -57,12 +57,17 @@ def activation_dtype(args: argparse.Namespace, topology: Topology) -> str:
     return default_activation_dtype({d.kind for d in topology.devices})
 
 
-def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
+def devices_and_profile(args: argparse.Namespace) -> tuple[Topology, Profile]:
+    """The ``--devices`` topology and the profile to charge on it (dtype and runtime workspace by device kind)."""
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
-    dtype = activation_dtype(args, topology)
-    profile = Profile(args.context, args.batch, args.chunk, dtype,
+    profile = Profile(args.context, args.batch, args.chunk, activation_dtype(args, topology),
                       runtime_workspace_for({d.kind for d in topology.devices}))
-    return load_model_spec(args.model, args.fmt, run_dtype=dtype), topology, profile
+    return topology, profile
+
+
+def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
+    topology, profile = devices_and_profile(args)
+    return load_model_spec(args.model, args.fmt, run_dtype=profile.activation_dtype), topology, profile
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:

@@ -10,21 +10,13 @@ import os
 from pathlib import Path
 
 from stagewise import __version__
+from stagewise.hardware.measure import cache_dir
 
 DEMO_PRESET = "demo"
 DEMO_SEED = 0
 DEMO_DEVICES = "cpu:2x12MiB"  # the demo needs ~13.8 MB on one device, ~11.2 MB per stage on two
 DEMO_PLACEMENT = "auto"
 DEMO_CONTEXT = 512  # a demo: short context, so weights (not attention workspace) decide the split
-
-
-def cache_dir() -> Path:
-    """``$STAGEWISE_CACHE`` or ``$XDG_CACHE_HOME/stagewise`` or ``~/.cache/stagewise``."""
-    root = os.environ.get("STAGEWISE_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "stagewise"
 
 
 def ensure_demo_model() -> Path:

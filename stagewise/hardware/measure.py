@@ -25,11 +25,16 @@ _REPEATS = 5
 
 
 def cache_dir() -> Path:
-    """The same cache as the demo model: ``$STAGEWISE_CACHE``, ``$XDG_CACHE_HOME/stagewise`` or ``~/.cache/stagewise``."""
+    """stagewise's cache (measurements, the demo model): ``$STAGEWISE_CACHE``,
+    ``$XDG_CACHE_HOME/stagewise`` or ``~/.cache/stagewise``."""
     if os.environ.get("STAGEWISE_CACHE"):
         return Path(os.environ["STAGEWISE_CACHE"])
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "stagewise"
+
+
+def _cache_path(topology: Topology) -> Path:
+    return cache_dir() / f"measure-{machine_key(topology)}.json"
 
 
 def machine_key(topology: Topology) -> str:
@@ -42,7 +47,7 @@ def machine_key(topology: Topology) -> str:
 def measure_topology(topology: Topology, use_cache: bool = True) -> tuple[Topology, dict[str, Any]]:
     """Measure every executable device and each pair's link; return the updated topology and
     the raw figures (``{"devices": {id: {...}}, "links": {"a|b": {...}}}``)."""
-    path = cache_dir() / f"measure-{machine_key(topology)}.json"
+    path = _cache_path(topology)
     figures: dict[str, Any] | None = None
     if use_cache and path.exists():
         try:
@@ -58,7 +63,7 @@ def measure_topology(topology: Topology, use_cache: bool = True) -> tuple[Topolo
 
 def apply_cached(topology: Topology) -> Topology:
     """``topology`` with this machine's cached measurements applied, if any were taken (no timing)."""
-    path = cache_dir() / f"measure-{machine_key(topology)}.json"
+    path = _cache_path(topology)
     try:
         return _apply(topology, json.loads(path.read_text())) if path.exists() else topology
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
