@@ -46,6 +46,13 @@ GPU_DATASHEET: dict[str, tuple[float, float]] = {
 }
 
 
+def assumed_speeds(kind: str) -> tuple[float, float]:
+    """(memory bandwidth bytes/s, matmul FLOP/s) assumed for a device of ``kind`` nothing else describes."""
+    if kind == "cpu":
+        return CPU_MEMORY_BANDWIDTH_BYTES_PER_S, CPU_MATMUL_FLOPS_PER_S
+    return GPU_MEMORY_BANDWIDTH_BYTES_PER_S, GPU_MATMUL_FLOPS_PER_S
+
+
 def gpu_datasheet(name: str) -> tuple[float, float]:
     """(memory bandwidth bytes/s, matmul FLOP/s) for a GPU name, or the generic GPU defaults."""
     matches = [key for key in GPU_DATASHEET if key.lower() in name.lower()]

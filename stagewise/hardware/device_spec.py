@@ -174,6 +174,7 @@ def _real(target: str, cap: int, position: int, where: str) -> DeviceInfo:
         raise TopologyError(f"{where}: unknown device {target!r} (use cuda:N, cpu:N, mps:0, xpu:N, an index or a UUID)")
     kind = match.group(1)
     is_cpu = kind == "cpu"
+    bandwidth, flops = defaults.assumed_speeds(kind)
     return DeviceInfo(
         id=target,
         host="host0",
@@ -181,10 +182,8 @@ def _real(target: str, cap: int, position: int, where: str) -> DeviceInfo:
         name=kind,
         memory_bytes=cap,
         budget_bytes=cap,
-        memory_bandwidth_bytes_per_s=defaults.CPU_MEMORY_BANDWIDTH_BYTES_PER_S
-        if is_cpu
-        else defaults.GPU_MEMORY_BANDWIDTH_BYTES_PER_S,
-        matmul_flops_per_s=defaults.CPU_MATMUL_FLOPS_PER_S if is_cpu else defaults.GPU_MATMUL_FLOPS_PER_S,
+        memory_bandwidth_bytes_per_s=bandwidth,
+        matmul_flops_per_s=flops,
         torch_device="cpu" if is_cpu else target,
         uuid=uuid,
     )

@@ -116,6 +116,7 @@ def _cuda_devices(policy: ReservePolicy) -> tuple[list[DeviceInfo], list[Link]]:
                 handles[f"cuda:{index}"] = handle
             except Exception:
                 pass
+        bandwidth, flops = defaults.gpu_datasheet(props.name)
         devices.append(
             DeviceInfo(
                 id=f"cuda:{index}",
@@ -124,8 +125,8 @@ def _cuda_devices(policy: ReservePolicy) -> tuple[list[DeviceInfo], list[Link]]:
                 name=props.name,
                 memory_bytes=int(total),
                 budget_bytes=policy.budget_bytes("cuda", int(total), int(free)),
-                memory_bandwidth_bytes_per_s=defaults.gpu_datasheet(props.name)[0],
-                matmul_flops_per_s=defaults.gpu_datasheet(props.name)[1],
+                memory_bandwidth_bytes_per_s=bandwidth,
+                matmul_flops_per_s=flops,
                 torch_device=f"cuda:{index}",
                 uuid=uuid,
                 pci_bus_id=bus.lower(),

@@ -71,9 +71,7 @@ def _device(raw: Any, where: str, policy: ReservePolicy) -> DeviceInfo:
         budget = checked_bytes(raw["budget_bytes"], f"{where}: field 'budget_bytes'")
     else:
         budget = policy.budget_bytes(kind, memory)
-    is_cpu = kind == "cpu"
-    bw_default = defaults.CPU_MEMORY_BANDWIDTH_BYTES_PER_S if is_cpu else defaults.GPU_MEMORY_BANDWIDTH_BYTES_PER_S
-    fl_default = defaults.CPU_MATMUL_FLOPS_PER_S if is_cpu else defaults.GPU_MATMUL_FLOPS_PER_S
+    bw_default, fl_default = defaults.assumed_speeds(kind)
     try:
         return DeviceInfo(
             id=device_id,
