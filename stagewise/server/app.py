@@ -94,31 +94,27 @@ def build_app(state: ServerState) -> FastAPI:
                 "max_model_len": model.max_context}
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
+    async def generate(request: Request, schema: Any, build: Any, respond: Any) -> Response:
+        """Validate the body with ``schema``, ``build`` the engine request, submit it, ``respond``."""
         raw = await read_json(request, settings.max_body_bytes)
         engine, model = state.serving()
         try:
-            body = ChatCompletionBody.model_validate(raw)
+            body = schema.model_validate(raw)
         except ValidationError as exc:
             raise from_validation(exc) from exc
-        built = build_chat(body, model)
+        built = build(body, model)
         stream = OutputStream()
         handle = engine.submit(built.request, stream.put)
-        return await chat_handler.respond(built, handle, stream, model.name, request)
+        response: Response = await respond(built, handle, stream, model.name, request)
+        return response
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, ChatCompletionBody, build_chat, chat_handler.respond)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        raw = await read_json(request, settings.max_body_bytes)
-        engine, model = state.serving()
-        try:
-            body = CompletionBody.model_validate(raw)
-        except ValidationError as exc:
-            raise from_validation(exc) from exc
-        built = build_completion(body, model)
-        stream = OutputStream()
-        handle = engine.submit(built.request, stream.put)
-        return await completion_handler.respond(built, handle, stream, model.name, request)
+        return await generate(request, CompletionBody, build_completion, completion_handler.respond)
 
     if settings.fault_injection:
         @app.post("/debug/fail-next-step")

@@ -11,15 +11,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from stagewise.engine.request_handle import RequestHandle
-from stagewise.engine.request_output import RequestOutput, TokenLogprob
-from stagewise.engine.scheduler import EngineClosed
+from stagewise.engine.request_output import TokenLogprob
 from stagewise.engine.tool_calls import parse_tool_calls
 from stagewise.server import openai_format as fmt
-from stagewise.server.openai_errors import error_body
-from stagewise.server.output_stream import OutputStream, collect
+from stagewise.server.openai_errors import typed_error_body
+from stagewise.server.output_stream import SSE_HEADERS, OutputStream, collect, failed, failure
 from stagewise.server.request_builder import BuiltRequest
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def final_message(text: str, built: BuiltRequest, finish_reason: str) -> tuple[dict[str, Any], str]:
@@ -32,13 +29,6 @@ def final_message(text: str, built: BuiltRequest, finish_reason: str) -> tuple[d
     return {"role": "assistant", "content": text}, finish_reason
 
 
-def failure(output: RequestOutput) -> Exception:
-    """The exception to raise for an output that did not finish normally."""
-    if output.error is not None:
-        return output.error
-    return EngineClosed("the request was cancelled because the server is shutting down")
-
-
 async def respond(built: BuiltRequest, handle: RequestHandle, stream: OutputStream, model: str,
                   request: Request) -> Response:
     if built.stream:
@@ -46,8 +36,6 @@ async def respond(built: BuiltRequest, handle: RequestHandle, stream: OutputStre
                                  headers=SSE_HEADERS)
     outputs = await collect(handle, stream, request)
     last = outputs[-1]
-    if last.finish_reason in ("error", "cancelled"):
-        raise failure(last)
     text = "".join(o.text for o in outputs)
     message, reason = final_message(text, built, str(last.finish_reason))
     entries: list[TokenLogprob] = [e for o in outputs for e in o.logprobs]
@@ -71,10 +59,8 @@ async def _events(built: BuiltRequest, handle: RequestHandle, stream: OutputStre
         yield chunk({"role": "assistant", "content": ""})
         while True:
             out = await stream.get()
-            if out.finish_reason in ("error", "cancelled"):
-                exc = failure(out)
-                status = getattr(exc, "http_status", 500)
-                yield fmt.sse(error_body(status, str(exc), getattr(exc, "code", None)))
+            if failed(out):
+                yield fmt.sse(typed_error_body(failure(out)))
                 break
             logprobs = fmt.chat_logprobs(out.logprobs) if out.logprobs else None
             if built.tool_format is not None:

@@ -11,9 +11,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from stagewise.engine.request_handle import RequestHandle
 from stagewise.engine.request_output import TokenLogprob
 from stagewise.server import openai_format as fmt
-from stagewise.server.chat_handler import SSE_HEADERS, failure
-from stagewise.server.openai_errors import error_body
-from stagewise.server.output_stream import OutputStream, collect
+from stagewise.server.openai_errors import typed_error_body
+from stagewise.server.output_stream import SSE_HEADERS, OutputStream, collect, failed, failure
 from stagewise.server.request_builder import BuiltRequest
 
 
@@ -24,8 +23,6 @@ async def respond(built: BuiltRequest, handle: RequestHandle, stream: OutputStre
                                  headers=SSE_HEADERS)
     outputs = await collect(handle, stream, request)
     last = outputs[-1]
-    if last.finish_reason in ("error", "cancelled"):
-        raise failure(last)
     entries: list[TokenLogprob] = [e for o in outputs for e in o.logprobs]
     logprobs = fmt.completion_logprobs(entries) if built.request.logprobs else None
     body = fmt.text_completion(handle.request_id, int(time.time()), model, "".join(o.text for o in outputs),
@@ -39,9 +36,8 @@ async def _events(built: BuiltRequest, handle: RequestHandle, stream: OutputStre
     try:
         while True:
             out = await stream.get()
-            if out.finish_reason in ("error", "cancelled"):
-                exc = failure(out)
-                yield fmt.sse(error_body(getattr(exc, "http_status", 500), str(exc), getattr(exc, "code", None)))
+            if failed(out):
+                yield fmt.sse(typed_error_body(failure(out)))
                 break
             logprobs = fmt.completion_logprobs(out.logprobs, offset) if built.request.logprobs else None
             offset += sum(len(e.token) for e in out.logprobs)

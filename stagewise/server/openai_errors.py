@@ -54,11 +54,15 @@ def error_body(status: int, message: str, code: str | None, param: str | None = 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def typed_error_body(exc: StagewiseError) -> dict[str, Any]:
+    """OpenAI's error body for a typed error (also the last event of a stream that failed)."""
+    return error_body(exc.http_status, str(exc), exc.code, getattr(exc, "param", None))
+
+
 def error_response(exc: StagewiseError) -> JSONResponse:
     """The HTTP response for a typed error (429 carries ``Retry-After``)."""
     headers = {"Retry-After": str(QueueFull.retry_after_s)} if isinstance(exc, QueueFull) else None
-    param = getattr(exc, "param", None)
-    return JSONResponse(error_body(exc.http_status, str(exc), exc.code, param), exc.http_status, headers=headers)
+    return JSONResponse(typed_error_body(exc), exc.http_status, headers=headers)
 
 
 def from_validation(exc: ValidationError) -> InvalidParam:

@@ -8,6 +8,10 @@ from starlette.requests import Request
 
 from stagewise.engine.request_handle import RequestHandle
 from stagewise.engine.request_output import RequestOutput
+from stagewise.engine.scheduler import EngineClosed
+from stagewise.errors import StagewiseError
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class ClientGone(Exception):
@@ -28,6 +32,17 @@ class OutputStream:
         return await self.queue.get()
 
 
+def failure(output: RequestOutput) -> StagewiseError:
+    """The typed error of an output that did not finish normally (an error, or a cancellation)."""
+    if output.error is not None:
+        return output.error
+    return EngineClosed("the request was cancelled because the server is shutting down")
+
+
+def failed(output: RequestOutput) -> bool:
+    return output.finish_reason in ("error", "cancelled")
+
+
 async def wait_disconnect(request: Request) -> None:
     """Return when the client disconnects (the body must have been read already)."""
     while True:
@@ -38,7 +53,7 @@ async def wait_disconnect(request: Request) -> None:
 
 async def collect(handle: RequestHandle, stream: OutputStream, request: Request) -> list[RequestOutput]:
     """Every output up to the finished one. Cancels the request and raises :class:`ClientGone`
-    if the client disconnects first."""
+    if the client disconnects first; raises the request's typed error if it did not finish normally."""
     watcher = asyncio.ensure_future(wait_disconnect(request))
     outputs: list[RequestOutput] = []
     try:
@@ -50,6 +65,8 @@ async def collect(handle: RequestHandle, stream: OutputStream, request: Request)
                 raise ClientGone(handle.request_id)
             output = getter.result()
             outputs.append(output)
+            if failed(output):
+                raise failure(output)
             if output.finished:
                 return outputs
     finally:
