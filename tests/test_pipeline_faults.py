@@ -49,8 +49,9 @@ def _faulty_trace(pipeline: Pipeline, fail_stage: int, fail_step: int, kind: str
         before = _snapshot(pipeline, upto)
         if kind == "cancel" and pipeline.step_id + 1 == fail_step and failures["left"]:
             failures["left"] -= 1
-            with pytest.raises(StepCancelled):
-                original_step(tokens, positions, start, all_logits, cancel=lambda: True)
+            checks = iter([False, True])  # pass the check before stage 0, cancel between stages 0 and 1
+            with pytest.raises(StepCancelled, match="between stage 0 and stage 1"):
+                original_step(tokens, positions, start, all_logits, cancel=lambda: next(checks))
             _assert_same(before, _snapshot(pipeline, upto))
             pipeline.step_id -= 1  # the retry reuses the step number, as the hook expects
         try:
@@ -75,6 +76,15 @@ def test_failed_step_rolls_back(model_dir: Path, kind: str, fail_stage: int, fai
     clean = run_trace(load_pipeline(model_dir, [1, 3], torch.float32), PROMPT, chunk=8, decode_steps=12)
     faulty = _faulty_trace(load_pipeline(model_dir, [1, 3], torch.float32), fail_stage, fail_step, kind)
     assert_traces_equal(clean, faulty)
+
+
+def test_cancel_before_the_first_stage_changes_nothing(model_dir: Path) -> None:
+    pipeline = load_pipeline(model_dir, [2], torch.float32)
+    clean = run_trace(load_pipeline(model_dir, [2], torch.float32), PROMPT, chunk=8, decode_steps=4)
+    pipeline.reset(0)
+    with pytest.raises(StepCancelled, match="before it started"):
+        pipeline.step(torch.tensor([PROMPT[:8]]), torch.arange(8)[None], start=0, cancel=lambda: True)
+    assert_traces_equal(clean, run_trace(pipeline, PROMPT, chunk=8, decode_steps=4))
 
 
 def test_pipeline_usable_after_failure(model_dir: Path) -> None:

@@ -74,8 +74,7 @@ class Engine:
         while not self.scheduler.idle() and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         clean = self.scheduler.idle()
-        self.scheduler.cancel_all()
-        self.stop()
+        self.stop()  # cancels what still runs
         return clean
 
     def stop(self) -> None:
@@ -103,12 +102,10 @@ class Engine:
             self.metrics.active_sequences.set(self.scheduler.running)
             self.metrics.state_slots_in_use.set(1)
             self.metrics.prompt_tokens.inc(handle.request.prompt_tokens)
-            self.guard.cancel = handle.is_cancelled
             try:
                 self._run_one(handle)
             finally:
-                self.guard.cancel = None
-                self.model.pipeline.reset(0)  # the slot's state is free for the next sequence
+                # the slot is free: the next sequence resets it when it starts (Generator.stream)
                 self.metrics.state_slots_in_use.set(0)
 
     def update(self, batch: Batch) -> None:

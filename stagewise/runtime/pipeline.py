@@ -75,6 +75,8 @@ class Pipeline:
             for k, stage in enumerate(self.stages):
                 if self.fault_hook is not None:
                     self.fault_hook(k, step_id)
+                if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
+                    raise StepCancelled(f"step {step_id} cancelled before it started")
                 t0 = time.perf_counter()
                 pos = staged_pos.to(stage.device, non_blocking=True)  # (B, T), no host wait when pinned
                 out = stage.run(x, pos, start, all_logits)
