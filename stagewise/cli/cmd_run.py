@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model_from_args(args, quiet=args.json)
     try:
         prompt = _prompt_ids(args, loaded)
-        stop = loaded.tokenizer.eos_token_ids if (loaded.tokenizer and not args.prompt_tokens) else frozenset()
+        stop = loaded.stop_token_ids if (loaded.tokenizer and not args.prompt_tokens) else frozenset()
         request = GenerationRequest(
             tuple(prompt), args.max_tokens,
             SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),

@@ -45,7 +45,7 @@ class Engine:
         self.generator = Generator(model.pipeline, model.max_context, prefill_chunk)
         self.guard = StepGuard()
         model.pipeline.fault_hook = self.guard
-        self.stop_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(model.config.eos_token_ids)
+        self.stop_token_ids = model.stop_token_ids
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
         self.metrics.observe_memory(model.pipeline)

@@ -37,6 +37,12 @@ class LoadedModel:
     spec: ModelSpec | None = None  # the accounting the placement was certified with
     topology: Topology | None = None  # the devices it was planned on
 
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Ids that end a text generation: the tokenizer's end tokens and the config's ``eos_token_id``."""
+        eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else frozenset()
+        return frozenset(eos) | frozenset(self.config.eos_token_ids)
+
     def charge_checks(self) -> list[ChargeCheck]:
         return [stage.charge_check() for stage in self.pipeline.stages]
 

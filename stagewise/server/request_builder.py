@@ -72,7 +72,6 @@ def _common(body: SamplingFields) -> None:
 
 def _engine_request(prefix: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
                     model: LoadedModel, logprobs: bool, top_logprobs: int) -> EngineRequest:
-    tokenizer = _tokenizer(model)
     try:
         return EngineRequest(
             request_id=f"{prefix}-{uuid.uuid4().hex[:24]}",
@@ -80,7 +79,7 @@ def _engine_request(prefix: str, prompt_ids: list[int], asked: int | None, body:
             max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context),
             sampling=_sampling(body),
             stop=_stops(body.stop),
-            stop_token_ids=frozenset(tokenizer.eos_token_ids) | frozenset(model.config.eos_token_ids),
+            stop_token_ids=model.stop_token_ids,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
         )
