@@ -38,8 +38,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         prefill_chunk=args.prefill_chunk, reserve=args.reserve,
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
-        cuda_graphs=getattr(args, "cuda_graphs", True), workers=getattr(args, "workers", None),
-        worker_timeout_s=getattr(args, "worker_timeout", 30.0), measure_links=getattr(args, "measure_links", True),
+        cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
+        measure_links=args.measure_links,
     )
 
 

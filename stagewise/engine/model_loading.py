@@ -223,14 +223,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="run decode steps eagerly instead of replaying CUDA graphs")
 
 
-def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs: Any) -> LoadedModel:
-    """``load_model`` with the shared options, showing per-stage progress unless ``quiet``."""
+def load_with_progress(show: bool = True, **kwargs: Any) -> LoadedModel:
+    """:func:`load_model` (keyword arguments) with a rich progress bar per stage unless ``show`` is False."""
     from stagewise.engine.load_progress import LoadProgress
 
-    kwargs.setdefault("workers", getattr(args, "workers", None))
-    kwargs.setdefault("worker_timeout_s", getattr(args, "worker_timeout", 30.0))
-    kwargs.setdefault("measure_links", getattr(args, "measure_links", True))
-    with LoadProgress(enabled=not quiet) as bar:
-        return load_model(args.model, args.devices, args.placement, args.context, args.dtype,
-                          progress=bar.update, prefill_chunk=args.prefill_chunk, reserve=args.reserve,
-                          on_plan=bar.start, cuda_graphs=getattr(args, "cuda_graphs", True), **kwargs)
+    with LoadProgress(enabled=show) as bar:
+        return load_model(progress=bar.update, on_plan=bar.start, **kwargs)
+
+
+def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs: Any) -> LoadedModel:
+    """``load_model`` with the options of :func:`add_model_arguments`, showing progress unless ``quiet``."""
+    options = dict(model=args.model, devices=args.devices, placement=args.placement, context=args.context,
+                   dtype=args.dtype, prefill_chunk=args.prefill_chunk, reserve=args.reserve,
+                   cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
+                   measure_links=args.measure_links)
+    return load_with_progress(not quiet, **(options | kwargs))

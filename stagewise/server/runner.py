@@ -18,8 +18,7 @@ import uvicorn
 from rich.console import Console
 
 from stagewise.engine.engine import Engine
-from stagewise.engine.load_progress import LoadProgress
-from stagewise.engine.model_loading import load_model
+from stagewise.engine.model_loading import load_with_progress
 from stagewise.server.app import guarded_app
 from stagewise.server.load_display import placement_lines
 from stagewise.server.serve_settings import ServeSettings
@@ -81,12 +80,11 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
 def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
     settings = state.settings
     try:
-        with LoadProgress() as bar:
-            model = load_model(settings.model, settings.devices, settings.placement, settings.context,
-                               settings.dtype, progress=bar.update, prefill_chunk=settings.prefill_chunk,
-                               reserve=settings.reserve, on_plan=bar.start, cuda_graphs=settings.cuda_graphs,
-                               workers=settings.workers, worker_timeout_s=settings.worker_timeout_s,
-                               measure_links=settings.measure_links)
+        model = load_with_progress(
+            model=settings.model, devices=settings.devices, placement=settings.placement,
+            context=settings.context, dtype=settings.dtype, prefill_chunk=settings.prefill_chunk,
+            reserve=settings.reserve, cuda_graphs=settings.cuda_graphs, workers=settings.workers,
+            worker_timeout_s=settings.worker_timeout_s, measure_links=settings.measure_links)
         engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk).start()
     except BaseException as exc:
         state.set_failed(exc)
