@@ -29,9 +29,9 @@ class ClusterTopology:
     owners: dict[str, int]
 
 
-def merge_reports(reports: dict[int, JoinReport], links: tuple[Link, ...] = ()) -> ClusterTopology:
-    """Merge the workers' reported topologies (rank order), plus measured ``links`` between them
-    (given in global ids). Raises :class:`TopologyError` naming the worker on a bad report."""
+def merge_reports(reports: dict[int, JoinReport]) -> ClusterTopology:
+    """Merge the workers' reported topologies (rank order); links between workers are added by
+    :func:`with_measured_links`. Raises :class:`TopologyError` naming the worker on a bad report."""
     counters: dict[str, int] = {}
     devices = []
     renamed_links: list[Link] = []
@@ -50,7 +50,7 @@ def merge_reports(reports: dict[int, JoinReport], links: tuple[Link, ...] = ()) 
             renamed_links.append(replace(lk, a=names[lk.a], b=names[lk.b]))
     if not devices:
         raise TopologyError("no worker offered any device")
-    return ClusterTopology(Topology(tuple(devices), tuple(renamed_links) + links, name="cluster"), owners)
+    return ClusterTopology(Topology(tuple(devices), tuple(renamed_links), name="cluster"), owners)
 
 
 def with_measured_links(cluster: ClusterTopology, figures: tuple[LinkFigures, ...]) -> ClusterTopology:

@@ -127,6 +127,10 @@ class DistributedPipeline(Pipeline):
             self.close()
             raise
 
+    def _stages_of(self, rank: int) -> list[int]:
+        """Indices of the stages worker ``rank`` runs."""
+        return [s.index for s in self.specs if self.owners[s.index] == rank]
+
     def _assignment(self, rank: int, first_seq: int) -> Assignment:
         mine = tuple(s for s, r in zip(self.specs, self.owners, strict=True) if r == rank)
         prev = next_ = -1
@@ -160,7 +164,7 @@ class DistributedPipeline(Pipeline):
             return problems
         for stage in self.stages:
             assert isinstance(stage, RemoteStage)
-            mine = [s.index for s in self.specs if self.owners[s.index] == stage.rank]
+            mine = self._stages_of(stage.rank)
             sizes = acks[stage.rank].measured_bytes
             if stage.rank in fresh and len(sizes) == len(mine):
                 stage.reported_bytes = sizes[mine.index(stage.spec.index)]
@@ -301,7 +305,7 @@ class DistributedPipeline(Pipeline):
         if root is None:
             raise StepFailed(f"step {step_id} failed ({outcome}) and was rolled back")
         cls = getattr(errors, root.error_type, None)
-        where = f"worker {root.rank} (stages {[s.index for s in self.specs if self.owners[s.index] == root.rank]})"
+        where = f"worker {root.rank} (stages {self._stages_of(root.rank)})"
         if _is_typed(root.error_type) and isinstance(cls, type):
             raise cls(f"{where}: {root.error}")
         raise StepFailed(f"step {step_id} failed on {where} and was rolled back: {root.error_type}: {root.error}")
@@ -312,7 +316,7 @@ class DistributedPipeline(Pipeline):
         parts = []
         for rank, why in sorted(dead.items()):
             member = self.pool.members.get(rank)
-            stages = [s.index for s in self.specs if self.owners[s.index] == rank]
+            stages = self._stages_of(rank)
             where = f"pid {member.pid} on {member.host}" if member else "never joined"
             parts.append(f"worker {rank} ({where}, stages {stages}) is lost: {why}")
             self.pool.kill(rank)
@@ -348,7 +352,7 @@ class DistributedPipeline(Pipeline):
         for rank, m in sorted(self.pool.members.items()):
             workers.append({"rank": rank, "pid": m.pid, "host": m.host, "alive": rank not in self._lost,
                             "local": rank in self.pool.procs,
-                            "stages": [s.index for s in self.specs if self.owners[s.index] == rank]})
+                            "stages": self._stages_of(rank)})
         return {"status": status, "degraded": self.degraded, "message": self._failed or self._message,
                 "generation": self.gen, "backend": self.backend, "workers": workers}
 

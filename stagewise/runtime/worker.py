@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from stagewise.errors import StagewiseError, WorkerNotJoined
+from stagewise.runtime.distributed_channel import UpstreamAborted
 from stagewise.runtime.distributed_group import join_group, leave_group
 from stagewise.runtime.link_probe import LinkProbe, probe_key, probe_report_key, run_probe
 from stagewise.runtime.worker_messages import (
@@ -118,8 +119,6 @@ class Worker:
             self.store.set(done_key(seq), "all")
 
     def _failure(self, exc: BaseException) -> Ack:
-        from stagewise.runtime.distributed_channel import UpstreamAborted
-
         return Ack(self.rank, False, f"{exc}", type(exc).__name__, aborted=isinstance(exc, UpstreamAborted))
 
     def start(self, assignment: Assignment) -> None:
