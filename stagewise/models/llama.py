@@ -14,14 +14,14 @@ from stagewise.spec.model_config import ModelConfig
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm residual block: attention then SwiGLU MLP."""
+    """Pre-norm residual block: attention then the MLP (SwiGLU unless another is given, e.g. a MoE)."""
 
-    def __init__(self, config: ModelConfig, qk_norm: bool) -> None:
+    def __init__(self, config: ModelConfig, qk_norm: bool, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, qk_norm=qk_norm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        self.mlp = mlp if mlp is not None else SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return self.self_attn.new_state(batch, max_context, dtype, device)
