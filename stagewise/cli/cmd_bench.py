@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
-from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS
 
 
 def register(sub: Any) -> None:
@@ -32,10 +31,11 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from stagewise.engine.bench_runner import bench_loaded, bench_transformers
 
-    if args.context is None or args.context == 4096:
+    # unless given (set_defaults left them None): a context just large enough, the prompt as one chunk
+    if args.context is None:
         args.context = max(args.prompt + args.gen + 8, 64)
-    if args.prefill_chunk is None or args.prefill_chunk == DEFAULT_PREFILL_CHUNK_TOKENS:
-        args.prefill_chunk = min(args.prompt, 2048)  # one chunk unless asked to split the prompt
+    if args.prefill_chunk is None:
+        args.prefill_chunk = min(args.prompt, 2048)
     loaded = load_model_from_args(args, quiet=args.json)
     try:
         result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),
