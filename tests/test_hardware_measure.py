@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stagewise.hardware.device_spec import resolve_device_spec
-from stagewise.hardware.measure import apply_cached, measure_topology
+from stagewise.hardware.measure import SAME_MODEL_TOLERANCE, apply_cached, apply_figures, measure_topology
 
 
 def test_measure_caches_and_applies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,5 +22,19 @@ def test_measure_caches_and_applies(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     again = apply_cached(topology)  # no timing: the cached figures
     assert [d.memory_bandwidth_bytes_per_s for d in again.devices] == [
         d.memory_bandwidth_bytes_per_s for d in measured.devices]
-    # identical devices share one figure: run-to-run noise must not decide a placement
-    assert len({d.memory_bandwidth_bytes_per_s for d in again.devices}) == 1
+
+
+def test_identical_devices_share_figures_within_the_noise_tolerance() -> None:
+    # run-to-run noise must not decide a placement: same-model figures within the tolerance are
+    # averaged; figures further apart are real differences and are kept (synthetic, deterministic)
+    topology = resolve_device_spec("cpu:3x1GiB")
+    close = {"cpu:0": 40e9, "cpu:1": 40e9 * (1 + SAME_MODEL_TOLERANCE / 2), "cpu:2": 41e9}
+    figures = {"devices": {i: {"memory_bandwidth_bytes_per_s": bw, "matmul_flops_per_s": 1e12}
+                           for i, bw in close.items()}}
+    shared = apply_figures(topology, figures)
+    assert len({d.memory_bandwidth_bytes_per_s for d in shared.devices}) == 1
+    far = {**close, "cpu:2": 40e9 * (1 + 3 * SAME_MODEL_TOLERANCE)}
+    figures = {"devices": {i: {"memory_bandwidth_bytes_per_s": bw, "matmul_flops_per_s": 1e12}
+                           for i, bw in far.items()}}
+    kept = apply_figures(topology, figures)
+    assert len({d.memory_bandwidth_bytes_per_s for d in kept.devices}) == 3

@@ -58,14 +58,14 @@ def measure_topology(topology: Topology, use_cache: bool = True) -> tuple[Topolo
         figures = _measure(topology)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(figures, indent=1))
-    return _apply(topology, figures), figures
+    return apply_figures(topology, figures), figures
 
 
 def apply_cached(topology: Topology) -> Topology:
     """``topology`` with this machine's cached measurements applied, if any were taken (no timing)."""
     path = _cache_path(topology)
     try:
-        return _apply(topology, json.loads(path.read_text())) if path.exists() else topology
+        return apply_figures(topology, json.loads(path.read_text())) if path.exists() else topology
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return topology
 
@@ -88,7 +88,8 @@ def _same_model_figures(topology: Topology, figures: dict[str, Any]) -> dict[str
     return measured
 
 
-def _apply(topology: Topology, figures: dict[str, Any]) -> Topology:
+def apply_figures(topology: Topology, figures: dict[str, Any]) -> Topology:
+    """``topology`` with measured ``figures`` (the cache file's form) applied to its devices and links."""
     devices = []
     shared = _same_model_figures(topology, figures)
     for d in topology.devices:
