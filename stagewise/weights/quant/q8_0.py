@@ -14,23 +14,14 @@ so a staged run and a single-device run agree bit for bit.
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from stagewise.kernels.triton_launch import use_triton
 
 BLOCK = 32  # elements per Q8_0 block
 BLOCK_BYTES = 34  # 2 (f16 scale) + 32 (int8 values)
 TILE_ELEMENTS = 1 << 22  # dequantized elements per matmul tile (16 MiB at float32)
 _LOAD_CHUNK_BLOCKS = 1 << 20  # blocks copied to the device per step while loading (34 MiB)
-
-
-@functools.cache
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 GEMV_MAX_TOKENS = 16  # few tokens: the GEMV kernel (rows re-read from L2); measured faster than tl.dot
@@ -107,7 +98,7 @@ class Q8_0Weight:
         if self.qs.dim() != 2:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
         tokens = x.numel() // max(x.shape[-1], 1)
-        if self.qs.device.type == "cuda" and tokens <= GEMV_MAX_TOKENS and triton_available():
+        if tokens <= GEMV_MAX_TOKENS and use_triton(self.qs):
             from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales).reshape(*x.shape[:-1], self.qs.shape[0])
@@ -131,7 +122,7 @@ class Q8_0Weight:
         """
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
-        if self.qs.device.type == "cuda" and triton_available():
+        if use_triton(self.qs):
             from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales, expert_index)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.triton_launch import launch_device
+
 QBLOCK = 32
 
 
@@ -68,7 +70,7 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
     qe = qs.stride(0) if gather else 0
     se = scales.stride(0) if gather else 0
     grid = (triton.cdiv(n, block_n), m)
-    with torch.cuda.device(x.device):  # Triton launches on the current device
+    with launch_device(x):
         _q8_0_gemv_kernel[grid](
             x2, qs, scales, y, e, n, k,
             x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0),

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.triton_launch import launch_device
+
 
 @triton.jit
 def _q8_0_matmul_kernel(
@@ -58,7 +60,7 @@ def q8_0_matmul(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor,
         return y.reshape(*x.shape[:-1], n)
     block_m, block_n, block_k, warps, stages = tiles or TILES["decode" if m <= 16 else "prefill"]
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    with torch.cuda.device(x.device):  # Triton launches on the current device
+    with launch_device(x):
         _q8_0_matmul_kernel[grid](
             x2, qs, scales, y, m, n, k,
             x2.stride(0), x2.stride(1), qs.stride(0), qs.stride(1), scales.stride(0), scales.stride(1),
