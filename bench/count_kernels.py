@@ -1,14 +1,21 @@
-"""Count the kernels (non-view operations) one decode step of each block kind launches.
+"""Count the kernels one decode step of each block kind launches on the GPU path.
 
-The cost model's per-block kernel counts (stagewise/spec/kernel_counts.py) come from this; re-run
-it after changing model code and compare:  PYTHONPATH=. python bench/count_kernels.py
+A kernel is a non-view, non-allocating torch operation or a Triton launch. The model runs with the
+Triton paths taken (through Triton's interpreter on CPU), so the count is what a CUDA device
+launches by default. The cost model's per-block counts (stagewise/spec/kernel_counts.py) come from
+this; re-run it after changing model code and compare:  PYTHONPATH=. python bench/count_kernels.py
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -16,26 +23,57 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.engine.model_loading import load_model
+from stagewise.kernels.triton_launch import kernels_on_host, triton_available
 from stagewise.spec.kernel_counts import block_kernels
 
 VIEWS = {"view", "_unsafe_view", "transpose", "split", "split_with_sizes", "chunk", "expand", "select", "slice",
          "t", "unsqueeze", "squeeze", "permute", "as_strided", "detach", "alias", "unflatten", "_reshape_alias",
-         "reshape", "lift_fresh", "unbind", "narrow"}
+         "reshape", "lift_fresh", "unbind", "narrow", "flatten"}
+ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # no kernel behind them
 MODELS = ["random:tiny-llama", "random:tiny-qwen3", "random:tiny-qwen3-moe", "random:tiny-qwen3.5",
           "random:tiny-qwen3.6"]
 
 
 class CountOps(TorchDispatchMode):
-    """Counts every dispatched operation that is not a view."""
+    """Counts every dispatched operation that is neither a view nor a bare allocation."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.paused = False  # inside a Triton launch (the interpreter's own torch calls are not kernels)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func.overloadpacket.__name__ not in VIEWS:
+        if not self.paused and func.overloadpacket.__name__ not in VIEWS | ALLOCATIONS:
             self.count += 1
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def count_kernels() -> Iterator[CountOps]:
+    """Count torch kernels and Triton launches, with the Triton paths taken on the host."""
+    counter = CountOps()
+    if not triton_available():
+        with counter, torch.inference_mode():
+            yield counter
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    original = InterpretedFunction.run
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counter.count += 1
+        counter.paused = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            counter.paused = False
+
+    InterpretedFunction.run = counted  # type: ignore[method-assign]
+    try:
+        with kernels_on_host(), counter, torch.inference_mode():
+            yield counter
+    finally:
+        InterpretedFunction.run = original  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -49,8 +87,7 @@ def main() -> int:
         ctx = model.context(torch.tensor([[8]]), 8, torch.bfloat16)
         for i in model.block_indices:
             hidden = torch.randn(1, 1, model.config.hidden_size, dtype=torch.bfloat16)
-            counter = CountOps()
-            with counter, torch.inference_mode():
+            with count_kernels() as counter:
                 model.model.layers[str(i)](hidden, ctx, stage.states[i])
             expected = block_kernels(model.config, i)
             mismatches += counter.count != expected

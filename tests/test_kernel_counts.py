@@ -1,11 +1,11 @@
-"""The cost model's kernels per decode step match what the model code really launches."""
+"""The cost model's kernels per decode step match what the model code launches on the GPU path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bench.count_kernels import CountOps
+from bench.count_kernels import count_kernels
 from stagewise.engine.model_loading import load_model
 from stagewise.spec.kernel_counts import block_kernels
 
@@ -20,7 +20,6 @@ def test_block_kernel_counts(model: str) -> None:
     ctx = stage.model.context(torch.tensor([[8]]), 8, torch.bfloat16)
     for i in stage.model.block_indices:
         hidden = torch.randn(1, 1, stage.model.config.hidden_size, dtype=torch.bfloat16)
-        counter = CountOps()
-        with counter, torch.inference_mode():
+        with count_kernels() as counter:
             stage.model.model.layers[str(i)](hidden, ctx, stage.states[i])
         assert counter.count == block_kernels(stage.model.config, i), (model, i)

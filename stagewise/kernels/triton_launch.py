@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 ENV = "STAGEWISE_KERNELS"
+_on_host = False  # tests: take the Triton path on CPU tensors too (run by Triton's interpreter)
 
 
 @functools.cache
@@ -42,7 +44,20 @@ def kernels_mode() -> str:
 
 def use_triton(t: torch.Tensor) -> bool:
     """True when a layer given ``t`` should take its fused Triton path."""
-    return t.device.type == "cuda" and kernels_mode() == "triton" and triton_available()
+    on_device = t.device.type == "cuda" or (_on_host and os.environ.get("TRITON_INTERPRET") == "1")
+    return on_device and kernels_mode() == "triton" and triton_available()
+
+
+@contextlib.contextmanager
+def kernels_on_host() -> Iterator[None]:
+    """Tests: inside this block, CPU tensors take the Triton paths too, through the interpreter
+    (only when ``TRITON_INTERPRET=1`` was set before the kernels were imported)."""
+    global _on_host
+    previous, _on_host = _on_host, True
+    try:
+        yield
+    finally:
+        _on_host = previous
 
 
 def launch_device(t: torch.Tensor) -> Any:

@@ -99,6 +99,11 @@ class RecurrentState:
         self.buffers[name][1 - self.active][: value.shape[0]].copy_(value)
         self._written = True
 
+    def provisional(self, name: str, batch: int) -> torch.Tensor:
+        """The provisional buffer's first ``batch`` rows, for a kernel to write in place (marks it written)."""
+        self._written = True
+        return self.buffers[name][1 - self.active][:batch]
+
     def mark_written(self) -> None:
         """A replayed CUDA graph wrote the provisional buffer (no Python ran to note it)."""
         self._written = True

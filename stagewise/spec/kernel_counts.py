@@ -2,8 +2,9 @@
 
 Decode on a GPU is as much a matter of launches as of bytes: each kernel (even replayed from a
 CUDA graph) costs a few microseconds, and a 2,048-wide block launches dozens. The counts are the
-non-view operations of one block's decode step (``bench/count_kernels.py`` counts them with a
-dispatch-mode counter); keep them in step with the model code. The cost model multiplies them by
+kernels of one block's decode step on the GPU path, fused Triton kernels included
+(``bench/count_kernels.py`` counts torch operations and Triton launches); keep them in step with
+the model code. ``STAGEWISE_KERNELS=torch`` (the unfused reference path) launches about 2-3x as many. The cost model multiplies them by
 the device's per-kernel time (:data:`stagewise.hardware.defaults.KERNEL_OVERHEAD_S`).
 """
 
@@ -11,17 +12,19 @@ from __future__ import annotations
 
 from stagewise.spec.model_config import ModelConfig
 
-# mixer (norm + projections + rotary + cache write + attention + output + residual)
-ATTENTION_KERNELS = 33
-QK_NORM_KERNELS = 16  # per-head RMSNorm of q and k (Qwen3, hybrids)
-OUTPUT_GATE_KERNELS = 12  # the hybrids' sigmoid output gate and zero-centred norms
-LINEAR_ATTENTION_KERNELS = 86  # Gated DeltaNet: projections, conv, decay, recurrent step, gated norm
-# MLP (norm included in the mixer counts above)
-DENSE_MLP_KERNELS = 4  # gate_up, silu, multiply, down
-MOE_KERNELS = 16  # router, softmax, top-k, normalization, gathered experts, weighted sum
-SHARED_EXPERT_KERNELS = 8  # shared expert and its sigmoid gate
+# mixer, with both norms and both residual adds of the block:
+# norm, q/k/v, rotary q and k, cache write k and v, attention, output, add, norm, add
+ATTENTION_KERNELS = 11
+QK_NORM_KERNELS = 2  # per-head RMSNorm of q and k (Qwen3, hybrids)
+OUTPUT_GATE_KERNELS = 2  # the hybrids' sigmoid output gate: sigmoid, multiply
+# Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add, norm, add
+LINEAR_ATTENTION_KERNELS = 9
+# MLP
+DENSE_MLP_KERNELS = 3  # gate_up, silu * up, down
+MOE_KERNELS = 15  # router, softmax, top-k, sum, divide, cast, repeat, 2 x (gather, bmm), silu * up, weight, sum, cast
+SHARED_EXPERT_KERNELS = 7  # sigmoid gate (matmul, sigmoid), gate_up, silu * up, down, scale, add
 STAGE_KERNELS = 12  # per stage and step: rotary tables and the causal mask (repeated for grouped queries)
-EXIT_KERNELS = 10  # final norm, LM head, float logits
+EXIT_KERNELS = 4  # final norm, LM head, float logits, sampling
 ENTRY_KERNELS = 1  # embedding lookup
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
@@ -70,9 +71,15 @@ class Attention(nn.Module):
         v = v_out.reshape(batch, steps, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         cos, sin = ctx.rotary[self.rotary_dim]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if use_triton(q):
+            from stagewise.kernels.rotary_triton import apply_rotary_bthd
+
+            q, k = apply_rotary_bthd(q, cos, sin), apply_rotary_bthd(k, cos, sin)  # (B, T, H, D)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        else:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(ctx.positions, k, v, ctx.start)
         keys, values = cache.view(batch, ctx.kv_length)  # (B, kvH, L, D)
         # grouped-query attention without repeating keys/values: the G query heads that share a

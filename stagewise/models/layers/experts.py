@@ -6,6 +6,12 @@ Parameters (checkpoint names under ``mlp.experts.``):
 Checkpoints that store per-expert matrices (``mlp.experts.<e>.gate_proj.weight`` …) are stacked
 into this layout by :mod:`stagewise.weights.expert_stacking`. Either weight may instead be resident
 packed (:class:`~stagewise.models.layers.quantized_experts.QuantizedExperts`).
+
+Paths (chosen by the slot count and :func:`~stagewise.kernels.triton_launch.use_triton` only):
+at most ``GATHER_MAX_SLOTS`` routed slots (decode) gather the routed experts; more slots on the
+Triton path with dense or Q8_0 weights run the grouped GEMM
+(:mod:`stagewise.kernels.moe_grouped_triton`: a fixed number of launches, no host sync); otherwise
+(CPU, ``STAGEWISE_KERNELS=torch``, other packed formats) one matmul pair per used expert.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.quantized_experts import QuantizedExperts
+from stagewise.weights.quant.q8_0 import Q8_0Weight
 
 _NAMES = ("gate_up_proj", "down_proj")
 GATHER_MAX_SLOTS = 64  # routed (token, expert) pairs up to which decode gathers experts instead of looping
@@ -60,6 +68,12 @@ class Experts(nn.Module):
         """
         if top_index.numel() <= GATHER_MAX_SLOTS:
             return self._gathered(x, top_index, top_weight)
+        if use_triton(x):
+            gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
+            if gate_up is not None and down is not None:
+                from stagewise.kernels.moe_grouped_triton import grouped_swiglu_experts
+
+                return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down)
         tokens, k = top_index.shape
         flat = top_index.reshape(-1)  # (N*K,) routed (token, slot) pairs
         order = torch.argsort(flat, stable=True)  # grouped by expert
@@ -78,13 +92,27 @@ class Experts(nn.Module):
         y = ys.index_select(0, inverse).view(tokens, k, -1)  # (N, K, H) back in slot order
         return (y * top_weight[..., None]).sum(dim=1).to(x.dtype)  # a fixed-order sum: deterministic
 
+    def _grouped_weight(self, name: str) -> torch.Tensor | Q8_0Weight | None:
+        """The stack the grouped GEMM reads, or None for a packed format it does not know."""
+        packed = self.quantized.get(name)
+        if packed is None:
+            return getattr(self, name)
+        return packed if isinstance(packed, Q8_0Weight) else None
+
     def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
         """Decode path: gather the routed experts' weights (only those are read); no host sync."""
         tokens, k = top_index.shape
         index = top_index.reshape(-1)  # (N*K,)
         xs = x.repeat_interleave(k, dim=0)  # (N*K, H)
-        gate, up = self._gather_matmul("gate_up_proj", index, xs).chunk(2, dim=-1)  # (N*K, I) each
-        y = self._gather_matmul("down_proj", index, nn.functional.silu(gate) * up)  # (N*K, H)
+        gate_up = self._gather_matmul("gate_up_proj", index, xs)  # (N*K, 2I)
+        if use_triton(x):
+            from stagewise.kernels.silu_mul_triton import silu_mul
+
+            act = silu_mul(gate_up)  # (N*K, I)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)  # (N*K, I) each
+            act = nn.functional.silu(gate) * up
+        y = self._gather_matmul("down_proj", index, act)  # (N*K, H)
         return (y.view(tokens, k, -1) * top_weight[..., None]).sum(dim=1).to(x.dtype)  # (N, H)
 
     def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:

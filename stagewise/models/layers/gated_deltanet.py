@@ -20,7 +20,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.gated_rms_norm import GatedRMSNorm
 from stagewise.models.layers.linear import Linear
 from stagewise.models.state import RecurrentState
@@ -51,6 +53,38 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
         self.out_proj = Linear(self.value_dim, hidden)
+        # after fuse(): the input projections as few matmuls; in_proj_groups[j] lists the parts
+        # (indices into _in_projections()) whose outputs in_proj_fused[j] concatenates
+        self.in_proj_fused = nn.ModuleList()
+        self.in_proj_groups: list[list[int]] = []
+
+    def _in_projections(self) -> list[Linear]:
+        if self.packed:
+            return [self.in_proj_qkvz, self.in_proj_ba]
+        return [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
+
+    def fuse(self) -> None:
+        """Run the input projections as one matmul (after loading); where their storage kinds differ
+        (e.g. Q8_0 q/k/v/z beside small float b/a), as one matmul per kind."""
+        parts = self._in_projections()
+        everything = list(range(len(parts)))
+        for group in [everything] if self.packed else [everything, [0, 1], [2, 3]]:
+            fused = fuse_linears([parts[i] for i in group])
+            if fused is not None:
+                self.in_proj_fused.append(fused)
+                self.in_proj_groups.append(group)
+                if group == everything:
+                    return
+
+    def _in_proj(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The input projections' outputs, in :meth:`_in_projections` order."""
+        parts = self._in_projections()
+        outs: list[torch.Tensor | None] = [None] * len(parts)
+        for linear, group in zip(self.in_proj_fused, self.in_proj_groups, strict=True):
+            pieces = linear(x).split([parts[i].out_features for i in group], dim=-1)
+            for i, piece in zip(group, pieces, strict=True):
+                outs[i] = piece
+        return [out if out is not None else part(x) for out, part in zip(outs, parts, strict=True)]
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> RecurrentState:
         return RecurrentState({
@@ -61,14 +95,15 @@ class GatedDeltaNet(nn.Module):
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``qkv`` ``(B, T, conv_dim)``, ``z`` ``(B, T, Hv, Dv)``, ``b`` and ``a`` ``(B, T, Hv)``."""
         batch, steps, _ = x.shape
+        outs = self._in_proj(x)
         if not self.packed:
-            z = self.in_proj_z(x).view(batch, steps, self.v_heads, self.v_dim)
-            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+            qkv, z, b, a = outs
+            return qkv, z.reshape(batch, steps, self.v_heads, self.v_dim), b, a
         # Qwen3-Next: per key head g, [q_g, k_g, v_g (r heads), z_g (r heads)] and [b_g (r), a_g (r)]
         r = self.v_heads // self.k_heads
-        qkvz = self.in_proj_qkvz(x).view(batch, steps, self.k_heads, 2 * self.k_dim + 2 * r * self.v_dim)
+        qkvz = outs[0].reshape(batch, steps, self.k_heads, 2 * self.k_dim + 2 * r * self.v_dim)
         q, k, v, z = torch.split(qkvz, [self.k_dim, self.k_dim, r * self.v_dim, r * self.v_dim], dim=-1)
-        b, a = torch.split(self.in_proj_ba(x).view(batch, steps, self.k_heads, 2 * r), [r, r], dim=-1)
+        b, a = torch.split(outs[1].reshape(batch, steps, self.k_heads, 2 * r), [r, r], dim=-1)
         qkv = torch.cat([t.reshape(batch, steps, -1) for t in (q, k, v)], dim=-1)  # (B, T, conv_dim)
         z = z.reshape(batch, steps, self.v_heads, self.v_dim)
         return qkv, z, b.reshape(batch, steps, self.v_heads), a.reshape(batch, steps, self.v_heads)
@@ -79,6 +114,8 @@ class GatedDeltaNet(nn.Module):
         if state.read("conv").shape[0] > batch:
             state.sync_rows(batch)  # rows not in this step keep their published state
         qkv, z, b, a = self._project(x)
+        if steps == 1 and use_triton(x):
+            return self._decode_fused(qkv, z, b, a, state)
 
         window = torch.cat([state.read("conv")[:batch], qkv.transpose(1, 2)], dim=-1)  # (B, C, K + T)
         state.write("conv", window[..., -self.kernel :])
@@ -99,3 +136,17 @@ class GatedDeltaNet(nn.Module):
 
         out = self.norm(out, z).reshape(batch, steps, self.value_dim)
         return self.out_proj(out)
+
+    def _decode_fused(self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                      state: RecurrentState) -> torch.Tensor:
+        """One token per sequence through the Triton decode kernels (same math as ``forward``)."""
+        from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
+        from stagewise.kernels.rms_norm_triton import rms_norm
+
+        batch = qkv.shape[0]
+        mixed = conv_step(state.read("conv")[:batch], qkv[:, 0], self.conv1d.weight,
+                          state.provisional("conv", batch))  # (B, C)
+        out = delta_step(mixed, b[:, 0], a[:, 0], self.A_log, self.dt_bias, state.read("recurrent")[:batch],
+                         state.provisional("recurrent", batch), self.k_heads, self.k_dim)  # (B, Hv, Dv)
+        out = rms_norm(out, self.norm.weight, self.norm.eps, gate=z[:, 0])  # (B, Hv, Dv)
+        return self.out_proj(out.reshape(batch, 1, self.value_dim))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.kernels.triton_launch import use_triton
+
 
 class GatedRMSNorm(nn.Module):
     """``y = (w * x / rms(x)) * silu(z)``.
@@ -19,6 +21,10 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            from stagewise.kernels.rms_norm_triton import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, gate=gate)
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.kernels.triton_launch import use_triton
+
 
 class RMSNorm(nn.Module):
     """``y = w * x / rms(x)``; with ``zero_centered`` the stored weight is an offset: ``(1 + w)``."""
@@ -16,6 +18,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            from stagewise.kernels.rms_norm_triton import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, self.zero_centered)
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

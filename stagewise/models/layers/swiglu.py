@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.linear import Linear
 
@@ -22,6 +23,10 @@ class SwiGLU(nn.Module):
         self.gate_up = fuse_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None and use_triton(x):
+            from stagewise.kernels.silu_mul_triton import silu_mul
+
+            return self.down_proj(silu_mul(self.gate_up(x)))
         if self.gate_up is not None:
             gate, up = self.gate_up(x).chunk(2, dim=-1)  # (..., I) each
             return self.down_proj(nn.functional.silu(gate) * up)

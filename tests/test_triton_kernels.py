@@ -1,0 +1,148 @@
+"""The fused Triton kernels against the reference torch path, run by Triton's interpreter on CPU.
+
+Each kernel is checked alone (float32, tight tolerance; strided inputs as the layers pass them),
+then whole tiny models: prefill + decode with the kernels vs without (float32: the two paths agree to
+summation order), and a two-stage run with the kernels bit-identical to one stage with them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+from stagewise.engine.model_loading import load_model
+from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
+from stagewise.kernels.rms_norm_triton import rms_norm
+from stagewise.kernels.rotary_triton import apply_rotary_bthd
+from stagewise.kernels.silu_mul_triton import silu_mul
+from stagewise.kernels.triton_launch import kernels_on_host, use_triton
+from stagewise.models.layers.delta_rule import recurrent_gated_delta_rule
+from stagewise.models.layers.gated_rms_norm import GatedRMSNorm
+from stagewise.models.layers.rms_norm import RMSNorm
+from stagewise.models.layers.rotary import apply_rotary, rotary_cos_sin
+from tests.staged import Trace, run_trace
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {"atol": 2e-6, "rtol": 2e-6}
+
+
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_rms_norm_matches_reference_on_strided_heads(zero_centered: bool) -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(64, 1e-6, zero_centered).to(DEVICE)
+    norm.weight.data.normal_()
+    packed = torch.randn(2, 3, 4 * 64 + 16, device=DEVICE)  # q heads then 16 other columns
+    heads = packed[..., : 4 * 64].reshape(2, 3, 4, 64)  # a strided view, as the fused q/k/v gives it
+    torch.testing.assert_close(rms_norm(heads, norm.weight, 1e-6, zero_centered), norm.forward(heads.contiguous()), **TOL)
+    rows = torch.randn(5, 64, device=DEVICE)
+    torch.testing.assert_close(rms_norm(rows, norm.weight, 1e-6, zero_centered), norm.forward(rows), **TOL)
+
+
+def test_gated_rms_norm_matches_reference() -> None:
+    torch.manual_seed(1)
+    norm = GatedRMSNorm(32, 1e-6).to(DEVICE)
+    norm.weight.data.normal_()
+    x, z = torch.randn(2, 4, 32, device=DEVICE), torch.randn(2, 4, 32, device=DEVICE)
+    torch.testing.assert_close(rms_norm(x, norm.weight, 1e-6, gate=z), norm.forward(x, z), **TOL)
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 16])  # full and partial rotary
+def test_rotary_matches_reference(rotary_dim: int) -> None:
+    torch.manual_seed(2)
+    packed = torch.randn(2, 3, 4 * 64 + 8, device=DEVICE)
+    x = packed[..., : 4 * 64].reshape(2, 3, 4, 64)  # (B, T, H, D) strided
+    positions = torch.arange(3, device=DEVICE)[None].repeat(2, 1) + torch.tensor([[0], [7]], device=DEVICE)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=DEVICE).float() / rotary_dim))
+    cos, sin = rotary_cos_sin(inv_freq, positions, torch.float32)
+    want = apply_rotary(x.transpose(1, 2), cos, sin).transpose(1, 2)
+    torch.testing.assert_close(apply_rotary_bthd(x, cos, sin), want, **TOL)
+
+
+def test_silu_mul_matches_reference() -> None:
+    gate_up = torch.randn(5, 2 * 48, device=DEVICE)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_mul(gate_up), torch.nn.functional.silu(gate) * up, **TOL)
+
+
+def test_deltanet_decode_step_matches_reference() -> None:
+    torch.manual_seed(3)
+    batch, k_heads, v_heads, dk, dv, kernel = 2, 2, 4, 16, 8, 4
+    channels = 2 * k_heads * dk + v_heads * dv
+    conv_state = torch.randn(batch, channels, kernel, device=DEVICE)
+    x = torch.randn(batch, channels, device=DEVICE)
+    weight = torch.randn(channels, 1, kernel, device=DEVICE)
+    new_conv = torch.empty_like(conv_state)
+    mixed = conv_step(conv_state, x, weight, new_conv)
+    window = torch.cat([conv_state, x[..., None]], dim=-1)
+    torch.testing.assert_close(new_conv, window[..., 1:], atol=0, rtol=0)
+    want_mixed = torch.nn.functional.silu(torch.nn.functional.conv1d(window[..., 1:], weight, groups=channels))[..., 0]
+    torch.testing.assert_close(mixed, want_mixed, **TOL)
+
+    b, a = torch.randn(batch, v_heads, device=DEVICE), torch.randn(batch, v_heads, device=DEVICE)
+    a_log, dt_bias = torch.randn(v_heads, device=DEVICE), torch.randn(v_heads, device=DEVICE)
+    state = torch.randn(batch, v_heads, dk, dv, device=DEVICE)
+    new_state = torch.empty_like(state)
+    out = delta_step(mixed, b, a, a_log, dt_bias, state, new_state, k_heads, dk)
+    q, k, v = torch.split(mixed, [k_heads * dk, k_heads * dk, v_heads * dv], dim=-1)
+    g = -a_log.exp() * torch.nn.functional.softplus(a + dt_bias)
+    want_out, want_state = recurrent_gated_delta_rule(
+        q.reshape(batch, 1, k_heads, dk), k.reshape(batch, 1, k_heads, dk), v.reshape(batch, 1, v_heads, dv),
+        g[:, None], b.sigmoid()[:, None], state)
+    torch.testing.assert_close(out, want_out[:, 0], **TOL)
+    torch.testing.assert_close(new_state, want_state, **TOL)
+
+
+def test_kernels_only_on_request_off_gpu() -> None:
+    cpu = torch.zeros(1)
+    assert not use_triton(cpu)
+    with kernels_on_host():
+        assert use_triton(cpu)
+    assert not use_triton(cpu)
+
+
+def _trace(preset: str, fused: bool, monkeypatch: pytest.MonkeyPatch, devices: str = "", placement: str = "single",
+           dtype: str = "float32") -> Trace:
+    """Prefill + decode of a tiny random model with or without the Triton kernels: on the GPU when
+    there is one (switched by STAGEWISE_KERNELS), else on the CPU through the interpreter."""
+    prompt = [3, 17, 5, 9, 22, 8, 1, 4, 30, 2]
+    monkeypatch.setenv("STAGEWISE_KERNELS", "triton" if fused else "torch")
+    devices = devices or ("cuda:0" if DEVICE == "cuda" else "cpu:1x1GiB")
+    loaded = load_model(f"random:{preset}", devices=devices, placement=placement, context=64, dtype=dtype)
+    try:
+        with kernels_on_host():
+            trace = run_trace(loaded.pipeline, prompt, chunk=4, decode_steps=6)
+    finally:
+        loaded.close()
+    return Trace([t.cpu() for t in trace.logits], [t.cpu() for t in trace.features], trace.tokens,
+                 {k: v.cpu() for k, v in trace.states.items()})
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-qwen3.6"])
+def test_model_with_kernels_matches_reference_path(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    reference, fused_trace = (_trace(preset, fused, monkeypatch) for fused in (False, True))
+    assert fused_trace.tokens == reference.tokens
+    for got, want in zip(fused_trace.logits, reference.logits, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for name, want in reference.states.items():
+        torch.testing.assert_close(fused_trace.states[name], want, atol=1e-5, rtol=1e-5)
+
+
+def test_two_stages_with_kernels_bit_identical_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    if DEVICE == "cuda":
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs two GPUs")
+        pairs = (("cuda:0", "single"), ("cuda:0,cuda:1", "pipeline:2"))
+    else:
+        pairs = (("cpu:1x1GiB", "single"), ("cpu:2x1GiB", "pipeline:2"))
+    one, two = (_trace("tiny-qwen3.6", True, monkeypatch, d, p, dtype="bfloat16") for d, p in pairs)
+    assert one.tokens == two.tokens
+    assert all(torch.equal(a, b) for a, b in zip(one.logits, two.logits, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(one.features, two.features, strict=True))
+    assert one.states.keys() == two.states.keys()
+    assert all(torch.equal(one.states[k], two.states[k]) for k in one.states)
