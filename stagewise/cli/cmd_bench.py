@@ -62,6 +62,7 @@ def _print_table(result: dict[str, Any]) -> None:
     print(result["summary"])
     rows = [("prefill tokens/s", "prefill_tokens_per_s"), ("decode tokens/s", "decode_tokens_per_s"),
             ("time to first token s", "ttft_s"), ("handoff s/token (median)", "handoff_s_per_token"),
+            ("handoff device s/token", "handoff_device_s_per_token"),
             ("bytes read / token", "bytes_read_per_token"), ("roofline fraction", "roofline_fraction")]
     for label, key in rows:
         line = f"{label:28s} {ours.get(key)!s:>14}"

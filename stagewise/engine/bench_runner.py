@@ -65,6 +65,7 @@ def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repea
     pipeline.timing = True
     stage_s: list[list[float]] = [[] for _ in pipeline.stages]
     handoff_s: list[float] = []
+    handoff_device_s: list[float] = []
     request = GenerationRequest(prompt[:16], 33, SamplingParams(temperature=0.0))
     for i, _event in enumerate(generator.stream(request)):
         if i == 0:
@@ -72,6 +73,7 @@ def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repea
         for k, t in enumerate(pipeline.last_timings.stage_s):
             stage_s[k].append(t)
         handoff_s.extend(pipeline.last_timings.handoff_s)
+        handoff_device_s.extend(pipeline.last_timings.handoff_device_s)
     pipeline.timing = False
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
@@ -82,6 +84,8 @@ def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repea
         "decode_tokens_per_s": decode_tps,
         "stage_step_s": [statistics.median(s) if s else 0.0 for s in stage_s],
         "handoff_s_per_token": statistics.median(handoff_s) if handoff_s else 0.0,
+        # GPU to GPU: the copy's own device time (CUDA events), without the host's send/sync overhead
+        "handoff_device_s_per_token": statistics.median(handoff_device_s) if handoff_device_s else None,
         "tokens_head": tokens[:16],
     }
     if loaded.spec is not None and loaded.topology is not None:

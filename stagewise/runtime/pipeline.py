@@ -26,10 +26,14 @@ CancelCheck = Callable[[], bool]
 
 @dataclass
 class StepTimings:
-    """Wall time of the last step: per stage compute and per boundary handoff, seconds."""
+    """Times of the last step (with ``timing`` on), seconds: per stage compute (host clock, the stage's
+    device synchronized), per boundary handoff as the host sees it (send, check, receiver synchronized)
+    and, between two CUDA devices, as the copy's device time (CUDA events on the sending stream,
+    where the peer copy runs)."""
 
     stage_s: list[float] = field(default_factory=list)
     handoff_s: list[float] = field(default_factory=list)
+    handoff_device_s: list[float] = field(default_factory=list)
 
 
 class Pipeline:
@@ -57,6 +61,13 @@ class Pipeline:
     def _sync(self, device: torch.device) -> None:
         if self.timing and device.type == "cuda":
             torch.cuda.synchronize(device)
+
+    def _copy_events(self, src: torch.device, dst: torch.device) -> tuple[Any, Any] | None:
+        """Start/end events around a GPU-to-GPU handoff, when timing."""
+        if not (self.timing and src.type == "cuda" and dst.type == "cuda"):
+            return None
+        with torch.cuda.device(src):
+            return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None) -> StageOutput:
@@ -86,12 +97,20 @@ class Pipeline:
                     break
                 if cancel is not None and cancel():
                     raise StepCancelled(f"step {step_id} cancelled between stage {k} and stage {k + 1}")
-                t0 = time.perf_counter()
-                received = self.channels[k].send(Handoff(step_id, positions, out.hidden))
                 nxt = self.stages[k + 1]
+                events = self._copy_events(stage.device, nxt.device)
+                t0 = time.perf_counter()
+                if events is not None:
+                    events[0].record(torch.cuda.current_stream(stage.device))
+                received = self.channels[k].send(Handoff(step_id, positions, out.hidden))
+                if events is not None:
+                    events[1].record(torch.cuda.current_stream(stage.device))
                 received.check(step_id, positions, self.hidden_size, nxt.dtype)
                 self._sync(nxt.device)
                 timings.handoff_s.append(time.perf_counter() - t0)
+                if events is not None:
+                    events[1].synchronize()
+                    timings.handoff_device_s.append(events[0].elapsed_time(events[1]) * 1e-3)
                 x = received.hidden
         except StagewiseError:
             self.rollback()
