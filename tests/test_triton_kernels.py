@@ -18,7 +18,9 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 
 from stagewise.engine.model_loading import load_model
 from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
-from stagewise.kernels.rms_norm_triton import rms_norm
+from stagewise.kernels.gemv_triton import gemv
+from stagewise.kernels.moe_route_triton import add_gated_shared, combine, route
+from stagewise.kernels.rms_norm_triton import add_rms_norm, rms_norm
 from stagewise.kernels.rotary_triton import apply_rotary_bthd
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import kernels_on_host, use_triton
@@ -99,6 +101,8 @@ def test_deltanet_decode_step_matches_reference() -> None:
 
 
 def test_kernels_only_on_request_off_gpu() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the host path needs the interpreter")
     cpu = torch.zeros(1)
     assert not use_triton(cpu)
     with kernels_on_host():
@@ -123,7 +127,8 @@ def _trace(preset: str, fused: bool, monkeypatch: pytest.MonkeyPatch, devices: s
                  {k: v.cpu() for k, v in trace.states.items()})
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-qwen3.6"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3.5", "tiny-qwen3.6",
+                                    "tiny-qwen3.6@q8_0"])
 def test_model_with_kernels_matches_reference_path(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
     reference, fused_trace = (_trace(preset, fused, monkeypatch) for fused in (False, True))
     assert fused_trace.tokens == reference.tokens
@@ -146,3 +151,43 @@ def test_two_stages_with_kernels_bit_identical_to_one(monkeypatch: pytest.Monkey
     assert all(torch.equal(a, b) for a, b in zip(one.features, two.features, strict=True))
     assert one.states.keys() == two.states.keys()
     assert all(torch.equal(one.states[k], two.states[k]) for k in one.states)
+
+
+def test_add_rms_norm_matches_add_then_norm() -> None:
+    torch.manual_seed(4)
+    norm = RMSNorm(64, 1e-6).to(DEVICE)
+    norm.weight.data.normal_()
+    x, r = torch.randn(3, 2, 64, device=DEVICE), torch.randn(3, 2, 64, device=DEVICE)
+    total, normed = add_rms_norm(x, r, norm.weight, 1e-6)
+    torch.testing.assert_close(total, x + r, atol=0, rtol=0)
+    torch.testing.assert_close(normed, norm.forward(x + r), **TOL)
+
+
+def test_gemv_dense_and_gathered() -> None:
+    torch.manual_seed(5)
+    w = torch.randn(40, 96, device=DEVICE)
+    x = torch.randn(2, 96, device=DEVICE)
+    small = (8, 32, 4, 3)  # interpreter-sized tiles; K = 96 is not a multiple of 64 below
+    torch.testing.assert_close(gemv(x, w, config=small), x @ w.T, **TOL)
+    torch.testing.assert_close(gemv(x, w, config=(8, 64, 4, 3)), x @ w.T, **TOL)
+    stack = torch.randn(5, 40, 96, device=DEVICE)
+    index = torch.tensor([3, 1, 4, 0], device=DEVICE)  # token 0 -> experts 3, 1; token 1 -> 4, 0
+    want = torch.stack([stack[3] @ x[0], stack[1] @ x[0], stack[4] @ x[1], stack[0] @ x[1]])
+    torch.testing.assert_close(gemv(x, stack, index, config=small, x_repeat=2), want, **TOL)
+
+
+def test_route_and_combine_match_reference() -> None:
+    torch.manual_seed(6)
+    logits = torch.randn(5, 12, device=DEVICE)
+    for normalize in (False, True):
+        index, weight = route(logits, 4, normalize)
+        probs = torch.softmax(logits, dim=-1)
+        want_w, want_i = torch.topk(probs, 4, dim=-1)
+        if normalize:
+            want_w = want_w / want_w.sum(dim=-1, keepdim=True)
+        assert torch.equal(index.long(), want_i)
+        torch.testing.assert_close(weight, want_w, **TOL)
+    y = torch.randn(5 * 4, 16, device=DEVICE)
+    torch.testing.assert_close(combine(y, weight, torch.float32), (y.view(5, 4, 16) * weight[..., None]).sum(1), **TOL)
+    out, shared, gate = torch.randn(5, 16, device=DEVICE), torch.randn(5, 16, device=DEVICE), torch.randn(5, 1, device=DEVICE)
+    torch.testing.assert_close(add_gated_shared(out, shared, gate), out + torch.sigmoid(gate) * shared, **TOL)

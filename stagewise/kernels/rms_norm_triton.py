@@ -6,6 +6,9 @@ normalizes one row in float32 and rounds where the reference rounds (the plain n
 normalized row to the activation dtype before the weight multiply), so results match the
 reference to within float32 reduction order.
 
+:func:`add_rms_norm` also folds in the residual add before the norm: it stores the rounded sum and
+normalizes it, as the reference does with two launches.
+
 Rows are addressed through two strides, so a per-head norm can read ``q`` straight out of a
 fused projection's output (``(B, T, H, D)`` views with a gap between tokens) without a copy.
 """
@@ -78,3 +81,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
             MODE=mode, BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8,
         )
     return y
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, y_ptr, dim, eps, ZERO_CENTERED: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < dim
+    x = tl.load(x_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * dim + cols, mask=mask, other=0.0).to(tl.float32)
+    total = (x + r).to(sum_ptr.dtype.element_ty)  # the residual stream, rounded as the reference stores it
+    tl.store(sum_ptr + row * dim + cols, total, mask=mask)
+    h = total.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, axis=0) / dim + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        y = h * (1.0 + w)
+    else:
+        y = h.to(y_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(y_ptr + row * dim + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + residual, rms_norm(x + residual))`` in one launch; both contiguous, ``x``'s shape and dtype."""
+    dim = x.shape[-1]
+    x, residual = x.contiguous(), residual.contiguous()
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    with launch_device(x):
+        _add_rms_norm_kernel[(x.numel() // dim,)](
+            x, residual, weight, total, y, dim, eps, ZERO_CENTERED=zero_centered,
+            BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8,
+        )
+    return total, y

@@ -51,8 +51,8 @@ class HybridBlock(nn.Module):
         else:
             assert isinstance(state, KVCache)
             mixed = self.self_attn(normed, ctx, state)
-        hidden = hidden + mixed
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden, normed = self.post_attention_layernorm.add_forward(hidden, mixed)  # residual add + norm
+        return hidden + self.mlp(normed)
 
 
 def hybrid_block(config: ModelConfig, index: int) -> nn.Module:

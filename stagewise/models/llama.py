@@ -27,8 +27,9 @@ class DecoderBlock(nn.Module):
         return self.self_attn.new_state(batch, max_context, dtype, device)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: KVCache) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), ctx, state)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden, normed = self.post_attention_layernorm.add_forward(
+            hidden, self.self_attn(self.input_layernorm(hidden), ctx, state))  # residual add + norm
+        return hidden + self.mlp(normed)
 
 
 def llama_block(config: ModelConfig, index: int) -> nn.Module:

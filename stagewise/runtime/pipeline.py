@@ -20,6 +20,7 @@ from stagewise.runtime.channel import Channel
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.stage import Stage
 
+_SPIN_CYCLES = 200_000  # ~100 us of GPU clock: longer than the host takes to enqueue a handoff
 FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
 CancelCheck = Callable[[], bool]
 
@@ -101,6 +102,10 @@ class Pipeline:
                 events = self._copy_events(stage.device, nxt.device)
                 t0 = time.perf_counter()
                 if events is not None:
+                    # NOTE: keep the sending stream busy while the host enqueues the copy, so the events
+                    # time the copy itself, not the host's latency (with graphs the host runs ahead)
+                    with torch.cuda.device(stage.device):
+                        torch.cuda._sleep(_SPIN_CYCLES)
                     events[0].record(torch.cuda.current_stream(stage.device))
                 received = self.channels[k].send(Handoff(step_id, positions, out.hidden))
                 if events is not None:

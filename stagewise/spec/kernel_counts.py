@@ -13,16 +13,16 @@ from __future__ import annotations
 from stagewise.spec.model_config import ModelConfig
 
 # mixer, with both norms and both residual adds of the block:
-# norm, q/k/v, rotary q and k, cache write k and v, attention, output, add, norm, add
-ATTENTION_KERNELS = 11
+# norm, q/k/v, rotary q and k, cache write k and v, attention, output, add + norm, add
+ATTENTION_KERNELS = 10
 QK_NORM_KERNELS = 2  # per-head RMSNorm of q and k (Qwen3, hybrids)
 OUTPUT_GATE_KERNELS = 2  # the hybrids' sigmoid output gate: sigmoid, multiply
-# Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add, norm, add
-LINEAR_ATTENTION_KERNELS = 9
+# Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add + norm, add
+LINEAR_ATTENTION_KERNELS = 8
 # MLP
 DENSE_MLP_KERNELS = 3  # gate_up, silu * up, down
-MOE_KERNELS = 15  # router, softmax, top-k, sum, divide, cast, repeat, 2 x (gather, bmm), silu * up, weight, sum, cast
-SHARED_EXPERT_KERNELS = 7  # sigmoid gate (matmul, sigmoid), gate_up, silu * up, down, scale, add
+MOE_KERNELS = 6  # router, route (softmax + top-k), gathered gate_up, silu * up, gathered down, weighted combine
+SHARED_EXPERT_KERNELS = 5  # gate logit, gate_up, silu * up, down, sigmoid-gated add
 STAGE_KERNELS = 12  # per stage and step: rotary tables and the causal mask (repeated for grouped queries)
 EXIT_KERNELS = 4  # final norm, LM head, float logits, sampling
 ENTRY_KERNELS = 1  # embedding lookup

@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.quantized_weight import QuantizedWeight
+
+_HALF = (torch.bfloat16, torch.float16)
 
 
 class Linear(nn.Module):
@@ -46,6 +49,12 @@ class Linear(nn.Module):
             y = self.quantized.matmul(x)
             return y if self.bias is None else y + self.bias
         assert self.weight is not None
+        if use_triton(x) and self.weight.dtype in _HALF and x.dtype == self.weight.dtype:
+            from stagewise.kernels.gemv_triton import GEMV_MAX_TOKENS, gemv
+
+            if x.numel() // self.in_features <= GEMV_MAX_TOKENS:  # decode: our GEMV streams at memory speed
+                y = gemv(x, self.weight)
+                return y if self.bias is None else y + self.bias
         return nn.functional.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.experts import Experts
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.swiglu import SwiGLU
@@ -35,6 +36,10 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k expert indices ``(N, K)`` and their weights ``(N, K)`` in ``x``'s dtype."""
         logits = self.gate(x)  # (N, E)
+        if use_triton(logits):
+            from stagewise.kernels.moe_route_triton import route
+
+            return route(logits, self.top_k, self.norm_topk_prob)  # one launch; indices int32
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_weight, top_index = torch.topk(probs, self.top_k, dim=-1)  # (N, K)
         if self.norm_topk_prob:
@@ -47,5 +52,9 @@ class SparseMoE(nn.Module):
         top_index, top_weight = self.route(flat)
         out = self.experts(flat, top_index, top_weight)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
+            if use_triton(out):
+                from stagewise.kernels.moe_route_triton import add_gated_shared
+
+                return add_gated_shared(out, self.shared_expert(flat), self.shared_expert_gate(flat)).reshape(shape)
             out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return out.reshape(shape)

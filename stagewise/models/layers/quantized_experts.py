@@ -33,9 +33,9 @@ class QuantizedExperts(Protocol):
         """Expert ``index``'s ``(out, in)`` matrix as a 2-D quantized weight (a view: no copy)."""
         ...
 
-    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Row ``m`` of ``x`` ``(M, in)`` times expert ``expert_index[m]`` -> ``(M, out)``, reading only those
-        experts and without host synchronization."""
+    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
+        """Row ``m // x_repeat`` of ``x`` ``(M / x_repeat, in)`` times expert ``expert_index[m]`` -> ``(M, out)``,
+        reading only those experts and without host synchronization."""
         ...
 
     def to(self, device: torch.device) -> QuantizedExperts: ...

@@ -17,6 +17,15 @@ class RMSNorm(nn.Module):
         self.zero_centered = zero_centered
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + residual, norm(x + residual))``: the residual add fused into the norm on the Triton path."""
+        if use_triton(x):
+            from stagewise.kernels.rms_norm_triton import add_rms_norm
+
+            return add_rms_norm(x, residual, self.weight, self.eps, self.zero_centered)
+        total = x + residual
+        return total, self.forward(total)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_triton(x):
             from stagewise.kernels.rms_norm_triton import rms_norm

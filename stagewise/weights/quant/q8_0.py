@@ -115,8 +115,8 @@ class Q8_0Weight:
             y[..., lo:hi] = torch.nn.functional.linear(x, self._dequantize_rows(lo, hi, x.dtype))
         return y
 
-    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Row ``m`` of ``x (M, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.
+    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
+        """Row ``m // x_repeat`` of ``x (M / x_repeat, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.
 
         Reads only the routed experts; no host synchronization (CUDA graph safe).
         """
@@ -125,7 +125,9 @@ class Q8_0Weight:
         if use_triton(self.qs):
             from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
-            return q8_0_gemv(x, self.qs, self.scales, expert_index)
+            return q8_0_gemv(x, self.qs, self.scales, expert_index, x_repeat=x_repeat)
+        if x_repeat > 1:
+            x = x.repeat_interleave(x_repeat, dim=0)  # (M, in)
         routed = Q8_0Weight(self.qs.index_select(0, expert_index), self.scales.index_select(0, expert_index))
         return torch.bmm(routed.dequantize(x.dtype), x[:, :, None]).squeeze(-1)  # (M, out)
 

@@ -22,10 +22,12 @@ def _q8_0_gemv_kernel(
     x_ptr, q_ptr, s_ptr, y_ptr, e_ptr,
     N, K,
     stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_ym,
+    x_repeat,
     GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     m = tl.program_id(1)
+    xm = m // x_repeat  # the input row of output row m
     if GATHER:
         e = tl.load(e_ptr + m).to(tl.int64)
     else:
@@ -39,7 +41,7 @@ def _q8_0_gemv_kernel(
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
-        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)  # (BK,)
+        x = tl.load(x_ptr + xm * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)  # (BK,)
         q = tl.load(q_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0)  # (BN, BK) int8
         blocks = tl.sum(tl.reshape(q.to(tl.float32) * x[None, :], (BLOCK_N, BLOCK_K // 32, 32)), axis=2)
         kb = k0 // 32 + offs_b
@@ -53,28 +55,33 @@ CONFIG = (8, 512, 4, 4)
 
 
 def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_index: torch.Tensor | None = None,
-              config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """``x (M, K)`` -> ``(M, N)``; ``qs`` ``(N, K)`` or ``(E, N, K)`` int8 with ``scales`` ``(…, K/32)`` f16.
+              config: tuple[int, int, int, int] | None = None, x_repeat: int = 1) -> torch.Tensor:
+    """``x (M / x_repeat, K)`` -> ``(M, N)``; ``qs`` ``(N, K)`` or ``(E, N, K)`` int8 with ``scales`` ``(…, K/32)`` f16.
 
-    With a 3-D stack, ``expert_index`` ``(M,)`` names each row's matrix. K must be a multiple of 32.
+    With a 3-D stack, ``expert_index`` ``(M,)`` names each output row's matrix; output row ``m`` reads
+    input row ``m // x_repeat`` (a token's K routed experts share its row). K must be a multiple of 32.
     """
     block_n, block_k, warps, stages = config or CONFIG
     n, k = qs.shape[-2], qs.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
+    m = x2.shape[0] * x_repeat
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     gather = qs.dim() == 3
     if gather and (expert_index is None or expert_index.numel() != m):
         raise ValueError("a 3-D Q8_0 stack needs one expert index per row")
-    e = expert_index.to(torch.int32).contiguous() if gather and expert_index is not None else y  # unused if 2-D
+    e = _int32(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     qe = qs.stride(0) if gather else 0
     se = scales.stride(0) if gather else 0
     grid = (triton.cdiv(n, block_n), m)
     with launch_device(x):
         _q8_0_gemv_kernel[grid](
             x2, qs, scales, y, e, n, k,
-            x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0),
+            x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0), x_repeat,
             GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
             num_warps=warps, num_stages=stages,
         )
     return y
+
+
+def _int32(index: torch.Tensor) -> torch.Tensor:
+    return index if index.dtype == torch.int32 and index.is_contiguous() else index.to(torch.int32).contiguous()

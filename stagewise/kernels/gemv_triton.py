@@ -1,0 +1,95 @@
+"""Triton GEMV for dense half-precision weights: decode's matmuls (a few tokens) at memory speed.
+
+``y[m] = W[e_m] @ x[m]`` with ``W`` ``(N, K)`` (one matrix for every row) or a stack ``(E, N, K)``
+gathered by ``expert_index[m]`` (MoE decode reads only the routed experts). Each program owns
+``BLOCK_N`` output rows of one token and streams ``K`` in ``BLOCK_K`` steps, accumulating in float32.
+
+The tile config is a fixed function of the weight's shape (:func:`config_for`), never autotuned at
+run time: the reduction order follows the config, and a staged run must reduce exactly like a
+single-device run. cuBLAS reaches 1.8-2.8 TB/s on these shapes at one token on an H200
+(``bench/results/q8_0_kernels_h200.json``, dense column); ``bench/gemv_configs.py`` measures ours.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels.triton_launch import launch_device
+
+GEMV_MAX_TOKENS = 4  # more tokens: cuBLAS's GEMM re-reads nothing and wins
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, y_ptr, e_ptr,
+    N, K,
+    stride_xm, stride_we, stride_wn, stride_ym,
+    x_repeat,
+    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    xm = m // x_repeat  # the input row of output row m
+    if GATHER:
+        e = tl.load(e_ptr + m).to(tl.int64)
+    else:
+        e = 0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        if EVEN_K:
+            x = tl.load(x_ptr + xm * stride_xm + k).to(tl.float32)
+            w = tl.load(rows + k[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            x = tl.load(x_ptr + xm * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+            w = tl.load(rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    tl.store(y_ptr + m * stride_ym + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages)
+DEFAULT_CONFIG = (8, 512, 4, 3)
+
+
+def config_for(n: int, k: int) -> tuple[int, int, int, int]:
+    """The tile config for an ``(n, k)`` weight: a pure function of the shape (see the module note)."""
+    return DEFAULT_CONFIG
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | None = None,
+         config: tuple[int, int, int, int] | None = None, x_repeat: int = 1) -> torch.Tensor:
+    """``x (..., K)`` -> ``(..., N)`` for ``weight`` ``(N, K)``; or, for a stack ``(E, N, K)``, ``(M, N)`` with
+    output row ``m`` = ``weight[expert_index[m]] @ x[m // x_repeat]`` (a token's K routed experts share
+    its row). ``weight``'s last dim must be contiguous."""
+    n, k = weight.shape[-2], weight.shape[-1]
+    if weight.stride(-1) != 1:
+        raise ValueError("gemv needs the weight's input dim contiguous")
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0] * x_repeat
+    gather = weight.dim() == 3
+    if gather and (expert_index is None or expert_index.numel() != m):
+        raise ValueError("a 3-D weight stack needs one expert index per row")
+    block_n, block_k, warps, stages = config or config_for(n, k)
+    block_k = min(block_k, triton.next_power_of_2(k))
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    e = _int32(expert_index) if gather and expert_index is not None else y  # unused if 2-D
+    with launch_device(x):
+        _gemv_kernel[(triton.cdiv(n, block_n), m)](
+            x2, weight, y, e, n, k,
+            x2.stride(0), weight.stride(0) if gather else 0, weight.stride(-2), y.stride(0), x_repeat,
+            GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+            num_warps=warps, num_stages=stages,
+        )
+    return y.reshape(*x.shape[:-1], n) if not gather else y
+
+
+def _int32(index: torch.Tensor) -> torch.Tensor:
+    return index if index.dtype == torch.int32 and index.is_contiguous() else index.to(torch.int32).contiguous()

@@ -1,0 +1,104 @@
+"""MoE routing in two Triton launches: pick each token's experts, then combine their outputs.
+
+- :func:`route`: softmax over the router logits (float32), top-k by repeated argmax, optional
+  renormalization of the k weights; replaces softmax, topk, sum, divide and the casts.
+- :func:`combine`: ``out[n] = sum_k w[n, k] * y[n * K + k]`` in float32, one rounding; replaces
+  the multiply, sum and cast of the reference path.
+- :func:`add_gated_shared`: ``out + sigmoid(g) * shared`` (the shared expert of Qwen3-Next /
+  Qwen3.5-MoE), one launch for the reference's three.
+The reference path (``models/layers/moe.py``, ``experts.py``) computes the same functions.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels.triton_launch import launch_device
+
+
+@triton.jit
+def _route_kernel(logits_ptr, index_ptr, weight_ptr, experts, stride_l,
+                  TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr):
+    n = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    mask = e < experts
+    logits = tl.load(logits_ptr + n * stride_l + e, mask=mask, other=-float("inf")).to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, axis=0))
+    probs = probs / tl.sum(probs, axis=0)
+    total = 1.0
+    if NORMALIZE:  # first pass: the sum of the k largest
+        total = 0.0
+        remaining = probs
+        for k in tl.static_range(TOP_K):
+            best = tl.argmax(remaining, axis=0)
+            total += tl.max(remaining, axis=0)
+            remaining = tl.where(e == best, -1.0, remaining)
+    remaining = probs
+    for k in tl.static_range(TOP_K):  # k-th largest: argmax, then masked out
+        best = tl.argmax(remaining, axis=0)
+        tl.store(index_ptr + n * TOP_K + k, best.to(tl.int32))
+        tl.store(weight_ptr + n * TOP_K + k, (tl.max(remaining, axis=0) / total).to(weight_ptr.dtype.element_ty))
+        remaining = tl.where(e == best, -1.0, remaining)
+
+
+def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits ``(N, E)`` -> expert indices ``(N, K)`` int32 and weights ``(N, K)`` in the logits' dtype."""
+    tokens, experts = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    index = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
+    weight = torch.empty((tokens, top_k), dtype=logits.dtype, device=logits.device)
+    with launch_device(logits):
+        _route_kernel[(tokens,)](logits, index, weight, experts, logits.stride(0), TOP_K=top_k, NORMALIZE=normalize,
+                                 BLOCK_E=triton.next_power_of_2(experts), num_warps=4)
+    return index, weight
+
+
+@triton.jit
+def _combine_kernel(y_ptr, w_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    n = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = h < hidden
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        w = tl.load(w_ptr + n * TOP_K + k).to(tl.float32)
+        acc += w * tl.load(y_ptr + (n * TOP_K + k) * hidden + h, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + n * hidden + h, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def combine(y: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per-slot expert outputs ``y`` ``(N*K, H)`` and weights ``(N, K)`` -> ``(N, H)`` in ``dtype``."""
+    tokens, top_k = weight.shape
+    hidden = y.shape[-1]
+    y, weight = y.contiguous(), weight.contiguous()
+    out = torch.empty((tokens, hidden), dtype=dtype, device=y.device)
+    block = min(1024, triton.next_power_of_2(hidden))
+    with launch_device(y):
+        _combine_kernel[(tokens, triton.cdiv(hidden, block))](y, weight, out, hidden, TOP_K=top_k, BLOCK_H=block,
+                                                             num_warps=4)
+    return out
+
+
+@triton.jit
+def _gated_add_kernel(out_ptr, shared_ptr, gate_ptr, y_ptr, hidden, stride_g, BLOCK_H: tl.constexpr):
+    n = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = h < hidden
+    g = tl.sigmoid(tl.load(gate_ptr + n * stride_g).to(tl.float32))
+    out = tl.load(out_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)
+    shared = tl.load(shared_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n * hidden + h, (out + g * shared).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def add_gated_shared(out: torch.Tensor, shared: torch.Tensor, gate_logit: torch.Tensor) -> torch.Tensor:
+    """``out + sigmoid(gate_logit) * shared`` for ``out``, ``shared`` ``(N, H)`` and ``gate_logit`` ``(N, 1)``."""
+    tokens, hidden = out.shape
+    out, shared = out.contiguous(), shared.contiguous()
+    y = torch.empty_like(out)
+    block = min(1024, triton.next_power_of_2(hidden))
+    with launch_device(out):
+        _gated_add_kernel[(tokens, triton.cdiv(hidden, block))](out, shared, gate_logit, y, hidden, gate_logit.stride(0),
+                                                                BLOCK_H=block, num_warps=4)
+    return y
