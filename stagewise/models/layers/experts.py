@@ -103,23 +103,29 @@ class Experts(nn.Module):
         """Decode path: gather the routed experts' weights (only those are read); no host sync."""
         tokens, k = top_index.shape
         index = top_index.reshape(-1)  # (N*K,)
-        xs = x.repeat_interleave(k, dim=0)  # (N*K, H)
-        gate_up = self._gather_matmul("gate_up_proj", index, xs)  # (N*K, 2I)
-        if use_triton(x):
+        if use_triton(x):  # 4 launches: the token rows are read in place, K slots each
+            from stagewise.kernels.moe_route_triton import combine
             from stagewise.kernels.silu_mul_triton import silu_mul
 
-            act = silu_mul(gate_up)  # (N*K, I)
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)  # (N*K, I) each
-            act = nn.functional.silu(gate) * up
-        y = self._gather_matmul("down_proj", index, act)  # (N*K, H)
+            act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k))  # (N*K, I)
+            return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype)  # (N, H)
+        xs = x.repeat_interleave(k, dim=0)  # (N*K, H)
+        gate, up = self._gather_matmul("gate_up_proj", index, xs, 1).chunk(2, dim=-1)  # (N*K, I) each
+        y = self._gather_matmul("down_proj", index, nn.functional.silu(gate) * up, 1)  # (N*K, H)
         return (y.view(tokens, k, -1) * top_weight[..., None]).sum(dim=1).to(x.dtype)  # (N, H)
 
-    def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+    def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor, x_repeat: int) -> torch.Tensor:
+        """Slot ``m``: expert ``index[m]`` of weight ``name`` times row ``m // x_repeat`` of ``xs``."""
         packed = self.quantized.get(name)
         if packed is not None:
-            return packed.gather_matmul(index, xs)
+            return packed.gather_matmul(index, xs, x_repeat)
         weight = getattr(self, name)  # (E, out, in)
+        if use_triton(xs) and weight.dtype == xs.dtype:
+            from stagewise.kernels.gemv_triton import gemv
+
+            return gemv(xs, weight, index, x_repeat=x_repeat)  # reads only the routed experts, one launch
+        if x_repeat > 1:
+            xs = xs.repeat_interleave(x_repeat, dim=0)  # (N*K, in)
         return torch.bmm(weight.index_select(0, index), xs[:, :, None]).squeeze(-1)  # (N*K, out)
 
     def extra_repr(self) -> str:
