@@ -1,0 +1,66 @@
+"""MoE alignment: routed (token, expert) slots sorted by expert and padded to whole row blocks.
+
+Contract. Given ``top_index (N, K)`` (each token's ``K`` experts out of ``E``) and a row block size
+``BLOCK_M``, the ``S = N * K`` slots (``slot = token * K + k``) are laid out so that every block of
+``BLOCK_M`` consecutive entries belongs to one expert:
+
+- ``sorted_slots`` int32 ``(capacity,)``: each expert's slots, in ascending slot order (a stable
+  sort: deterministic), the experts in ascending id order, each expert's run padded with the
+  sentinel ``S`` up to a multiple of ``BLOCK_M``; every entry past the last expert's run is ``S``
+  too. Every slot appears exactly once.
+- ``block_expert`` int32 ``(capacity // BLOCK_M,)``: the expert of each block; ``-1`` for blocks past
+  the last valid one.
+- ``num_valid_blocks`` int32 ``(1,)``: how many leading blocks hold slots (a device tensor).
+
+``capacity = round_up(S + min(E, S) * (BLOCK_M - 1), BLOCK_M)`` depends only on the shapes, never on
+the routing, so nothing is read back to the host: the computation is CUDA-graph capturable and a
+grouped GEMM can launch ``capacity // BLOCK_M`` row blocks, its programs past ``num_valid_blocks``
+returning at once. Pure torch (a few small device ops).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class MoeAlignment(NamedTuple):
+    sorted_slots: torch.Tensor  # (capacity,) int32, padding = num_slots
+    block_expert: torch.Tensor  # (capacity // block_m,) int32, -1 past the valid blocks
+    num_valid_blocks: torch.Tensor  # (1,) int32
+    num_slots: int  # S = N * K, the padding sentinel
+    block_m: int
+
+
+def align_capacity(num_slots: int, num_experts: int, block_m: int) -> int:
+    """Length of ``sorted_slots``: an upper bound on the padded runs that depends only on the shapes."""
+    worst = num_slots + min(num_experts, num_slots) * (block_m - 1)  # each used expert pads < block_m
+    return -(-worst // block_m) * block_m
+
+
+def moe_align(top_index: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
+    """Sort the slots of ``top_index (N, K)`` by expert into ``block_m``-row blocks (see the module doc)."""
+    if block_m <= 0:
+        raise ValueError(f"block_m must be positive, got {block_m}")
+    device = top_index.device
+    flat = top_index.reshape(-1)  # (S,) expert of each slot
+    num_slots = flat.numel()
+    capacity = align_capacity(num_slots, num_experts, block_m)
+    num_blocks = capacity // block_m
+    # NOTE: few small ops, all on the device (bincount would read its maximum back to the host)
+    expert, order = torch.sort(flat, stable=True)  # (S,) slots grouped by expert, ascending within one
+    edges = torch.arange(num_experts + 1, dtype=expert.dtype, device=device)
+    bounds = torch.searchsorted(expert, edges)  # (E+1,) where each expert's slots begin among the sorted
+    counts = bounds[1:] - bounds[:-1]  # (E,) slots per expert
+    blocks = torch.div(counts + (block_m - 1), block_m, rounding_mode="floor")  # (E,) whole blocks per expert
+    block_end = torch.cumsum(blocks, 0, dtype=torch.int32)  # (E,)
+    shift = (block_end - blocks) * block_m - bounds[:-1]  # (E,) sorted position -> padded position
+    dest = torch.arange(num_slots, device=device) + shift.index_select(0, expert)  # (S,) distinct, < capacity
+    sorted_slots = torch.full((capacity,), num_slots, dtype=torch.int32, device=device)
+    sorted_slots.scatter_(0, dest, order.to(torch.int32))  # distinct destinations: deterministic
+    block_ids = torch.arange(num_blocks, dtype=torch.int32, device=device)
+    block_expert = torch.searchsorted(block_end, block_ids, right=True, out_int32=True)  # (blocks,) in [0, E]
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
+    num_valid = block_end[-1:] if num_experts else torch.zeros(1, dtype=torch.int32, device=device)  # (1,)
+    return MoeAlignment(sorted_slots, block_expert, num_valid, num_slots, block_m)
