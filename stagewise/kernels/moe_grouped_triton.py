@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.moe_align import MoeAlignment, moe_align
+from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import launch_device
 from stagewise.weights.quant.q8_0 import Q8_0Weight
 
@@ -217,7 +218,6 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
     cfg = config or default_config(tokens * top_k, experts, x.device, isinstance(gate_up, Q8_0Weight))
     align = moe_align(top_index, experts, cfg.block_m)
     h = grouped_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot
-    gate, up = h.chunk(2, dim=-1)  # (S, I) each
-    act = torch.nn.functional.silu(gate) * up  # (S, I), as the per-expert loop computes it
+    act = silu_mul(h)  # (S, I) silu(gate) * up, one launch
     y = grouped_gemm(act, down, align, top_k, cfg.down, gather_rows=False, top_weight=top_weight)  # (S, H)
     return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # a fixed-order sum over K: deterministic

@@ -31,7 +31,7 @@ def _route_kernel(logits_ptr, index_ptr, weight_ptr, experts, stride_l,
     if NORMALIZE:  # first pass: the sum of the k largest
         total = 0.0
         remaining = probs
-        for k in tl.static_range(TOP_K):
+        for _k in tl.static_range(TOP_K):
             best = tl.argmax(remaining, axis=0)
             total += tl.max(remaining, axis=0)
             remaining = tl.where(e == best, -1.0, remaining)
