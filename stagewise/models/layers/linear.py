@@ -50,10 +50,11 @@ class Linear(nn.Module):
             return y if self.bias is None else y + self.bias
         assert self.weight is not None
         if use_triton(x) and self.weight.dtype in _HALF and x.dtype == self.weight.dtype:
-            from stagewise.kernels.gemv_triton import GEMV_MAX_TOKENS, gemv
+            from stagewise.kernels.gemv_triton import GEMV_MAX_TOKENS, config_for, gemv
 
-            if x.numel() // self.in_features <= GEMV_MAX_TOKENS:  # decode: our GEMV streams at memory speed
-                y = gemv(x, self.weight)
+            config = config_for(self.out_features, self.in_features)
+            if config is not None and x.numel() // self.in_features <= GEMV_MAX_TOKENS:  # decode, large matrices
+                y = gemv(x, self.weight, config=config)
                 return y if self.bias is None else y + self.bias
         return nn.functional.linear(x, self.weight, self.bias)
 

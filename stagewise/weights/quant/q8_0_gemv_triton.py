@@ -50,8 +50,16 @@ def _q8_0_gemv_kernel(
     tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages); chosen by bench/q8_0_kernels.py on an H200
-CONFIG = (8, 512, 4, 4)
+# (BLOCK_N, BLOCK_K, num_warps, num_stages); chosen by bench/q8_0_kernels.py / gemv_configs.py on an H200
+CONFIG = (8, 512, 4, 4)  # gathered expert stacks
+HEAD_CONFIG = (16, 256, 4, 3)  # very tall matrices (LM heads): 3.3 TB/s
+ROW_CONFIG = (1, 2048, 4, 3)  # the rest: 1.1-3.7x faster than CONFIG on 8M-25M-element matrices
+
+
+def config_for(n: int, k: int) -> tuple[int, int, int, int]:
+    """The tile config of a 2-D ``(n, k)`` Q8_0 weight: a pure function of the shape, so every stage
+    reduces in the same order (bench/results/gemv_configs_h200.json)."""
+    return HEAD_CONFIG if n * k >= 200_000_000 else ROW_CONFIG
 
 
 def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_index: torch.Tensor | None = None,
@@ -61,7 +69,7 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
     With a 3-D stack, ``expert_index`` ``(M,)`` names each output row's matrix; output row ``m`` reads
     input row ``m // x_repeat`` (a token's K routed experts share its row). K must be a multiple of 32.
     """
-    block_n, block_k, warps, stages = config or CONFIG
+    block_n, block_k, warps, stages = config or (CONFIG if qs.dim() == 3 else config_for(qs.shape[-2], qs.shape[-1]))
     n, k = qs.shape[-2], qs.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0] * x_repeat
