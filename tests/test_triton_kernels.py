@@ -191,3 +191,16 @@ def test_route_and_combine_match_reference() -> None:
     torch.testing.assert_close(combine(y, weight, torch.float32), (y.view(5, 4, 16) * weight[..., None]).sum(1), **TOL)
     out, shared, gate = torch.randn(5, 16, device=DEVICE), torch.randn(5, 16, device=DEVICE), torch.randn(5, 1, device=DEVICE)
     torch.testing.assert_close(add_gated_shared(out, shared, gate), out + torch.sigmoid(gate) * shared, **TOL)
+
+
+def test_q8_0_gemm_matches_dequantized_matmul() -> None:
+    from stagewise.kernels.q8_0_gemm import q8_0_gemm
+    from stagewise.weights.quant.q8_0 import Q8_0Weight
+
+    torch.manual_seed(7)
+    qs = torch.randint(-127, 128, (48, 96), dtype=torch.int8, device=DEVICE)
+    scales = (torch.rand(48, 3, device=DEVICE) * 0.01).to(torch.float16)
+    weight = Q8_0Weight(qs, scales)
+    x = torch.randn(2, 37, 96, device=DEVICE)  # 74 rows: several blocks and a ragged last one
+    want = x @ weight.dequantize(torch.float32).T
+    torch.testing.assert_close(q8_0_gemm(x, weight), want, atol=1e-4, rtol=1e-4)

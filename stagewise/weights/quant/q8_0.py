@@ -4,11 +4,11 @@ Layout on the device: ``qs`` int8 ``(..., out, in)`` and ``scales`` float16
 ``(..., out, in // 32)``; value = ``qs * scale`` of its 32-element block. Resident bytes are
 34 per 32 elements (32 int8 + one f16 scale), the same as in the file.
 
-Matmul dispatch is explicit and depends only on the weight's device and the number of input rows:
-``cuda`` with Triton importable and at most 16 rows (decode) ->
-:mod:`stagewise.weights.quant.q8_0_gemv_triton` (reads the int8 values directly); otherwise (CPU,
-other devices, prefill) -> dequantize a bounded tile of rows at a time and multiply with the
-device's matmul (no dense copy is ever kept). Same inputs on the same device kind -> same kernel,
+Matmul dispatch is explicit and depends only on the weight's device and the number of input rows.
+On the Triton path (``kernels/triton_launch.use_triton``): at most 16 rows (decode) ->
+:mod:`stagewise.weights.quant.q8_0_gemv_triton`, more rows (prefill) -> :mod:`stagewise.kernels.q8_0_gemm`;
+both read the int8 values directly. Otherwise (CPU, other devices) -> dequantize a bounded tile of
+rows at a time and multiply with the device's matmul (no dense copy is ever kept). Same inputs on the same device kind -> same kernel,
 so a staged run and a single-device run agree bit for bit.
 """
 
@@ -102,6 +102,10 @@ class Q8_0Weight:
             from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales).reshape(*x.shape[:-1], self.qs.shape[0])
+        if use_triton(self.qs):  # prefill: one launch, int8 read once, dequantized in registers
+            from stagewise.kernels.q8_0_gemm import q8_0_gemm
+
+            return q8_0_gemm(x, self)
         return self._tiled_matmul(x)
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
