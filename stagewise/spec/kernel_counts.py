@@ -48,17 +48,20 @@ def block_kernels(c: ModelConfig, index: int) -> int:
 # Prefill runs eagerly: the host issues every operation, so a chunk costs at least its operation
 # count x the host's time per operation (measured: transformers' eager decode of Llama-3.1-8B on
 # the H200 host, ~1,500 operations in 21.8 ms, bench/results/bench_llama8b_1gpu_vs_transformers.json).
-EXPERT_PREFILL_OPS = 6  # per expert that receives tokens: slice, two matmuls, activation, multiply, copy
+GROUPED_MOE_PREFILL_OPS = 26  # per MoE block and chunk: device-side alignment (~20), two grouped GEMMs, SiLU*up, sum
 LINEAR_ATTENTION_CHUNK_TOKENS = 64  # the chunked delta rule's chunk
 LINEAR_ATTENTION_OPS_PER_CHUNK = 30
 
 
 def block_prefill_ops(kernels_per_token: int, mixer: str, routed_experts: int, experts_per_token: int,
                       chunk_tokens: int) -> int:
-    """Operations the host issues for one block over a prefill chunk of ``chunk_tokens``."""
+    """Operations the host issues for one block over a prefill chunk of ``chunk_tokens``.
+
+    MoE blocks run the grouped GEMM path (a fixed count, whatever the routing); ``experts_per_token``
+    is kept for the signature's callers."""
     ops = kernels_per_token
     if routed_experts:
-        ops += min(routed_experts, chunk_tokens * experts_per_token) * EXPERT_PREFILL_OPS
+        ops += GROUPED_MOE_PREFILL_OPS
     if mixer == "linear_attention":
         ops += -(-chunk_tokens // LINEAR_ATTENTION_CHUNK_TOKENS) * LINEAR_ATTENTION_OPS_PER_CHUNK
     return ops
