@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from stagewise.errors import ConfigError
+
 ENV = "STAGEWISE_KERNELS"
 _on_host = False  # tests: take the Triton path on CPU tensors too (run by Triton's interpreter)
 
@@ -38,7 +40,7 @@ def kernels_mode() -> str:
     """``triton`` (default) or ``torch`` (the reference path everywhere), from ``STAGEWISE_KERNELS``."""
     mode = os.environ.get(ENV, "triton").strip().lower() or "triton"
     if mode not in ("triton", "torch"):
-        raise ValueError(f"{ENV}={mode!r}: expected 'triton' or 'torch'")
+        raise ConfigError(f"{ENV}={mode!r}: expected 'triton' or 'torch'")
     return mode
 
 
