@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.triton_launch import int32_index, launch_device
 
 GEMV_MAX_TOKENS = 4  # more tokens: cuBLAS's GEMM re-reads nothing and wins
 
@@ -85,7 +85,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | Non
                                                  or DEFAULT_CONFIG)
     block_k = min(block_k, triton.next_power_of_2(k))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    e = _int32(expert_index) if gather and expert_index is not None else y  # unused if 2-D
+    e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     with launch_device(x):
         _gemv_kernel[(triton.cdiv(n, block_n), m)](
             x2, weight, y, e, n, k,
@@ -94,7 +94,3 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | Non
             num_warps=warps, num_stages=stages,
         )
     return y.reshape(*x.shape[:-1], n) if not gather else y
-
-
-def _int32(index: torch.Tensor) -> torch.Tensor:
-    return index if index.dtype == torch.int32 and index.is_contiguous() else index.to(torch.int32).contiguous()

@@ -66,3 +66,8 @@ def launch_device(t: torch.Tensor) -> Any:
     """Context that makes ``t``'s device current: Triton launches on the current CUDA device,
     not on its tensors' device. A no-op off CUDA (the interpreter runs on the host)."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def int32_index(index: torch.Tensor) -> torch.Tensor:
+    """``index`` as a contiguous int32 tensor, without a copy when it already is one (kernels index with int32)."""
+    return index if index.dtype == torch.int32 and index.is_contiguous() else index.to(torch.int32).contiguous()

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.triton_launch import int32_index, launch_device
 
 QBLOCK = 32
 
@@ -77,7 +77,7 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
     gather = qs.dim() == 3
     if gather and (expert_index is None or expert_index.numel() != m):
         raise ValueError("a 3-D Q8_0 stack needs one expert index per row")
-    e = _int32(expert_index) if gather and expert_index is not None else y  # unused if 2-D
+    e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     qe = qs.stride(0) if gather else 0
     se = scales.stride(0) if gather else 0
     grid = (triton.cdiv(n, block_n), m)
@@ -89,7 +89,3 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
             num_warps=warps, num_stages=stages,
         )
     return y
-
-
-def _int32(index: torch.Tensor) -> torch.Tensor:
-    return index if index.dtype == torch.int32 and index.is_contiguous() else index.to(torch.int32).contiguous()
