@@ -203,4 +203,4 @@ def test_q8_0_gemm_matches_dequantized_matmul() -> None:
     weight = Q8_0Weight(qs, scales)
     x = torch.randn(2, 37, 96, device=DEVICE)  # 74 rows: several blocks and a ragged last one
     want = x @ weight.dequantize(torch.float32).T
-    torch.testing.assert_close(q8_0_gemm(x, weight), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(q8_0_gemm(x, qs, scales), want, atol=1e-4, rtol=1e-4)

@@ -25,6 +25,7 @@ the routing weight before the output is rounded (allclose, not bit-equal).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 import triton
@@ -33,11 +34,30 @@ import triton.language as tl
 from stagewise.kernels.moe_align import MoeAlignment, moe_align
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import launch_device
-from stagewise.weights.quant.q8_0 import Q8_0Weight
 
 QBLOCK = 32  # elements per Q8_0 block: BLOCK_K must be a multiple of it
 
-ExpertWeight = torch.Tensor | Q8_0Weight  # (E, out, in) dense, or the Q8_0 stack
+
+@runtime_checkable
+class Q8_0Stack(Protocol):
+    """What the kernel reads of a Q8_0 stack (``Q8_0Weight`` is one): int8 ``qs`` ``(E, out, in)`` and f16
+    ``scales`` ``(E, out, in / 32)``."""
+
+    @property
+    def qs(self) -> torch.Tensor: ...
+
+    @property
+    def scales(self) -> torch.Tensor: ...
+
+
+class Q8_0Tensors(NamedTuple):
+    """A Q8_0 stack as bare tensors."""
+
+    qs: torch.Tensor
+    scales: torch.Tensor
+
+
+ExpertWeight = torch.Tensor | Q8_0Stack  # (E, out, in) dense, or the Q8_0 stack
 
 
 @triton.jit
@@ -155,11 +175,11 @@ def default_config(num_slots: int, num_experts: int, device: torch.device,
 
 def _stack(weight: ExpertWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(values, scales)``: a dense stack has no scales."""
-    if isinstance(weight, Q8_0Weight):
-        return weight.qs, weight.scales
     if isinstance(weight, torch.Tensor):
         return weight, None
-    raise TypeError(f"grouped MoE GEMM takes a dense tensor or a Q8_0Weight, not {type(weight).__name__}")
+    if isinstance(weight, Q8_0Stack):
+        return weight.qs, weight.scales
+    raise TypeError(f"grouped MoE GEMM takes a dense tensor or a Q8_0 stack, not {type(weight).__name__}")
 
 
 def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top_k: int, tiles: GemmTiles, *,
@@ -215,7 +235,7 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
         raise ValueError(f"x {tuple(x.shape)} does not match {tokens} tokens of {hidden} features")
     if tokens == 0:
         return x.new_zeros((0, hidden))
-    cfg = config or default_config(tokens * top_k, experts, x.device, isinstance(gate_up, Q8_0Weight))
+    cfg = config or default_config(tokens * top_k, experts, x.device, not isinstance(gate_up, torch.Tensor))
     align = moe_align(top_index, experts, cfg.block_m)
     h = grouped_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot
     act = silu_mul(h)  # (S, I) silu(gate) * up, one launch

@@ -19,9 +19,9 @@ from stagewise.kernels.moe_grouped_triton import (
     TILES_64_Q8_0_GATE_UP,
     TILES_128,
     GemmTiles,
+    Q8_0Tensors,
     grouped_gemm,
 )
-from stagewise.weights.quant.q8_0 import Q8_0Weight
 
 
 @functools.lru_cache(maxsize=64)
@@ -42,14 +42,15 @@ def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
     return (128, TILES_128) if rows >= 1024 else (64, TILES_64_Q8_0_GATE_UP)
 
 
-def q8_0_gemm(x: torch.Tensor, weight: Q8_0Weight) -> torch.Tensor:
-    """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D Q8_0 ``weight`` ``(out, in)``."""
-    out_features, in_features = weight.shape
+def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D Q8_0 weight: int8 ``qs`` ``(out, in)``,
+    f16 ``scales`` ``(out, in / 32)``."""
+    out_features, in_features = qs.shape
     a = x.reshape(-1, in_features)
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
     block_m, tiles = _tiles(rows, a.device)
-    stack = Q8_0Weight(weight.qs[None], weight.scales[None])  # (1, out, in): a view
+    stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
     y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)

@@ -105,7 +105,7 @@ class Q8_0Weight:
         if use_triton(self.qs):  # prefill: one launch, int8 read once, dequantized in registers
             from stagewise.kernels.q8_0_gemm import q8_0_gemm
 
-            return q8_0_gemm(x, self)
+            return q8_0_gemm(x, self.qs, self.scales)
         return self._tiled_matmul(x)
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
