@@ -7,6 +7,8 @@ import contextlib
 import io
 import json
 
+import pytest
+
 from stagewise.cli.main import main
 
 
@@ -25,6 +27,11 @@ def test_bench_reports_speeds_and_the_baseline_ratio() -> None:
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "ttft_s", "bytes_read_per_token", "roofline_fraction"):
         assert ours[key] > 0, key
     assert len(ours["stage_step_s"]) == 2 and ours["generated_tokens"] == 4
+    # the roofline uses the bandwidth measured in this run, beside the topology's datasheet figure
+    assert ours["bandwidth_measured"] is True and ours["bandwidth_bytes_per_s"] > 0
+    assert ours["datasheet_bandwidth_bytes_per_s"] > 0
+    assert ours["roofline_fraction"] == pytest.approx(
+        ours["decode_tokens_per_s"] * ours["bytes_read_per_token"] / ours["bandwidth_bytes_per_s"])
     assert result["transformers"]["decode_tokens_per_s"] > 0
     assert set(result["ratio_vs_transformers"]) == {"decode", "prefill"}
 

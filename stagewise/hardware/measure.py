@@ -136,6 +136,19 @@ def _median_s(fn: Any, device: str) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def copy_bandwidth_bytes_per_s(device: str, copy_bytes: int | None = None) -> float:
+    """Memory bandwidth of torch device ``device`` (read + write), from the median time of copying
+    ``copy_bytes`` (default: 2 GiB on a GPU, 64 MiB on a CPU, far larger than any cache)."""
+    import torch
+
+    if copy_bytes is None:
+        copy_bytes = DEVICE_COPY_BYTES if device.startswith("cuda") else LARGE_BYTES
+    src = torch.ones(copy_bytes // 2, dtype=torch.bfloat16, device=device)  # copy_bytes bytes
+    dst = torch.empty_like(src)
+    copy_s = _median_s(lambda: dst.copy_(src), device)
+    return 2 * copy_bytes / copy_s  # read + write
+
+
 def _measure(topology: Topology) -> dict[str, Any]:
     import torch
 
@@ -145,18 +158,14 @@ def _measure(topology: Topology) -> dict[str, Any]:
             continue
         dev = d.torch_device
         gpu = dev.startswith("cuda")
-        copy_bytes = DEVICE_COPY_BYTES if gpu else LARGE_BYTES  # far larger than any cache
-        src = torch.ones(copy_bytes // 2, dtype=torch.bfloat16, device=dev)
-        dst = torch.empty_like(src)
-        copy_s = _median_s(lambda s=src, t=dst: t.copy_(s), dev)
-        del src, dst
+        bandwidth = copy_bandwidth_bytes_per_s(dev)
         size = 8192 if gpu else 512
         a = torch.randn(size, size, dtype=torch.bfloat16 if gpu else torch.float32, device=dev)
         b = torch.randn(size, size, dtype=a.dtype, device=dev)
         mm_s = _median_s(lambda a=a, b=b: a @ b, dev)
         del a, b
         out["devices"][d.id] = {
-            "memory_bandwidth_bytes_per_s": 2 * copy_bytes / copy_s,  # read + write
+            "memory_bandwidth_bytes_per_s": bandwidth,
             "matmul_flops_per_s": 2 * size**3 / mm_s,
         }
     for lk in topology.links:
