@@ -73,17 +73,31 @@ def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
     k_cumdecay = torch.linalg.solve_triangular(ut_system, decayed_k_beta, upper=False, unitriangular=True)
 
-    s = state.to(new_values)  # (B, Hv, Dk, Dv)
-    out = torch.zeros_like(new_values)  # (B, Hv, N, C, Dv)
     q = q * cum.exp()[..., None]
     k = k * (cum[..., -1:] - cum).exp()[..., None]
-    chunk_decay = cum[..., -1].exp()[..., None, None]  # (B, Hv, N, 1, 1)
-    for i in range(q.shape[2]):
-        v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ s  # (B, Hv, C, Dv)
-        out[:, :, i] = q[:, :, i] @ s + intra[:, :, i] @ v_new
-        s = s * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+    out, s = chunk_scan(q, k, new_values, k_cumdecay, intra, cum[..., -1].exp(), state.to(new_values))
     out = out.reshape(batch, heads, -1, dv)[:, :, :steps]  # (B, Hv, T, Dv)
     return out.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format), s
+
+
+def chunk_scan(q: torch.Tensor, k: torch.Tensor, new_values: torch.Tensor, k_cumdecay: torch.Tensor,
+               intra: torch.Tensor, chunk_decay: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequential part of the chunked rule: carry the state across the ``N`` chunks.
+
+    Args (float32, ``C`` tokens per chunk): q (decayed), k (decayed to the chunk end), k_cumdecay
+        ``(B, H, N, C, Dk)``; new_values ``(B, H, N, C, Dv)``; intra ``(B, H, N, C, C)``;
+        chunk_decay ``(B, H, N)``; state ``(B, H, Dk, Dv)`` before the first chunk.
+    Returns:
+        per-token outputs ``(B, H, N, C, Dv)`` and the state after the last chunk.
+    """
+    s = state  # (B, H, Dk, Dv)
+    out = torch.zeros_like(new_values)  # (B, H, N, C, Dv)
+    decay = chunk_decay[..., None, None]  # (B, H, N, 1, 1)
+    for i in range(q.shape[2]):
+        v_new = new_values[:, :, i] - k_cumdecay[:, :, i] @ s  # (B, H, C, Dv)
+        out[:, :, i] = q[:, :, i] @ s + intra[:, :, i] @ v_new
+        s = s * decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+    return out, s
 
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
