@@ -39,10 +39,11 @@ def main() -> int:
         a = torch.randn(b, h, n, c, c, device=dev, generator=g).tril() * 0.05
         decay = torch.rand(b, h, n, device=dev, generator=g) * 0.5 + 0.5
         s0 = torch.randn(b, h, dk, dv, device=dev, generator=g) * 0.1
-        want_out, want_s = chunk_scan(q, k, u, w, a, decay, s0)
-        got_out, got_s = chunk_scan_triton(q, k, u, w, a, decay, s0)
-        loop_ms = triton.testing.do_bench(lambda: chunk_scan(q, k, u, w, a, decay, s0), return_mode="median")
-        kernel_ms = triton.testing.do_bench(lambda: chunk_scan_triton(q, k, u, w, a, decay, s0), return_mode="median")
+        inputs = (q, k, u, w, a, decay, s0)
+        want_out, want_s = chunk_scan(*inputs)
+        got_out, got_s = chunk_scan_triton(*inputs)
+        loop_ms = triton.testing.do_bench(lambda inputs=inputs: chunk_scan(*inputs), return_mode="median")
+        kernel_ms = triton.testing.do_bench(lambda inputs=inputs: chunk_scan_triton(*inputs), return_mode="median")
         row = {"tokens": tokens, "chunks": n, "heads": h, "loop_ms": loop_ms, "kernel_ms": kernel_ms,
                "speedup": loop_ms / kernel_ms, "max_abs_diff_out": float((got_out - want_out).abs().max()),
                "max_abs_diff_state": float((got_s - want_s).abs().max()),
