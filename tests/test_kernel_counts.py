@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("triton")  # the counts are of the GPU path, whose fused kernels need Triton
+
 from bench.count_kernels import count_kernels
 from stagewise.engine.model_loading import load_model
 from stagewise.spec.kernel_counts import block_kernels
