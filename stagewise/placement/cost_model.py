@@ -79,8 +79,8 @@ def stage_prefill_s_per_token(
     device_s = (read / profile.chunk_tokens / device.memory_bandwidth_bytes_per_s
                 + flops / device.matmul_flops_per_s) / PREFILL_DEVICE_EFFICIENCY
     # the host issues a chunk's operations one by one; the device cannot run ahead of that
-    ops = sum(block_prefill_ops(b.kernels_per_token, b.mixer, b.routed_experts, b.experts_per_token,
-                                profile.chunk_tokens) for b in blocks)
+    ops = sum(block_prefill_ops(b.kernels_per_token, b.mixer, b.routed_experts > 0, profile.chunk_tokens)
+              for b in blocks)
     host_s = ops * HOST_OP_S / profile.chunk_tokens
     return max(device_s, host_s)
 

@@ -53,14 +53,12 @@ LINEAR_ATTENTION_CHUNK_TOKENS = 64  # the chunked delta rule's chunk
 LINEAR_ATTENTION_OPS_PER_CHUNK = 30
 
 
-def block_prefill_ops(kernels_per_token: int, mixer: str, routed_experts: int, experts_per_token: int,
-                      chunk_tokens: int) -> int:
+def block_prefill_ops(kernels_per_token: int, mixer: str, moe: bool, chunk_tokens: int) -> int:
     """Operations the host issues for one block over a prefill chunk of ``chunk_tokens``.
 
-    MoE blocks run the grouped GEMM path (a fixed count, whatever the routing); ``experts_per_token``
-    is kept for the signature's callers."""
+    MoE blocks run the grouped GEMM path: a fixed count, whatever the routing."""
     ops = kernels_per_token
-    if routed_experts:
+    if moe:
         ops += GROUPED_MOE_PREFILL_OPS
     if mixer == "linear_attention":
         ops += -(-chunk_tokens // LINEAR_ATTENTION_CHUNK_TOKENS) * LINEAR_ATTENTION_OPS_PER_CHUNK
