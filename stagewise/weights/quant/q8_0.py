@@ -6,10 +6,11 @@ Layout on the device: ``qs`` int8 ``(..., out, in)`` and ``scales`` float16
 
 Matmul dispatch is explicit and depends only on the weight's device and the number of input rows.
 On the Triton path (``kernels/triton_launch.use_triton``): at most 16 rows (decode) ->
-:mod:`stagewise.weights.quant.q8_0_gemv_triton`, more rows (prefill) -> :mod:`stagewise.kernels.q8_0_gemm`;
-both read the int8 values directly. Otherwise (CPU, other devices) -> dequantize a bounded tile of
-rows at a time and multiply with the device's matmul (no dense copy is ever kept). Same inputs on the same device kind -> same kernel,
-so a staged run and a single-device run agree bit for bit.
+:mod:`stagewise.weights.quant.q8_0_gemv_triton`, more rows (prefill) ->
+:mod:`stagewise.kernels.q8_0_gemm`; both read the int8 values directly. Otherwise (CPU, other
+devices) -> dequantize a bounded tile of rows at a time and multiply with the device's matmul (no
+dense copy is ever kept). Same inputs on the same device kind -> same kernel, so a staged run and a
+single-device run agree bit for bit.
 """
 
 from __future__ import annotations
@@ -98,15 +99,15 @@ class Q8_0Weight:
         if self.qs.dim() != 2:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
         tokens = x.numel() // max(x.shape[-1], 1)
-        if tokens <= GEMV_MAX_TOKENS and use_triton(self.qs):
+        if not use_triton(self.qs):
+            return self._tiled_matmul(x)
+        if tokens <= GEMV_MAX_TOKENS:
             from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales).reshape(*x.shape[:-1], self.qs.shape[0])
-        if use_triton(self.qs):  # prefill: one launch, int8 read once, dequantized in registers
-            from stagewise.kernels.q8_0_gemm import q8_0_gemm
+        from stagewise.kernels.q8_0_gemm import q8_0_gemm
 
-            return q8_0_gemm(x, self.qs, self.scales)
-        return self._tiled_matmul(x)
+        return q8_0_gemm(x, self.qs, self.scales)  # prefill: one launch, int8 dequantized in registers
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
         out_features, in_features = self.qs.shape
