@@ -176,6 +176,28 @@ def test_gemv_dense_and_gathered() -> None:
     torch.testing.assert_close(gemv(x, stack, index, config=small, x_repeat=2), want, **TOL)
 
 
+def test_split_k_gemv_reduces_slices_in_a_fixed_order() -> None:
+    from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+
+    torch.manual_seed(8)
+    w = torch.randn(40, 192, device=DEVICE)
+    x = torch.randn(2, 192, device=DEVICE)
+    for split in (2, 3, 4):  # 3 slices of 64 over K = 192 / 32: uneven slices, masked tail
+        got = gemv(x, w, config=(8, 32, 4, 3, split))
+        torch.testing.assert_close(got, x @ w.T, atol=2e-5, rtol=2e-5)
+        assert torch.equal(got, gemv(x, w, config=(8, 32, 4, 3, split)))
+    qs = torch.randint(-127, 128, (24, 192), dtype=torch.int8, device=DEVICE)
+    scales = torch.rand(24, 192 // 32, device=DEVICE).to(torch.float16)
+    dense = qs.float() * scales.float().repeat_interleave(32, dim=1)
+    for cfg in ((8, 64, 4, 3), (8, 64, 4, 3, 2), (4, 32, 4, 3, 4)):
+        torch.testing.assert_close(q8_0_gemv(x, qs, scales, config=cfg), x @ dense.T, atol=2e-5, rtol=2e-5)
+    stack_q = torch.stack([qs, qs.flip(0)])
+    stack_s = torch.stack([scales, scales.flip(0)])
+    index = torch.tensor([1, 0], device=DEVICE)
+    want = torch.stack([dense.flip(0) @ x[0], dense @ x[1]])
+    torch.testing.assert_close(q8_0_gemv(x, stack_q, stack_s, index, config=(8, 64, 4, 3, 3)), want, atol=2e-5, rtol=2e-5)
+
+
 def test_route_and_combine_match_reference() -> None:
     torch.manual_seed(6)
     logits = torch.randn(5, 12, device=DEVICE)
