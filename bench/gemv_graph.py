@@ -1,14 +1,14 @@
 """Decode GEMV candidates timed the way decode runs them: back to back inside a CUDA graph.
 
-``bench/gemv_configs.py`` timed one call at a time with ``triton.testing.do_bench``; for the small
-matrices that figure included the host's launch of a Triton kernel (tens of µs), which a replayed
-graph never pays. Here each candidate is captured as a graph of calls over rotating weight copies
+Timing one call at a time (``triton.testing.do_bench``) is misleading for the small matrices: the
+figure includes the host's launch of a Triton kernel (tens of µs), which a replayed graph never pays. Here each candidate is captured as a graph of calls over rotating weight copies
 (more bytes than the L2 holds, so every call reads HBM) and the replay is timed with CUDA events:
 µs per call, as inside a decode step. Every candidate's output is checked against float64.
 
-Candidates: cuBLAS (dense only), our GEMV tile configs, and split-K configs (K cut into slices,
-float32 partials summed by a second launch in a fixed order). Dense bf16 and Q8_0, plain and
-gathered (MoE decode: one token's routed experts).
+Candidates: cuBLAS (dense only) and our GEMV tile configs; dense bf16 and Q8_0, plain and gathered
+(MoE decode: one token's routed experts). A split-K variant (K cut into slices, float32 partials
+summed by a second launch) was measured at commit da342d0 and won nowhere by more than 1 %: with
+graphs, one pass already keeps every SM reading.
 
     python3 bench/gemv_graph.py --out bench/results/gemv_graph_h200.json
 """
@@ -28,9 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
-from stagewise.weights.quant.q8_0_gemv_triton import CONFIG as Q8_GATHER_CONFIG
 from stagewise.weights.quant.q8_0_gemv_triton import config_for as q8_config_for
-from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+from stagewise.weights.quant.q8_0_gemv_triton import gathered_config_for, q8_0_gemv
 
 DENSE = {"llama8b qkv": (6144, 4096), "llama8b o": (4096, 4096), "llama8b gate_up": (28672, 4096),
          "llama8b down": (4096, 14336), "llama8b head": (128256, 4096), "qwen3 router 128x2048": (128, 2048),
@@ -44,8 +43,7 @@ Q8_GATHER = {"qwen3-30b experts gate_up": (128, 1536, 2048, 8), "qwen3-30b exper
 BASE = [(1, 2048, 4, 3), (1, 1024, 4, 3), (2, 1024, 4, 4), (4, 512, 4, 3), (8, 512, 4, 3), (8, 512, 4, 4),
         (16, 256, 4, 3), (4, 1024, 8, 3), (8, 1024, 8, 3), (16, 512, 8, 3), (2, 2048, 8, 3), (4, 256, 2, 4),
         (32, 256, 8, 3), (2, 512, 2, 4)]
-SPLITS = [(1, 2048, 4, 3), (2, 1024, 4, 4), (4, 512, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3), (4, 256, 2, 4)]
-CANDIDATES = BASE + [(*c, s) for c in SPLITS for s in (2, 4, 8)]
+CANDIDATES = BASE
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
 
 
@@ -81,8 +79,6 @@ def _sweep(label: str, nbytes: int, fns: dict[str, Callable[[int], torch.Tensor]
     row: dict[str, object] = {"shape": label, "bytes": nbytes, "copies": copies, "current": current, "candidates": {}}
     cands: dict[str, dict[str, float]] = {}
     for name, fn in fns.items():
-        if nbytes > 200e6 and name.count(",") == 4:
-            continue  # split-K only matters where one pass leaves SMs idle
         try:
             err = _rel(fn(0), ref)
             us = _graph_us(fn, copies)
@@ -147,7 +143,7 @@ def main() -> int:
         ref = torch.einsum("mnk,mk->mn", dq, x.double().repeat_interleave(rep, dim=0))
         fns = {str(cfg): (lambda i, idx=idx, x=x, cfg=cfg, rep=rep, q=qs_all, s=sc_all:
                           q8_0_gemv(x, q, s, idx[i], config=cfg, x_repeat=rep)) for cfg in CANDIDATES}
-        rows.append(_sweep(f"q8_0 gathered {label} 8x{n}x{k}", nbytes, fns, ref, copies, str(Q8_GATHER_CONFIG)))
+        rows.append(_sweep(f"q8_0 gathered {label} 8x{n}x{k}", nbytes, fns, ref, copies, str(gathered_config_for(k))))
         del qs_all, sc_all
     report["rows"] = rows
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

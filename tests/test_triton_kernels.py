@@ -176,26 +176,34 @@ def test_gemv_dense_and_gathered() -> None:
     torch.testing.assert_close(gemv(x, stack, index, config=small, x_repeat=2), want, **TOL)
 
 
-def test_split_k_gemv_reduces_slices_in_a_fixed_order() -> None:
-    from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+@pytest.mark.parametrize("groups", [1, 4])
+def test_decode_attention_matches_masked_sdpa(groups: int) -> None:
+    from stagewise.kernels.decode_attention_triton import decode_attention, slicing, store_kv
 
-    torch.manual_seed(8)
-    w = torch.randn(40, 192, device=DEVICE)
-    x = torch.randn(2, 192, device=DEVICE)
-    for split in (2, 3, 4):  # 3 slices of 64 over K = 192 / 32: uneven slices, masked tail
-        got = gemv(x, w, config=(8, 32, 4, 3, split))
-        torch.testing.assert_close(got, x @ w.T, atol=2e-5, rtol=2e-5)
-        assert torch.equal(got, gemv(x, w, config=(8, 32, 4, 3, split)))
-    qs = torch.randint(-127, 128, (24, 192), dtype=torch.int8, device=DEVICE)
-    scales = torch.rand(24, 192 // 32, device=DEVICE).to(torch.float16)
-    dense = qs.float() * scales.float().repeat_interleave(32, dim=1)
-    for cfg in ((8, 64, 4, 3), (8, 64, 4, 3, 2), (4, 32, 4, 3, 4)):
-        torch.testing.assert_close(q8_0_gemv(x, qs, scales, config=cfg), x @ dense.T, atol=2e-5, rtol=2e-5)
-    stack_q = torch.stack([qs, qs.flip(0)])
-    stack_s = torch.stack([scales, scales.flip(0)])
-    index = torch.tensor([1, 0], device=DEVICE)
-    want = torch.stack([dense.flip(0) @ x[0], dense @ x[1]])
-    torch.testing.assert_close(q8_0_gemv(x, stack_q, stack_s, index, config=(8, 64, 4, 3, 3)), want, atol=2e-5, rtol=2e-5)
+    torch.manual_seed(9)
+    batch, kv_heads, dim, max_len, bucket = 2, 2, 32, 320, 256
+    heads = kv_heads * groups
+    keys = torch.randn(batch + 1, kv_heads, max_len, dim, device=DEVICE)  # one spare cache row
+    values = torch.randn_like(keys)
+    positions = torch.tensor([[3], [200]], device=DEVICE)  # 1 and 4 of the 64-key slices hold keys
+    assert slicing(bucket) == (64, 4) and slicing(4096) == (256, 16)
+    k_new, v_new = torch.randn(batch, 1, kv_heads, dim, device=DEVICE), torch.randn(batch, 1, kv_heads, dim, device=DEVICE)
+    want_k, want_v = keys.clone(), values.clone()
+    for b in range(batch):
+        p = int(positions[b, 0])
+        want_k[b, :, p], want_v[b, :, p] = k_new[b, 0], v_new[b, 0]
+    store_kv(keys, values, positions, k_new, v_new)
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+    q = torch.randn(batch, 1, heads, dim, device=DEVICE)
+    gate = torch.randn(batch, 1, heads, 2 * dim, device=DEVICE)[..., dim:]  # strided, as chunk() leaves it
+    mask = (torch.arange(bucket, device=DEVICE)[None, :] <= positions)[:, None, None, :]  # (B, 1, 1, L)
+    rows = q.transpose(1, 2).reshape(batch, kv_heads, groups, dim)
+    want = torch.nn.functional.scaled_dot_product_attention(rows, keys[:batch, :, :bucket], values[:batch, :, :bucket],
+                                                            attn_mask=mask)
+    want = want.reshape(batch, 1, heads * dim)
+    torch.testing.assert_close(decode_attention(q, keys, values, positions, bucket), want, **TOL)
+    gated = want * torch.sigmoid(gate.reshape(batch, 1, heads * dim))
+    torch.testing.assert_close(decode_attention(q, keys, values, positions, bucket, gate), gated, **TOL)
 
 
 def test_route_and_combine_match_reference() -> None:

@@ -6,9 +6,10 @@ host-bound on that loop, ``bench/results/profile_prefill_qwen36.json``). One pro
 (sequence, head) and ``BLOCK_V`` value columns; it keeps that slice of the state in registers and
 walks the chunks in order, all in float32 (``tl.dot`` with IEEE precision).
 
-Status: verified against the torch loop under Triton's interpreter (``tests/test_triton_kernels.py``);
-not yet compiled or timed on a GPU, so no layer calls it yet. ``bench/delta_rule_scan.py`` checks
-and times it against the loop on a GPU; wiring it into ``chunked_gated_delta_rule`` follows that.
+``chunked_gated_delta_rule`` calls it on the Triton path. Checked against the torch loop under
+Triton's interpreter (``tests/test_triton_kernels.py``) and on a GPU (``bench/delta_rule_scan.py``).
+The loop is not software-pipelined (``num_stages=1``): the float32 operands of its four ``tl.dot``
+already take ~140 KB of shared memory, and multi-buffering them overflows an H200's 227 KB.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _chunk_scan_kernel(
 
 def chunk_scan_triton(q: torch.Tensor, k: torch.Tensor, new_values: torch.Tensor, k_cumdecay: torch.Tensor,
                       intra: torch.Tensor, chunk_decay: torch.Tensor,
-                      state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      state: torch.Tensor, block_v: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~stagewise.models.layers.delta_rule.chunk_scan` in one launch (float32 inputs)."""
     batch, heads, chunks, c, dk = q.shape
     dv = new_values.shape[-1]
@@ -63,10 +64,10 @@ def chunk_scan_triton(q: torch.Tensor, k: torch.Tensor, new_values: torch.Tensor
     chunk_decay, state = chunk_decay.contiguous(), state.contiguous()
     out = torch.empty_like(new_values)
     final = torch.empty_like(state)
-    block_v = min(32, triton.next_power_of_2(dv))
+    block_v = min(block_v, triton.next_power_of_2(dv))
     with launch_device(q):
         _chunk_scan_kernel[(batch * heads, triton.cdiv(dv, block_v))](
             q, k, new_values, k_cumdecay, intra, chunk_decay, state, out, final, chunks, dk, dv,
-            C=c, BLOCK_K=max(16, triton.next_power_of_2(dk)), BLOCK_V=block_v, num_warps=4,
+            C=c, BLOCK_K=max(16, triton.next_power_of_2(dk)), BLOCK_V=block_v, num_warps=4, num_stages=1,
         )
     return out, final

@@ -13,10 +13,10 @@ from __future__ import annotations
 from stagewise.spec.model_config import ModelConfig
 
 # mixer, with both norms and both residual adds of the block:
-# norm, q/k/v, rotary q and k, cache write k and v, attention, output, add + norm, add
+# norm, q/k/v, rotary q and k, cache write (k and v), attention over key slices, slice combine (with
+# the hybrids' sigmoid output gate), output, add + norm, add
 ATTENTION_KERNELS = 10
 QK_NORM_KERNELS = 2  # per-head RMSNorm of q and k (Qwen3, hybrids)
-OUTPUT_GATE_KERNELS = 2  # the hybrids' sigmoid output gate: sigmoid, multiply
 # Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add + norm, add
 LINEAR_ATTENTION_KERNELS = 8
 # MLP
@@ -36,8 +36,6 @@ def block_kernels(c: ModelConfig, index: int) -> int:
         mixer = ATTENTION_KERNELS
         if c.architecture != "llama":
             mixer += QK_NORM_KERNELS
-        if c.attn_output_gate:
-            mixer += OUTPUT_GATE_KERNELS
     if c.block_is_moe(index):
         mlp = MOE_KERNELS + (SHARED_EXPERT_KERNELS if c.shared_expert_intermediate_size else 0)
     else:

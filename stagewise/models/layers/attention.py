@@ -59,12 +59,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         batch, steps, _ = x.shape
-        gate: torch.Tensor | None = None
+        gate_heads: torch.Tensor | None = None  # (B, T, H, D) view of the output gate
         q_out, k_out, v_out = self._project(x)
         if self.output_gate:
             q_and_gate = q_out.reshape(batch, steps, self.heads, 2 * self.head_dim)
-            q, gate = torch.chunk(q_and_gate, 2, dim=-1)  # (B, T, H, D) each
-            gate = gate.reshape(batch, steps, self.heads * self.head_dim)
+            q, gate_heads = torch.chunk(q_and_gate, 2, dim=-1)  # (B, T, H, D) each
         else:
             q = q_out.reshape(batch, steps, self.heads, self.head_dim)
         k = k_out.reshape(batch, steps, self.kv_heads, self.head_dim)
@@ -76,6 +75,12 @@ class Attention(nn.Module):
             from stagewise.kernels.rotary_triton import apply_rotary_bthd
 
             q, k = apply_rotary_bthd(q, cos, sin), apply_rotary_bthd(k, cos, sin)  # (B, T, H, D)
+            if steps == 1:  # decode: KV write + split-K attention + gate, no mask tensor
+                from stagewise.kernels.decode_attention_triton import decode_attention, store_kv
+
+                store_kv(cache.key, cache.value, ctx.positions, k, v)
+                return self.o_proj(decode_attention(q, cache.key, cache.value, ctx.positions, ctx.kv_length,
+                                                    gate_heads))
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         else:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
@@ -89,6 +94,6 @@ class Attention(nn.Module):
         out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=ctx.mask)  # (B, kvH, G*T, D)
         out = out.reshape(batch, self.heads, steps, self.head_dim)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
+        if gate_heads is not None:
+            out = out * torch.sigmoid(gate_heads.reshape(batch, steps, self.heads * self.head_dim))
         return self.o_proj(out)

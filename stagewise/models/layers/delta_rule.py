@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from stagewise.kernels.triton_launch import use_triton
+
 CHUNK = 64  # the reference's chunk size
 
 
@@ -75,7 +77,10 @@ def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
     q = q * cum.exp()[..., None]
     k = k * (cum[..., -1:] - cum).exp()[..., None]
-    out, s = chunk_scan(q, k, new_values, k_cumdecay, intra, cum[..., -1].exp(), state.to(new_values))
+    scan = chunk_scan
+    if use_triton(q):
+        from stagewise.kernels.delta_rule_scan_triton import chunk_scan_triton as scan
+    out, s = scan(q, k, new_values, k_cumdecay, intra, cum[..., -1].exp(), state.to(new_values))
     out = out.reshape(batch, heads, -1, dv)[:, :, :steps]  # (B, Hv, T, Dv)
     return out.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format), s
 

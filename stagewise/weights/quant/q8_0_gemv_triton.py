@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.gemv_triton import Config, split_k, splitk_partials, splitk_reduce
 from stagewise.kernels.triton_launch import int32_index, launch_device
 
 QBLOCK = 32
@@ -23,12 +22,11 @@ def _q8_0_gemv_kernel(
     x_ptr, q_ptr, s_ptr, y_ptr, e_ptr,
     N, K,
     stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_ym,
-    x_repeat, k_per_split, stride_ps,
-    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    x_repeat,
+    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     m = tl.program_id(1)
-    split = tl.program_id(2)
     xm = m // x_repeat  # the input row of output row m
     if GATHER:
         e = tl.load(e_ptr + m).to(tl.int64)
@@ -41,8 +39,7 @@ def _q8_0_gemv_kernel(
     q_rows = q_ptr + e * stride_qe + offs_n[:, None].to(tl.int64) * stride_qn
     s_rows = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    k_lo = split * k_per_split
-    for k0 in range(k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         x = tl.load(x_ptr + xm * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)  # (BK,)
         q = tl.load(q_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0)  # (BN, BK) int8
@@ -50,55 +47,55 @@ def _q8_0_gemv_kernel(
         kb = k0 // 32 + offs_b
         s = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb[None, :] < K // 32), other=0.0)
         acc += tl.sum(blocks * s.to(tl.float32), axis=1)
-    if SPLIT == 1:
-        tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
-    else:  # float32 partial of this K slice, summed in a fixed order by splitk_reduce
-        tl.store(y_ptr + split * stride_ps + m * stride_ym + offs_n, acc, mask=n_mask)
+    tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages[, split]) as in kernels/gemv_triton.py; chosen by bench/q8_0_kernels.py / gemv_configs.py on an H200
-CONFIG = (8, 512, 4, 4)  # gathered expert stacks
-HEAD_CONFIG = (16, 256, 4, 3)  # very tall matrices (LM heads): 3.3 TB/s
-ROW_CONFIG = (1, 2048, 4, 3)  # the rest: 1.1-3.7x faster than CONFIG on 8M-25M-element matrices
+# (BLOCK_N, BLOCK_K, num_warps, num_stages), measured inside CUDA graphs on an H200
+# (bench/gemv_graph.py -> bench/results/gemv_graph_h200.json)
+GATHER_CONFIG = (4, 512, 4, 3)  # routed experts, K >= 1024 (gate_up): 13 % faster than (8, 512, 4, 4)
+GATHER_SHORT_CONFIG = (4, 256, 2, 4)  # routed experts, short K (down, K = 512-768): 5-15 % faster
+HEAD_CONFIG = (4, 256, 2, 4)  # LM heads: 3.4-3.5 TB/s
+TALL_CONFIG = (2, 1024, 4, 4)  # N > K (fused input projections): 6-10 % faster than ROW_CONFIG
+ROW_CONFIG = (1, 2048, 4, 3)  # the rest (N <= K: output projections)
 
 
-def config_for(n: int, k: int) -> Config:
+def config_for(n: int, k: int) -> tuple[int, int, int, int]:
     """The tile config of a 2-D ``(n, k)`` Q8_0 weight: a pure function of the shape, so every stage
-    reduces in the same order (bench/results/gemv_configs_h200.json)."""
-    return HEAD_CONFIG if n * k >= 200_000_000 else ROW_CONFIG
+    reduces in the same order."""
+    if n * k >= 200_000_000:
+        return HEAD_CONFIG
+    return TALL_CONFIG if n > k else ROW_CONFIG
+
+
+def gathered_config_for(k: int) -> tuple[int, int, int, int]:
+    """The tile config of a gathered ``(E, N, k)`` expert stack."""
+    return GATHER_CONFIG if k >= 1024 else GATHER_SHORT_CONFIG
 
 
 def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_index: torch.Tensor | None = None,
-              config: Config | None = None, x_repeat: int = 1) -> torch.Tensor:
+              config: tuple[int, int, int, int] | None = None, x_repeat: int = 1) -> torch.Tensor:
     """``x (M / x_repeat, K)`` -> ``(M, N)``; ``qs`` ``(N, K)`` or ``(E, N, K)`` int8 with ``scales`` ``(…, K/32)`` f16.
 
     With a 3-D stack, ``expert_index`` ``(M,)`` names each output row's matrix; output row ``m`` reads
     input row ``m // x_repeat`` (a token's K routed experts share its row). K must be a multiple of 32.
     """
-    cfg = config or (CONFIG if qs.dim() == 3 else config_for(qs.shape[-2], qs.shape[-1]))
-    block_n, block_k, warps, stages = cfg[:4]
+    block_n, block_k, warps, stages = config or (gathered_config_for(qs.shape[-1]) if qs.dim() == 3 else config_for(qs.shape[-2], qs.shape[-1]))
     n, k = qs.shape[-2], qs.shape[-1]
-    block_k = min(block_k, triton.next_power_of_2(k))
-    split, k_per_split = split_k(k, block_k, cfg[4] if len(cfg) > 4 else 1)
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0] * x_repeat
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    out = splitk_partials(m, n, split, x.device) if split > 1 else y
     gather = qs.dim() == 3
     if gather and (expert_index is None or expert_index.numel() != m):
         raise ValueError("a 3-D Q8_0 stack needs one expert index per row")
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     qe = qs.stride(0) if gather else 0
     se = scales.stride(0) if gather else 0
-    grid = (triton.cdiv(n, block_n), m, split)
+    grid = (triton.cdiv(n, block_n), m)
     with launch_device(x):
         _q8_0_gemv_kernel[grid](
-            x2, qs, scales, out, e, n, k,
-            x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), n if split > 1 else y.stride(0), x_repeat,
-            k_per_split, out.stride(0) if split > 1 else 0,
-            GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
+            x2, qs, scales, y, e, n, k,
+            x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0), x_repeat,
+            GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
             num_warps=warps, num_stages=stages,
         )
-        if split > 1:
-            splitk_reduce(out, y)
     return y
