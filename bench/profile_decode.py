@@ -38,7 +38,7 @@ def _short(name: str) -> str:
     return name[:70]
 
 
-def _timeline(trace: dict[str, object], tokens: int) -> dict[str, object]:
+def device_timeline(trace: dict[str, object], tokens: int) -> dict[str, object]:
     events = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"  # type: ignore[union-attr]
               and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     by_dev: dict[int, list[dict[str, object]]] = collections.defaultdict(list)
@@ -117,7 +117,7 @@ def main() -> int:
                                  "device": torch.cuda.get_device_name(0), "tokens_profiled": tokens,
                                  "wall_us_per_token_profiled": wall * 1e6 / tokens,
                                  "stages": [str(s.device) for s in loaded.pipeline.stages]}
-    report |= _timeline(trace, tokens)
+    report |= device_timeline(trace, tokens)
     print(json.dumps({k: v for k, v in report.items() if not k.startswith("device")}, indent=None))
     for k, v in report.items():
         if k.startswith("device") and isinstance(v, dict):

@@ -206,6 +206,20 @@ def test_decode_attention_matches_masked_sdpa(groups: int) -> None:
     torch.testing.assert_close(decode_attention(q, keys, values, positions, bucket, gate), gated, **TOL)
 
 
+def test_greedy_sample_matches_argmax_and_log_softmax() -> None:
+    from stagewise.kernels.greedy_sample_triton import greedy_sample
+
+    torch.manual_seed(10)
+    logits = torch.randn(10_000, device=DEVICE)  # three slices, the last one partial
+    logits[9_000] = logits[4_100] = logits.max() + 1.0  # a tie across slices: the first index wins
+    logits[:50] = float("-inf")
+    token, logprob = greedy_sample(logits).tolist()
+    assert int(token) == int(torch.argmax(logits)) == 4_100
+    assert logprob == pytest.approx(float(torch.log_softmax(logits, dim=-1)[4_100]), abs=1e-6)
+    logits[7] = float("nan")
+    assert greedy_sample(logits).isnan()[1]
+
+
 def test_route_and_combine_match_reference() -> None:
     torch.manual_seed(6)
     logits = torch.randn(5, 12, device=DEVICE)

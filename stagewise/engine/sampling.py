@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.errors import RequestError, StepFailed
+from stagewise.kernels.triton_launch import use_triton
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,14 @@ class Sampler:
         p = self.params
         if p.temperature == 0.0 and not top_logprobs and not (p.presence_penalty or p.frequency_penalty):
             # greedy on the logits' own device: only two scalars come back to the host
-            token_t = torch.argmax(logits)
-            logprob_t = torch.log_softmax(logits.float(), dim=-1)[token_t]
-            token, logprob = (float(v) for v in torch.stack([token_t.float(), logprob_t]).tolist())
+            if use_triton(logits):
+                from stagewise.kernels.greedy_sample_triton import greedy_sample
+
+                pair = greedy_sample(logits)  # two launches instead of six
+            else:
+                token_t = torch.argmax(logits)
+                pair = torch.stack([token_t.float(), torch.log_softmax(logits.float(), dim=-1)[token_t]])
+            token, logprob = (float(v) for v in pair.tolist())
             if not math.isfinite(logprob):  # non-finite logits give a NaN log-probability
                 raise _non_finite()
             self.counts[int(token)] += 1

@@ -1,0 +1,66 @@
+"""Greedy sampling on the device in two Triton launches: the argmax token and its log-probability.
+
+The torch path (argmax, log-softmax over the vocabulary, index, stack) costs ~56 µs of an H200's time
+per token at a 128k vocabulary, and six launches, every decode step. Here each program reduces one
+slice of the logits to (max, first index of the max, sum of exp(x - max)); one more program merges
+the slices in index order. The token is the first index of the maximum, as ``torch.argmax`` gives;
+the log-probability is ``-log(sum(exp(x - max)))``. Non-finite logits give a NaN log-probability,
+which the sampler turns into :class:`StepFailed`, as on the torch path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels.triton_launch import launch_device
+
+BLOCK = 4096
+
+
+@triton.jit
+def _slice_kernel(x_ptr, m_ptr, i_ptr, s_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    first = tl.min(tl.where(x == m, offs, n), axis=0)  # the first index holding the maximum
+    s = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - m)), axis=0)  # -inf logits (masked) weigh 0
+    tl.store(m_ptr + pid, m)
+    tl.store(i_ptr + pid, first)
+    tl.store(s_ptr + pid, s)
+
+
+@triton.jit
+def _merge_kernel(m_ptr, i_ptr, s_ptr, out_ptr, slices, n, BLOCK_S: tl.constexpr):
+    offs = tl.arange(0, BLOCK_S)
+    ok = offs < slices
+    m = tl.load(m_ptr + offs, mask=ok, other=float("-inf"))
+    big = tl.max(m, axis=0)
+    index = tl.load(i_ptr + offs, mask=ok, other=n)
+    token = tl.min(tl.where(m == big, index, n), axis=0)  # slices in order: the first maximum wins
+    total = tl.sum(tl.where(ok, tl.load(s_ptr + offs, mask=ok, other=0.0) * tl.exp(m - big), 0.0), axis=0)
+    tl.store(out_ptr, token.to(tl.float32))
+    tl.store(out_ptr + 1, -tl.log(total))
+
+
+def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    """``(token, log-probability)`` of the argmax of ``logits`` ``(V,)`` as a float32 ``(2,)`` device
+    tensor (token ids below 2**24 are exact in float32)."""
+    if logits.dim() != 1:
+        raise ValueError("greedy_sample takes one row of logits")
+    if logits.numel() >= 1 << 24:
+        raise ValueError("vocabulary too large for a float32 token id")
+    x = logits if logits.is_contiguous() else logits.contiguous()
+    n = x.numel()
+    slices = triton.cdiv(n, BLOCK)
+    dev = x.device
+    m = torch.empty(slices, dtype=torch.float32, device=dev)
+    s = torch.empty(slices, dtype=torch.float32, device=dev)
+    index = torch.empty(slices, dtype=torch.int32, device=dev)
+    out = torch.empty(2, dtype=torch.float32, device=dev)
+    with launch_device(x):
+        _slice_kernel[(slices,)](x, m, index, s, n, BLOCK=BLOCK, num_warps=8)
+        _merge_kernel[(1,)](m, index, s, out, slices, n, BLOCK_S=max(2, triton.next_power_of_2(slices)), num_warps=1)
+    return out
