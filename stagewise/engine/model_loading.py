@@ -194,7 +194,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
                                   timing=timing)
     if cuda_graphs:
         for stage in pipeline.stages:
-            stage.enable_graphs()  # decode steps replay as CUDA graphs on GPU stages
+            stage.enable_graphs(prefill_chunk)  # decode steps and full prefill chunks replay as CUDA graphs
     tokenizer = opened.tokenizer
     template = ChatTemplate((tokenizer.chat_template if tokenizer else None) or DEFAULT_CHATML)
     placement_json = cert.to_dict()

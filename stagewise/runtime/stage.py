@@ -11,8 +11,8 @@ import torch
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.state import BlockState
-from stagewise.runtime.decode_graphs import DecodeGraphs
 from stagewise.runtime.ledger import MemoryLedger
+from stagewise.runtime.step_graphs import StepGraphs
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.stage_loader import load_stage
 from stagewise.weights.tensor_source import TensorSource, resident_bytes
@@ -89,7 +89,7 @@ class Stage:
         self.dtype = dtype
         self.device = torch.device(spec.torch_device)
         self.states: dict[int, BlockState] = {}
-        self.graphs: DecodeGraphs | None = None  # CUDA-graph decode, enabled by enable_graphs()
+        self.graphs: StepGraphs | None = None  # CUDA-graph steps, enabled by enable_graphs()
         self.max_context = 0
 
     @staticmethod
@@ -113,11 +113,12 @@ class Stage:
         self.states = self.model.new_states(batch, max_context, self.dtype, self.device)
         self.max_context = max_context
 
-    def enable_graphs(self) -> bool:
-        """Replay decode steps as CUDA graphs on this stage's device; False where not possible."""
+    def enable_graphs(self, prefill_tokens: int | None = None) -> bool:
+        """Replay decode steps, and prefill chunks of exactly ``prefill_tokens`` tokens, as CUDA graphs
+        on this stage's device; False where not possible."""
         if self.device.type != "cuda" or not self.states:
             return False
-        self.graphs = DecodeGraphs(self.model, self.states, self.device, self.max_context)
+        self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, prefill_tokens)
         return True
 
     def measured_bytes(self) -> int:
@@ -130,8 +131,7 @@ class Stage:
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
             all_logits: bool) -> StageOutput:
-        decode = inputs.shape[1] == 1 and start is not None and not all_logits
-        if self.graphs is not None and decode and start is not None:  # (start: for the type checker)
+        if self.graphs is not None and start is not None and not all_logits and self.graphs.covers(inputs.shape[1]):
             return self.graphs.run(inputs, positions, start)
         # NOTE: Triton kernels launch on the *current* CUDA device, not the tensors' device: make
         # this stage's device current, or a second GPU's stage would run its kernels on the first

@@ -1,11 +1,16 @@
-"""DecodeGraphs: one stage's decode step captured as CUDA graphs and replayed.
+"""StepGraphs: one stage's decode steps, and its full prefill chunks, captured as CUDA graphs.
 
 A decode step (one token per sequence) launches hundreds of small kernels; replaying a captured
-graph removes the host's launch cost and any synchronization inside the step. Graphs are keyed
-by (batch, attended-length bucket, recurrent buffer parity): the attended length is rounded up to
-a power of two (the causal mask hides the unused positions), and double-buffered recurrent state
-alternates between two buffer addresses. Single-device and staged pipelines capture the same
-graphs for the same shapes, so their results stay bit-identical.
+graph removes the host's launch cost and any synchronization inside the step. A prefill chunk
+launches as many, and issuing them from Python costs more host time than a 512-token chunk's
+kernels take on an H200; replayed, a stage's chunk is one launch, so while one stage's GPU
+works on chunk i + 1 the next stage's GPU works on chunk i (the host is no longer the bottleneck).
+Graphs are keyed by (batch, tokens per sequence, attended-length bucket, recurrent buffer parity):
+the attended length is rounded up (the causal mask hides the unused positions), and
+double-buffered recurrent state alternates between two buffer addresses. Only one-token steps and
+steps of exactly ``prefill_tokens`` (the generator's chunk) are captured: a prompt's shorter last
+chunk runs eagerly, so odd lengths never multiply the graphs. Single-device and staged pipelines
+capture the same graphs for the same shapes, so their results stay bit-identical.
 """
 
 from __future__ import annotations
@@ -43,16 +48,17 @@ class _Graph:
     output: StageOutput
 
 
-class DecodeGraphs:
-    """Lazily captured decode graphs for one stage on one CUDA device."""
+class StepGraphs:
+    """Lazily captured step graphs for one stage on one CUDA device."""
 
     def __init__(self, model: StageModel, states: dict[int, BlockState], device: torch.device,
-                 max_context: int) -> None:
+                 max_context: int, prefill_tokens: int | None = None) -> None:
+        self.prefill_tokens = prefill_tokens
         self.model = model
         self.states = states
         self.device = device
         self.max_context = max_context
-        self.graphs: dict[tuple[int, int, tuple[int, ...]], _Graph] = {}
+        self.graphs: dict[tuple[int, int, int, tuple[int, ...]], _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle()
         # NOTE: torch.cuda.graph's default capture stream belongs to whichever device was current
         # when it was first made; each stage captures on a stream of its own device.
@@ -61,10 +67,16 @@ class DecodeGraphs:
     def _parity(self) -> tuple[int, ...]:
         return tuple(int(getattr(s, "active", 0)) for s in self.states.values())
 
+    def covers(self, steps: int) -> bool:
+        """Whether a step of ``steps`` tokens per sequence replays a graph."""
+        return steps == 1 or (self.prefill_tokens is not None and steps == self.prefill_tokens)
+
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int) -> StageOutput:
-        """Replay (capturing on first use) the decode step for ``inputs`` at ``positions`` (B, 1)."""
-        bucket = kv_bucket(start + 1, self.max_context)
-        key = (int(positions.shape[0]), bucket, self._parity())
+        """Replay (capturing on first use) the step for ``inputs`` at ``positions`` ``(B, T)``, which
+        are ``start .. start + T - 1`` for every sequence (only the last position's logits)."""
+        batch, steps = int(positions.shape[0]), int(positions.shape[1])
+        bucket = kv_bucket(start + steps, self.max_context)
+        key = (batch, steps, bucket, self._parity())
         with torch.cuda.device(self.device):  # capture and replay on this stage's own device
             entry = self.graphs.get(key)
             if entry is None:
