@@ -126,6 +126,11 @@ class RecurrentState:
     def reset(self, slot: int) -> None:
         for buf in self.buffers.values():
             buf[:, slot].zero_()
+        if all(buf.shape[1] == 1 for buf in self.buffers.values()):
+            # the only slot: every sequence starts on buffer 0, so its steps alternate buffers exactly as
+            # the last sequence's did and replay the same CUDA graphs (keyed by buffer parity)
+            self.active = 0
+            self._written = False
 
     @property
     def nbytes(self) -> int:
