@@ -21,7 +21,7 @@ from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.moe_route_triton import add_gated_shared, combine, route
 from stagewise.kernels.rms_norm_triton import add_rms_norm, rms_norm
-from stagewise.kernels.rotary_triton import apply_rotary_bthd
+from stagewise.kernels.rope_store_triton import rope_store
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import kernels_on_host, use_triton
 from stagewise.models.layers.delta_rule import recurrent_gated_delta_rule
@@ -55,15 +55,27 @@ def test_gated_rms_norm_matches_reference() -> None:
 
 
 @pytest.mark.parametrize("rotary_dim", [64, 16])  # full and partial rotary
-def test_rotary_matches_reference(rotary_dim: int) -> None:
+def test_rope_store_rotates_q_and_k_and_fills_the_cache(rotary_dim: int) -> None:
     torch.manual_seed(2)
-    packed = torch.randn(2, 3, 4 * 64 + 8, device=DEVICE)
-    x = packed[..., : 4 * 64].reshape(2, 3, 4, 64)  # (B, T, H, D) strided
+    heads, kv_heads, dim = 4, 2, 64
+    packed = torch.randn(2, 3, (heads + 2 * kv_heads) * dim + 8, device=DEVICE)  # a fused q/k/v output
+    q, k, v = packed[..., : (heads + 2 * kv_heads) * dim].split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
+    q, k, v = (t.reshape(2, 3, -1, dim) for t in (q, k, v))  # (B, T, H, D) strided views
     positions = torch.arange(3, device=DEVICE)[None].repeat(2, 1) + torch.tensor([[0], [7]], device=DEVICE)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=DEVICE).float() / rotary_dim))
     cos, sin = rotary_cos_sin(inv_freq, positions, torch.float32)
-    want = apply_rotary(x.transpose(1, 2), cos, sin).transpose(1, 2)
-    torch.testing.assert_close(apply_rotary_bthd(x, cos, sin), want, **TOL)
+    keys, values = torch.zeros(3, kv_heads, 16, dim, device=DEVICE), torch.zeros(3, kv_heads, 16, dim, device=DEVICE)
+    got_q = rope_store(q, k, v, cos, sin, positions, keys, values)
+    torch.testing.assert_close(got_q, apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2), **TOL)
+    want_k = apply_rotary(k.transpose(1, 2), cos, sin)  # (B, kvH, T, D)
+    for b in range(2):
+        at = positions[b]
+        torch.testing.assert_close(keys[b][:, at], want_k[b], **TOL)
+        assert torch.equal(values[b][:, at], v[b].transpose(0, 1))
+        untouched = torch.ones(16, dtype=torch.bool, device=DEVICE)
+        untouched[at] = False
+        assert not keys[b][:, untouched].any() and not values[b][:, untouched].any()
+    assert not keys[2].any()  # the spare row
 
 
 def test_silu_mul_matches_reference() -> None:
@@ -178,7 +190,7 @@ def test_gemv_dense_and_gathered() -> None:
 
 @pytest.mark.parametrize("groups", [1, 4])
 def test_decode_attention_matches_masked_sdpa(groups: int) -> None:
-    from stagewise.kernels.decode_attention_triton import decode_attention, slicing, store_kv
+    from stagewise.kernels.decode_attention_triton import decode_attention, slicing
 
     torch.manual_seed(9)
     batch, kv_heads, dim, max_len, bucket = 2, 2, 32, 320, 256
@@ -187,13 +199,6 @@ def test_decode_attention_matches_masked_sdpa(groups: int) -> None:
     values = torch.randn_like(keys)
     positions = torch.tensor([[3], [200]], device=DEVICE)  # 1 and 4 of the 64-key slices hold keys
     assert slicing(bucket) == (64, 4) and slicing(4096) == (256, 16)
-    k_new, v_new = torch.randn(batch, 1, kv_heads, dim, device=DEVICE), torch.randn(batch, 1, kv_heads, dim, device=DEVICE)
-    want_k, want_v = keys.clone(), values.clone()
-    for b in range(batch):
-        p = int(positions[b, 0])
-        want_k[b, :, p], want_v[b, :, p] = k_new[b, 0], v_new[b, 0]
-    store_kv(keys, values, positions, k_new, v_new)
-    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
     q = torch.randn(batch, 1, heads, dim, device=DEVICE)
     gate = torch.randn(batch, 1, heads, 2 * dim, device=DEVICE)[..., dim:]  # strided, as chunk() leaves it
     mask = (torch.arange(bucket, device=DEVICE)[None, :] <= positions)[:, None, None, :]  # (B, 1, 1, L)

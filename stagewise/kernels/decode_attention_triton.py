@@ -1,9 +1,9 @@
 """Decode attention over the KV cache in Triton: one new token per sequence, split over the keys.
 
-Replaces, for a one-token step, the KV write (two indexed copies) and SDPA with an explicit mask
-(cuDNN's prefill kernel, ~24 µs per layer at a 1,024-key bucket on an H200) by three launches:
+Replaces, for a one-token step, SDPA with an explicit mask (cuDNN's prefill kernel, ~24 µs per
+layer at a 1,024-key bucket on an H200) by two launches (the cache was written before, by
+:func:`stagewise.kernels.rope_store_triton.rope_store`):
 
-- :func:`store_kv`: writes the token's key and value rows into the cache at its position;
 - the split kernel: each program takes one KV head of one sequence (all ``G`` query heads that
   share it, as the rows of one ``tl.dot``) over one slice of the attended keys, and writes its
   partial softmax (running max, sum, weighted values) in float32;
@@ -26,47 +26,6 @@ from stagewise.kernels.triton_launch import launch_device
 
 BLOCK_KEYS = 64
 TARGET_SLICES = 16  # slices per KV head: enough programs to keep the SMs reading at short context
-
-
-@triton.jit
-def _store_kv_kernel(
-    k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr,
-    steps, dim,
-    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_cb, stride_ch, stride_cl,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0)  # (sequence, token)
-    h = tl.program_id(1)
-    b = row // steps
-    t = row % steps
-    pos = tl.load(pos_ptr + row).to(tl.int64)
-    c = tl.arange(0, BLOCK)
-    mask = c < dim
-    k = tl.load(k_ptr + b * stride_kb + t * stride_kt + h * stride_kh + c, mask=mask)
-    v = tl.load(v_ptr + b * stride_vb + t * stride_vt + h * stride_vh + c, mask=mask)
-    dst = b * stride_cb + h * stride_ch + pos * stride_cl + c
-    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
-
-
-def store_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, positions: torch.Tensor,
-             key: torch.Tensor, value: torch.Tensor) -> None:
-    """Write ``key``/``value`` ``(B, T, kvH, D)`` (any token/head strides, D contiguous) into the
-    caches ``(B_max, kvH, L_max, D)`` at ``positions`` ``(B, T)`` (on the caches' device)."""
-    batch, steps, heads, dim = key.shape
-    if key.stride(-1) != 1 or value.stride(-1) != 1 or key_cache.stride(-1) != 1:
-        raise ValueError("store_kv needs the head dim contiguous")
-    pos = positions.reshape(-1)
-    if not pos.is_contiguous():
-        pos = pos.contiguous()
-    with launch_device(key):
-        _store_kv_kernel[(batch * steps, heads)](
-            key, value, pos, key_cache, value_cache, steps, dim,
-            key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
-            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-            BLOCK=triton.next_power_of_2(dim), num_warps=1,
-        )
 
 
 @triton.jit

@@ -13,9 +13,9 @@ from __future__ import annotations
 from stagewise.spec.model_config import ModelConfig
 
 # mixer, with both norms and both residual adds of the block:
-# norm, q/k/v, rotary q and k, cache write (k and v), attention over key slices, slice combine (with
-# the hybrids' sigmoid output gate), output, add + norm, add
-ATTENTION_KERNELS = 10
+# norm, q/k/v, rotary q and k + cache write, attention over key slices, slice combine (with the
+# hybrids' sigmoid output gate), output, add + norm, add
+ATTENTION_KERNELS = 8
 QK_NORM_KERNELS = 2  # per-head RMSNorm of q and k (Qwen3, hybrids)
 # Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add + norm, add
 LINEAR_ATTENTION_KERNELS = 8

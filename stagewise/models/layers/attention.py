@@ -72,20 +72,18 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = ctx.rotary[self.rotary_dim]
         if use_triton(q):
-            from stagewise.kernels.rotary_triton import apply_rotary_bthd
+            from stagewise.kernels.decode_attention_triton import decode_attention
+            from stagewise.kernels.rope_store_triton import rope_store
 
-            q, k = apply_rotary_bthd(q, cos, sin), apply_rotary_bthd(k, cos, sin)  # (B, T, H, D)
-            if steps == 1:  # decode: KV write + split-K attention + gate, no mask tensor
-                from stagewise.kernels.decode_attention_triton import decode_attention, store_kv
-
-                store_kv(cache.key, cache.value, ctx.positions, k, v)
+            q = rope_store(q, k, v, cos, sin, ctx.positions, cache.key, cache.value)  # (B, T, H, D); cache written
+            if steps == 1:  # decode: split-K attention over the cache (+ gate), no mask tensor
                 return self.o_proj(decode_attention(q, cache.key, cache.value, ctx.positions, ctx.kv_length,
                                                     gate_heads))
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+            q = q.transpose(1, 2)  # (B, H, T, D)
         else:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        cache.write(ctx.positions, k, v, ctx.start)
+            cache.write(ctx.positions, k, v, ctx.start)
         keys, values = cache.view(batch, ctx.kv_length)  # (B, kvH, L, D)
         # grouped-query attention without repeating keys/values: the G query heads that share a
         # kv head become G * T query rows of that head (rows ordered group-major, then token)
