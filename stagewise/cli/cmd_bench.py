@@ -30,12 +30,14 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stagewise.engine.bench_runner import bench_loaded, bench_transformers
+    from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS
 
-    # unless given (set_defaults left them None): a context just large enough, the prompt as one chunk
+    # unless given (set_defaults left them None): a context just large enough, and the chunk `serve`
+    # prefills in (like llama-bench's 512-token micro-batch: on a pipeline, chunks flow through the stages)
     if args.context is None:
         args.context = max(args.prompt + args.gen + 8, 64)
     if args.prefill_chunk is None:
-        args.prefill_chunk = min(args.prompt, 2048)
+        args.prefill_chunk = min(args.prompt, DEFAULT_PREFILL_CHUNK_TOKENS)
     loaded = load_model_from_args(args, quiet=args.json)
     try:
         result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),

@@ -220,7 +220,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --workers N@HOST:PORT: plan on default figures for the links between workers "
                         "instead of timing them when they join")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                   help="run decode steps eagerly instead of replaying CUDA graphs")
+                   help="run decode steps and prefill chunks eagerly instead of replaying CUDA graphs")
 
 
 def load_with_progress(show: bool = True, **kwargs: Any) -> LoadedModel:

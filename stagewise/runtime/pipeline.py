@@ -20,7 +20,7 @@ from stagewise.runtime.channel import Channel
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.stage import Stage
 
-_SPIN_CYCLES = 200_000  # ~100 us of GPU clock: longer than the host takes to enqueue a handoff
+_SPIN_CYCLES = 2_000_000  # ~1 ms of GPU clock: longer than the host takes to enqueue a handoff (100 us was not, at times)
 FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
 CancelCheck = Callable[[], bool]
 
