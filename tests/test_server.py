@@ -279,6 +279,7 @@ def test_failed_step_is_500_and_server_keeps_serving(server: ServedModel, client
 
 
 def test_metrics_count_tokens_and_timings(server: ServedModel) -> None:
+    assert _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2}).status_code == 200
     text = httpx.get(f"{server.url}/metrics").text
     assert server.metric("stagewise_generation_tokens_total") > 0
     assert server.metric("stagewise_prompt_tokens_total") > 0

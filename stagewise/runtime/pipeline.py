@@ -28,9 +28,9 @@ CancelCheck = Callable[[], bool]
 @dataclass
 class StepTimings:
     """Times of the last step (with ``timing`` on), seconds: per stage compute (host clock, the stage's
-    device synchronized), per boundary handoff as the host sees it (send, check, receiver synchronized)
-    and, between two CUDA devices, as the copy's device time (CUDA events on the sending stream,
-    where the peer copy runs)."""
+    device synchronized), per boundary handoff as the host sees it (send, check, receiver synchronized;
+    between two CUDA devices less the spin that precedes the copy) and, between two CUDA devices, as
+    the copy's device time (CUDA events on the sending stream, where the peer copy runs)."""
 
     stage_s: list[float] = field(default_factory=list)
     handoff_s: list[float] = field(default_factory=list)
@@ -63,12 +63,12 @@ class Pipeline:
         if self.timing and device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def _copy_events(self, src: torch.device, dst: torch.device) -> tuple[Any, Any] | None:
-        """Start/end events around a GPU-to-GPU handoff, when timing."""
+    def _copy_events(self, src: torch.device, dst: torch.device) -> tuple[Any, Any, Any] | None:
+        """Spin-start, copy-start and copy-end events around a GPU-to-GPU handoff, when timing."""
         if not (self.timing and src.type == "cuda" and dst.type == "cuda"):
             return None
         with torch.cuda.device(src):
-            return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            return tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))  # type: ignore[return-value]
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None) -> StageOutput:
@@ -104,18 +104,22 @@ class Pipeline:
                 if events is not None:
                     # NOTE: keep the sending stream busy while the host enqueues the copy, so the events
                     # time the copy itself, not the host's latency (with graphs the host runs ahead)
+                    stream = torch.cuda.current_stream(stage.device)
+                    events[0].record(stream)
                     with torch.cuda.device(stage.device):
                         torch.cuda._sleep(_SPIN_CYCLES)
-                    events[0].record(torch.cuda.current_stream(stage.device))
+                    events[1].record(stream)
                 received = self.channels[k].send(Handoff(step_id, positions, out.hidden))
                 if events is not None:
-                    events[1].record(torch.cuda.current_stream(stage.device))
+                    events[2].record(torch.cuda.current_stream(stage.device))
                 received.check(step_id, positions, self.hidden_size, nxt.dtype)
                 self._sync(nxt.device)
-                timings.handoff_s.append(time.perf_counter() - t0)
+                host_s = time.perf_counter() - t0
                 if events is not None:
-                    events[1].synchronize()
-                    timings.handoff_device_s.append(events[0].elapsed_time(events[1]) * 1e-3)
+                    events[2].synchronize()
+                    timings.handoff_device_s.append(events[1].elapsed_time(events[2]) * 1e-3)
+                    host_s -= events[0].elapsed_time(events[1]) * 1e-3  # the spin is not the handoff's
+                timings.handoff_s.append(host_s)
                 x = received.hidden
         except StagewiseError:
             self.rollback()
