@@ -78,7 +78,9 @@ def stage_prefill_s_per_token(
     flops += spec.exit.flops_per_token / profile.chunk_tokens if exit else 0  # logits of the last token only
     device_s = (read / profile.chunk_tokens / device.memory_bandwidth_bytes_per_s
                 + flops / device.matmul_flops_per_s) / PREFILL_DEVICE_EFFICIENCY
-    # the host issues a chunk's operations one by one; the device cannot run ahead of that
+    if device.kind != "cpu":
+        return device_s  # a GPU stage replays a full chunk as one CUDA graph: the host issues nothing per op
+    # eagerly, the host issues a chunk's operations one by one; the device cannot run ahead of that
     ops = sum(block_prefill_ops(b.kernels_per_token, b.mixer, b.routed_experts > 0, profile.chunk_tokens)
               for b in blocks)
     host_s = ops * HOST_OP_S / profile.chunk_tokens
