@@ -9,6 +9,7 @@ import torch
 
 from stagewise.engine.sampling import Sample, Sampler, SamplingParams
 from stagewise.errors import ContextLengthExceeded, RequestError
+from stagewise.kernels.triton_launch import use_triton
 from stagewise.runtime.pipeline import Pipeline
 
 CancelCheck = Callable[[], bool]
@@ -76,6 +77,9 @@ class Generator:
             logits = self.pipeline.step(chunk, positions, start=lo, cancel=cancel).logits
         assert logits is not None
         budget = min(request.max_tokens, self.max_context - n)
+        if sampler.plain_greedy(request.top_logprobs) and use_triton(logits) and self.pipeline.device_tokens:
+            yield from self._lookahead(request, sampler, logits, n, budget, cancel)
+            return
         position = n
         for index in range(budget):
             sample = sampler.sample(logits[0, -1], request.top_logprobs)
@@ -89,3 +93,49 @@ class Generator:
             logits = self.pipeline.step(token, torch.tensor([[position]]), start=position, cancel=cancel).logits
             assert logits is not None
             position += 1
+
+    def _lookahead(self, request: GenerationRequest, sampler: Sampler, logits: torch.Tensor, position: int,
+                   budget: int, cancel: CancelCheck | None) -> Iterator[TokenEvent]:
+        """Greedy decode with the host one token behind the device.
+
+        Each token is sampled on the device and fed to the next step there; the step is launched
+        before the host reads the token back, so the GPUs never wait for the host between tokens.
+        The step after the last yielded token (a stop token, or the consumer stopping) has then
+        already run: it wrote only past the sequence's end, which the next sequence's reset and
+        positions overwrite. Same tokens as :meth:`stream`'s host loop (the same kernel picks them).
+        """
+        from stagewise.kernels.greedy_sample_triton import greedy_sample
+
+        pair = greedy_sample(logits[0, -1])  # (token, log-probability) on the last stage's device
+        for index in range(budget):
+            last = index == budget - 1
+            host, ready = _start_read(pair)
+            following: torch.Tensor | None = None
+            if not last:
+                token = pair[:1].to(torch.long).view(1, 1)
+                step_logits = self.pipeline.step(token, torch.tensor([[position]]), start=position, cancel=cancel).logits
+                assert step_logits is not None
+                following = greedy_sample(step_logits[0, -1])
+            if ready is not None:
+                ready.synchronize()
+            sample = sampler.accept(*host.tolist())
+            stop = sample.token in request.stop_token_ids
+            done = stop or last
+            yield TokenEvent(index, sample, ("stop" if stop else "length") if done else None)
+            if done or following is None:
+                return
+            pair = following
+            position += 1
+
+
+def _start_read(pair: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying ``pair`` to the host; returns the host tensor and the event to wait on (None:
+    already there)."""
+    if pair.device.type != "cuda":
+        return pair.clone(), None
+    host = torch.empty(pair.shape, dtype=pair.dtype, pin_memory=True)
+    with torch.cuda.device(pair.device):
+        host.copy_(pair, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+    return host, ready

@@ -66,7 +66,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor, top_logprobs: int = 0) -> Sample:
         """Choose the next token from ``logits`` ``(V,)`` (float32)."""
         p = self.params
-        if p.temperature == 0.0 and not top_logprobs and not (p.presence_penalty or p.frequency_penalty):
+        if self.plain_greedy(top_logprobs):
             # greedy on the logits' own device: only two scalars come back to the host
             if use_triton(logits):
                 from stagewise.kernels.greedy_sample_triton import greedy_sample
@@ -75,11 +75,8 @@ class Sampler:
             else:
                 token_t = torch.argmax(logits)
                 pair = torch.stack([token_t.float(), torch.log_softmax(logits.float(), dim=-1)[token_t]])
-            token, logprob = (float(v) for v in pair.tolist())
-            if not math.isfinite(logprob):  # non-finite logits give a NaN log-probability
-                raise _non_finite()
-            self.counts[int(token)] += 1
-            return Sample(int(token), logprob)
+            token, logprob = pair.tolist()
+            return self.accept(token, logprob)
         logits = logits.detach().float().cpu()
         if not bool(torch.isfinite(logits).all()):
             raise _non_finite()
@@ -99,6 +96,19 @@ class Sampler:
             values, ids = torch.topk(logprobs, top_logprobs)
             top = tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
         return Sample(token, float(logprobs[token]), top)
+
+    def plain_greedy(self, top_logprobs: int = 0) -> bool:
+        """Greedy with nothing but the token and its log-probability to report: sampled on the device."""
+        p = self.params
+        return p.temperature == 0.0 and not top_logprobs and not (p.presence_penalty or p.frequency_penalty)
+
+    def accept(self, token: float, logprob: float) -> Sample:
+        """The :class:`Sample` of a (token, log-probability) pair read back from a device greedy sample;
+        raises :class:`StepFailed` for non-finite logits (a NaN log-probability)."""
+        if not math.isfinite(logprob):
+            raise _non_finite()
+        self.counts[int(token)] += 1
+        return Sample(int(token), float(logprob))
 
     def _draw(self, logits: torch.Tensor) -> int:
         p = self.params

@@ -41,6 +41,7 @@ def _merge_kernel(m_ptr, i_ptr, s_ptr, out_ptr, slices, n, BLOCK_S: tl.constexpr
     index = tl.load(i_ptr + offs, mask=ok, other=n)
     token = tl.min(tl.where(m == big, index, n), axis=0)  # slices in order: the first maximum wins
     total = tl.sum(tl.where(ok, tl.load(s_ptr + offs, mask=ok, other=0.0) * tl.exp(m - big), 0.0), axis=0)
+    token = tl.minimum(token, n - 1)  # NaN logits match no maximum: keep the id in range (the NaN log-probability fails the step)
     tl.store(out_ptr, token.to(tl.float32))
     tl.store(out_ptr + 1, -tl.log(total))
 

@@ -40,6 +40,8 @@ class StepTimings:
 class Pipeline:
     """Ordered stages joined by one channel per boundary. One device is a one-stage pipeline."""
 
+    device_tokens = True  # step() takes token ids that live on a device (no host round trip)
+
     def __init__(self, stages: list[Stage], channels: list[Channel], timing: bool = False) -> None:
         if len(channels) != len(stages) - 1:
             raise ValueError("a pipeline needs one channel per stage boundary")
@@ -82,7 +84,10 @@ class Pipeline:
         positions = positions.cpu()
         staged_pos = positions.pin_memory() if self._pin else positions
         try:
-            x = (tokens.cpu().pin_memory() if self._pin else tokens).to(self.entry_device, non_blocking=True)
+            if tokens.device.type == "cpu":
+                x = (tokens.pin_memory() if self._pin else tokens).to(self.entry_device, non_blocking=True)
+            else:  # a token sampled on a device (the generator's lookahead): never through the host
+                x = tokens.to(self.entry_device, non_blocking=True)
             out: StageOutput | None = None
             for k, stage in enumerate(self.stages):
                 if self.fault_hook is not None:

@@ -72,6 +72,8 @@ class DistributedPipeline(Pipeline):
     fails the pipeline for good (callers should exit with the message) instead of waiting.
     """
 
+    device_tokens = False  # token ids travel to the workers from the host
+
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
                  dtype: torch.dtype, batch: int, context: int, timeout_s: float = 30.0,
                  load_timeout_s: float = 600.0, respawn: bool = True, rejoin: bool = True,
