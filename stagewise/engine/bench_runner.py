@@ -20,6 +20,7 @@ from stagewise.hardware.measure import copy_bandwidth_bytes_per_s
 
 BENCH_GPU_COPY_BYTES = 512 << 20  # roofline bandwidth measurement on a GPU stage
 
+
 def _sync_all() -> None:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

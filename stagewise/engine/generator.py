@@ -122,8 +122,9 @@ class Generator:
             stop = sample.token in request.stop_token_ids
             done = stop or last
             yield TokenEvent(index, sample, ("stop" if stop else "length") if done else None)
-            if done or following is None:
+            if done:
                 return
+            assert following is not None  # launched above: this was not the last token
             pair = following
             position += 1
 

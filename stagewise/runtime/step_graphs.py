@@ -29,7 +29,7 @@ LINEAR_BUCKET = 1024
 
 
 def kv_bucket(next_length: int, max_context: int) -> int:
-    """Attended length for a decode step: the smallest power of two >= ``next_length`` up to
+    """Attended length for a step ending at ``next_length``: the smallest power of two >= ``next_length`` up to
     LINEAR_BUCKET (at least MIN_BUCKET), then the next multiple of LINEAR_BUCKET; capped at
     ``max_context``. Fewer wasted positions than pure powers of two, few graphs."""
     bucket = MIN_BUCKET
