@@ -49,6 +49,24 @@ def device_timeline(trace: dict[str, object], tokens: int) -> dict[str, object]:
     ends = [float(e["ts"]) + float(e["dur"]) for e in events]  # type: ignore[arg-type]
     span_us = max(ends) - min(starts) if events else 0.0
     out["span_us_per_token"] = span_us / tokens
+    # time no GPU works (the token's chain waiting on launches, copies and cross-device events), with
+    # the records on either side of the largest such gaps
+    ordered = sorted(events, key=lambda e: float(e["ts"]))  # type: ignore[arg-type]
+    idle: list[tuple[float, str, str]] = []
+    reach, last_name = None, ""
+    for e in ordered:
+        ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])  # type: ignore[arg-type]
+        name = f"{_short(str(e['name']))[:40]}@{e['args'].get('device', -1)}"  # type: ignore[union-attr]
+        if reach is not None and ts > reach:
+            idle.append((ts - reach, last_name, name))
+        if reach is None or end > reach:
+            reach, last_name = end, name
+    out["all_idle_us_per_token"] = sum(g for g, _, _ in idle) / tokens
+    pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    for g, before, after in idle:
+        pairs[(before, after)].append(g)
+    out["all_idle_by_neighbours"] = [{"before": b, "after": a, "per_token": len(v) / tokens, "us_per_token": sum(v) / tokens}
+                                     for (b, a), v in sorted(pairs.items(), key=lambda kv: -sum(kv[1]))[:12]]
     for dev, evs in sorted(by_dev.items()):
         evs.sort(key=lambda e: float(e["ts"]))  # type: ignore[arg-type]
         busy = 0.0
@@ -86,9 +104,10 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=48)
     ap.add_argument("--profile", type=int, default=16, help="profile the last this many tokens")
+    ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--out", default="bench/results/profile_decode.json")
     args = ap.parse_args()
-    loaded = load_model(args.model, devices=args.devices, placement=args.placement, context=4096, dtype="bfloat16")
+    loaded = load_model(args.model, devices=args.devices, placement=args.placement, context=args.context, dtype="bfloat16")
     generator = Generator(loaded.pipeline, loaded.max_context)
     prompt = tuple(torch.randint(0, 1000, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist())
     request = GenerationRequest(prompt, args.gen, SamplingParams(temperature=0.0))
@@ -107,7 +126,7 @@ def main() -> int:
         torch.cuda.synchronize(d)
     wall = time.perf_counter() - t0
     prof.stop()
-    tokens = args.gen - 1 - first  # steps run after the profiler started
+    tokens = args.gen - 1 - first  # steps run after the profiler started (the host loop)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
@@ -117,8 +136,17 @@ def main() -> int:
                                  "device": torch.cuda.get_device_name(0), "tokens_profiled": tokens,
                                  "wall_us_per_token_profiled": wall * 1e6 / tokens,
                                  "stages": [str(s.device) for s in loaded.pipeline.stages]}
+    # decoding one token ahead of the host, the first profiled step was launched before the profiler
+    # started: count the steps by the greedy sampler's launches (one per step) where it ran
+    sampled = sum(1 for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
+                  and e.get("cat") == "kernel" and str(e.get("name", "")).startswith("_slice_kernel"))
+    tokens = sampled or tokens
+    report["tokens_profiled"] = tokens
+    report["wall_us_per_token_profiled"] = wall * 1e6 / tokens
     report |= device_timeline(trace, tokens)
-    print(json.dumps({k: v for k, v in report.items() if not k.startswith("device")}, indent=None))
+    print(json.dumps({k: v for k, v in report.items() if not k.startswith(("device", "all_idle_by"))}, indent=None))
+    for row in report["all_idle_by_neighbours"]:  # type: ignore[attr-defined]
+        print(f"   idle {row['us_per_token']:7.1f} us/tok {row['per_token']:5.2f}x  {row['before']} -> {row['after']}")
     for k, v in report.items():
         if k.startswith("device") and isinstance(v, dict):
             print(k, {kk: (round(vv, 1) if isinstance(vv, float) else vv) for kk, vv in v.items() if kk != "kernels"})

@@ -32,6 +32,8 @@ from tests.staged import Trace, run_trace
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {"atol": 2e-6, "rtol": 2e-6}
+# half precision for exact rounding checks: the interpreter truncates to bfloat16 where GPUs round to nearest
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16
 
 
 @pytest.mark.parametrize("zero_centered", [False, True])
@@ -188,6 +190,17 @@ def test_gemv_dense_and_gathered() -> None:
     torch.testing.assert_close(gemv(x, stack, index, config=small, x_repeat=2), want, **TOL)
 
 
+def test_gemv_residual_epilogue_rounds_like_a_separate_add() -> None:
+    torch.manual_seed(15)
+    w = torch.randn(40, 96, device=DEVICE, dtype=HALF)
+    x = torch.randn(1, 1, 96, device=DEVICE, dtype=HALF)
+    r = torch.randn(1, 1, 40, device=DEVICE, dtype=HALF) * 300  # large enough that rounding twice shows
+    small = (8, 32, 4, 3)
+    assert torch.equal(gemv(x, w, config=small, residual=r), gemv(x, w, config=small) + r)
+    with pytest.raises(ValueError, match="residual"):
+        gemv(x, w, config=small, residual=r[..., :20])
+
+
 @pytest.mark.parametrize("groups", [1, 4])
 def test_decode_attention_matches_masked_sdpa(groups: int) -> None:
     from stagewise.kernels.decode_attention_triton import decode_attention, slicing
@@ -221,8 +234,22 @@ def test_greedy_sample_matches_argmax_and_log_softmax() -> None:
     token, logprob = greedy_sample(logits).tolist()
     assert int(token) == int(torch.argmax(logits)) == 4_100
     assert logprob == pytest.approx(float(torch.log_softmax(logits, dim=-1)[4_100]), abs=1e-6)
+    slot = torch.zeros(1, 1, dtype=torch.long, device=DEVICE)  # the next step's input
+    greedy_sample(logits, token_out=slot)
+    assert int(slot) == 4_100
     logits[7] = float("nan")
     assert greedy_sample(logits).isnan()[1]
+
+
+def test_peer_copy_kernel_copies_exactly() -> None:
+    from stagewise.kernels.peer_copy_triton import peer_copy
+
+    src = torch.randn(3, 1, 2500, device=DEVICE).to(HALF)  # four programs, the last partial
+    dst = torch.zeros_like(src)
+    peer_copy(src, dst)
+    assert torch.equal(src, dst)
+    with pytest.raises(ValueError):
+        peer_copy(src, dst.float())
 
 
 def test_route_and_combine_match_reference() -> None:
@@ -240,6 +267,11 @@ def test_route_and_combine_match_reference() -> None:
     torch.testing.assert_close(combine(y, weight, torch.float32), (y.view(5, 4, 16) * weight[..., None]).sum(1), **TOL)
     out, shared, gate = torch.randn(5, 16, device=DEVICE), torch.randn(5, 16, device=DEVICE), torch.randn(5, 1, device=DEVICE)
     torch.testing.assert_close(add_gated_shared(out, shared, gate), out + torch.sigmoid(gate) * shared, **TOL)
+    # the block's residual, added by the same launch with the rounding of a separate add (bf16)
+    y, weight, r = y.to(HALF), weight.to(HALF), torch.randn(5, 16, device=DEVICE, dtype=HALF) * 300
+    assert torch.equal(combine(y, weight, HALF, r), combine(y, weight, HALF) + r)
+    out, shared, gate = out.to(HALF), shared.to(HALF), gate.to(HALF)
+    assert torch.equal(add_gated_shared(out, shared, gate, r), add_gated_shared(out, shared, gate) + r)
 
 
 def test_q8_0_gemm_matches_dequantized_matmul() -> None:

@@ -104,18 +104,15 @@ class Generator:
         already run: it wrote only past the sequence's end, which the next sequence's reset and
         positions overwrite. Same tokens as :meth:`stream`'s host loop (the same kernel picks them).
         """
-        from stagewise.kernels.greedy_sample_triton import greedy_sample
-
-        pair = greedy_sample(logits[0, -1])  # (token, log-probability) on the last stage's device
+        pair, token = self.pipeline.greedy_token(logits[0, -1])  # on the last stage's device
         for index in range(budget):
             last = index == budget - 1
             host, ready = _start_read(pair)
-            following: torch.Tensor | None = None
+            following: tuple[torch.Tensor, torch.Tensor] | None = None
             if not last:
-                token = pair[:1].to(torch.long).view(1, 1)
                 step_logits = self.pipeline.step(token, torch.tensor([[position]]), start=position, cancel=cancel).logits
                 assert step_logits is not None
-                following = greedy_sample(step_logits[0, -1])
+                following = self.pipeline.greedy_token(step_logits[0, -1])
             if ready is not None:
                 ready.synchronize()
             sample = sampler.accept(*host.tolist())
@@ -125,8 +122,11 @@ class Generator:
             if done:
                 return
             assert following is not None  # launched above: this was not the last token
-            pair = following
+            pair, token = following
             position += 1
+
+
+_read_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _start_read(pair: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
@@ -135,8 +135,13 @@ def _start_read(pair: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | No
     if pair.device.type != "cuda":
         return pair.clone(), None
     host = torch.empty(pair.shape, dtype=pair.dtype, pin_memory=True)
-    with torch.cuda.device(pair.device):
+    side = _read_streams.get(pair.device)
+    if side is None:
+        side = _read_streams[pair.device] = torch.cuda.Stream(pair.device)
+    side.wait_stream(torch.cuda.current_stream(pair.device))  # on a side stream: the next step never waits for it
+    pair.record_stream(side)
+    with torch.cuda.device(pair.device), torch.cuda.stream(side):
         host.copy_(pair, non_blocking=True)
         ready = torch.cuda.Event()
-        ready.record()
+        ready.record(side)
     return host, ready

@@ -21,13 +21,9 @@ GEMV_MAX_TOKENS = 4  # more tokens: cuBLAS's GEMM re-reads nothing and wins
 
 
 @triton.jit
-def _gemv_kernel(
-    x_ptr, w_ptr, y_ptr, e_ptr,
-    N, K,
-    stride_xm, stride_we, stride_wn, stride_ym,
-    x_repeat,
-    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-):
+def gemv_tile(e_ptr, N, x_repeat, GATHER: tl.constexpr, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]
+    """This program's share of a GEMV (the dense and the Q8_0 kernels'): output row ``m``, its input row,
+    its expert (0 without a stack), its ``BLOCK_N`` output columns and their mask."""
     pid_n = tl.program_id(0)
     m = tl.program_id(1)
     xm = m // x_repeat  # the input row of output row m
@@ -36,7 +32,19 @@ def _gemv_kernel(
     else:
         e = 0
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    return m, xm, e, offs_n, offs_n < N
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, y_ptr, e_ptr, r_ptr,
+    N, K,
+    stride_xm, stride_we, stride_wn, stride_ym, stride_rm,
+    x_repeat,
+    GATHER: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -49,7 +57,11 @@ def _gemv_kernel(
             x = tl.load(x_ptr + xm * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
             w = tl.load(rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0.0)
         acc += w.to(tl.float32) * x[None, :]
-    tl.store(y_ptr + m * stride_ym + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_mask)
+    y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
+    if RESIDUAL:  # rounded, then added in float32 and rounded again: exactly torch's ``y + residual``
+        r = tl.load(r_ptr + m * stride_rm + offs_n, mask=n_mask, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + m * stride_ym + offs_n, y, mask=n_mask)
 
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages), measured inside CUDA graphs, back to back over weights
@@ -72,10 +84,12 @@ def config_for(n: int, k: int) -> tuple[int, int, int, int] | None:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | None = None,
-         config: tuple[int, int, int, int] | None = None, x_repeat: int = 1) -> torch.Tensor:
+         config: tuple[int, int, int, int] | None = None, x_repeat: int = 1,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
     """``x (..., K)`` -> ``(..., N)`` for ``weight`` ``(N, K)``; or, for a stack ``(E, N, K)``, ``(M, N)`` with
     output row ``m`` = ``weight[expert_index[m]] @ x[m // x_repeat]`` (a token's K routed experts share
-    its row). ``weight``'s last dim must be contiguous."""
+    its row). ``weight``'s last dim must be contiguous. ``residual`` (the output's shape, 2-D weights
+    only) is added to the rounded product in the same launch, as ``gemv(x, weight) + residual`` would."""
     n, k = weight.shape[-2], weight.shape[-1]
     if weight.stride(-1) != 1:
         raise ValueError("gemv needs the weight's input dim contiguous")
@@ -91,11 +105,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | Non
     block_k = min(block_k, triton.next_power_of_2(k))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
+    r = y  # unused without a residual
+    if residual is not None:
+        if gather or residual.shape != (*x.shape[:-1], n):
+            raise ValueError(f"residual {tuple(residual.shape)} != the output's {(*x.shape[:-1], n)} (2-D weights only)")
+        r = residual.reshape(-1, n)
+        if r.stride(-1) != 1:
+            r = r.contiguous()
     with launch_device(x):
         _gemv_kernel[(triton.cdiv(n, block_n), m)](
-            x2, weight, y, e, n, k,
-            x2.stride(0), weight.stride(0) if gather else 0, weight.stride(-2), y.stride(0), x_repeat,
-            GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+            x2, weight, y, e, r, n, k,
+            x2.stride(0), weight.stride(0) if gather else 0, weight.stride(-2), y.stride(0), r.stride(0), x_repeat,
+            GATHER=gather, RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
             num_warps=warps, num_stages=stages,
         )
     return y.reshape(*x.shape[:-1], n) if not gather else y

@@ -33,7 +33,7 @@ def _slice_kernel(x_ptr, m_ptr, i_ptr, s_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _merge_kernel(m_ptr, i_ptr, s_ptr, out_ptr, slices, n, BLOCK_S: tl.constexpr):
+def _merge_kernel(m_ptr, i_ptr, s_ptr, out_ptr, tok_ptr, slices, n, HAS_TOKEN: tl.constexpr, BLOCK_S: tl.constexpr):
     offs = tl.arange(0, BLOCK_S)
     ok = offs < slices
     m = tl.load(m_ptr + offs, mask=ok, other=float("-inf"))
@@ -44,11 +44,15 @@ def _merge_kernel(m_ptr, i_ptr, s_ptr, out_ptr, slices, n, BLOCK_S: tl.constexpr
     token = tl.minimum(token, n - 1)  # NaN logits match no maximum: keep the id in range (the NaN log-probability fails the step)
     tl.store(out_ptr, token.to(tl.float32))
     tl.store(out_ptr + 1, -tl.log(total))
+    if HAS_TOKEN:
+        tl.store(tok_ptr, token.to(tl.int64))
 
 
-def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+def greedy_sample(logits: torch.Tensor, token_out: torch.Tensor | None = None) -> torch.Tensor:
     """``(token, log-probability)`` of the argmax of ``logits`` ``(V,)`` as a float32 ``(2,)`` device
-    tensor (token ids below 2**24 are exact in float32)."""
+    tensor (token ids below 2**24 are exact in float32). ``token_out``: an int64 element that also
+    receives the token (the next step's input; on this device, or on a peer device this one may
+    write to)."""
     if logits.dim() != 1:
         raise ValueError("greedy_sample takes one row of logits")
     if logits.numel() >= 1 << 24:
@@ -63,5 +67,8 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty(2, dtype=torch.float32, device=dev)
     with launch_device(x):
         _slice_kernel[(slices,)](x, m, index, s, n, BLOCK=BLOCK, num_warps=8)
-        _merge_kernel[(1,)](m, index, s, out, slices, n, BLOCK_S=max(2, triton.next_power_of_2(slices)), num_warps=1)
+        if token_out is not None and (token_out.dtype != torch.long or token_out.numel() != 1):
+            raise ValueError("token_out must be one int64 element")
+        _merge_kernel[(1,)](m, index, s, out, token_out if token_out is not None else index, slices, n,
+                            HAS_TOKEN=token_out is not None, BLOCK_S=max(2, triton.next_power_of_2(slices)), num_warps=1)
     return out

@@ -57,7 +57,8 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
 
 
 @triton.jit
-def _combine_kernel(y_ptr, w_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _combine_kernel(y_ptr, w_ptr, r_ptr, out_ptr, hidden, TOP_K: tl.constexpr, RESIDUAL: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < hidden
@@ -65,40 +66,65 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H:
     for k in tl.static_range(TOP_K):
         w = tl.load(w_ptr + n * TOP_K + k).to(tl.float32)
         acc += w * tl.load(y_ptr + (n * TOP_K + k) * hidden + h, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + n * hidden + h, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    out = acc.to(out_ptr.dtype.element_ty)
+    if RESIDUAL:  # rounded, then added in float32 and rounded again: exactly ``out + residual``
+        r = tl.load(r_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + r).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + n * hidden + h, out, mask=mask)
 
 
-def combine(y: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Per-slot expert outputs ``y`` ``(N*K, H)`` and weights ``(N, K)`` -> ``(N, H)`` in ``dtype``."""
+def _residual_rows(residual: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``residual`` as contiguous ``(N, H)`` rows matching ``like`` (``like`` itself where there is none)."""
+    if residual is None:
+        return like
+    if residual.numel() != like.numel():
+        raise ValueError(f"residual {tuple(residual.shape)} does not match the output {tuple(like.shape)}")
+    return residual.reshape(like.shape).contiguous()
+
+
+def combine(y: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-slot expert outputs ``y`` ``(N*K, H)`` and weights ``(N, K)`` -> ``(N, H)`` in ``dtype``; plus
+    ``residual`` (``N x H`` elements) when given, with the rounding of a separate add."""
     tokens, top_k = weight.shape
     hidden = y.shape[-1]
     y, weight = y.contiguous(), weight.contiguous()
     out = torch.empty((tokens, hidden), dtype=dtype, device=y.device)
+    r = _residual_rows(residual, out)
     block = min(1024, triton.next_power_of_2(hidden))
     with launch_device(y):
-        _combine_kernel[(tokens, triton.cdiv(hidden, block))](y, weight, out, hidden, TOP_K=top_k, BLOCK_H=block,
-                                                             num_warps=4)
+        _combine_kernel[(tokens, triton.cdiv(hidden, block))](y, weight, r, out, hidden, TOP_K=top_k,
+                                                             RESIDUAL=residual is not None, BLOCK_H=block, num_warps=4)
     return out
 
 
 @triton.jit
-def _gated_add_kernel(out_ptr, shared_ptr, gate_ptr, y_ptr, hidden, stride_g, BLOCK_H: tl.constexpr):
+def _gated_add_kernel(out_ptr, shared_ptr, gate_ptr, r_ptr, y_ptr, hidden, stride_g, RESIDUAL: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < hidden
     g = tl.sigmoid(tl.load(gate_ptr + n * stride_g).to(tl.float32))
     out = tl.load(out_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)
     shared = tl.load(shared_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + n * hidden + h, (out + g * shared).to(y_ptr.dtype.element_ty), mask=mask)
+    y = (out + g * shared).to(y_ptr.dtype.element_ty)
+    if RESIDUAL:  # as a separate add would round
+        y = (y.to(tl.float32) + tl.load(r_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)).to(
+            y_ptr.dtype.element_ty)
+    tl.store(y_ptr + n * hidden + h, y, mask=mask)
 
 
-def add_gated_shared(out: torch.Tensor, shared: torch.Tensor, gate_logit: torch.Tensor) -> torch.Tensor:
-    """``out + sigmoid(gate_logit) * shared`` for ``out``, ``shared`` ``(N, H)`` and ``gate_logit`` ``(N, 1)``."""
+def add_gated_shared(out: torch.Tensor, shared: torch.Tensor, gate_logit: torch.Tensor,
+                     residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``out + sigmoid(gate_logit) * shared`` for ``out``, ``shared`` ``(N, H)`` and ``gate_logit`` ``(N, 1)``;
+    plus ``residual`` (``N x H`` elements) when given, with the rounding of a separate add."""
     tokens, hidden = out.shape
     out, shared = out.contiguous(), shared.contiguous()
     y = torch.empty_like(out)
+    r = _residual_rows(residual, y)
     block = min(1024, triton.next_power_of_2(hidden))
     with launch_device(out):
-        _gated_add_kernel[(tokens, triton.cdiv(hidden, block))](out, shared, gate_logit, y, hidden, gate_logit.stride(0),
+        _gated_add_kernel[(tokens, triton.cdiv(hidden, block))](out, shared, gate_logit, r, y, hidden,
+                                                                gate_logit.stride(0), RESIDUAL=residual is not None,
                                                                 BLOCK_H=block, num_warps=4)
     return y

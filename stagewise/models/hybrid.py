@@ -52,7 +52,7 @@ class HybridBlock(nn.Module):
             assert isinstance(state, KVCache)
             mixed = self.self_attn(normed, ctx, state)
         hidden, normed = self.post_attention_layernorm.add_forward(hidden, mixed)  # residual add + norm
-        return hidden + self.mlp(normed)
+        return self.mlp(normed, residual=hidden)  # the MLP's last launch adds the residual
 
 
 def hybrid_block(config: ModelConfig, index: int) -> nn.Module:

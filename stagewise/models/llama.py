@@ -29,7 +29,7 @@ class DecoderBlock(nn.Module):
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: KVCache) -> torch.Tensor:
         hidden, normed = self.post_attention_layernorm.add_forward(
             hidden, self.self_attn(self.input_layernorm(hidden), ctx, state))  # residual add + norm
-        return hidden + self.mlp(normed)
+        return self.mlp(normed, residual=hidden)  # the MLP's last launch adds the residual
 
 
 def llama_block(config: ModelConfig, index: int) -> nn.Module:

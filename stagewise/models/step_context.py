@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -15,15 +16,24 @@ class StepContext:
     sequence's positions are ``start .. start+T-1``; ``kv_length`` is ``max(positions) + 1``;
     ``mask`` ``(B, 1, G·T, kv_length)`` is True where key position ``j <= `` query position: the
     causal mask repeated for the ``G`` query heads that share a KV head (grouped-query attention
-    folds them into G·T query rows, group-major), built once per step for every attention block.
+    folds them into G·T query rows, group-major), built on first use, once per step for every
+    attention block (a GPU decode step's attention kernel reads the positions instead: no mask).
     ``rotary`` maps a rotary width to its ``(cos, sin)`` pair, each ``(B, T, width)``.
     """
 
     positions: torch.Tensor
     start: int | None
     kv_length: int
-    mask: torch.Tensor
     rotary: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    query_groups: int = 1
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        keys = torch.arange(self.kv_length, device=self.positions.device)
+        mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # (B, 1, T, L)
+        if self.query_groups > 1:
+            mask = mask.repeat(1, 1, self.query_groups, 1)  # (B, 1, G*T, L)
+        return mask
 
     @property
     def batch(self) -> int:
@@ -36,8 +46,4 @@ class StepContext:
     @staticmethod
     def build(positions: torch.Tensor, start: int | None, kv_length: int,
               rotary: dict[int, tuple[torch.Tensor, torch.Tensor]], query_groups: int = 1) -> StepContext:
-        keys = torch.arange(kv_length, device=positions.device)
-        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
-        if query_groups > 1:
-            mask = mask.repeat(1, 1, query_groups, 1)  # (B, 1, G*T, L)
-        return StepContext(positions, start, kv_length, mask, rotary)
+        return StepContext(positions, start, kv_length, rotary, query_groups)

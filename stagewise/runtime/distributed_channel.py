@@ -66,8 +66,11 @@ class DistributedChannel:
         self.device = device
         self.last_transfer_s = 0.0  # receiver: header arrival -> activation received and checked
 
-    def send(self, handoff: Handoff) -> Handoff:
-        """Send ``handoff`` to the peer; returns it unchanged (the receiver sees its own copy)."""
+    def send(self, handoff: Handoff, into: torch.Tensor | None = None) -> Handoff:
+        """Send ``handoff`` to the peer; returns it unchanged (the receiver sees its own copy, so
+        ``into``, a buffer on this side, cannot be delivered into)."""
+        if into is not None:
+            raise ValueError("a distributed channel delivers into the receiving process, not into a local buffer")
         positions = handoff.positions.cpu()
         header = encode_header(STATUS_OK, handoff.step_id, handoff.shape, handoff.dtype, positions)
         dist.send(header.to(self.wire), self.peer)

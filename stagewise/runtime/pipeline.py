@@ -52,6 +52,13 @@ class Pipeline:
         self.fault_hook: FaultHook | None = None
         self.last_timings = StepTimings()
         self._pin = any(s.device.type == "cuda" for s in stages) and torch.cuda.is_available()
+        self._token_ready: Any = None  # event: a sampled token written into the entry's input from another GPU
+        self._token_peer = False  # whether the exit GPU's sampler may write the entry GPU's memory
+        entry, exit_ = stages[0].device, stages[-1].device
+        if entry != exit_ and entry.type == exit_.type == "cuda":
+            from stagewise.kernels.peer_copy_triton import enable_peer_access
+
+            self._token_peer = enable_peer_access(exit_, entry)
 
     @property
     def entry_device(self) -> torch.device:
@@ -72,6 +79,30 @@ class Pipeline:
         with torch.cuda.device(src):
             return tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))  # type: ignore[return-value]
 
+    def greedy_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy-sample ``logits`` ``(V,)`` (the exit stage's last row) on its device, for the next
+        one-token step. Returns ``(pair, tokens)``: ``(token, log-probability)`` float32 on the exit
+        device, for the host to read, and the token ids ``(1, 1)`` to pass to :meth:`step`. When the next
+        step replays a graph, the sampling kernel writes the token straight into the entry stage's
+        graph input (from another GPU too, where peer access allows): the step then copies nothing."""
+        from stagewise.kernels.greedy_sample_triton import greedy_sample
+
+        entry = self.stages[0]
+        source = logits.device
+        if not entry.graphed(1, 0, False) or (entry.device != source and not self._token_peer):
+            pair = greedy_sample(logits)
+            return pair, pair[:1].to(torch.long).view(1, 1)
+        slot = entry.input_slot((1, 1))
+        if entry.device == source:
+            return greedy_sample(logits, token_out=slot), slot  # stream order keeps the slot's reads and writes apart
+        sampler, reader = torch.cuda.current_stream(source), torch.cuda.current_stream(entry.device)
+        sampler.wait_stream(reader)  # the entry's last replay has read the slot
+        pair = greedy_sample(logits, token_out=slot)
+        with torch.cuda.device(source):
+            self._token_ready = torch.cuda.Event()
+            self._token_ready.record(sampler)  # the next step's entry waits on it (after its positions' copy)
+        return pair, slot
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None) -> StageOutput:
         """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish.
@@ -83,11 +114,19 @@ class Pipeline:
         timings = StepTimings()
         positions = positions.cpu()
         staged_pos = positions.pin_memory() if self._pin else positions
+        batch, steps = int(positions.shape[0]), int(positions.shape[1])
+        shapes = [tuple(tokens.shape)] + [(batch, steps, self.hidden_size)] * (len(self.stages) - 1)
+        graphed = [stage.graphed(steps, start, all_logits) for stage in self.stages]
         try:
+            # every stage's positions go first: their copies never wait behind the previous stage
+            pos = [stage.put_positions(staged_pos, shapes[k], graphed[k]) for k, stage in enumerate(self.stages)]
+            if self._token_ready is not None:  # greedy_token wrote the entry's input from another GPU
+                torch.cuda.current_stream(self.entry_device).wait_event(self._token_ready)
+                self._token_ready = None
             if tokens.device.type == "cpu":
                 x = (tokens.pin_memory() if self._pin else tokens).to(self.entry_device, non_blocking=True)
             else:  # a token sampled on a device (the generator's lookahead): never through the host
-                x = tokens.to(self.entry_device, non_blocking=True)
+                x = tokens
             out: StageOutput | None = None
             for k, stage in enumerate(self.stages):
                 if self.fault_hook is not None:
@@ -95,8 +134,7 @@ class Pipeline:
                 if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
                     raise StepCancelled(f"step {step_id} cancelled before it started")
                 t0 = time.perf_counter()
-                pos = staged_pos.to(stage.device, non_blocking=True)  # (B, T), no host wait when pinned
-                out = stage.run(x, pos, start, all_logits)
+                out = stage.run(x, pos[k], start, all_logits)
                 self._sync(stage.device)
                 timings.stage_s.append(time.perf_counter() - t0)
                 if k == len(self.stages) - 1:
@@ -104,6 +142,7 @@ class Pipeline:
                 if cancel is not None and cancel():
                     raise StepCancelled(f"step {step_id} cancelled between stage {k} and stage {k + 1}")
                 nxt = self.stages[k + 1]
+                into = nxt.input_slot(shapes[k + 1]) if graphed[k + 1] else None  # straight into its graph's input
                 events = self._copy_events(stage.device, nxt.device)
                 t0 = time.perf_counter()
                 if events is not None:
@@ -114,7 +153,7 @@ class Pipeline:
                     with torch.cuda.device(stage.device):
                         torch.cuda._sleep(_SPIN_CYCLES)
                     events[1].record(stream)
-                received = self.channels[k].send(Handoff(step_id, positions, out.hidden))
+                received = self.channels[k].send(Handoff(step_id, positions, out.hidden), into)
                 if events is not None:
                     events[2].record(torch.cuda.current_stream(stage.device))
                 received.check(step_id, positions, self.hidden_size, nxt.dtype)

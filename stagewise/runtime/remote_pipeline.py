@@ -60,7 +60,7 @@ class RemoteBoundary:
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
-    def send(self, handoff: Handoff) -> Handoff:
+    def send(self, handoff: Handoff, into: torch.Tensor | None = None) -> Handoff:
         raise RuntimeError("a distributed boundary is crossed inside the workers")
 
 

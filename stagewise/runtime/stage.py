@@ -118,7 +118,8 @@ class Stage:
         on this stage's device; False where not possible."""
         if self.device.type != "cuda" or not self.states:
             return False
-        self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, prefill_tokens)
+        input_dtype = torch.long if self.model.entry else self.dtype
+        self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, input_dtype, prefill_tokens)
         return True
 
     def measured_bytes(self) -> int:
@@ -129,10 +130,36 @@ class Stage:
         planned = self.spec.planned_weights_bytes + self.spec.planned_state_bytes
         return ChargeCheck(self.spec.index, self.spec.device, planned, self.measured_bytes())
 
+    def graphed(self, steps: int, start: int | None, all_logits: bool) -> bool:
+        """Whether a step of ``steps`` tokens per sequence replays a CUDA graph here."""
+        return self.graphs is not None and start is not None and not all_logits and self.graphs.covers(steps)
+
+    def input_slot(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The static buffer a graphed step with inputs of ``shape`` reads: writing the input there
+        directly (a channel, the sampler) saves the copy at replay. Only for graphed steps."""
+        assert self.graphs is not None
+        return self.graphs.slots_for(shape).inputs
+
+    def put_positions(self, positions: torch.Tensor, input_shape: tuple[int, ...], graphed: bool) -> torch.Tensor:
+        """Start copying ``positions`` ``(B, T)`` (pinned host memory) to this device, ahead of the step's
+        input: into the static buffer a graphed step reads, else a fresh tensor. Returns the tensor to
+        pass to :meth:`run`."""
+        if not graphed:
+            return positions.to(self.device, non_blocking=True)
+        assert self.graphs is not None
+        slot = self.graphs.slots_for(input_shape).positions
+        slot.copy_(positions, non_blocking=True)
+        return slot
+
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
             all_logits: bool) -> StageOutput:
-        if self.graphs is not None and start is not None and not all_logits and self.graphs.covers(inputs.shape[1]):
-            return self.graphs.run(inputs, positions, start)
+        """Run one step: ``inputs`` token ids ``(B, T)`` (entry) or an activation ``(B, T, H)``, on this device
+        or another (copied in), at ``positions`` ``(B, T)`` on this device."""
+        if self.graphed(inputs.shape[1], start, all_logits):
+            assert self.graphs is not None
+            return self.graphs.run(inputs, positions, start)  # type: ignore[arg-type]
+        if inputs.device != self.device:
+            inputs = inputs.to(self.device, non_blocking=True)
         # NOTE: Triton kernels launch on the *current* CUDA device, not the tensors' device: make
         # this stage's device current, or a second GPU's stage would run its kernels on the first
         with self._device_context(), torch.inference_mode():

@@ -7,7 +7,10 @@ kernels take on an H200; replayed, a stage's chunk is one launch, so while one s
 works on chunk i + 1 the next stage's GPU works on chunk i (the host is no longer the bottleneck).
 Graphs are keyed by (batch, tokens per sequence, attended-length bucket, recurrent buffer parity):
 the attended length is rounded up (the causal mask hides the unused positions), and
-double-buffered recurrent state alternates between two buffer addresses. Only one-token steps and
+double-buffered recurrent state alternates between two buffer addresses. Every graph of one shape
+reads the same static input and positions buffers, so a step's inputs can be written into them
+directly (the positions from pinned host memory ahead of time, the previous stage's activation by
+its channel, the sampled token by the sampler) with no copy inside the step. Only one-token steps and
 steps of exactly ``prefill_tokens`` (the generator's chunk) are captured: a prompt's shorter last
 chunk runs eagerly, so odd lengths never multiply the graphs. Single-device and staged pipelines
 capture the same graphs for the same shapes, so their results stay bit-identical.
@@ -43,22 +46,30 @@ def kv_bucket(next_length: int, max_context: int) -> int:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
+    output: StageOutput
+
+
+@dataclass
+class _Slots:
+    """The static buffers every graph of one (batch, tokens per sequence) shape reads."""
+
     inputs: torch.Tensor
     positions: torch.Tensor
-    output: StageOutput
 
 
 class StepGraphs:
     """Lazily captured step graphs for one stage on one CUDA device."""
 
     def __init__(self, model: StageModel, states: dict[int, BlockState], device: torch.device,
-                 max_context: int, prefill_tokens: int | None = None) -> None:
+                 max_context: int, input_dtype: torch.dtype, prefill_tokens: int | None = None) -> None:
         self.prefill_tokens = prefill_tokens
+        self.input_dtype = input_dtype  # token ids (entry) or the activation's dtype
         self.model = model
         self.states = states
         self.device = device
         self.max_context = max_context
         self.graphs: dict[tuple[int, int, int, tuple[int, ...]], _Graph] = {}
+        self.slots: dict[tuple[int, ...], _Slots] = {}  # by the input's shape
         self.pool = torch.cuda.graph_pool_handle()
         # NOTE: torch.cuda.graph's default capture stream belongs to whichever device was current
         # when it was first made; each stage captures on a stream of its own device.
@@ -71,19 +82,33 @@ class StepGraphs:
         """Whether a step of ``steps`` tokens per sequence replays a graph."""
         return steps == 1 or (self.prefill_tokens is not None and steps == self.prefill_tokens)
 
+    def slots_for(self, shape: tuple[int, ...]) -> _Slots:
+        """The static input (``shape``: token ids ``(B, T)`` or an activation ``(B, T, H)``) and positions
+        ``(B, T)`` buffers that every replay of this shape reads; made once, on first use."""
+        slots = self.slots.get(shape)
+        if slots is None:
+            slots = _Slots(torch.zeros(shape, dtype=self.input_dtype, device=self.device),
+                           torch.zeros(shape[:2], dtype=torch.long, device=self.device))
+            self.slots[shape] = slots
+        return slots
+
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int) -> StageOutput:
         """Replay (capturing on first use) the step for ``inputs`` at ``positions`` ``(B, T)``, which
-        are ``start .. start + T - 1`` for every sequence (only the last position's logits)."""
+        are ``start .. start + T - 1`` for every sequence (only the last position's logits). Inputs or
+        positions already written into :meth:`slots_for`'s buffers are not copied again."""
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
         bucket = kv_bucket(start + steps, self.max_context)
         key = (batch, steps, bucket, self._parity())
         with torch.cuda.device(self.device):  # capture and replay on this stage's own device
+            slots = self.slots_for(tuple(inputs.shape))
+            if positions is not slots.positions:
+                slots.positions.copy_(positions, non_blocking=True)
+            if inputs is not slots.inputs:
+                slots.inputs.copy_(inputs, non_blocking=True)
             entry = self.graphs.get(key)
             if entry is None:
-                entry = self._capture(inputs, positions, bucket)
+                entry = self._capture(slots, bucket)
                 self.graphs[key] = entry
-            entry.inputs.copy_(inputs)
-            entry.positions.copy_(positions)
             entry.graph.replay()
         for state in self.states.values():
             mark = getattr(state, "mark_written", None)
@@ -91,20 +116,18 @@ class StepGraphs:
                 mark()
         return entry.output
 
-    def _capture(self, inputs: torch.Tensor, positions: torch.Tensor, bucket: int) -> _Graph:
-        static_in = inputs.clone()
-        static_pos = positions.clone()
+    def _capture(self, slots: _Slots, bucket: int) -> _Graph:
         side = self.stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.inference_mode():
             # NOTE: warm-up writes provisional state with this very step's inputs; the replay that
             # follows writes the same values, so nothing published changes.
             for _ in range(2):
-                self.model(static_in, static_pos, self.states, start=None, kv_length=bucket)
+                self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the server's other threads may touch CUDA (metrics) while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"), \
                 torch.inference_mode():
-            output = self.model(static_in, static_pos, self.states, start=None, kv_length=bucket)
-        return _Graph(graph, static_in, static_pos, output)
+            output = self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket)
+        return _Graph(graph, output)

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 from stagewise.spec.model_config import ModelConfig
 
-# mixer, with both norms and both residual adds of the block:
+# mixer, with both norms and the attention's residual add (the MLP's last launch adds the other):
 # norm, q/k/v, rotary q and k + cache write, attention over key slices, slice combine (with the
-# hybrids' sigmoid output gate), output, add + norm, add
-ATTENTION_KERNELS = 8
+# hybrids' sigmoid output gate), output, add + norm
+ATTENTION_KERNELS = 7
 QK_NORM_KERNELS = 2  # per-head RMSNorm of q and k (Qwen3, hybrids)
-# Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add + norm, add
-LINEAR_ATTENTION_KERNELS = 8
+# Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add + norm
+LINEAR_ATTENTION_KERNELS = 7
 # MLP
-DENSE_MLP_KERNELS = 3  # gate_up, silu * up, down
-MOE_KERNELS = 6  # router, route (softmax + top-k), gathered gate_up, silu * up, gathered down, weighted combine
-SHARED_EXPERT_KERNELS = 5  # gate logit, gate_up, silu * up, down, sigmoid-gated add
-STAGE_KERNELS = 12  # per stage and step: rotary tables and the causal mask (repeated for grouped queries)
+DENSE_MLP_KERNELS = 3  # gate_up, silu * up, down (+ the residual)
+MOE_KERNELS = 6  # router, route (softmax + top-k), gathered gate_up, silu * up, gathered down, weighted combine (+ the residual)
+SHARED_EXPERT_KERNELS = 5  # gate logit, gate_up, silu * up, down, sigmoid-gated add (+ the residual)
 EXIT_KERNELS = 4  # final norm, LM head, float logits, sampling
 ENTRY_KERNELS = 1  # embedding lookup
 

@@ -61,11 +61,19 @@ class Experts(nn.Module):
         weight = getattr(self, name)
         return nn.functional.linear(x, weight[expert])
 
-    def forward(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``: each token's experts and weights.
 
-        Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``.
+        Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``, plus ``residual``
+        ``(N, H)`` when given (added by the decode path's last launch, else by a separate add).
         """
+        if top_index.numel() <= GATHER_MAX_SLOTS and use_triton(x):
+            return self._gathered(x, top_index, top_weight, residual)
+        out = self._routed(x, top_index, top_weight)
+        return out if residual is None else out + residual
+
+    def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
         if top_index.numel() <= GATHER_MAX_SLOTS:
             return self._gathered(x, top_index, top_weight)
         if use_triton(x):
@@ -99,8 +107,10 @@ class Experts(nn.Module):
             return getattr(self, name)
         return packed if isinstance(packed, Q8_0Weight) else None
 
-    def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
-        """Decode path: gather the routed experts' weights (only those are read); no host sync."""
+    def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode path: gather the routed experts' weights (only those are read); no host sync.
+        ``residual``: Triton path only, added by the combine."""
         tokens, k = top_index.shape
         index = top_index.reshape(-1)  # (N*K,)
         if use_triton(x):  # 4 launches: the token rows are read in place, K slots each
@@ -108,7 +118,8 @@ class Experts(nn.Module):
             from stagewise.kernels.silu_mul_triton import silu_mul
 
             act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k))  # (N*K, I)
-            return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype)  # (N, H)
+            return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype, residual)  # (N, H)
+        assert residual is None
         xs = x.repeat_interleave(k, dim=0)  # (N*K, H)
         gate, up = self._gather_matmul("gate_up_proj", index, xs, 1).chunk(2, dim=-1)  # (N*K, I) each
         y = self._gather_matmul("down_proj", index, nn.functional.silu(gate) * up, 1)  # (N*K, H)

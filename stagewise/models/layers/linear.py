@@ -44,19 +44,28 @@ class Linear(nn.Module):
     def quantized_weights(self) -> list[QuantizedWeight]:
         return [self.quantized] if self.quantized is not None else []
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T (+ b)``, plus ``residual`` (the output's shape) when given: on the GEMV path the add
+        is the GEMV's epilogue (one launch fewer), with the same rounding as the separate add."""
+        y: torch.Tensor | None = None
         if self.quantized is not None:
             y = self.quantized.matmul(x)
-            return y if self.bias is None else y + self.bias
-        assert self.weight is not None
-        if use_triton(x) and self.weight.dtype in _HALF and x.dtype == self.weight.dtype:
-            from stagewise.kernels.gemv_triton import GEMV_MAX_TOKENS, config_for, gemv
+        else:
+            assert self.weight is not None
+            if use_triton(x) and self.weight.dtype in _HALF and x.dtype == self.weight.dtype:
+                from stagewise.kernels.gemv_triton import GEMV_MAX_TOKENS, config_for, gemv
 
-            config = config_for(self.out_features, self.in_features)
-            if config is not None and x.numel() // self.in_features <= GEMV_MAX_TOKENS:  # decode, where ours beats cuBLAS
-                y = gemv(x, self.weight, config=config)
-                return y if self.bias is None else y + self.bias
-        return nn.functional.linear(x, self.weight, self.bias)
+                config = config_for(self.out_features, self.in_features)
+                if config is not None and x.numel() // self.in_features <= GEMV_MAX_TOKENS:  # decode, where ours beats cuBLAS
+                    fused = residual is not None and self.bias is None and residual.dtype == x.dtype
+                    y = gemv(x, self.weight, config=config, residual=residual if fused else None)
+                    if fused:
+                        return y
+            if y is None:
+                y = nn.functional.linear(x, self.weight)
+        if self.bias is not None:
+            y = y + self.bias
+        return y if residual is None else y + residual
 
     def extra_repr(self) -> str:
         fmt = self.quantized.format_name if self.quantized is not None else "dense"

@@ -46,15 +46,19 @@ class SparseMoE(nn.Module):
             top_weight = top_weight / top_weight.sum(dim=-1, keepdim=True)
         return top_index, top_weight.to(logits.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MoE's output, plus ``residual`` (``x``'s shape) when given: on the GPU decode path the
+        last launch adds it, with the rounding of a separate add."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, H)
+        rows = residual.reshape(flat.shape) if residual is not None else None
         top_index, top_weight = self.route(flat)
+        if self.shared_expert is None or self.shared_expert_gate is None:
+            return self.experts(flat, top_index, top_weight, rows).reshape(shape)
         out = self.experts(flat, top_index, top_weight)
-        if self.shared_expert is not None and self.shared_expert_gate is not None:
-            if use_triton(out):
-                from stagewise.kernels.moe_route_triton import add_gated_shared
+        if use_triton(out):
+            from stagewise.kernels.moe_route_triton import add_gated_shared
 
-                return add_gated_shared(out, self.shared_expert(flat), self.shared_expert_gate(flat)).reshape(shape)
-            out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        return out.reshape(shape)
+            return add_gated_shared(out, self.shared_expert(flat), self.shared_expert_gate(flat), rows).reshape(shape)
+        out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return (out if rows is None else out + rows).reshape(shape)

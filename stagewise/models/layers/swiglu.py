@@ -22,12 +22,13 @@ class SwiGLU(nn.Module):
         """Replace gate_proj + up_proj by one matmul (after loading)."""
         self.gate_up = fuse_linears([self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP's output, plus ``residual`` when given (added by the down projection)."""
         if self.gate_up is not None and use_triton(x):
             from stagewise.kernels.silu_mul_triton import silu_mul
 
-            return self.down_proj(silu_mul(self.gate_up(x)))
+            return self.down_proj(silu_mul(self.gate_up(x)), residual)
         if self.gate_up is not None:
             gate, up = self.gate_up(x).chunk(2, dim=-1)  # (..., I) each
-            return self.down_proj(nn.functional.silu(gate) * up)
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(nn.functional.silu(gate) * up, residual)
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x), residual)

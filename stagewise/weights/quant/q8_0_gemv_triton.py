@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.gemv_triton import gemv_tile
 from stagewise.kernels.triton_launch import int32_index, launch_device
 
 QBLOCK = 32
@@ -25,15 +26,7 @@ def _q8_0_gemv_kernel(
     x_repeat,
     GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
-    xm = m // x_repeat  # the input row of output row m
-    if GATHER:
-        e = tl.load(e_ptr + m).to(tl.int64)
-    else:
-        e = 0
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_b = tl.arange(0, BLOCK_K // 32)
     q_rows = q_ptr + e * stride_qe + offs_n[:, None].to(tl.int64) * stride_qn
