@@ -67,7 +67,7 @@ def test_rope_store_rotates_q_and_k_and_fills_the_cache(rotary_dim: int) -> None
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=DEVICE).float() / rotary_dim))
     cos, sin = rotary_cos_sin(inv_freq, positions, torch.float32)
     keys, values = torch.zeros(3, kv_heads, 16, dim, device=DEVICE), torch.zeros(3, kv_heads, 16, dim, device=DEVICE)
-    got_q = rope_store(q, k, v, cos, sin, positions, keys, values)
+    got_q = rope_store(q, k, v, inv_freq, positions, keys, values)
     torch.testing.assert_close(got_q, apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2), **TOL)
     want_k = apply_rotary(k.transpose(1, 2), cos, sin)  # (B, kvH, T, D)
     for b in range(2):
@@ -78,6 +78,32 @@ def test_rope_store_rotates_q_and_k_and_fills_the_cache(rotary_dim: int) -> None
         untouched[at] = False
         assert not keys[b][:, untouched].any() and not values[b][:, untouched].any()
     assert not keys[2].any()  # the spare row
+
+
+def test_rope_store_angles_round_like_the_reference_tables() -> None:
+    """Far positions (large angles) in half precision: the kernel's cos/sin, rounded to the activation
+    dtype, rotate as the reference's half-precision tables do."""
+    torch.manual_seed(3)
+    heads, dim = 2, 64
+    q, k, v = (torch.randn(1, 4, heads, dim, device=DEVICE).to(HALF) for _ in range(3))
+    positions = torch.tensor([[5, 4_095, 70_001, 131_071]], device=DEVICE)
+    inv_freq = 1.0 / (500_000 ** (torch.arange(0, dim, 2, device=DEVICE).float() / dim))
+    keys = torch.zeros(1, heads, 131_072, dim, dtype=HALF, device=DEVICE)
+    values = torch.zeros_like(keys)
+    got_q = rope_store(q, k, v, inv_freq, positions, keys, values)
+    cos, sin = rotary_cos_sin(inv_freq, positions, HALF)  # tables rounded to the activation dtype
+    want_q = apply_rotary(q.transpose(1, 2).float(), cos.float(), sin.float()).transpose(1, 2)
+    torch.testing.assert_close(got_q.float(), want_q, atol=1e-2, rtol=1e-2)
+    want_k = apply_rotary(k.transpose(1, 2).float(), cos.float(), sin.float())[0]  # (kvH, T, D)
+    torch.testing.assert_close(keys[0][:, positions[0]].float(), want_k, atol=1e-2, rtol=1e-2)
+    # q = 1 in the first half, 0 in the second: the kernel writes its own tables, cos then sin
+    ones = torch.cat((torch.ones(dim // 2), torch.zeros(dim // 2))).to(HALF).to(DEVICE).expand(1, 4, heads, dim)
+    tables = rope_store(ones, k, v, inv_freq, positions, keys, values)[0, :, 0]  # (T, D)
+    want = torch.cat((cos[0, :, : dim // 2], sin[0, :, : dim // 2]), dim=-1)
+    if DEVICE == "cuda":  # the same libdevice functions as torch's kernels: bit-identical
+        assert torch.equal(tables, want)
+    else:  # numpy's cos in the interpreter against torch's: within one rounding of the half dtype
+        torch.testing.assert_close(tables, want, atol=1e-3, rtol=1e-3)
 
 
 def test_silu_mul_matches_reference() -> None:
@@ -285,6 +311,22 @@ def test_q8_0_gemm_matches_dequantized_matmul() -> None:
     x = torch.randn(2, 37, 96, device=DEVICE)  # 74 rows: several blocks and a ragged last one
     want = x @ weight.dequantize(torch.float32).T
     torch.testing.assert_close(q8_0_gemm(x, qs, scales), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k", [96, 128])  # a ragged last K step, and K steps that divide evenly
+def test_q8_0_gemv_dense_and_gathered(k: int) -> None:
+    from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+
+    torch.manual_seed(8)
+    qs = torch.randint(-127, 128, (3, 40, k), dtype=torch.int8, device=DEVICE)  # 3 experts
+    scales = (torch.rand(3, 40, k // 32, device=DEVICE) * 0.01).to(torch.float16)
+    dense = [(qs[e].float().view(40, -1, 32) * scales[e].float()[..., None]).view(40, k) for e in range(3)]
+    x = torch.randn(2, k, device=DEVICE)
+    config = (4, 64, 2, 2)  # several K steps: the first tile is read before the wait, the rest in the loop
+    torch.testing.assert_close(q8_0_gemv(x, qs[1], scales[1], config=config), x @ dense[1].T, atol=1e-4, rtol=1e-4)
+    index = torch.tensor([2, 0, 1, 1], device=DEVICE)  # two routed experts per token
+    want = torch.stack([dense[int(e)] @ x[i // 2] for i, e in enumerate(index)])
+    torch.testing.assert_close(q8_0_gemv(x, qs, scales, index, config=config, x_repeat=2), want, atol=1e-4, rtol=1e-4)
 
 
 def test_delta_rule_chunk_scan_kernel_matches_the_torch_loop() -> None:

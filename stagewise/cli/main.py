@@ -13,7 +13,7 @@ import sys
 
 from stagewise import __version__
 from stagewise.errors import StagewiseError
-from stagewise.kernels.triton_launch import kernels_mode
+from stagewise.kernels.triton_launch import kernels_mode, pdl_enabled
 
 COMMANDS = ("run", "devices", "assess", "plan", "make_model", "serve", "chat", "bench", "worker")
 
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        kernels_mode()  # a bad STAGEWISE_KERNELS is the user's mistake: one line, before any work
+        kernels_mode()  # a bad STAGEWISE_KERNELS or STAGEWISE_PDL is the user's mistake: one line, before any work
+        pdl_enabled()
         return int(args.func(args) or 0)
     except StagewiseError as exc:
         print(f"stagewise: error: {exc}", file=sys.stderr)

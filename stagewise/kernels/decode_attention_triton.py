@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 BLOCK_KEYS = 64
 TARGET_SLICES = 16  # slices per KV head: enough programs to keep the SMs reading at short context
@@ -33,8 +34,9 @@ def _split_kernel(
     q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
     kv_heads, groups, dim, keys_per_slice, slices, sm_scale_log2,
     stride_qb, stride_qh, stride_cb, stride_ch, stride_cl,
-    G_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr,
+    G_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
 ):
+    wait_for_predecessor(GDC)
     bh = tl.program_id(0)  # (sequence, kv head)
     s = tl.program_id(1)  # slice of the keys
     b = bh // kv_heads
@@ -84,8 +86,9 @@ def _split_kernel(
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, gate_ptr, out_ptr,
     heads, dim, slices, stride_gb, stride_gh,
-    HAS_GATE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_GATE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, GDC: tl.constexpr,
 ):
+    wait_for_predecessor(GDC)
     row = tl.program_id(0)  # (sequence, query head)
     b = row // heads
     h = row % heads
@@ -139,7 +142,7 @@ def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
             kv_heads, groups, dim, per, slices, 1.4426950408889634 / dim**0.5,
             q.stride(0), q.stride(2), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
             G_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_D=block_d, BLOCK_L=BLOCK_KEYS,
-            IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+            IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2, **dependent_launch(q),
         )
         if gate is not None and gate.stride(-1) != 1:
             gate = gate.contiguous()
@@ -147,5 +150,6 @@ def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         _combine_kernel[(batch * heads,)](
             m, l_sum, acc, g, out, heads, dim, slices, g.stride(0), g.stride(2) if gate is not None else 0,
             HAS_GATE=gate is not None, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(slices)), num_warps=2,
+            **dependent_launch(q),
         )
     return out

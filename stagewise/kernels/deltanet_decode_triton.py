@@ -20,15 +20,17 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 
 @triton.jit
 def _conv_step_kernel(
     state_ptr, x_ptr, w_ptr, new_state_ptr, y_ptr,
     channels, stride_sb, stride_xb, stride_nb, stride_yb,
-    KERNEL: tl.constexpr, BLOCK_C: tl.constexpr,
+    KERNEL: tl.constexpr, BLOCK_C: tl.constexpr, GDC: tl.constexpr,
 ):
+    wait_for_predecessor(GDC)
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = c < channels
@@ -64,7 +66,7 @@ def conv_step(state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, new_st
     with launch_device(x):
         _conv_step_kernel[(batch, triton.cdiv(channels, block))](
             state, x, w, new_state, y, channels, state.stride(0), x.stride(0), new_state.stride(0), y.stride(0),
-            KERNEL=kernel, BLOCK_C=block, num_warps=4,
+            KERNEL=kernel, BLOCK_C=block, num_warps=4, **dependent_launch(x),
         )
     return y
 
@@ -74,8 +76,9 @@ def _delta_step_kernel(
     mixed_ptr, b_ptr, a_ptr, alog_ptr, dtb_ptr, s_ptr, ns_ptr, o_ptr,
     v_heads, group, key_dim, dk, dv, scale,
     stride_mb, stride_bb, stride_ab, stride_sb, stride_nb, stride_ob,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, GDC: tl.constexpr,
 ):
+    wait_for_predecessor(GDC)
     pid = tl.program_id(0)  # (batch, value head)
     bi = pid // v_heads
     h = pid % v_heads
@@ -130,6 +133,6 @@ def delta_step(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: tor
             mixed, b, a, a_log, dt_bias, state, new_state, out,
             v_heads, v_heads // k_heads, k_heads * k_dim, dk, dv, dk**-0.5,
             mixed.stride(0), b.stride(0), a.stride(0), state.stride(0), new_state.stride(0), out.stride(0),
-            BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, num_warps=4,
+            BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, num_warps=4, **dependent_launch(mixed),
         )
     return out

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import int32_index, launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
 
 GEMV_MAX_TOKENS = 4  # more tokens: cuBLAS's GEMM re-reads nothing and wins
 
@@ -36,27 +37,47 @@ def gemv_tile(e_ptr, N, x_repeat, GATHER: tl.constexpr, BLOCK_N: tl.constexpr): 
 
 
 @triton.jit
+def _weight_tile(rows, k, K, n_mask, EVEN_K: tl.constexpr):  # type: ignore[no-untyped-def]
+    if EVEN_K:
+        w = tl.load(rows + k[None, :], mask=n_mask[:, None], other=0.0)
+    else:
+        w = tl.load(rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _input_tile(x_row, k, K, EVEN_K: tl.constexpr):  # type: ignore[no-untyped-def]
+    if EVEN_K:
+        x = tl.load(x_row + k)
+    else:
+        x = tl.load(x_row + k, mask=k < K, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, e_ptr, r_ptr,
     N, K,
     stride_xm, stride_we, stride_wn, stride_ym, stride_rm,
     x_repeat,
     GATHER: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, GDC: tl.constexpr,
 ):
+    if GATHER:  # the expert index is the router's output: wait before reading it
+        wait_for_predecessor(GDC)
     m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    x_row = x_ptr + xm * stride_xm
+    # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
+    w_first = _weight_tile(rows, offs_k, K, n_mask, EVEN_K)
+    if not GATHER:
+        wait_for_predecessor(GDC)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    acc += w_first * _input_tile(x_row, offs_k, K, EVEN_K)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + offs_k
-        if EVEN_K:
-            x = tl.load(x_ptr + xm * stride_xm + k).to(tl.float32)
-            w = tl.load(rows + k[None, :], mask=n_mask[:, None], other=0.0)
-        else:
-            x = tl.load(x_ptr + xm * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-            w = tl.load(rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+        acc += _weight_tile(rows, k, K, n_mask, EVEN_K) * _input_tile(x_row, k, K, EVEN_K)[None, :]
     y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
     if RESIDUAL:  # rounded, then added in float32 and rounded again: exactly torch's ``y + residual``
         r = tl.load(r_ptr + m * stride_rm + offs_n, mask=n_mask, other=0.0)
@@ -117,6 +138,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | Non
             x2, weight, y, e, r, n, k,
             x2.stride(0), weight.stride(0) if gather else 0, weight.stride(-2), y.stride(0), r.stride(0), x_repeat,
             GATHER=gather, RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-            num_warps=warps, num_stages=stages,
+            num_warps=warps, num_stages=stages, **dependent_launch(x),
         )
     return y.reshape(*x.shape[:-1], n) if not gather else y

@@ -14,13 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 BLOCK = 4096
 
 
 @triton.jit
-def _slice_kernel(x_ptr, m_ptr, i_ptr, s_ptr, n, BLOCK: tl.constexpr):
+def _slice_kernel(x_ptr, m_ptr, i_ptr, s_ptr, n, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    wait_for_predecessor(GDC)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
@@ -33,7 +35,9 @@ def _slice_kernel(x_ptr, m_ptr, i_ptr, s_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _merge_kernel(m_ptr, i_ptr, s_ptr, out_ptr, tok_ptr, slices, n, HAS_TOKEN: tl.constexpr, BLOCK_S: tl.constexpr):
+def _merge_kernel(m_ptr, i_ptr, s_ptr, out_ptr, tok_ptr, slices, n, HAS_TOKEN: tl.constexpr, BLOCK_S: tl.constexpr,
+                  GDC: tl.constexpr):
+    wait_for_predecessor(GDC)
     offs = tl.arange(0, BLOCK_S)
     ok = offs < slices
     m = tl.load(m_ptr + offs, mask=ok, other=float("-inf"))
@@ -66,9 +70,10 @@ def greedy_sample(logits: torch.Tensor, token_out: torch.Tensor | None = None) -
     index = torch.empty(slices, dtype=torch.int32, device=dev)
     out = torch.empty(2, dtype=torch.float32, device=dev)
     with launch_device(x):
-        _slice_kernel[(slices,)](x, m, index, s, n, BLOCK=BLOCK, num_warps=8)
+        _slice_kernel[(slices,)](x, m, index, s, n, BLOCK=BLOCK, num_warps=8, **dependent_launch(x))
         if token_out is not None and (token_out.dtype != torch.long or token_out.numel() != 1):
             raise ValueError("token_out must be one int64 element")
         _merge_kernel[(1,)](m, index, s, out, token_out if token_out is not None else index, slices, n,
-                            HAS_TOKEN=token_out is not None, BLOCK_S=max(2, triton.next_power_of_2(slices)), num_warps=1)
+                            HAS_TOKEN=token_out is not None, BLOCK_S=max(2, triton.next_power_of_2(slices)), num_warps=1,
+                            **dependent_launch(x))
     return out

@@ -15,12 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 
 @triton.jit
 def _route_kernel(logits_ptr, index_ptr, weight_ptr, experts, stride_l,
-                  TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr):
+                  TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, GDC: tl.constexpr):
+    wait_for_predecessor(GDC)
     n = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
     mask = e < experts
@@ -52,13 +54,14 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
     weight = torch.empty((tokens, top_k), dtype=logits.dtype, device=logits.device)
     with launch_device(logits):
         _route_kernel[(tokens,)](logits, index, weight, experts, logits.stride(0), TOP_K=top_k, NORMALIZE=normalize,
-                                 BLOCK_E=triton.next_power_of_2(experts), num_warps=4)
+                                 BLOCK_E=triton.next_power_of_2(experts), num_warps=4, **dependent_launch(logits))
     return index, weight
 
 
 @triton.jit
 def _combine_kernel(y_ptr, w_ptr, r_ptr, out_ptr, hidden, TOP_K: tl.constexpr, RESIDUAL: tl.constexpr,
-                    BLOCK_H: tl.constexpr):
+                    BLOCK_H: tl.constexpr, GDC: tl.constexpr):
+    wait_for_predecessor(GDC)
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < hidden
@@ -94,13 +97,15 @@ def combine(y: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype,
     block = min(1024, triton.next_power_of_2(hidden))
     with launch_device(y):
         _combine_kernel[(tokens, triton.cdiv(hidden, block))](y, weight, r, out, hidden, TOP_K=top_k,
-                                                             RESIDUAL=residual is not None, BLOCK_H=block, num_warps=4)
+                                                             RESIDUAL=residual is not None, BLOCK_H=block, num_warps=4,
+                                                             **dependent_launch(y))
     return out
 
 
 @triton.jit
 def _gated_add_kernel(out_ptr, shared_ptr, gate_ptr, r_ptr, y_ptr, hidden, stride_g, RESIDUAL: tl.constexpr,
-                      BLOCK_H: tl.constexpr):
+                      BLOCK_H: tl.constexpr, GDC: tl.constexpr):
+    wait_for_predecessor(GDC)
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < hidden
@@ -126,5 +131,5 @@ def add_gated_shared(out: torch.Tensor, shared: torch.Tensor, gate_logit: torch.
     with launch_device(out):
         _gated_add_kernel[(tokens, triton.cdiv(hidden, block))](out, shared, gate_logit, r, y, hidden,
                                                                 gate_logit.stride(0), RESIDUAL=residual is not None,
-                                                                BLOCK_H=block, num_warps=4)
+                                                                BLOCK_H=block, num_warps=4, **dependent_launch(out))
     return y

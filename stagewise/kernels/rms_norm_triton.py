@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 PLAIN, ZERO_CENTERED, GATED = 0, 1, 2  # weight modes
 
@@ -29,8 +30,9 @@ def _rms_norm_kernel(
     x_ptr, w_ptr, z_ptr, y_ptr,
     inner, dim, eps,
     stride_xo, stride_xi, stride_zo, stride_zi,
-    MODE: tl.constexpr, BLOCK: tl.constexpr,
+    MODE: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr,
 ):
+    wait_for_predecessor(GDC)
     row = tl.program_id(0)
     outer = row // inner
     i = row % inner
@@ -78,14 +80,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     with launch_device(x):
         _rms_norm_kernel[(outer * inner,)](
             x, weight, gate if gate is not None else x, y, inner, dim, eps, so, si, zo, zi,
-            MODE=mode, BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8,
+            MODE=mode, BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8, **dependent_launch(x),
         )
     return y
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, y_ptr, dim, eps, ZERO_CENTERED: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, GDC: tl.constexpr):
+    wait_for_predecessor(GDC)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -113,6 +116,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     with launch_device(x):
         _add_rms_norm_kernel[(x.numel() // dim,)](
             x, residual, weight, total, y, dim, eps, ZERO_CENTERED=zero_centered,
-            BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8,
+            BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8, **dependent_launch(x),
         )
     return total, y

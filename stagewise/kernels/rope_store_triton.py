@@ -1,12 +1,14 @@
 """An attention block's step between projection and attention in one Triton launch: rotary
-position embedding of q and k, and the KV cache write (the reference path: two rotations of five
-operations each, and two cache copies).
+position embedding of q and k, and the KV cache write (the reference path: the cos/sin tables,
+seven launches, two rotations of five operations each, and two cache copies).
 
 ``y = x * cos + rotate_half(x) * sin`` over the first ``rotary_dim`` channels of every head, the
-rest copied through; computed in float32 with one rounding. Reads q, k and v as ``(B, T, H, D)``
-with arbitrary token/head strides (straight out of a fused q/k/v projection); writes the rotated
-queries as a contiguous ``(B, T, H, D)`` tensor, the rotated keys and the values into the cache
-at each token's position.
+rest copied through. The angles are computed in the kernel as the reference computes its tables:
+``float32(position) * inv_freq`` in float32, then ``cos``/``sin`` (on CUDA libdevice's ``__nv_cosf``
+and ``__nv_sinf``, as torch's kernels call them: the tables come out bit-identical, which the tests
+check), rounded to the activation dtype; the rotation itself is float32 with one rounding. Reads q, k and v as ``(B, T, H, D)`` with arbitrary token/head strides (straight out of a
+fused q/k/v projection); writes the rotated queries as a contiguous ``(B, T, H, D)`` tensor, the
+rotated keys and the values into the cache at each token's position.
 """
 
 from __future__ import annotations
@@ -15,17 +17,19 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 
 @triton.jit
 def _rope_store_kernel(
-    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr,
+    q_ptr, k_ptr, v_ptr, f_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr,
     steps, heads, dim, rotary_dim,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_cb, stride_ch, stride_cl,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, GDC: tl.constexpr,
 ):
+    wait_for_predecessor(GDC)
     row = tl.program_id(0)  # (sequence, token)
     h = tl.program_id(1)  # query heads first, then kv heads
     b = row // steps
@@ -36,8 +40,11 @@ def _rope_store_kernel(
     rot = c < rotary_dim
     partner = tl.where(c < half, c + half, c - half)
     sign = tl.where(c < half, -1.0, 1.0)
-    cos = tl.load(cos_ptr + row * rotary_dim + c, mask=mask & rot, other=1.0).to(tl.float32)
-    sin = tl.load(sin_ptr + row * rotary_dim + c, mask=mask & rot, other=0.0).to(tl.float32)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    inv_freq = tl.load(f_ptr + tl.where(c < half, c, c - half), mask=mask & rot, other=0.0)
+    angle = pos.to(tl.float32) * inv_freq  # the table's float32 product, cat(freqs, freqs)
+    cos = tl.where(rot, tl.cos(angle).to(qo_ptr.dtype.element_ty).to(tl.float32), 1.0)
+    sin = tl.where(rot, tl.sin(angle).to(qo_ptr.dtype.element_ty).to(tl.float32), 0.0)
     if h < heads:
         base = q_ptr + b * stride_qb + t * stride_qt + h * stride_qh
         x = tl.load(base + c, mask=mask, other=0.0).to(tl.float32)
@@ -50,34 +57,35 @@ def _rope_store_kernel(
         x = tl.load(base + c, mask=mask, other=0.0).to(tl.float32)
         xp = tl.load(base + partner, mask=mask & rot, other=0.0).to(tl.float32)
         y = tl.where(rot, x * cos + sign * xp * sin, x)
-        pos = tl.load(pos_ptr + row).to(tl.int64)
         dst = b.to(tl.int64) * stride_cb + g * stride_ch + pos * stride_cl + c
         tl.store(kc_ptr + dst, y.to(kc_ptr.dtype.element_ty), mask=mask)
         v = tl.load(v_ptr + b * stride_vb + t * stride_vt + g * stride_vh + c, mask=mask, other=0.0)
         tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor,
                positions: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> torch.Tensor:
-    """Rotate ``q`` ``(B, T, H, D)`` and ``k`` ``(B, T, kvH, D)`` by ``cos``/``sin`` ``(B, T, rotary_dim)``;
-    write the rotated keys and ``v`` ``(B, T, kvH, D)`` into the caches ``(B_max, kvH, L_max, D)`` at
-    ``positions`` ``(B, T)`` (on the device). Any token/head strides, D contiguous. Returns the rotated
-    queries, a contiguous ``(B, T, H, D)`` tensor."""
+    """Rotate ``q`` ``(B, T, H, D)`` and ``k`` ``(B, T, kvH, D)`` at ``positions`` ``(B, T)`` (on the
+    device) by the angles ``position * inv_freq`` (float32 ``(rotary_dim // 2,)``), with cos/sin rounded
+    to ``q``'s dtype as the reference's tables are; write the rotated keys and ``v`` ``(B, T, kvH, D)``
+    into the caches ``(B_max, kvH, L_max, D)`` at those positions. Any token/head strides, D
+    contiguous. Returns the rotated queries, a contiguous ``(B, T, H, D)`` tensor."""
     batch, steps, heads, dim = q.shape
     kv_heads = k.shape[2]
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or key_cache.stride(-1) != 1:
         raise ValueError("rope_store needs the head dim contiguous")
-    rotary_dim = cos.shape[-1]
-    cos, sin = cos.contiguous(), sin.contiguous()
+    rotary_dim = 2 * inv_freq.shape[-1]
+    if inv_freq.dtype != torch.float32 or not inv_freq.is_contiguous() or rotary_dim > dim:
+        raise ValueError(f"rope_store needs contiguous float32 inverse frequencies for at most {dim} channels")
     pos = positions.reshape(-1)
     if not pos.is_contiguous():
         pos = pos.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     with launch_device(q):
         _rope_store_kernel[(batch * steps, heads + kv_heads)](
-            q, k, v, cos, sin, pos, out, key_cache, value_cache, steps, heads, dim, rotary_dim,
+            q, k, v, inv_freq, pos, out, key_cache, value_cache, steps, heads, dim, rotary_dim,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-            BLOCK=triton.next_power_of_2(dim), num_warps=1 if dim <= 256 else 2,
+            BLOCK=triton.next_power_of_2(dim), num_warps=1 if dim <= 256 else 2, **dependent_launch(q),
         )
     return out

@@ -6,11 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, y_ptr, width, stride_x, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, y_ptr, width, stride_x, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    wait_for_predecessor(GDC)
     row = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = c < width
@@ -28,5 +30,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     y = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(width))
     with launch_device(gate_up):
-        _silu_mul_kernel[(x.shape[0], triton.cdiv(width, block))](x, y, width, x.stride(0), BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(x.shape[0], triton.cdiv(width, block))](x, y, width, x.stride(0), BLOCK=block, num_warps=4,
+                                                                **dependent_launch(x))
     return y

@@ -8,6 +8,13 @@ kind and the environment, so a staged run and a single-device run take the same 
 
 ``STAGEWISE_KERNELS=torch`` forces the reference path everywhere (for A/B benchmarks and bisecting).
 Tests on CPU run the kernels through Triton's interpreter (``TRITON_INTERPRET=1``).
+
+Programmatic dependent launch (Hopper and later, a Triton that knows ``launch_pdl``): the decode
+chain's kernels are launched so that the next one may start while its predecessor's last programs
+run. The contract every such kernel keeps (:func:`dependent_launch`): its first statement waits for
+the previous kernel (``gdc_wait``), before any load of data another kernel writes and before any
+store; then it lets its own successor launch. Results are unchanged, only the gaps between
+kernels shrink. ``STAGEWISE_PDL=0`` turns it off (A/B benchmarks).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 from stagewise.errors import ConfigError
 
 ENV = "STAGEWISE_KERNELS"
+PDL_ENV = "STAGEWISE_PDL"
 _on_host = False  # tests: take the Triton path on CPU tensors too (run by Triton's interpreter)
 
 
@@ -71,3 +79,38 @@ def launch_device(t: torch.Tensor) -> Any:
 def int32_index(index: torch.Tensor) -> torch.Tensor:
     """``index`` as a contiguous int32 tensor, without a copy when it already is one (kernels index with int32)."""
     return index if index.dtype == torch.int32 and index.is_contiguous() else index.to(torch.int32).contiguous()
+
+
+@functools.cache
+def _triton_launches_pdl() -> bool:
+    """Whether this Triton's CUDA backend takes the ``launch_pdl`` launch option."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+@functools.cache
+def _device_has_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_enabled() -> bool:
+    """``STAGEWISE_PDL``: ``1`` (default) or ``0``."""
+    value = os.environ.get(PDL_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise ConfigError(f"{PDL_ENV}={value!r}: expected '0' or '1'")
+    return value != "0"
+
+
+def dependent_launch(t: torch.Tensor) -> dict[str, Any]:
+    """Launch options for a kernel that keeps the dependent-launch contract (module note), on ``t``'s
+    device: ``GDC`` (the kernel's constexpr: wait, then release the successor) and ``launch_pdl``
+    where the device, Triton and ``STAGEWISE_PDL`` allow it; ``GDC=False`` otherwise (the interpreter,
+    older GPUs), which launches exactly as before."""
+    if t.device.type != "cuda" or not pdl_enabled() or not _triton_launches_pdl():
+        return {"GDC": False}
+    if not _device_has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device()):
+        return {"GDC": False}
+    return {"GDC": True, "launch_pdl": True}

@@ -16,7 +16,7 @@ from torch import nn
 
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
-from stagewise.models.layers.rotary import inverse_frequencies, rotary_cos_sin
+from stagewise.models.layers.rotary import inverse_frequencies
 from stagewise.models.state import BlockState
 from stagewise.models.step_context import StepContext
 from stagewise.spec.model_config import ModelConfig
@@ -102,9 +102,8 @@ class StageModel(nn.Module):
                 kv_length: int | None = None) -> StepContext:
         if kv_length is None:
             kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
-        rotary = {self.config.rotary_dim: rotary_cos_sin(self.inv_freq, positions, dtype)}
         groups = self.config.num_attention_heads // self.config.num_kv_heads
-        return StepContext.build(positions, start, kv_length, rotary, groups)
+        return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups)
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: Mapping[int, BlockState],
                 start: int | None = None, all_logits: bool = False, kv_length: int | None = None) -> StageOutput:

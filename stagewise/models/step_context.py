@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from stagewise.models.layers.rotary import rotary_cos_sin
+
 
 @dataclass(frozen=True)
 class StepContext:
@@ -18,14 +20,21 @@ class StepContext:
     causal mask repeated for the ``G`` query heads that share a KV head (grouped-query attention
     folds them into G·T query rows, group-major), built on first use, once per step for every
     attention block (a GPU decode step's attention kernel reads the positions instead: no mask).
-    ``rotary`` maps a rotary width to its ``(cos, sin)`` pair, each ``(B, T, width)``.
+    ``inv_freq`` ``(rotary_dim // 2,)`` float32: the rotary frequencies; ``rotary`` the reference
+    path's ``(cos, sin)`` tables ``(B, T, rotary_dim)`` in ``dtype``, also built on first use (the
+    Triton path computes the angles inside its rotary kernel and never builds them).
     """
 
     positions: torch.Tensor
     start: int | None
     kv_length: int
-    rotary: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    inv_freq: torch.Tensor
+    dtype: torch.dtype
     query_groups: int = 1
+
+    @functools.cached_property
+    def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary_cos_sin(self.inv_freq, self.positions, self.dtype)
 
     @functools.cached_property
     def mask(self) -> torch.Tensor:
@@ -44,6 +53,6 @@ class StepContext:
         return int(self.positions.shape[1])
 
     @staticmethod
-    def build(positions: torch.Tensor, start: int | None, kv_length: int,
-              rotary: dict[int, tuple[torch.Tensor, torch.Tensor]], query_groups: int = 1) -> StepContext:
-        return StepContext(positions, start, kv_length, rotary, query_groups)
+    def build(positions: torch.Tensor, start: int | None, kv_length: int, inv_freq: torch.Tensor,
+              dtype: torch.dtype, query_groups: int = 1) -> StepContext:
+        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups)

@@ -27,7 +27,6 @@ class Attention(nn.Module):
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.rotary_dim = config.rotary_dim
         self.output_gate = output_gate
         hidden, bias = config.hidden_size, config.attention_bias
         q_out = self.heads * self.head_dim * (2 if output_gate else 1)  # query (+ gate)
@@ -70,18 +69,18 @@ class Attention(nn.Module):
         v = v_out.reshape(batch, steps, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = ctx.rotary[self.rotary_dim]
         if use_triton(q):
             from stagewise.kernels.decode_attention_triton import decode_attention
             from stagewise.kernels.rope_store_triton import rope_store
 
-            q = rope_store(q, k, v, cos, sin, ctx.positions, cache.key, cache.value)  # (B, T, H, D); cache written
+            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value)  # (B, T, H, D); cache written
             if steps == 1:  # decode: split-K attention over the cache (+ gate), no mask tensor
                 return self.o_proj(decode_attention(q, cache.key, cache.value, ctx.positions, ctx.kv_length,
                                                     gate_heads))
             q = q.transpose(1, 2)  # (B, H, T, D)
         else:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+            cos, sin = ctx.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             cache.write(ctx.positions, k, v, ctx.start)
         keys, values = cache.view(batch, ctx.kv_length)  # (B, kvH, L, D)

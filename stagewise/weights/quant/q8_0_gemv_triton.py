@@ -13,9 +13,28 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.gemv_triton import gemv_tile
-from stagewise.kernels.triton_launch import int32_index, launch_device
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
 
 QBLOCK = 32
+
+
+@triton.jit
+def _q8_0_tile(q_rows, s_rows, k0, offs_k, offs_b, K, n_mask, BLOCK_K: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The int8 values ``(BN, BK)`` and f16 scales ``(BN, BK/32)`` of one K step."""
+    k = k0 + offs_k
+    q = tl.load(q_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0)
+    kb = k0 // 32 + offs_b
+    s = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb[None, :] < K // 32), other=0.0)
+    return q, s
+
+
+@triton.jit
+def _q8_0_dot(q, s, x_row, k, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step's partial dot products ``(BN,)``: each 32-value block summed, then scaled."""
+    x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)  # (BK,)
+    blocks = tl.sum(tl.reshape(q.to(tl.float32) * x[None, :], (BLOCK_N, BLOCK_K // 32, 32)), axis=2)
+    return tl.sum(blocks * s.to(tl.float32), axis=1)
 
 
 @triton.jit
@@ -24,22 +43,25 @@ def _q8_0_gemv_kernel(
     N, K,
     stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_ym,
     x_repeat,
-    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
 ):
+    if GATHER:  # the expert index is the router's output: wait before reading it
+        wait_for_predecessor(GDC)
     m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_b = tl.arange(0, BLOCK_K // 32)
     q_rows = q_ptr + e * stride_qe + offs_n[:, None].to(tl.int64) * stride_qn
     s_rows = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
+    x_row = x_ptr + xm * stride_xm
+    # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
+    q_first, s_first = _q8_0_tile(q_rows, s_rows, 0, offs_k, offs_b, K, n_mask, BLOCK_K)
+    if not GATHER:
+        wait_for_predecessor(GDC)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        x = tl.load(x_ptr + xm * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)  # (BK,)
-        q = tl.load(q_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0)  # (BN, BK) int8
-        blocks = tl.sum(tl.reshape(q.to(tl.float32) * x[None, :], (BLOCK_N, BLOCK_K // 32, 32)), axis=2)
-        kb = k0 // 32 + offs_b
-        s = tl.load(s_rows + kb[None, :], mask=n_mask[:, None] & (kb[None, :] < K // 32), other=0.0)
-        acc += tl.sum(blocks * s.to(tl.float32), axis=1)
+    acc += _q8_0_dot(q_first, s_first, x_row, offs_k, K, BLOCK_N, BLOCK_K)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        q, s = _q8_0_tile(q_rows, s_rows, k0, offs_k, offs_b, K, n_mask, BLOCK_K)
+        acc += _q8_0_dot(q, s, x_row, k0 + offs_k, K, BLOCK_N, BLOCK_K)
     tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -89,6 +111,6 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
             x2, qs, scales, y, e, n, k,
             x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0), x_repeat,
             GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-            num_warps=warps, num_stages=stages,
+            num_warps=warps, num_stages=stages, **dependent_launch(x),
         )
     return y
