@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
+from stagewise.kernels.triton_launch import dependent_launch
 from stagewise.weights.quant.q8_0_gemv_triton import config_for as q8_config_for
 from stagewise.weights.quant.q8_0_gemv_triton import gathered_config_for, q8_0_gemv
 
@@ -117,7 +118,7 @@ def main() -> int:
             "cublas": lambda i, ws=ws, x=x: torch.nn.functional.linear(x, ws[i])}
         for cfg in CANDIDATES:
             fns[str(cfg)] = lambda i, ws=ws, x=x, cfg=cfg: gemv(x, ws[i], config=cfg)
-        rows.append(_sweep(f"dense {label} {n}x{k}", nbytes, fns, ref, copies, str(dense_config_for(n, k) or "cublas")))
+        rows.append(_sweep(f"dense {label} {n}x{k}", nbytes, fns, ref, copies, str(dense_config_for(n, k, dependent_launch(x)["GDC"]) or "cublas")))
         del ws
     for label, (n, k) in Q8.items():
         nbytes = n * k + n * k // 32 * 2

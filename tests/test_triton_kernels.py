@@ -18,7 +18,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
 
 from stagewise.engine.model_loading import load_model
 from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
-from stagewise.kernels.gemv_triton import gemv
+from stagewise.kernels.gemv_triton import TALL_OVERLAPPED_CONFIG, config_for, gemv
 from stagewise.kernels.moe_route_triton import add_gated_shared, combine, route
 from stagewise.kernels.rms_norm_triton import add_rms_norm, rms_norm
 from stagewise.kernels.rope_store_triton import rope_store
@@ -210,10 +210,17 @@ def test_gemv_dense_and_gathered() -> None:
     small = (8, 32, 4, 3)  # interpreter-sized tiles; K = 96 is not a multiple of 64 below
     torch.testing.assert_close(gemv(x, w, config=small), x @ w.T, **TOL)
     torch.testing.assert_close(gemv(x, w, config=(8, 64, 4, 3)), x @ w.T, **TOL)
+    torch.testing.assert_close(gemv(x, w, config=TALL_OVERLAPPED_CONFIG), x @ w.T, **TOL)  # one K step, masked
     stack = torch.randn(5, 40, 96, device=DEVICE)
     index = torch.tensor([3, 1, 4, 0], device=DEVICE)  # token 0 -> experts 3, 1; token 1 -> 4, 0
     want = torch.stack([stack[3] @ x[0], stack[1] @ x[0], stack[4] @ x[1], stack[0] @ x[1]])
     torch.testing.assert_close(gemv(x, stack, index, config=small, x_repeat=2), want, **TOL)
+
+
+def test_gemv_takes_tall_matrices_only_when_launches_overlap() -> None:
+    assert config_for(6144, 4096) is None  # q/k/v: cuBLAS, unless our kernels launch dependently
+    assert config_for(6144, 4096, overlapped=True) == TALL_OVERLAPPED_CONFIG
+    assert config_for(4096, 14336) == config_for(4096, 14336, overlapped=True)  # down: ours either way
 
 
 def test_gemv_residual_epilogue_rounds_like_a_separate_add() -> None:

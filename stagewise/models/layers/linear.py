@@ -54,8 +54,9 @@ class Linear(nn.Module):
             assert self.weight is not None
             if use_triton(x) and self.weight.dtype in _HALF and x.dtype == self.weight.dtype:
                 from stagewise.kernels.gemv_triton import GEMV_MAX_TOKENS, config_for, gemv
+                from stagewise.kernels.triton_launch import dependent_launch
 
-                config = config_for(self.out_features, self.in_features)
+                config = config_for(self.out_features, self.in_features, dependent_launch(x)["GDC"])
                 if config is not None and x.numel() // self.in_features <= GEMV_MAX_TOKENS:  # decode, where ours beats cuBLAS
                     fused = residual is not None and self.bias is None and residual.dtype == x.dtype
                     y = gemv(x, self.weight, config=config, residual=residual if fused else None)
