@@ -69,6 +69,29 @@ def test_text_matches_the_generator(engine: Engine) -> None:
     assert outputs[-1].finish_reason == ("stop" if tokens[-1] in engine.stop_token_ids else "length")
 
 
+def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
+    """The warm-up's synthetic requests run through the generator and leave nothing behind: a request
+    after it gives the tokens a fresh engine gives. Only GPU pipelines are warmed."""
+    from stagewise.engine.warm_up import needs_warm_up
+
+    assert not needs_warm_up(loaded)  # CPU stages: nothing to compile or capture
+    fresh = Engine(loaded, max_waiting=2, prefill_chunk=8)
+    request = _request(fresh)
+    want = [e.sample.token for e in fresh.generator.stream(request.generation())]
+    warmed = Engine(loaded, max_waiting=2, prefill_chunk=8)
+    done = warmed.warm_up(8)
+    assert done.prompt_tokens == (8, 17) and done.generated_tokens == 8 and done.seconds > 0
+    assert [e.sample.token for e in warmed.generator.stream(request.generation())] == want
+    started = warmed.start()
+    try:
+        with pytest.raises(RuntimeError):
+            started.warm_up(8)  # only before the worker runs
+    finally:
+        started.stop()
+    gpu = LoadedModel(**{**loaded.__dict__, "placement_json": {"stages": [{"device": "cpu:0"}, {"device": "cuda:1"}]}})
+    assert needs_warm_up(gpu)
+
+
 def test_stop_string_cuts_the_output(engine: Engine) -> None:
     full = _text(_run(engine, _request(engine)))
     assert len(full) >= 8

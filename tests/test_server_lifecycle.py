@@ -25,6 +25,27 @@ def test_loading_then_draining_is_503() -> None:
         assert http.get("/health").json() == {"status": "draining"}
 
 
+def test_warming_up_is_503_until_ready() -> None:
+    state = ServerState(ServeSettings())
+    with TestClient(guarded_app(state)) as http:
+        assert state.set_warming_up()
+        assert not state.set_warming_up()  # only from loading
+        health = http.get("/health")
+        assert health.status_code == 503 and health.json() == {"status": "warming_up"}
+        response = http.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 503 and "warming_up; retry later" in response.json()["error"]["message"]
+        assert state.begin_draining()
+        assert not state.set_warming_up()
+
+
+def test_no_warmup_flag() -> None:
+    from stagewise.cli.cmd_serve import settings_from_args
+    from stagewise.cli.main import build_parser
+
+    assert settings_from_args(build_parser().parse_args(["serve"])).warm_up
+    assert not settings_from_args(build_parser().parse_args(["serve", "--no-warmup"])).warm_up
+
+
 def test_unknown_route_and_fault_routes_off() -> None:
     state = ServerState(ServeSettings(fault_injection=False))
     with TestClient(guarded_app(state)) as http:

@@ -28,6 +28,9 @@ def register(subparsers: Any) -> None:
                         help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default 30)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="request body size limit (default 4 MiB)")
+    parser.add_argument("--no-warmup", dest="warm_up", action="store_false",
+                        help="report ready right after loading, without the GPU warm-up (the first requests "
+                             "then compile kernels and capture CUDA graphs)")
     parser.set_defaults(func=run)
 
 
@@ -39,7 +42,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
         cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
-        measure_links=args.measure_links,
+        measure_links=args.measure_links, warm_up=args.warm_up,
     )
 
 

@@ -19,6 +19,7 @@ from stagewise.engine.request_output import RequestOutput
 from stagewise.engine.scheduler import Batch, Scheduler
 from stagewise.engine.sequence_output import SequenceOutput
 from stagewise.engine.step_guard import StepGuard
+from stagewise.engine.warm_up import WarmUp, warm_up
 from stagewise.errors import RequestError, StagewiseError, StepCancelled, StepFailed
 
 _POLL_S = 0.05
@@ -49,6 +50,13 @@ class Engine:
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
         self.metrics.observe_memory(model.pipeline)
+
+    def warm_up(self, prefill_chunk: int) -> WarmUp:
+        """Before :meth:`start`: compile kernels and capture graphs with synthetic requests (see
+        :mod:`stagewise.engine.warm_up`); not counted in the metrics."""
+        if self._worker.is_alive():
+            raise RuntimeError("warm up before the engine starts")
+        return warm_up(self.generator, self.model.config.vocab_size, self.model.max_context, prefill_chunk)
 
     # ----- client side -------------------------------------------------------------------------
     def start(self) -> Engine:

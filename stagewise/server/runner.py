@@ -19,6 +19,7 @@ from rich.console import Console
 
 from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_with_progress
+from stagewise.engine.warm_up import needs_warm_up
 from stagewise.server.app import guarded_app
 from stagewise.server.load_display import placement_lines
 from stagewise.server.serve_settings import ServeSettings
@@ -85,8 +86,20 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             context=settings.context, dtype=settings.dtype, prefill_chunk=settings.prefill_chunk,
             reserve=settings.reserve, cuda_graphs=settings.cuda_graphs, workers=settings.workers,
             worker_timeout_s=settings.worker_timeout_s, measure_links=settings.measure_links)
-        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk).start()
     except BaseException as exc:
+        state.set_failed(exc)
+        server.should_exit = True
+        return
+    try:
+        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
+        if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
+            console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
+            done = engine.warm_up(settings.prefill_chunk)
+            console.print(f"stagewise: warmed up in {done.seconds:.1f} s "
+                          f"(prompts of {' and '.join(map(str, done.prompt_tokens))} tokens)")
+        engine.start()
+    except BaseException as exc:
+        model.close()  # the devices are freed before the server exits with the error
         state.set_failed(exc)
         server.should_exit = True
         return

@@ -31,6 +31,7 @@ class ServeSettings:
     workers: str | None = None  # None: stages in this process; "local" or "N@HOST:PORT": worker processes
     worker_timeout_s: float = 30.0
     measure_links: bool = True  # time the links between joined workers before planning
+    warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

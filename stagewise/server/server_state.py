@@ -1,4 +1,4 @@
-"""ServerState: the server's phase (loading → ready → draining) and what it serves once loaded."""
+"""ServerState: the server's phase (loading → warming_up → ready → draining) and what it serves once loaded."""
 
 from __future__ import annotations
 
@@ -23,10 +23,18 @@ class ServerState:
         self.load_error: BaseException | None = None
         self._lock = threading.Lock()
 
+    def set_warming_up(self) -> bool:
+        """``loading`` → ``warming_up`` (still 503); False if draining began meanwhile."""
+        with self._lock:
+            if self.phase != "loading":
+                return False
+            self.phase = "warming_up"
+            return True
+
     def set_ready(self, model: LoadedModel, engine: Engine) -> bool:
         """Publish the loaded model; False (and nothing published) if draining began meanwhile."""
         with self._lock:
-            if self.phase != "loading":
+            if self.phase not in ("loading", "warming_up"):
                 return False
             self.model, self.engine, self.phase = model, engine, "ready"
             self.metrics.loaded.set(1)
@@ -51,5 +59,5 @@ class ServerState:
             if self.phase == "ready" and self.engine is not None and self.model is not None:
                 return self.engine, self.model
             phase = self.phase
-        raise EngineClosed(f"the server is {phase}; retry later" if phase == "loading"
+        raise EngineClosed(f"the server is {phase}; retry later" if phase in ("loading", "warming_up")
                            else f"the server is {phase} and accepts no new requests")
