@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/performance.md, in one pass on nvidia-h200-x2 (~5 minutes).
+# The GPU measurements of docs/performance.md, in one pass on nvidia-h200-x2 (~6 minutes).
 # Usage (repository root, PYTHONPATH=. or installed): bash bench/h200_suite.sh OUTDIR
 # (SWEEP=1 adds the in-graph GEMV sweep, ~3 minutes more)
 # (docs/qualification.md's run: python3 bench/qualify_rfc.py --gguf Q36.gguf, separately)
@@ -21,11 +21,14 @@ stamp qwen3-30b; Z="$B random:qwen3-30b-a3b@q8_0 --gen 128 --repeats 3 --json"
 timeout 90 $Z --devices cuda:0 --placement single --prompt 512 > "$OUT/bench_qwen3_30b_q8_1gpu_p512.json"
 timeout 90 $Z --devices cuda:0,cuda:1 --placement pipeline:2 --prompt 512 > "$OUT/bench_qwen3_30b_q8_2gpu_p512.json"
 timeout 90 $Z --devices cuda:0 --placement single --prompt 2048 --prefill-chunk 2048 > "$OUT/bench_qwen3_30b_q8_1gpu.json"
+stamp dependent launch off and on; A="$L --devices cuda:0 --placement single --prompt 512 --gen 128 --repeats 3"
+for p in 0 1; do STAGEWISE_PDL=$p timeout 80 $A > "$OUT/ab_llama8b_1gpu_pdl$p.json"; done
+for p in 0 1; do STAGEWISE_PDL=$p timeout 90 $Z --devices cuda:0 --placement single --prompt 512 > "$OUT/ab_qwen3_30b_q8_1gpu_pdl$p.json"; done
 P="python3 bench/profile_decode.py random:llama-3.1-8b --context 648"  # the decode benches' context
 stamp profiles; timeout 80 $P --devices cuda:0 --placement single --out "$OUT/profile_decode_llama8b_1gpu.json" | tail -12
 timeout 80 $P --devices cuda:0,cuda:1 --placement pipeline:2 --out "$OUT/profile_decode_llama8b_2gpu.json" | tail -12
 if [ "${SWEEP:-0}" = 1 ]; then stamp gemv graph sweep; timeout 200 python3 bench/gemv_graph.py --out "$OUT/gemv_graph_h200.json" | tail -22; fi
 stamp done
-for f in "$OUT"/bench_*.json; do
+for f in "$OUT"/bench_*.json "$OUT"/ab_*.json; do
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); s=r['stagewise']; print(sys.argv[1].split('/')[-1], {k: s.get(k) for k in ('prefill_tokens_per_s','decode_tokens_per_s','handoff_device_s_per_token','roofline_fraction')}, s['tokens_head'][:4], r.get('ratio_vs_transformers'))" "$f" || tail -c 800 "$f"
 done
