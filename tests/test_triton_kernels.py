@@ -100,7 +100,7 @@ def test_rope_store_angles_round_like_the_reference_tables() -> None:
     ones = torch.cat((torch.ones(dim // 2), torch.zeros(dim // 2))).to(HALF).to(DEVICE).expand(1, 4, heads, dim)
     tables = rope_store(ones, k, v, inv_freq, positions, keys, values)[0, :, 0]  # (T, D)
     want = torch.cat((cos[0, :, : dim // 2], sin[0, :, : dim // 2]), dim=-1)
-    if DEVICE == "cuda":  # the same libdevice functions as torch's kernels: bit-identical
+    if DEVICE == "cuda":  # the same values as torch's CUDA tables: bit-identical
         assert torch.equal(tables, want)
     else:  # numpy's cos in the interpreter against torch's: within one rounding of the half dtype
         torch.testing.assert_close(tables, want, atol=1e-3, rtol=1e-3)

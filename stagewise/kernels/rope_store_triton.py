@@ -4,11 +4,11 @@ seven launches, two rotations of five operations each, and two cache copies).
 
 ``y = x * cos + rotate_half(x) * sin`` over the first ``rotary_dim`` channels of every head, the
 rest copied through. The angles are computed in the kernel as the reference computes its tables:
-``float32(position) * inv_freq`` in float32, then ``cos``/``sin`` (on CUDA libdevice's ``__nv_cosf``
-and ``__nv_sinf``, as torch's kernels call them: the tables come out bit-identical, which the tests
-check), rounded to the activation dtype; the rotation itself is float32 with one rounding. Reads q, k and v as ``(B, T, H, D)`` with arbitrary token/head strides (straight out of a
-fused q/k/v projection); writes the rotated queries as a contiguous ``(B, T, H, D)`` tensor, the
-rotated keys and the values into the cache at each token's position.
+``float32(position) * inv_freq`` in float32, then ``cos``/``sin`` (on CUDA the same values as torch's
+tables, bit for bit, which the kernel tests check), rounded to the activation dtype; the rotation
+itself is float32 with one rounding. Reads q, k and v as ``(B, T, H, D)`` with arbitrary token/head
+strides (straight out of a fused q/k/v projection); writes the rotated queries as a contiguous
+``(B, T, H, D)`` tensor, the rotated keys and the values into the cache at each token's position.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ Tests on CPU run the kernels through Triton's interpreter (``TRITON_INTERPRET=1`
 
 Programmatic dependent launch (Hopper and later, a Triton that knows ``launch_pdl``): the decode
 chain's kernels are launched so that the next one may start while its predecessor's last programs
-run. The contract every such kernel keeps (:func:`dependent_launch`): its first statement waits for
-the previous kernel (``gdc_wait``), before any load of data another kernel writes and before any
-store; then it lets its own successor launch. Results are unchanged, only the gaps between
-kernels shrink. ``STAGEWISE_PDL=0`` turns it off (A/B benchmarks).
+run. The contract every such kernel keeps (:func:`dependent_launch`): it waits for the previous
+kernel (``grid_dependency.wait_for_predecessor``) before any load of data another kernel writes and
+before any store (only weights, which nothing writes, may be read before), and it waits in every
+program, so the wait is transitive along the stream; then it lets its own successor launch.
+Results are unchanged, only the gaps between kernels shrink. ``STAGEWISE_PDL=0`` turns it off.
 """
 
 from __future__ import annotations
