@@ -8,7 +8,8 @@ import random
 from stagewise.hardware.device_info import DeviceInfo
 from stagewise.hardware.link import Link
 from stagewise.hardware.topology import Topology
-from stagewise.placement.cost_model import handoff_ps, objective_key, stage_decode_ps
+from stagewise.placement.certify import pipelined_prefill_s_per_token
+from stagewise.placement.cost_model import chunk_read_bytes, handoff_ps, objective_key, stage_decode_ps
 from stagewise.placement.cut_search import use_ppm
 from stagewise.spec.block_spec import BlockSpec, EndSpec
 from stagewise.spec.charge import stage_charge
@@ -108,3 +109,22 @@ def planned_key(cert, spec: ModelSpec, topo: Topology, profile: Profile, objecti
     key = evaluate(spec, topo, profile, objective, order, bounds)
     assert key is not None
     return len(order), key
+
+
+def test_prefill_chunk_reads_the_experts_its_tokens_route_to() -> None:
+    dense = BlockSpec(index=0, mixer="attention", moe=False, weight_bytes=1000, read_bytes_per_token=1000,
+                      flops_per_token=1)
+    assert chunk_read_bytes(dense, 512) == 1000
+    # 100 bytes shared + 8 experts x 100 bytes, top-2: a token reads 300, a long chunk all 900
+    moe = BlockSpec(index=0, mixer="attention", moe=True, weight_bytes=900, read_bytes_per_token=300,
+                    flops_per_token=1, routed_experts=8, experts_per_token=2)
+    assert chunk_read_bytes(moe, 1) == 300  # one token: its own two experts
+    assert abs(chunk_read_bytes(moe, 2) - (100 + 8 * (1 - 0.75**2) * 100)) < 1e-9
+    assert abs(chunk_read_bytes(moe, 512) - 900) < 1e-6
+
+
+def test_prefill_chunks_flow_through_the_stages() -> None:
+    assert pipelined_prefill_s_per_token([1.0], 0.0, chunks=4) == 1.0
+    assert pipelined_prefill_s_per_token([1.0, 1.0], 0.0, chunks=1) == 2.0  # one chunk crosses both stages
+    # four chunks through stages of 1 and 3 s per token: the first takes 4, each other 3 more
+    assert pipelined_prefill_s_per_token([1.0, 3.0], 0.0, chunks=4) == (4.0 + 3 * 3.0) / 4

@@ -62,12 +62,12 @@ def gpu_datasheet(name: str) -> tuple[float, float]:
 
 
 # Fixed time per kernel of a decode step, on top of the bytes it moves at the datasheet bandwidth,
-# fitted on an H200 with CUDA-graph decode and the fused kernels (bench/results, build C/D):
-# Llama-3.1-8B 5.05 ms = 3.13 ms of reads + 432 kernels x 4.4 us; Qwen3.6-35B-A3B Q8_0 3.8 ms =
-# 0.67 ms + 920 x 3.4 us; Qwen3-30B-A3B Q8_0 5.14 ms = 0.68 ms + 880 x 5.1 us. The term also absorbs
-# GEMVs running below the bandwidth. CPU: eager ops.
+# fitted on an H200 with CUDA-graph decode, the fused kernels and dependent launch (bench/results,
+# build J): Llama-3.1-8B 4.16 ms = 3.13 ms of reads + 325 kernels x 3.2 us; Qwen3-30B-A3B Q8_0
+# 2.43 ms = 0.68 ms + 725 x 2.4 us; Qwen3.6-35B-A3B Q8_0 2.43 ms = 0.67 ms + 745 x 2.4 us (build D:
+# 3.4-5.1 us). The term also absorbs GEMVs running below the bandwidth. CPU: eager ops.
 KERNEL_OVERHEAD_S = {"cpu": 5.0e-6}
-GPU_KERNEL_OVERHEAD_S = 4.0e-6
+GPU_KERNEL_OVERHEAD_S = 2.6e-6
 
 
 def kernel_overhead_s(kind: str) -> float:

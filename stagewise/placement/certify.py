@@ -15,12 +15,21 @@ from stagewise.placement.stage_placement import StagePlacement
 from stagewise.spec.charge import stage_charge
 
 
+def pipelined_prefill_s_per_token(stage_s: list[float], handoff_s: float, chunks: int) -> float:
+    """Seconds per prompt token when a prompt of ``chunks`` chunks flows through the stages: the first
+    chunk crosses every stage, each further one leaves the slowest stage one chunk-time later."""
+    if chunks <= 1 or len(stage_s) == 1:
+        return sum(stage_s) + handoff_s
+    return (sum(stage_s) + handoff_s + (chunks - 1) * max(stage_s)) / chunks
+
+
 def certify(searcher: Searcher, found: Found, objective: str, reasons: tuple[str, ...]) -> CertifiedPlacement:
     spec, profile, topology = searcher.spec, searcher.profile, searcher.topology
     bounds = [0, *found.cuts, spec.num_blocks]
     k = len(found.order)
     stages = []
-    stage_ps, prefill_s = [], 0.0
+    stage_ps: list[int] = []
+    prefill_stage_s: list[float] = []
     for j, device_id in enumerate(found.order):
         sp = StagePlacement(device_id, bounds[j], bounds[j + 1], entry=j == 0, exit=j == k - 1)
         charge = stage_charge(spec, profile, sp.start, sp.end, sp.entry, sp.exit)
@@ -29,7 +38,7 @@ def certify(searcher: Searcher, found: Found, objective: str, reasons: tuple[str
             raise PlacementError(f"internal: stage {j} on {device_id} over budget after search")
         stages.append(CertifiedStage(sp, charge, device.budget_bytes, device.torch_device))
         stage_ps.append(searcher.costs[device_id].cost(sp.start, sp.end, sp.entry, sp.exit))
-        prefill_s += stage_prefill_s_per_token(spec, profile, device, sp.start, sp.end, sp.exit)
+        prefill_stage_s.append(stage_prefill_s_per_token(spec, profile, device, sp.start, sp.end, sp.exit))
     hand_ps = list(found.handoffs_ps)
     decode_s = (sum(stage_ps) + sum(hand_ps)) / PS_PER_S
     slowest_s = max(s + h for s, h in zip(stage_ps, hand_ps, strict=True)) / PS_PER_S
@@ -37,7 +46,8 @@ def certify(searcher: Searcher, found: Found, objective: str, reasons: tuple[str
     for a, b in pairwise(found.order):
         link = topology.link(a, b)
         prefill_hand_s += link.transfer_s(profile.chunk_tokens * spec.handoff_bytes_per_token(profile))
-    prefill_s += prefill_hand_s / profile.chunk_tokens / profile.batch
+    prefill_s = pipelined_prefill_s_per_token(prefill_stage_s, prefill_hand_s / profile.chunk_tokens / profile.batch,
+                                              chunks=-(-profile.context_tokens // profile.chunk_tokens))
     predicted = Prediction(
         decode_roofline_tokens_per_s=profile.batch / decode_s,
         prefill_roofline_tokens_per_s=1.0 / prefill_s,

@@ -5,9 +5,11 @@ context (bytes / memory bandwidth), does its FLOPs (/ matmul rate) and launches 
 (count x the device's per-kernel time, measured); a handoff moves one
 hidden state (latency + bytes / bandwidth). Stage cost is a sum of per-block costs, each
 rounded to integer picoseconds, so the planner's sums are exact and ties are real ties.
-Prefill, per token: weights are read once per chunk, FLOPs include attention over half the
-context on average; a chunk also takes at least its operation count x the host's time per
-operation (prefill is issued eagerly; MoE blocks issue a few operations per expert used).
+Prefill, per token and block: the slower of reading its weights once per chunk (an MoE block: the
+experts a chunk's tokens route to, all of them for long chunks) and its FLOPs (attention over half
+the context on average) at the share of the matmul rate its GEMMs reach, plus a Gated DeltaNet
+block's chunked scan; on a CPU a chunk also takes at least its operation count x the host's time
+per operation (issued eagerly). The shares and the scan's time are fitted on an H200 (build J).
 """
 
 from __future__ import annotations
@@ -22,7 +24,18 @@ from stagewise.spec.profile import Profile
 from stagewise.spec.state_bytes import kv_cache_bytes
 
 PS_PER_S = 10**12
-PREFILL_DEVICE_EFFICIENCY = 0.65  # share of matmul peak prefill GEMMs reach (measured ~0.6-0.7 on an H200)
+# Prefill, fitted on an H200 (bench/results, build J) against its measured rates (790 TFLOP/s bf16,
+# 4.21 TB/s: ../shared/reference/topologies/2xh200-nvlink.json, `stagewise devices --measure`):
+PREFILL_DENSE_EFFICIENCY = 0.71  # Llama-3.1-8B, 2,048 tokens in one chunk: 38.5k tok/s
+PREFILL_MOE_EFFICIENCY = 0.23  # grouped expert GEMMs, Q8_0: Qwen3-30B-A3B, one 2,048-token chunk: 28.2k tok/s
+# ... at 128 tokens per expert (2,048 x 8 / 128); fewer tokens per expert make smaller GEMMs: the share
+# falls as (tokens / 128) ** 0.34 (Qwen3-30B-A3B, one 512-token chunk: 19.6k tok/s, 32 per expert)
+MOE_FULL_TOKENS_PER_EXPERT = 128
+MOE_EFFICIENCY_EXPONENT = 0.34
+# a Gated DeltaNet block's chunked scan and gating per prompt token, scaled by matmul rate
+# (Qwen3.6-35B-A3B Q8_0 on one H200, 512-token chunks: 7.8k tok/s)
+LINEAR_ATTENTION_PREFILL_S = 2.4e-6
+LINEAR_ATTENTION_REFERENCE_FLOPS_PER_S = 790e12
 OBJECTIVES = ("latency", "throughput")
 
 
@@ -67,17 +80,42 @@ def stage_decode_ps(
     return total
 
 
+def chunk_read_bytes(block: BlockSpec, chunk_tokens: int) -> float:
+    """Weight bytes a prefill chunk of ``chunk_tokens`` reads for ``block``: all of a dense block; for
+    an MoE block the shared part and the experts its tokens route to (expected number under uniform
+    routing: ``E * (1 - (1 - k/E) ** tokens)``)."""
+    experts, k = block.routed_experts, block.experts_per_token
+    if experts <= k or k <= 0:
+        return float(block.read_bytes_per_token)
+    expert_bytes = (block.weight_bytes - block.read_bytes_per_token) / (experts - k)
+    shared = block.read_bytes_per_token - k * expert_bytes
+    touched = experts * (1.0 - (1.0 - k / experts) ** chunk_tokens)
+    return shared + touched * expert_bytes
+
+
+def block_prefill_s_per_token(block: BlockSpec, profile: Profile, device: DeviceInfo) -> float:
+    """Device seconds per prompt token of one block during prefill (module note)."""
+    read_s = chunk_read_bytes(block, profile.chunk_tokens) / profile.chunk_tokens / device.memory_bandwidth_bytes_per_s
+    flops = block.flops_per_token + block.attention_flops_per_position * profile.context_tokens / 2
+    share = PREFILL_DENSE_EFFICIENCY
+    if block.routed_experts > 0:
+        per_expert = profile.chunk_tokens * max(block.experts_per_token, 1) / block.routed_experts
+        share = PREFILL_MOE_EFFICIENCY * min(1.0, per_expert / MOE_FULL_TOKENS_PER_EXPERT) ** MOE_EFFICIENCY_EXPONENT
+    seconds = max(read_s, flops / (device.matmul_flops_per_s * share))
+    if block.mixer == "linear_attention":
+        seconds += LINEAR_ATTENTION_PREFILL_S * LINEAR_ATTENTION_REFERENCE_FLOPS_PER_S / device.matmul_flops_per_s
+    return seconds
+
+
 def stage_prefill_s_per_token(
     spec: ModelSpec, profile: Profile, device: DeviceInfo, start: int, end: int, exit: bool
 ) -> float:
     """Seconds per prompt token of a stage during prefill (weights read once per chunk)."""
     blocks = spec.blocks[start:end]
-    read = sum(b.read_bytes_per_token for b in blocks) + (spec.exit.read_bytes_per_token if exit else 0)
-    mean_context = profile.context_tokens / 2
-    flops = sum(b.flops_per_token + b.attention_flops_per_position * mean_context for b in blocks)
-    flops += spec.exit.flops_per_token / profile.chunk_tokens if exit else 0  # logits of the last token only
-    device_s = (read / profile.chunk_tokens / device.memory_bandwidth_bytes_per_s
-                + flops / device.matmul_flops_per_s) / PREFILL_DEVICE_EFFICIENCY
+    device_s = sum(block_prefill_s_per_token(b, profile, device) for b in blocks)
+    if exit:  # the LM head is read once per chunk for the logits of the last token only
+        device_s += (spec.exit.read_bytes_per_token / device.memory_bandwidth_bytes_per_s
+                     + spec.exit.flops_per_token / device.matmul_flops_per_s) / profile.chunk_tokens
     if device.kind != "cpu":
         return device_s  # a GPU stage replays a full chunk as one CUDA graph: the host issues nothing per op
     # eagerly, the host issues a chunk's operations one by one; the device cannot run ahead of that
