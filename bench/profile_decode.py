@@ -38,6 +38,21 @@ def _short(name: str) -> str:
     return name[:70]
 
 
+def _idle_gaps(events: list[dict[str, object]]) -> list[tuple[float, str, str]]:
+    """The stretches in which none of ``events`` runs, between the first start and the last end:
+    (microseconds, the record that ended last before, the record after), in time order."""
+    gaps: list[tuple[float, str, str]] = []
+    reach, last_name = None, ""
+    for e in sorted(events, key=lambda e: float(e["ts"])):  # type: ignore[arg-type]
+        ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])  # type: ignore[arg-type]
+        name = f"{_short(str(e['name']))[:40]}@{e['args'].get('device', -1)}"  # type: ignore[union-attr]
+        if reach is not None and ts > reach:
+            gaps.append((ts - reach, last_name, name))
+        if reach is None or end > reach:
+            reach, last_name = end, name
+    return gaps
+
+
 def device_timeline(trace: dict[str, object], tokens: int) -> dict[str, object]:
     events = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"  # type: ignore[union-attr]
               and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
@@ -51,16 +66,7 @@ def device_timeline(trace: dict[str, object], tokens: int) -> dict[str, object]:
     out["span_us_per_token"] = span_us / tokens
     # time no GPU works (the token's chain waiting on launches, copies and cross-device events), with
     # the records on either side of the largest such gaps
-    ordered = sorted(events, key=lambda e: float(e["ts"]))  # type: ignore[arg-type]
-    idle: list[tuple[float, str, str]] = []
-    reach, last_name = None, ""
-    for e in ordered:
-        ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])  # type: ignore[arg-type]
-        name = f"{_short(str(e['name']))[:40]}@{e['args'].get('device', -1)}"  # type: ignore[union-attr]
-        if reach is not None and ts > reach:
-            idle.append((ts - reach, last_name, name))
-        if reach is None or end > reach:
-            reach, last_name = end, name
+    idle = _idle_gaps(events)
     out["all_idle_us_per_token"] = sum(g for g, _, _ in idle) / tokens
     pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for g, before, after in idle:
@@ -69,15 +75,8 @@ def device_timeline(trace: dict[str, object], tokens: int) -> dict[str, object]:
                                      for (b, a), v in sorted(pairs.items(), key=lambda kv: -sum(kv[1]))[:12]]
     for dev, evs in sorted(by_dev.items()):
         evs.sort(key=lambda e: float(e["ts"]))  # type: ignore[arg-type]
-        busy = 0.0
-        gaps: list[float] = []
-        last_end = None
-        for e in evs:
-            ts, dur = float(e["ts"]), float(e["dur"])  # type: ignore[arg-type]
-            if last_end is not None and ts > last_end:
-                gaps.append(ts - last_end)
-            busy += dur
-            last_end = max(last_end or 0.0, ts + dur)
+        busy = sum(float(e["dur"]) for e in evs)  # type: ignore[arg-type]  # kernels that overlap count twice
+        gaps = [g for g, _, _ in _idle_gaps(evs)]
         groups: dict[str, list[float]] = collections.defaultdict(list)
         for e in evs:
             groups[_short(str(e["name"]))].append(float(e["dur"]))  # type: ignore[arg-type]

@@ -79,13 +79,13 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     request = _request(fresh)
     want = [e.sample.token for e in fresh.generator.stream(request.generation())]
     warmed = Engine(loaded, max_waiting=2, prefill_chunk=8)
-    done = warmed.warm_up(8)
+    done = warmed.warm_up()
     assert done.prompt_tokens == (8, 17) and done.generated_tokens == 8 and done.seconds > 0
     assert [e.sample.token for e in warmed.generator.stream(request.generation())] == want
     started = warmed.start()
     try:
         with pytest.raises(RuntimeError):
-            started.warm_up(8)  # only before the worker runs
+            started.warm_up()  # only before the worker runs
     finally:
         started.stop()
     gpu = LoadedModel(**{**loaded.__dict__, "placement_json": {"stages": [{"device": "cpu:0"}, {"device": "cuda:1"}]}})

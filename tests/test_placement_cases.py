@@ -8,8 +8,13 @@ import random
 from stagewise.hardware.device_info import DeviceInfo
 from stagewise.hardware.link import Link
 from stagewise.hardware.topology import Topology
-from stagewise.placement.certify import pipelined_prefill_s_per_token
-from stagewise.placement.cost_model import chunk_read_bytes, handoff_ps, objective_key, stage_decode_ps
+from stagewise.placement.cost_model import (
+    chunk_read_bytes,
+    handoff_ps,
+    objective_key,
+    pipelined_prefill_s_per_token,
+    stage_decode_ps,
+)
 from stagewise.placement.cut_search import use_ppm
 from stagewise.spec.block_spec import BlockSpec, EndSpec
 from stagewise.spec.charge import stage_charge

@@ -51,12 +51,12 @@ class Engine:
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
         self.metrics.observe_memory(model.pipeline)
 
-    def warm_up(self, prefill_chunk: int) -> WarmUp:
+    def warm_up(self) -> WarmUp:
         """Before :meth:`start`: compile kernels and capture graphs with synthetic requests (see
         :mod:`stagewise.engine.warm_up`); not counted in the metrics."""
         if self._worker.is_alive():
             raise RuntimeError("warm up before the engine starts")
-        return warm_up(self.generator, self.model.config.vocab_size, self.model.max_context, prefill_chunk)
+        return warm_up(self.generator, self.model.config.vocab_size)
 
     # ----- client side -------------------------------------------------------------------------
     def start(self) -> Engine:

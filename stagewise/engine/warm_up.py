@@ -35,20 +35,20 @@ def needs_warm_up(model: LoadedModel) -> bool:
     return any(str(stage.get("device", "")).split(":")[0] == "cuda" for stage in stages)
 
 
-def warm_up(generator: Generator, vocab_size: int, max_context: int, prefill_chunk: int) -> WarmUp:
+def warm_up(generator: Generator, vocab_size: int) -> WarmUp:
     """Run two greedy requests through ``generator`` and discard their tokens: a short prompt, then one
-    of two full prefill chunks and a partial one (the chunk graphs at two attended lengths, the
+    of two of its full prefill chunks and a partial one (the chunk graphs at two attended lengths, the
     eager tail, decode at the longer length). The next request resets the sequence slot, as after
     any request."""
     t0 = time.perf_counter()
     lengths = []
     generated = 0
-    for wanted in (SHORT_PROMPT_TOKENS, 2 * prefill_chunk + 1):
+    max_context = generator.max_context
+    for wanted in (SHORT_PROMPT_TOKENS, 2 * generator.prefill_chunk + 1):
         length = max(1, min(wanted, max_context - NEW_TOKENS))
         new_tokens = max(1, min(NEW_TOKENS, max_context - length))
         prompt = tuple(i % vocab_size for i in range(1, length + 1))
         request = GenerationRequest(prompt, new_tokens, SamplingParams(temperature=0.0))
-        generator.check(request)
         generated += sum(1 for _ in generator.stream(request))
         lengths.append(length)
     return WarmUp(tuple(lengths), generated, time.perf_counter() - t0)

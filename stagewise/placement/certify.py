@@ -8,19 +8,11 @@ from itertools import pairwise
 from stagewise.errors import PlacementError
 from stagewise.hardware.sizes import format_bytes
 from stagewise.placement.certified_placement import CertifiedPlacement, CertifiedStage, fingerprint
-from stagewise.placement.cost_model import PS_PER_S, stage_prefill_s_per_token
+from stagewise.placement.cost_model import PS_PER_S, pipelined_prefill_s_per_token, stage_prefill_s_per_token
 from stagewise.placement.prediction import Prediction
 from stagewise.placement.search import Found, Searcher
 from stagewise.placement.stage_placement import StagePlacement
 from stagewise.spec.charge import stage_charge
-
-
-def pipelined_prefill_s_per_token(stage_s: list[float], handoff_s: float, chunks: int) -> float:
-    """Seconds per prompt token when a prompt of ``chunks`` chunks flows through the stages: the first
-    chunk crosses every stage, each further one leaves the slowest stage one chunk-time later."""
-    if chunks <= 1 or len(stage_s) == 1:
-        return sum(stage_s) + handoff_s
-    return (sum(stage_s) + handoff_s + (chunks - 1) * max(stage_s)) / chunks
 
 
 def certify(searcher: Searcher, found: Found, objective: str, reasons: tuple[str, ...]) -> CertifiedPlacement:

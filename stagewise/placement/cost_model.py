@@ -125,6 +125,14 @@ def stage_prefill_s_per_token(
     return max(device_s, host_s)
 
 
+def pipelined_prefill_s_per_token(stage_s: list[float], handoff_s: float, chunks: int) -> float:
+    """Seconds per prompt token when a prompt of ``chunks`` chunks flows through the stages: the first
+    chunk crosses every stage, each further one leaves the slowest stage one chunk-time later."""
+    if chunks <= 1 or len(stage_s) == 1:
+        return sum(stage_s) + handoff_s
+    return (sum(stage_s) + handoff_s + (chunks - 1) * max(stage_s)) / chunks
+
+
 def objective_key(
     objective: str, stage_ps: list[int], handoff_out_ps: list[int], use_ppm: list[int]
 ) -> tuple[int, int]:

@@ -94,7 +94,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
-            done = engine.warm_up(settings.prefill_chunk)
+            done = engine.warm_up()
             console.print(f"stagewise: warmed up in {done.seconds:.1f} s "
                           f"(prompts of {' and '.join(map(str, done.prompt_tokens))} tokens)")
         engine.start()

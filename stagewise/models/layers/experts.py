@@ -68,14 +68,13 @@ class Experts(nn.Module):
         Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``, plus ``residual``
         ``(N, H)`` when given (added by the decode path's last launch, else by a separate add).
         """
-        if top_index.numel() <= GATHER_MAX_SLOTS and use_triton(x):
+        if top_index.numel() <= GATHER_MAX_SLOTS:
             return self._gathered(x, top_index, top_weight, residual)
         out = self._routed(x, top_index, top_weight)
         return out if residual is None else out + residual
 
     def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
-        if top_index.numel() <= GATHER_MAX_SLOTS:
-            return self._gathered(x, top_index, top_weight)
+        """Prefill path: each expert's tokens together (the grouped GEMM, or a loop over the used experts)."""
         if use_triton(x):
             gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
             if gate_up is not None and down is not None:
@@ -110,7 +109,7 @@ class Experts(nn.Module):
     def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                   residual: torch.Tensor | None = None) -> torch.Tensor:
         """Decode path: gather the routed experts' weights (only those are read); no host sync.
-        ``residual``: Triton path only, added by the combine."""
+        ``residual`` is added by the combine kernel on the Triton path, by a separate add otherwise."""
         tokens, k = top_index.shape
         index = top_index.reshape(-1)  # (N*K,)
         if use_triton(x):  # 4 launches: the token rows are read in place, K slots each
@@ -119,11 +118,11 @@ class Experts(nn.Module):
 
             act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k))  # (N*K, I)
             return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype, residual)  # (N, H)
-        assert residual is None
         xs = x.repeat_interleave(k, dim=0)  # (N*K, H)
         gate, up = self._gather_matmul("gate_up_proj", index, xs, 1).chunk(2, dim=-1)  # (N*K, I) each
         y = self._gather_matmul("down_proj", index, nn.functional.silu(gate) * up, 1)  # (N*K, H)
-        return (y.view(tokens, k, -1) * top_weight[..., None]).sum(dim=1).to(x.dtype)  # (N, H)
+        out = (y.view(tokens, k, -1) * top_weight[..., None]).sum(dim=1).to(x.dtype)  # (N, H)
+        return out if residual is None else out + residual
 
     def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor, x_repeat: int) -> torch.Tensor:
         """Slot ``m``: expert ``index[m]`` of weight ``name`` times row ``m // x_repeat`` of ``xs``."""
