@@ -25,7 +25,7 @@ GREEDY = SamplingParams(temperature=0.0)
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     path = make_model_dir(tmp_path_factory.mktemp("engine-model"))
     devices = "cpu:2x2GiB" if request.param != "single" else None
-    model = load_model(str(path), devices, request.param, 256)
+    model = load_model(str(path), devices, request.param, 256, max_seqs=4)
     yield model
     model.close()
 
@@ -70,7 +70,7 @@ def test_text_matches_the_generator(engine: Engine) -> None:
 
 
 def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
-    """The warm-up's synthetic requests run through the generator and leave nothing behind: a request
+    """The warm-up's synthetic requests run through the batcher and leave nothing behind: a request
     after it gives the tokens a fresh engine gives. Only GPU pipelines are warmed."""
     from stagewise.engine.warm_up import needs_warm_up
 
@@ -80,7 +80,7 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     want = [e.sample.token for e in fresh.generator.stream(request.generation())]
     warmed = Engine(loaded, max_waiting=2, prefill_chunk=8)
     done = warmed.warm_up()
-    assert done.prompt_tokens == (8, 17) and done.generated_tokens == 8 and done.seconds > 0
+    assert done.prompt_tokens == (8, 17, 8, 9, 10, 11) and done.generated_tokens == 6 * 4 and done.seconds > 0
     assert [e.sample.token for e in warmed.generator.stream(request.generation())] == want
     started = warmed.start()
     try:

@@ -23,6 +23,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--api-key", default=None,
                         help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV} if set)")
+    parser.add_argument("--max-seqs", default="auto", type=_max_seqs, metavar="N|auto",
+                        help="sequences decoded together (continuous batching), each with --context positions of "
+                             "state on every stage; auto (default): the most of 8, 4, 2, 1 that fit on as many "
+                             "devices as one sequence needs")
     parser.add_argument("--queue", type=int, default=16, help="max waiting requests before 429 (default 16)")
     parser.add_argument("--grace-s", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default 30)")
@@ -42,8 +46,17 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
         cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
-        measure_links=args.measure_links, warm_up=args.warm_up,
+        measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs,
     )
+
+
+def _max_seqs(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {value!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:

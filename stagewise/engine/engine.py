@@ -1,8 +1,10 @@
 """Engine: admits requests, runs them on the pipeline from one worker thread, reports outputs.
 
-Loop: ``schedule() → execute() → update()``. ``execute`` runs one request through the
-:class:`Generator`, detokenizes incrementally, matches stop strings and delivers
-:class:`RequestOutput` s to the request's handle. A failed step fails only its request.
+Loop: ``schedule() → execute() → update()``. ``schedule`` admits waiting requests while sequence
+slots are free; ``execute`` is one :class:`Batcher` iteration (a decode step for every running
+sequence, a prefill chunk of a new one); token events are detokenized incrementally, stop strings
+matched and :class:`RequestOutput` s delivered to each request's handle; ``update`` frees the slots
+of finished requests. A failed step fails only the requests it carried.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
-from stagewise.engine.generator import Generator
+from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.generator import Generator, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.metrics import EngineMetrics
 from stagewise.engine.request import EngineRequest
@@ -33,17 +36,22 @@ class Engine:
         max_waiting: queue bound; :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: prompt tokens per prefill step.
+        micro_batches: decode groups in flight (default: one per stage).
+
+    The engine runs as many sequences at once as the pipeline has sequence slots
+    (``model.max_seqs``); more requests wait in the queue.
     """
 
     def __init__(self, model: LoadedModel, max_waiting: int = 16, metrics: EngineMetrics | None = None,
-                 prefill_chunk: int = 512) -> None:
+                 prefill_chunk: int = 512, micro_batches: int | None = None) -> None:
         if model.tokenizer is None:
             raise RequestError(f"model {model.name} has no tokenizer; the engine needs one to serve text")
         self.model = model
         self.tokenizer = model.tokenizer
         self.metrics = metrics or EngineMetrics()
-        self.scheduler = Scheduler(max_waiting)
-        self.generator = Generator(model.pipeline, model.max_context, prefill_chunk)
+        self.batcher = Batcher(model.pipeline, model.max_context, prefill_chunk, micro_batches)
+        self.scheduler = Scheduler(max_waiting, max_running=self.batcher.slots)
+        self.generator = Generator(model.pipeline, model.max_context, prefill_chunk)  # warm-up
         self.guard = StepGuard()
         model.pipeline.fault_hook = self.guard
         self.stop_token_ids = model.stop_token_ids
@@ -56,7 +64,7 @@ class Engine:
         :mod:`stagewise.engine.warm_up`); not counted in the metrics."""
         if self._worker.is_alive():
             raise RuntimeError("warm up before the engine starts")
-        return warm_up(self.generator, self.model.config.vocab_size)
+        return warm_up(self.generator, self.batcher, self.model.config.vocab_size)
 
     # ----- client side -------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -68,7 +76,7 @@ class Engine:
 
         Raises ContextLengthExceeded / RequestError (checked now), QueueFull, EngineClosed.
         """
-        self.generator.check(request.generation())
+        self.batcher.check(request.generation())
         handle = RequestHandle(request, sink)
         self.scheduler.add(handle)
         self.metrics.queue_depth.set(self.scheduler.waiting)
@@ -96,63 +104,79 @@ class Engine:
     # ----- worker side -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not (self._stop.is_set() and self.scheduler.idle()):
-            batch = self.scheduler.schedule(_POLL_S)
+            busy = self.batcher.active > 0
+            batch = self.scheduler.schedule(0.0 if busy else _POLL_S, self.batcher.free)
             for handle in batch.dropped:
                 self._finish(handle, RequestOutput("", handle.request.prompt_tokens, 0, finish_reason="cancelled"))
+            for handle in batch.run:
+                self._admit(handle)
             self.metrics.queue_depth.set(self.scheduler.waiting)
-            if batch.run:
-                self.execute(batch)
-                self.update(batch)
+            if self.batcher.active:
+                self.execute()
+            elif not batch.run:
+                self.batcher.drain()
 
-    def execute(self, batch: Batch) -> None:
-        """Run every request of ``batch`` to completion (one at a time, slot 0)."""
-        for handle in batch.run:
-            self.metrics.active_sequences.set(self.scheduler.running)
-            self.metrics.state_slots_in_use.set(1)
-            self.metrics.prompt_tokens.inc(handle.request.prompt_tokens)
+    def execute(self) -> None:
+        """One batcher iteration: every running sequence advances by at most one token."""
+        try:
+            self.batcher.iterate()
+        except Exception as exc:  # a bug must fail the running requests, not the server
+            self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
+        self.metrics.active_sequences.set(self.scheduler.running)
+        self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use())
+        self.metrics.observe_step(self.model.pipeline, self.model.pipeline.last_timings)
+
+    def _admit(self, handle: RequestHandle) -> None:
+        request = handle.request
+        out = SequenceOutput(request, self.tokenizer)
+        self.metrics.prompt_tokens.inc(request.prompt_tokens)
+
+        def on_token(event: TokenEvent) -> bool:
             try:
-                self._run_one(handle)
-            finally:
-                # the slot is free: the next sequence resets it when it starts (Generator.stream)
-                self.metrics.state_slots_in_use.set(0)
+                if out.completion_tokens == 0:
+                    handle.first_token_s = time.monotonic()
+                    self.metrics.ttft.observe(handle.first_token_s - handle.submitted_s)
+                self.metrics.generation_tokens.inc()
+                output = out.add(event)
+                if output.finished:
+                    self._finish(handle, output)
+                    return False
+                if handle.is_cancelled():
+                    self._finish(handle, out.end("cancelled"))
+                    return False
+                if output.text or output.logprobs:
+                    handle.deliver(output)
+                return True
+            except Exception as exc:  # detokenizing or a client's sink: fail this request only
+                error = StepFailed(f"request {request.request_id} failed: {type(exc).__name__}: {exc}")
+                self._finish(handle, out.end("error", error))
+                return False
+
+        def on_error(error: StagewiseError) -> None:
+            if isinstance(error, StepCancelled):
+                self._finish(handle, out.end("cancelled"))
+            else:
+                self._finish(handle, out.end("error", error))
+
+        try:
+            self.batcher.add(Sequence(request.generation(), on_token, on_error, handle.is_cancelled))
+        except StagewiseError as exc:
+            self._finish(handle, out.end("error", exc))
 
     def update(self, batch: Batch) -> None:
         self.scheduler.update(batch)
         self.metrics.active_sequences.set(self.scheduler.running)
         self.metrics.queue_depth.set(self.scheduler.waiting)
 
-    def _run_one(self, handle: RequestHandle) -> None:
-        request = handle.request
-        out = SequenceOutput(request, self.tokenizer)
-        pipeline = self.model.pipeline
-        try:
-            for event in self.generator.stream(request.generation(), cancel=handle.is_cancelled):
-                if out.completion_tokens == 0:
-                    handle.first_token_s = time.monotonic()
-                    self.metrics.ttft.observe(handle.first_token_s - handle.submitted_s)
-                self.metrics.observe_step(pipeline, pipeline.last_timings)
-                self.metrics.generation_tokens.inc()
-                output = out.add(event)
-                if output.finished:
-                    self._finish(handle, output)
-                    return
-                if output.text or output.logprobs:
-                    handle.deliver(output)
-                if handle.is_cancelled():
-                    raise StepCancelled("cancelled by the client")
-        except StepCancelled:
-            self._finish(handle, out.end("cancelled"))
-        except StagewiseError as exc:
-            self._finish(handle, out.end("error", exc))
-        except Exception as exc:  # a bug in sampling/decoding must fail the request, not the server
-            error = StepFailed(f"request {request.request_id} failed: {type(exc).__name__}: {exc}")
-            self._finish(handle, out.end("error", error))
-
     def _finish(self, handle: RequestHandle, output: RequestOutput) -> None:
         assert output.finish_reason is not None
+        if handle.done:
+            return
         self.metrics.requests.labels(output.finish_reason).inc()
         if handle.first_token_s is not None and output.completion_tokens > 1:
             decode_s = time.monotonic() - handle.first_token_s
             if decode_s > 0:
                 self.metrics.decode_rate.observe((output.completion_tokens - 1) / decode_s)
         handle.deliver(output)
+        self.scheduler.finish(handle)
+        self.metrics.active_sequences.set(self.scheduler.running)

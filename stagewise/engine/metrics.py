@@ -29,6 +29,9 @@ class EngineMetrics:
         self.active_sequences = Gauge("stagewise_active_sequences", "Requests running on the pipeline", registry=r)
         self.state_slots_in_use = Gauge("stagewise_state_slots_in_use",
                                         "Sequence state slots holding a live sequence", registry=r)
+        self.stage_state_in_use = Gauge("stagewise_stage_state_bytes_in_use",
+                                        "KV / recurrent state bytes of each stage held by live sequences",
+                                        ["stage", "device"], registry=r)
         self.ttft = Histogram("stagewise_time_to_first_token_seconds", "Submit to first token, seconds",
                               buckets=_LATENCY_BUCKETS_S, registry=r)
         self.decode_rate = Histogram("stagewise_decode_tokens_per_second", "Decode rate per request, tokens/s",
@@ -46,6 +49,14 @@ class EngineMetrics:
             self.stage_step.labels(str(k), pipeline.stages[k].spec.device).observe(seconds)
         for k, seconds in enumerate(timings.handoff_s):
             self.handoff.labels(f"{k}->{k + 1}").observe(seconds)
+
+    def observe_rows(self, pipeline: Pipeline, rows: int) -> None:
+        """``rows`` sequence slots hold live sequences: the slots gauge and each stage's state bytes in use."""
+        self.state_slots_in_use.set(rows)
+        slots = max(pipeline.rows, 1)
+        for k, stage in enumerate(pipeline.stages):
+            nbytes = stage.ledger.charged.get("state", 0)
+            self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes * rows // slots)
 
     def observe_memory(self, pipeline: Pipeline) -> None:
         for k, stage in enumerate(pipeline.stages):

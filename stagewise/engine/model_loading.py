@@ -9,6 +9,7 @@ its device -> compare planned with measured charges.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
           "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _SPEC_DTYPE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DEFAULT_CONTEXT = 4096
+AUTO_MAX_SEQS = (8, 4, 2, 1)  # `--max-seqs auto`: the most of these that fit on as many devices as one needs
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
                prefill_chunk: int = DEFAULT_PREFILL_CHUNK_TOKENS, reserve: str | None = None, objective: str = "latency",
                on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
                cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
-               join_timeout_s: float = 120.0, rejoin: bool = True, measure_links: bool = True) -> LoadedModel:
+               join_timeout_s: float = 120.0, rejoin: bool = True, measure_links: bool = True,
+               max_seqs: int | None = 1) -> LoadedModel:
     """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
 
     ``workers``: None runs every stage in this process; ``local`` spawns one worker process per
@@ -149,6 +152,11 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     plus ``health()``); ``worker_timeout_s`` bounds a step, ``join_timeout_s`` joining and loading,
     ``rejoin=False`` fails for good when a worker is lost, ``measure_links=False`` plans on the
     default figures of the links between workers instead of timing them (see docs/multihost.md).
+
+    ``max_seqs``: sequences run at once (continuous batching), each with ``context`` positions of
+    state on every stage, all charged by the planner; None (``auto``) takes the most of
+    :data:`AUTO_MAX_SEQS` that fit on as many devices as one sequence needs. Stages in worker
+    processes hold one sequence.
     """
     if model is None:
         model = str(ensure_demo_model())
@@ -174,10 +182,22 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     topology = cluster.topology if cluster else resolve_device_spec(devices, ReservePolicy.parse(reserve))
     run_dtype = run_dtype_for(dtype, topology)
     spec = model_spec(opened, run_dtype)
-    profile = Profile(context_tokens=context, batch=1, prefill_chunk_tokens=prefill_chunk,
+    if workers is not None:
+        if max_seqs is not None and max_seqs > 1:
+            raise ConfigError("--max-seqs above 1 needs in-process stages: stages in worker processes hold "
+                              "one sequence")
+        max_seqs = 1
+    profile = Profile(context_tokens=context, batch=max_seqs or 1, prefill_chunk_tokens=prefill_chunk,
                       runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
                       activation_dtype=_SPEC_DTYPE[run_dtype])
     cert = plan(spec, topology, profile, objective=objective, stages=stages).require_fit()
+    if max_seqs is None:  # auto: as many sequences as fit without more devices
+        for count in AUTO_MAX_SEQS[:-1]:
+            wider = dataclasses.replace(profile, batch=count)
+            candidate = plan(spec, topology, wider, objective=objective, stages=stages or len(cert.stages))
+            if candidate.fits:
+                profile, cert = wider, candidate
+                break
     verify(cert, spec, topology, profile)
     if on_plan is not None:
         on_plan(cert)
@@ -190,8 +210,8 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         pipeline: Pipeline = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
                                            join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs)
     else:
-        pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, 1, context, links, progress,
-                                  timing=timing)
+        pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, profile.batch, context, links,
+                                  progress, timing=timing)
     if cuda_graphs:
         for stage in pipeline.stages:
             stage.enable_graphs(prefill_chunk)  # decode steps and full prefill chunks replay as CUDA graphs

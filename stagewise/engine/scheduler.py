@@ -1,8 +1,9 @@
 """Scheduler: a bounded FIFO of waiting requests and the set running on the pipeline.
 
-The engine loop is ``schedule() → execute() → update()`` (vLLM v1's shape). Today a batch holds
-one request, run to completion by the one-sequence :class:`Generator`; continuous batching
-will change ``max_running`` and make ``execute`` a single step, not this interface.
+The engine loop is ``schedule() → execute() → update()`` (vLLM v1's shape): ``schedule`` admits
+waiting requests while sequence slots are free (``max_running``, the pipeline's slots), ``execute``
+is one :class:`~stagewise.engine.batcher.Batcher` iteration over every running sequence, and
+``update`` frees the slots of the requests that finished.
 """
 
 from __future__ import annotations
@@ -77,14 +78,16 @@ class Scheduler:
             self._closed = True
             self._cond.notify_all()
 
-    def schedule(self, timeout_s: float) -> Batch:
-        """Move the oldest waiting requests to running (FIFO); waits up to ``timeout_s`` for one."""
+    def schedule(self, timeout_s: float, free: int | None = None) -> Batch:
+        """Move the oldest waiting requests to running (FIFO), at most ``free`` of them (default: up to
+        ``max_running`` running); waits up to ``timeout_s`` for one."""
         with self._cond:
-            if not self._waiting:
+            if not self._waiting and timeout_s > 0:
                 self._cond.wait(timeout_s)
             dropped: list[RequestHandle] = []
             run: list[RequestHandle] = []
-            while self._waiting and len(self._running) + len(run) < self.max_running:
+            room = self.max_running - len(self._running) if free is None else min(free, self.max_running - len(self._running))
+            while self._waiting and len(run) < room:
                 handle = self._waiting.popleft()
                 (dropped if handle.is_cancelled() else run).append(handle)
             self._running.extend(run)
@@ -92,8 +95,12 @@ class Scheduler:
 
     def update(self, batch: Batch) -> None:
         """The batch's requests finished: free their slots."""
+        self.finish(*batch.run)
+
+    def finish(self, *handles: RequestHandle) -> None:
+        """``handles`` finished: free their slots."""
         with self._cond:
-            self._running = [h for h in self._running if h not in batch.run]
+            self._running = [h for h in self._running if h not in handles]
             self._cond.notify_all()
 
     def cancel_all(self) -> None:

@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from stagewise.engine.generator import GenerationRequest, Generator
+from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.generator import GenerationRequest, Generator, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
+from stagewise.errors import StagewiseError
 
 SHORT_PROMPT_TOKENS = 8  # a chat turn's shapes: an eager prefill and decode at the smallest bucket
 NEW_TOKENS = 4
+CONCURRENT = 4  # short requests at once: batched decode steps of 2 and 4 sequences
 
 
 @dataclass(frozen=True)
@@ -35,20 +38,41 @@ def needs_warm_up(model: LoadedModel) -> bool:
     return any(str(stage.get("device", "")).split(":")[0] == "cuda" for stage in stages)
 
 
-def warm_up(generator: Generator, vocab_size: int) -> WarmUp:
-    """Run two greedy requests through ``generator`` and discard their tokens: a short prompt, then one
-    of two of its full prefill chunks and a partial one (the chunk graphs at two attended lengths, the
-    eager tail, decode at the longer length). The next request resets the sequence slot, as after
-    any request."""
+def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
+    """Run greedy requests through ``batcher`` and discard their tokens: a short prompt, then one of two
+    of its full prefill chunks and a partial one (the chunk graphs at two attended lengths, the eager
+    tail, decode at the longer length), then up to :data:`CONCURRENT` short ones at once (batched
+    decode at the small batch buckets, the staging row's prefill). The next requests reset the
+    sequence slots, as after any request. ``generator`` is the single-sequence path (``run``,
+    ``bench``); the server does not use it."""
+    del generator
     t0 = time.perf_counter()
-    lengths = []
-    generated = 0
-    max_context = generator.max_context
-    for wanted in (SHORT_PROMPT_TOKENS, 2 * generator.prefill_chunk + 1):
+    lengths: list[int] = []
+    counts: list[int] = []
+    max_context = batcher.max_context
+
+    def request(wanted: int) -> GenerationRequest:
         length = max(1, min(wanted, max_context - NEW_TOKENS))
-        new_tokens = max(1, min(NEW_TOKENS, max_context - length))
-        prompt = tuple(i % vocab_size for i in range(1, length + 1))
-        request = GenerationRequest(prompt, new_tokens, SamplingParams(temperature=0.0))
-        generated += sum(1 for _ in generator.stream(request))
         lengths.append(length)
-    return WarmUp(tuple(lengths), generated, time.perf_counter() - t0)
+        prompt = tuple(i % vocab_size for i in range(1, length + 1))
+        return GenerationRequest(prompt, max(1, min(NEW_TOKENS, max_context - length)), SamplingParams(temperature=0.0))
+
+    def run(requests: list[GenerationRequest]) -> None:
+        def count(_event: TokenEvent) -> bool:
+            counts.append(1)
+            return True
+
+        for req in requests:
+            batcher.add(Sequence(req, count, _raise, lambda: False))
+        while batcher.active:
+            batcher.iterate()
+        batcher.drain()
+
+    run([request(SHORT_PROMPT_TOKENS)])
+    run([request(2 * batcher.prefill_chunk + 1)])
+    run([request(SHORT_PROMPT_TOKENS + i) for i in range(min(CONCURRENT, batcher.slots))])
+    return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0)
+
+
+def _raise(error: StagewiseError) -> None:
+    raise error

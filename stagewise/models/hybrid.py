@@ -47,7 +47,7 @@ class HybridBlock(nn.Module):
         normed = self.input_layernorm(hidden)  # (B, T, H)
         if self.is_linear:
             assert isinstance(state, RecurrentState)
-            mixed = self.linear_attn(normed, state)
+            mixed = self.linear_attn(normed, state, ctx.rows)
         else:
             assert isinstance(state, KVCache)
             mixed = self.self_attn(normed, ctx, state)

@@ -99,14 +99,15 @@ class StageModel(nn.Module):
                 for i in self.block_indices}
 
     def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype,
-                kv_length: int | None = None) -> StepContext:
+                kv_length: int | None = None, first_row: int = 0) -> StepContext:
         if kv_length is None:
             kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
         groups = self.config.num_attention_heads // self.config.num_kv_heads
-        return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups)
+        return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups, first_row)
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: Mapping[int, BlockState],
-                start: int | None = None, all_logits: bool = False, kv_length: int | None = None) -> StageOutput:
+                start: int | None = None, all_logits: bool = False, kv_length: int | None = None,
+                first_row: int = 0) -> StageOutput:
         """Run this stage.
 
         Args:
@@ -118,9 +119,11 @@ class StageModel(nn.Module):
             kv_length: attend over this many cache positions (masked causally) instead of the
                 step's own extent; with ``start=None`` the step needs no host synchronization
                 (CUDA graph capture).
+            first_row: the state row of the first sequence; the ``B`` sequences are rows
+                ``first_row .. first_row + B - 1`` of every block's state.
         """
         hidden = self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs  # (B, T, H)
-        ctx = self.context(positions, start, hidden.dtype, kv_length)
+        ctx = self.context(positions, start, hidden.dtype, kv_length, first_row)
         for i in self.block_indices:
             hidden = self.model.layers[str(i)](hidden, ctx, states[i])
         if self.model.norm is None or self.lm_head is None:

@@ -1,11 +1,15 @@
 """Per-block sequence state: KV caches and double-buffered recurrent state.
 
-State updates are explicit and transactional. A step writes *provisionally*:
+State is held in rows (sequence slots): a step runs a contiguous range of rows (``rows``, a
+``slice``), and rows outside it are never read or written. State updates are explicit and
+transactional. A step writes *provisionally*:
 - a :class:`KVCache` writes keys/values at the step's absolute positions; positions past a
   sequence's accepted length are ignored by the causal mask until the pipeline accepts them, so
   rollback needs no copy;
-- a :class:`RecurrentState` reads the published buffer and writes the other one;
-  :meth:`RecurrentState.publish` flips them, :meth:`RecurrentState.rollback` discards the write.
+- a :class:`RecurrentState` keeps two buffers and, per row, which one is published (its parity);
+  a step reads its rows' published buffer and writes the other one; :meth:`RecurrentState.publish`
+  flips the written rows' parity, :meth:`RecurrentState.rollback` discards the write. Rows of one
+  step share a parity (the engine keeps a batch's rows in step and aligns rows that join it).
 Nothing is hidden in module attributes: blocks receive their state as an argument.
 """
 
@@ -27,6 +31,10 @@ class BlockState(Protocol):
         """Forget sequence ``slot`` (a new request starts there)."""
         ...
 
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy row ``src``'s published state (its first ``length`` positions) into row ``dst``."""
+        ...
+
     @property
     def nbytes(self) -> int: ...
 
@@ -45,24 +53,31 @@ class KVCache:
         self.value = torch.zeros(shape, dtype=dtype, device=device)
         self.max_context = max_context
 
-    def write(self, positions: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int | None) -> None:
-        """Store ``key``/``value`` ``(B, kvH, T, D)`` at ``positions`` ``(B, T)``.
+    def write(self, positions: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int | None,
+              rows: slice) -> None:
+        """Store ``key``/``value`` ``(B, kvH, T, D)`` of cache ``rows`` at ``positions`` ``(B, T)``.
 
         ``start`` is set when every sequence's positions are ``start .. start+T-1`` (the common
         case), which allows a contiguous slice copy.
         """
         batch, _, steps, _ = key.shape
+        keys, values = self.key[rows], self.value[rows]
         if start is not None:
-            self.key[:batch, :, start : start + steps].copy_(key)
-            self.value[:batch, :, start : start + steps].copy_(value)
+            keys[:, :, start : start + steps].copy_(key)
+            values[:, :, start : start + steps].copy_(value)
             return
-        rows = torch.arange(batch, device=key.device)[:, None].expand(batch, steps)
-        self.key[rows, :, positions] = key.transpose(1, 2)  # (B, T, kvH, D)
-        self.value[rows, :, positions] = value.transpose(1, 2)
+        index = torch.arange(batch, device=key.device)[:, None].expand(batch, steps)
+        keys[index, :, positions] = key.transpose(1, 2)  # (B, T, kvH, D)
+        values[index, :, positions] = value.transpose(1, 2)
 
-    def view(self, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the first ``length`` positions: ``(B, kvH, length, D)``."""
-        return self.key[:batch, :, :length], self.value[:batch, :, :length]
+    def view(self, rows: slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``rows``' first ``length`` positions: ``(B, kvH, length, D)``."""
+        return self.key[rows, :, :length], self.value[rows, :, :length]
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        if src != dst:
+            self.key[dst, :, :length].copy_(self.key[src, :, :length])
+            self.value[dst, :, :length].copy_(self.value[src, :, :length])
 
     def publish(self) -> None:
         pass  # acceptance is the pipeline's position bookkeeping
@@ -82,59 +97,74 @@ class KVCache:
 
 
 class RecurrentState:
-    """Double-buffered fixed-size state: named tensors, each stored as ``(2, *shape)``."""
+    """Double-buffered fixed-size state: named tensors, each stored as ``(2, rows, *shape)``, with a
+    published buffer per row (``parity``)."""
 
     def __init__(self, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> None:
         self.buffers = {name: torch.zeros((2, *shape), dtype=dtype, device=device)
                         for name, (shape, dtype) in shapes.items()}
-        self.active = 0  # index of the published buffer
-        self._written = False
+        rows = {shape[0] for shape, _ in shapes.values()}
+        assert len(rows) == 1, "every tensor of a recurrent state has one row per sequence"
+        self.parity = [0] * rows.pop()  # per row: the index of its published buffer
+        self._written: slice | None = None  # rows written provisionally by the current step
 
-    def read(self, name: str) -> torch.Tensor:
-        """The published value (do not modify in place)."""
-        return self.buffers[name][self.active]
+    def active(self, rows: slice) -> int:
+        """The published buffer of ``rows`` (they must share it)."""
+        first, *rest = set(self.parity[rows])
+        if rest:
+            raise RuntimeError(f"rows {rows.start}..{rows.stop - 1} of one step have different published buffers")
+        return first
 
-    def write(self, name: str, value: torch.Tensor) -> None:
-        """Write the provisional value for this step."""
-        self.buffers[name][1 - self.active][: value.shape[0]].copy_(value)
-        self._written = True
+    def read(self, name: str, rows: slice) -> torch.Tensor:
+        """The published value of ``rows`` (do not modify in place)."""
+        return self.buffers[name][self.active(rows)][rows]
 
-    def provisional(self, name: str, batch: int) -> torch.Tensor:
-        """The provisional buffer's first ``batch`` rows, for a kernel to write in place (marks it written)."""
-        self._written = True
-        return self.buffers[name][1 - self.active][:batch]
+    def write(self, name: str, value: torch.Tensor, rows: slice) -> None:
+        """Write the provisional value of ``rows`` for this step."""
+        self.provisional(name, rows).copy_(value)
 
-    def mark_written(self) -> None:
-        """A replayed CUDA graph wrote the provisional buffer (no Python ran to note it)."""
-        self._written = True
+    def provisional(self, name: str, rows: slice) -> torch.Tensor:
+        """The provisional buffer of ``rows``, for a kernel to write in place (marks them written)."""
+        self._written = rows
+        return self.buffers[name][1 - self.active(rows)][rows]
+
+    def mark_written(self, rows: slice) -> None:
+        """A replayed CUDA graph wrote ``rows``' provisional buffer (no Python ran to note it)."""
+        self._written = rows
 
     def publish(self) -> None:
-        if self._written:
-            # the sequences not in this step keep their published rows
-            self.active = 1 - self.active
-            self._written = False
+        if self._written is not None:
+            for row in range(*self._written.indices(len(self.parity))):
+                self.parity[row] = 1 - self.parity[row]
+            self._written = None
 
     def rollback(self) -> None:
-        self._written = False
+        self._written = None
 
-    def sync_rows(self, batch: int) -> None:
-        """Copy the published rows past ``batch`` into the provisional buffer before a partial write."""
+    def move(self, src: int, dst: int, length: int) -> None:
+        if src == dst:
+            return
         for buf in self.buffers.values():
-            if buf.shape[1] > batch:
-                buf[1 - self.active][batch:].copy_(buf[self.active][batch:])
+            buf[self.parity[dst], dst].copy_(buf[self.parity[src], src])
+
+    def align(self, rows: slice, parity: int) -> None:
+        """Make ``parity`` the published buffer of every row of ``rows`` (copying where it is not)."""
+        for row in range(*rows.indices(len(self.parity))):
+            if self.parity[row] != parity:
+                for buf in self.buffers.values():
+                    buf[parity, row].copy_(buf[1 - parity, row])
+                self.parity[row] = parity
 
     def reset(self, slot: int) -> None:
         for buf in self.buffers.values():
             buf[:, slot].zero_()
-        if all(buf.shape[1] == 1 for buf in self.buffers.values()):
-            # the only slot: every sequence starts on buffer 0, so its steps alternate buffers exactly as
-            # the last sequence's did and replay the same CUDA graphs (keyed by buffer parity)
-            self.active = 0
-            self._written = False
+        self.parity[slot] = 0
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers.values())
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {name: buf[self.active] for name, buf in self.buffers.items()}
+        """Published contents, row by row."""
+        return {name: torch.stack([buf[p, row] for row, p in enumerate(self.parity)])
+                for name, buf in self.buffers.items()}

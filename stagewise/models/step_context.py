@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,7 @@ class StepContext:
     causal mask repeated for the ``G`` query heads that share a KV head (grouped-query attention
     folds them into G·T query rows, group-major), built on first use, once per step for every
     attention block (a GPU decode step's attention kernel reads the positions instead: no mask).
+    ``rows`` the state rows (sequence slots) of the step's ``B`` sequences, in order.
     ``inv_freq`` ``(rotary_dim // 2,)`` float32: the rotary frequencies; ``rotary`` the reference
     path's ``(cos, sin)`` tables ``(B, T, rotary_dim)`` in ``dtype``, also built on first use (the
     Triton path computes the angles inside its rotary kernel and never builds them).
@@ -31,6 +32,7 @@ class StepContext:
     inv_freq: torch.Tensor
     dtype: torch.dtype
     query_groups: int = 1
+    rows: slice = field(default_factory=lambda: slice(0, 1))
 
     @functools.cached_property
     def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,5 +56,6 @@ class StepContext:
 
     @staticmethod
     def build(positions: torch.Tensor, start: int | None, kv_length: int, inv_freq: torch.Tensor,
-              dtype: torch.dtype, query_groups: int = 1) -> StepContext:
-        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups)
+              dtype: torch.dtype, query_groups: int = 1, first_row: int = 0) -> StepContext:
+        rows = slice(first_row, first_row + int(positions.shape[0]))
+        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows)

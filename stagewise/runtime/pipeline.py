@@ -41,6 +41,7 @@ class Pipeline:
     """Ordered stages joined by one channel per boundary. One device is a one-stage pipeline."""
 
     device_tokens = True  # step() takes token ids that live on a device (no host round trip)
+    supports_rows = True  # step() runs any rows; move() and align() rearrange them (continuous batching)
 
     def __init__(self, stages: list[Stage], channels: list[Channel], timing: bool = False) -> None:
         if len(channels) != len(stages) - 1:
@@ -89,7 +90,7 @@ class Pipeline:
 
         entry = self.stages[0]
         source = logits.device
-        if not entry.graphed(1, 0, False) or (entry.device != source and not self._token_peer):
+        if not entry.graphed(1, False) or (entry.device != source and not self._token_peer):
             pair = greedy_sample(logits)
             return pair, pair[:1].to(torch.long).view(1, 1)
         slot = entry.input_slot((1, 1))
@@ -104,8 +105,9 @@ class Pipeline:
         return pair, slot
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-             all_logits: bool = False, cancel: CancelCheck | None = None) -> StageOutput:
-        """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish.
+             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0) -> StageOutput:
+        """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish. The ``B``
+        sequences are state rows ``first_row .. first_row + B - 1`` (sequence slots) on every stage.
 
         Raises :class:`StepCancelled` or :class:`StepFailed` after rolling every stage back.
         """
@@ -116,10 +118,12 @@ class Pipeline:
         staged_pos = positions.pin_memory() if self._pin else positions
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
         shapes = [tuple(tokens.shape)] + [(batch, steps, self.hidden_size)] * (len(self.stages) - 1)
-        graphed = [stage.graphed(steps, start, all_logits) for stage in self.stages]
+        kv_end = int(positions.max()) + 1
+        graphed = [stage.graphed(steps, all_logits) for stage in self.stages]
         try:
             # every stage's positions go first: their copies never wait behind the previous stage
-            pos = [stage.put_positions(staged_pos, shapes[k], graphed[k]) for k, stage in enumerate(self.stages)]
+            pos = [stage.put_positions(staged_pos, shapes[k], graphed[k], first_row)
+                   for k, stage in enumerate(self.stages)]
             if self._token_ready is not None:  # greedy_token wrote the entry's input from another GPU
                 torch.cuda.current_stream(self.entry_device).wait_event(self._token_ready)
                 self._token_ready = None
@@ -134,7 +138,7 @@ class Pipeline:
                 if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
                     raise StepCancelled(f"step {step_id} cancelled before it started")
                 t0 = time.perf_counter()
-                out = stage.run(x, pos[k], start, all_logits)
+                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end)
                 self._sync(stage.device)
                 timings.stage_s.append(time.perf_counter() - t0)
                 if k == len(self.stages) - 1:
@@ -142,7 +146,7 @@ class Pipeline:
                 if cancel is not None and cancel():
                     raise StepCancelled(f"step {step_id} cancelled between stage {k} and stage {k + 1}")
                 nxt = self.stages[k + 1]
-                into = nxt.input_slot(shapes[k + 1]) if graphed[k + 1] else None  # straight into its graph's input
+                into = nxt.input_slot(shapes[k + 1], first_row) if graphed[k + 1] else None  # into its graph's input
                 events = self._copy_events(stage.device, nxt.device)
                 t0 = time.perf_counter()
                 if events is not None:
@@ -188,6 +192,21 @@ class Pipeline:
         """Start a new sequence in ``slot`` on every stage."""
         for stage in self.stages:
             stage.reset(slot)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst`` on every stage."""
+        for stage in self.stages:
+            stage.move(src, dst, length)
+
+    def align(self, rows: slice) -> None:
+        """Make ``rows`` steppable together: one published recurrent buffer for all of them, on every stage."""
+        for stage in self.stages:
+            stage.align(rows)
+
+    @property
+    def rows(self) -> int:
+        """Sequence slots (state rows) the stages hold."""
+        return self.stages[0].batch if self.supports_rows else 1
 
     @property
     def degraded(self) -> bool:

@@ -73,6 +73,7 @@ class DistributedPipeline(Pipeline):
     """
 
     device_tokens = False  # token ids travel to the workers from the host
+    supports_rows = False  # one sequence slot: workers step row 0 only (no continuous batching yet)
 
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
                  dtype: torch.dtype, batch: int, context: int, timeout_s: float = 30.0,
@@ -238,8 +239,10 @@ class DistributedPipeline(Pipeline):
             raise WorkerLost(self._message or f"workers {sorted(self._lost)} are lost; waiting for them to rejoin")
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-             all_logits: bool = False, cancel: CancelCheck | None = None) -> StageOutput:
-        """As :meth:`Pipeline.step`; also raises :class:`WorkerLost` when a worker is lost."""
+             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0) -> StageOutput:
+        """As :meth:`Pipeline.step` (row 0 only); also raises :class:`WorkerLost` when a worker is lost."""
+        if first_row != 0:
+            raise StepFailed("stages in worker processes hold one sequence slot (row 0)")
         self._refuse()
         with self._lock:
             self._refuse()

@@ -10,7 +10,7 @@ import torch
 
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
-from stagewise.models.state import BlockState
+from stagewise.models.state import BlockState, RecurrentState
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.runtime.step_graphs import StepGraphs
 from stagewise.spec.model_config import ModelConfig
@@ -91,6 +91,7 @@ class Stage:
         self.states: dict[int, BlockState] = {}
         self.graphs: StepGraphs | None = None  # CUDA-graph steps, enabled by enable_graphs()
         self.max_context = 0
+        self.batch = 0  # sequence slots (state rows)
 
     @staticmethod
     def load(spec: StageSpec, config: ModelConfig, source: TensorSource, dtype: torch.dtype,
@@ -112,6 +113,7 @@ class Stage:
         self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}")
         self.states = self.model.new_states(batch, max_context, self.dtype, self.device)
         self.max_context = max_context
+        self.batch = batch
 
     def enable_graphs(self, prefill_tokens: int | None = None) -> bool:
         """Replay decode steps, and prefill chunks of exactly ``prefill_tokens`` tokens, as CUDA graphs
@@ -130,40 +132,46 @@ class Stage:
         planned = self.spec.planned_weights_bytes + self.spec.planned_state_bytes
         return ChargeCheck(self.spec.index, self.spec.device, planned, self.measured_bytes())
 
-    def graphed(self, steps: int, start: int | None, all_logits: bool) -> bool:
+    def graphed(self, steps: int, all_logits: bool) -> bool:
         """Whether a step of ``steps`` tokens per sequence replays a CUDA graph here."""
-        return self.graphs is not None and start is not None and not all_logits and self.graphs.covers(steps)
+        return self.graphs is not None and not all_logits and self.graphs.covers(steps)
 
-    def input_slot(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """The static buffer a graphed step with inputs of ``shape`` reads: writing the input there
-        directly (a channel, the sampler) saves the copy at replay. Only for graphed steps."""
+    def input_slot(self, shape: tuple[int, ...], first_row: int = 0) -> torch.Tensor:
+        """The static buffer a graphed step with inputs of ``shape`` at state row ``first_row`` reads:
+        writing the input there directly (a channel, the sampler) saves the copy at replay. Only for
+        graphed steps."""
         assert self.graphs is not None
-        return self.graphs.slots_for(shape).inputs
+        return self.graphs.slots_for(shape, first_row).inputs
 
-    def put_positions(self, positions: torch.Tensor, input_shape: tuple[int, ...], graphed: bool) -> torch.Tensor:
+    def put_positions(self, positions: torch.Tensor, input_shape: tuple[int, ...], graphed: bool,
+                      first_row: int = 0) -> torch.Tensor:
         """Start copying ``positions`` ``(B, T)`` (pinned host memory) to this device, ahead of the step's
         input: into the static buffer a graphed step reads, else a fresh tensor. Returns the tensor to
         pass to :meth:`run`."""
         if not graphed:
             return positions.to(self.device, non_blocking=True)
         assert self.graphs is not None
-        slot = self.graphs.slots_for(input_shape).positions
+        slot = self.graphs.slots_for(input_shape, first_row).positions
         slot.copy_(positions, non_blocking=True)
         return slot
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
-            all_logits: bool) -> StageOutput:
+            all_logits: bool, first_row: int = 0, kv_end: int | None = None) -> StageOutput:
         """Run one step: ``inputs`` token ids ``(B, T)`` (entry) or an activation ``(B, T, H)``, on this device
-        or another (copied in), at ``positions`` ``(B, T)`` on this device."""
-        if self.graphed(inputs.shape[1], start, all_logits):
+        or another (copied in), at ``positions`` ``(B, T)`` on this device, for state rows ``first_row ..``;
+        ``kv_end``: the largest position + 1 (needed to replay a graph; known to the host)."""
+        if kv_end is None and start is not None:
+            kv_end = start + int(inputs.shape[1])
+        if kv_end is not None and self.graphed(inputs.shape[1], all_logits):
             assert self.graphs is not None
-            return self.graphs.run(inputs, positions, start)  # type: ignore[arg-type]
+            return self.graphs.run(inputs, positions, kv_end, first_row)
         if inputs.device != self.device:
             inputs = inputs.to(self.device, non_blocking=True)
         # NOTE: Triton kernels launch on the *current* CUDA device, not the tensors' device: make
         # this stage's device current, or a second GPU's stage would run its kernels on the first
         with self._device_context(), torch.inference_mode():
-            return self.model(inputs, positions, self.states, start=start, all_logits=all_logits)
+            return self.model(inputs, positions, self.states, start=start, all_logits=all_logits,
+                              first_row=first_row)
 
     def _device_context(self) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -179,6 +187,19 @@ class Stage:
     def reset(self, slot: int) -> None:
         for state in self.states.values():
             state.reset(slot)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy sequence row ``src`` (its first ``length`` positions) into row ``dst`` of every block's state."""
+        with self._device_context():
+            for state in self.states.values():
+                state.move(src, dst, length)
+
+    def align(self, rows: slice) -> None:
+        """Give every row of ``rows`` the published buffer of its first row (rows stepped together)."""
+        with self._device_context():
+            for state in self.states.values():
+                if isinstance(state, RecurrentState):
+                    state.align(rows, state.parity[rows.start])
 
     def close(self) -> None:
         """Free the stage's device memory."""

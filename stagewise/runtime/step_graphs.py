@@ -5,10 +5,10 @@ graph removes the host's launch cost and any synchronization inside the step. A 
 launches as many, and issuing them from Python costs more host time than a 512-token chunk's
 kernels take on an H200; replayed, a stage's chunk is one launch, so while one stage's GPU
 works on chunk i + 1 the next stage's GPU works on chunk i (the host is no longer the bottleneck).
-Graphs are keyed by (batch, tokens per sequence, attended-length bucket, recurrent buffer parity):
-the attended length is rounded up (the causal mask hides the unused positions), and
-double-buffered recurrent state alternates between two buffer addresses. Every graph of one shape
-reads the same static input and positions buffers, so a step's inputs can be written into them
+Graphs are keyed by (first state row, batch, tokens per sequence, attended-length bucket, recurrent
+buffer parity of the rows): the attended length is rounded up (the causal mask hides the unused
+positions), and double-buffered recurrent state alternates between two buffer addresses. Every
+graph of one (first row, shape) reads the same static input and positions buffers, so a step's inputs can be written into them
 directly (the positions from pinned host memory ahead of time, the previous stage's activation by
 its channel, the sampled token by the sampler) with no copy inside the step. Only one-token steps and
 steps of exactly ``prefill_tokens`` (the generator's chunk) are captured: a prompt's shorter last
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.models.stage_model import StageModel, StageOutput
-from stagewise.models.state import BlockState
+from stagewise.models.state import BlockState, RecurrentState
 
 MIN_BUCKET = 256
 
@@ -68,66 +68,68 @@ class StepGraphs:
         self.states = states
         self.device = device
         self.max_context = max_context
-        self.graphs: dict[tuple[int, int, int, tuple[int, ...]], _Graph] = {}
-        self.slots: dict[tuple[int, ...], _Slots] = {}  # by the input's shape
+        self.graphs: dict[tuple[int, int, int, int, tuple[int, ...]], _Graph] = {}
+        self.slots: dict[tuple[int, tuple[int, ...]], _Slots] = {}  # by first row and the input's shape
         self.pool = torch.cuda.graph_pool_handle()
         # NOTE: torch.cuda.graph's default capture stream belongs to whichever device was current
         # when it was first made; each stage captures on a stream of its own device.
         self.stream = torch.cuda.Stream(device)
 
-    def _parity(self) -> tuple[int, ...]:
-        return tuple(int(getattr(s, "active", 0)) for s in self.states.values())
+    def _parity(self, rows: slice) -> tuple[int, ...]:
+        return tuple(s.active(rows) for s in self.states.values() if isinstance(s, RecurrentState))
 
     def covers(self, steps: int) -> bool:
         """Whether a step of ``steps`` tokens per sequence replays a graph."""
         return steps == 1 or (self.prefill_tokens is not None and steps == self.prefill_tokens)
 
-    def slots_for(self, shape: tuple[int, ...]) -> _Slots:
+    def slots_for(self, shape: tuple[int, ...], first_row: int = 0) -> _Slots:
         """The static input (``shape``: token ids ``(B, T)`` or an activation ``(B, T, H)``) and positions
-        ``(B, T)`` buffers that every replay of this shape reads; made once, on first use."""
-        slots = self.slots.get(shape)
+        ``(B, T)`` buffers that every replay of this shape at ``first_row`` reads; made once, on first use."""
+        slots = self.slots.get((first_row, shape))
         if slots is None:
             slots = _Slots(torch.zeros(shape, dtype=self.input_dtype, device=self.device),
                            torch.zeros(shape[:2], dtype=torch.long, device=self.device))
-            self.slots[shape] = slots
+            self.slots[(first_row, shape)] = slots
         return slots
 
-    def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int) -> StageOutput:
-        """Replay (capturing on first use) the step for ``inputs`` at ``positions`` ``(B, T)``, which
-        are ``start .. start + T - 1`` for every sequence (only the last position's logits). Inputs or
-        positions already written into :meth:`slots_for`'s buffers are not copied again."""
+    def run(self, inputs: torch.Tensor, positions: torch.Tensor, kv_end: int, first_row: int = 0) -> StageOutput:
+        """Replay (capturing on first use) the step for ``inputs`` at ``positions`` ``(B, T)`` of state rows
+        ``first_row ..``, the largest position being ``kv_end - 1`` (only each row's last position's
+        logits). Inputs or positions already written into :meth:`slots_for`'s buffers are not copied again."""
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
-        bucket = kv_bucket(start + steps, self.max_context)
-        key = (batch, steps, bucket, self._parity())
+        bucket = kv_bucket(kv_end, self.max_context)
+        rows = slice(first_row, first_row + batch)
+        key = (first_row, batch, steps, bucket, self._parity(rows))
         with torch.cuda.device(self.device):  # capture and replay on this stage's own device
-            slots = self.slots_for(tuple(inputs.shape))
+            slots = self.slots_for(tuple(inputs.shape), first_row)
             if positions is not slots.positions:
                 slots.positions.copy_(positions, non_blocking=True)
             if inputs is not slots.inputs:
                 slots.inputs.copy_(inputs, non_blocking=True)
             entry = self.graphs.get(key)
             if entry is None:
-                entry = self._capture(slots, bucket)
+                entry = self._capture(slots, bucket, first_row)
                 self.graphs[key] = entry
             entry.graph.replay()
         for state in self.states.values():
-            mark = getattr(state, "mark_written", None)
-            if mark is not None:
-                mark()
+            if isinstance(state, RecurrentState):
+                state.mark_written(rows)
         return entry.output
 
-    def _capture(self, slots: _Slots, bucket: int) -> _Graph:
+    def _capture(self, slots: _Slots, bucket: int, first_row: int) -> _Graph:
         side = self.stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.inference_mode():
             # NOTE: warm-up writes provisional state with this very step's inputs; the replay that
             # follows writes the same values, so nothing published changes.
             for _ in range(2):
-                self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket)
+                self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket,
+                           first_row=first_row)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the server's other threads may touch CUDA (metrics) while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"), \
                 torch.inference_mode():
-            output = self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket)
+            output = self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket,
+                                first_row=first_row)
         return _Graph(graph, output)

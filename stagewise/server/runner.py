@@ -85,13 +85,16 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             model=settings.model, devices=settings.devices, placement=settings.placement,
             context=settings.context, dtype=settings.dtype, prefill_chunk=settings.prefill_chunk,
             reserve=settings.reserve, cuda_graphs=settings.cuda_graphs, workers=settings.workers,
-            worker_timeout_s=settings.worker_timeout_s, measure_links=settings.measure_links)
+            worker_timeout_s=settings.worker_timeout_s, measure_links=settings.measure_links,
+            max_seqs=settings.max_seqs)
     except BaseException as exc:
         state.set_failed(exc)
         server.should_exit = True
         return
     try:
         engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
+        console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
+                      f"{model.max_context} positions each (--max-seqs, --context)")
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
             done = engine.warm_up()

@@ -32,6 +32,7 @@ class ServeSettings:
     worker_timeout_s: float = 30.0
     measure_links: bool = True  # time the links between joined workers before planning
     warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
+    max_seqs: int | None = None  # sequences decoded together; None: auto (the most that fit, up to 8)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -42,6 +43,8 @@ class ServeSettings:
             raise ConfigError(f"--context must be >= 2, got {self.context}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
+        if self.max_seqs is not None and not 1 <= self.max_seqs <= 4096:
+            raise ConfigError(f"--max-seqs must be in [1, 4096] or auto, got {self.max_seqs}")
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s must be >= 0, got {self.grace_s}")
         if self.max_body_bytes < 1024:

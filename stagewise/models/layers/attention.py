@@ -73,17 +73,17 @@ class Attention(nn.Module):
             from stagewise.kernels.decode_attention_triton import decode_attention
             from stagewise.kernels.rope_store_triton import rope_store
 
-            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value)  # (B, T, H, D); cache written
+            keys, values = cache.key[ctx.rows], cache.value[ctx.rows]  # this step's rows of the cache
+            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, keys, values)  # (B, T, H, D); cache written
             if steps == 1:  # decode: split-K attention over the cache (+ gate), no mask tensor
-                return self.o_proj(decode_attention(q, cache.key, cache.value, ctx.positions, ctx.kv_length,
-                                                    gate_heads))
+                return self.o_proj(decode_attention(q, keys, values, ctx.positions, ctx.kv_length, gate_heads))
             q = q.transpose(1, 2)  # (B, H, T, D)
         else:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
             cos, sin = ctx.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            cache.write(ctx.positions, k, v, ctx.start)
-        keys, values = cache.view(batch, ctx.kv_length)  # (B, kvH, L, D)
+            cache.write(ctx.positions, k, v, ctx.start, ctx.rows)
+        keys, values = cache.view(ctx.rows, ctx.kv_length)  # (B, kvH, L, D)
         # grouped-query attention without repeating keys/values: the G query heads that share a
         # kv head become G * T query rows of that head (rows ordered group-major, then token)
         groups = self.heads // self.kv_heads

@@ -108,17 +108,16 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(batch, steps, self.v_heads, self.v_dim)
         return qkv, z, b.reshape(batch, steps, self.v_heads), a.reshape(batch, steps, self.v_heads)
 
-    def forward(self, x: torch.Tensor, state: RecurrentState) -> torch.Tensor:
-        """``x`` ``(B, T, H)``: every row's ``T`` tokens are new tokens of that row's sequence."""
+    def forward(self, x: torch.Tensor, state: RecurrentState, rows: slice) -> torch.Tensor:
+        """``x`` ``(B, T, H)``: every row's ``T`` tokens are new tokens of that row's sequence, whose
+        state is row ``rows.start + b`` of ``state``."""
         batch, steps, _ = x.shape
-        if state.read("conv").shape[0] > batch:
-            state.sync_rows(batch)  # rows not in this step keep their published state
         qkv, z, b, a = self._project(x)
         if steps == 1 and use_triton(x):
-            return self._decode_fused(qkv, z, b, a, state)
+            return self._decode_fused(qkv, z, b, a, state, rows)
 
-        window = torch.cat([state.read("conv")[:batch], qkv.transpose(1, 2)], dim=-1)  # (B, C, K + T)
-        state.write("conv", window[..., -self.kernel :])
+        window = torch.cat([state.read("conv", rows), qkv.transpose(1, 2)], dim=-1)  # (B, C, K + T)
+        state.write("conv", window[..., -self.kernel :], rows)
         weight = self.conv1d.weight  # (C, 1, K)
         # output t sees inputs t+1 .. t+K of the window: the K-1 previous inputs and itself
         mixed = F.conv1d(window[..., 1:].to(weight.dtype), weight, groups=self.conv_dim)  # (B, C, T)
@@ -131,22 +130,22 @@ class GatedDeltaNet(nn.Module):
         beta = b.sigmoid()  # (B, T, Hv) write strength
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # (B, T, Hv) log decay
         rule = recurrent_gated_delta_rule if steps == 1 else chunked_gated_delta_rule
-        out, recurrent = rule(q, k, v, g, beta, state.read("recurrent")[:batch])  # (B, T, Hv, Dv)
-        state.write("recurrent", recurrent)
+        out, recurrent = rule(q, k, v, g, beta, state.read("recurrent", rows))  # (B, T, Hv, Dv)
+        state.write("recurrent", recurrent, rows)
 
         out = self.norm(out, z).reshape(batch, steps, self.value_dim)
         return self.out_proj(out)
 
     def _decode_fused(self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                      state: RecurrentState) -> torch.Tensor:
+                      state: RecurrentState, rows: slice) -> torch.Tensor:
         """One token per sequence through the Triton decode kernels (same math as ``forward``)."""
         from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
         from stagewise.kernels.rms_norm_triton import rms_norm
 
         batch = qkv.shape[0]
-        mixed = conv_step(state.read("conv")[:batch], qkv[:, 0], self.conv1d.weight,
-                          state.provisional("conv", batch))  # (B, C)
-        out = delta_step(mixed, b[:, 0], a[:, 0], self.A_log, self.dt_bias, state.read("recurrent")[:batch],
-                         state.provisional("recurrent", batch), self.k_heads, self.k_dim)  # (B, Hv, Dv)
+        mixed = conv_step(state.read("conv", rows), qkv[:, 0], self.conv1d.weight,
+                          state.provisional("conv", rows))  # (B, C)
+        out = delta_step(mixed, b[:, 0], a[:, 0], self.A_log, self.dt_bias, state.read("recurrent", rows),
+                         state.provisional("recurrent", rows), self.k_heads, self.k_dim)  # (B, Hv, Dv)
         out = rms_norm(out, self.norm.weight, self.norm.eps, gate=z[:, 0])  # (B, Hv, Dv)
         return self.out_proj(out.reshape(batch, 1, self.value_dim))

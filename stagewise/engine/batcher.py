@@ -1,0 +1,371 @@
+"""Batcher: continuous batching — many sequences on one pipeline, every decode step runs them all.
+
+Each sequence owns a state row (slot) on every stage for its whole life. Rows ``0 .. D-1`` are the
+decoding sequences, kept contiguous; a new sequence is prefilled in the staging row (the last
+row), one chunk per iteration between decode steps, then joins the decoding rows. An iteration:
+
+1. start the next queued sequence in the staging row when it is free (``reset`` the row);
+2. when sequences are ready to join or finished rows leave holes: wait for everything in flight,
+   move rows (compaction, the staging row to row ``D``) and split the decoding rows into groups;
+3. launch one prefill chunk of the staging sequence (if any);
+4. for each group (micro-batch): collect its previous step's tokens, then launch its next step.
+
+With N stages there are N groups, and up to N steps are in flight: while stage k runs group i,
+stage k+1 runs group i-1 (vLLM's pipeline-parallel batch queue). On one stage there is one group
+and a step's tokens are collected before the next is launched. A group's size is rounded up to a
+graph bucket (:func:`batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
+sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
+sample otherwise (temperature, penalties, top log-probabilities) through their own
+:class:`Sampler` on the host, so a seeded request draws the same tokens in any batch.
+
+Every step is the pipeline's transactional step; a failed step fails the sequences it carried
+(rolled back) and no other. The batcher runs on one thread (the engine's worker).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.sampling import Sample, Sampler
+from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
+from stagewise.runtime.pipeline import Pipeline
+
+TokenSink = Callable[[TokenEvent], bool]  # False: end the sequence now (stop string, client gone)
+ErrorSink = Callable[[StagewiseError], None]
+CancelCheck = Callable[[], bool]
+
+
+def batch_bucket(size: int) -> int:
+    """Rows a decode step of ``size`` sequences runs (graph bucket): 1, 2, 4, 8, then multiples of 8."""
+    if size <= 8:
+        return 1 << max(0, math.ceil(math.log2(max(size, 1))))
+    return -(-size // 8) * 8
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's life in the batcher: its row, what it has computed and sampled, its sinks."""
+
+    request: GenerationRequest
+    on_token: TokenSink
+    on_error: ErrorSink
+    cancelled: CancelCheck
+    sampler: Sampler = field(init=False)
+    row: int = -1
+    length: int = 0  # positions whose state is published (prompt then generated tokens)
+    generated: int = 0  # tokens sampled (and reported)
+    next_token: int = 0  # the last sampled token: the next decode step's input
+    budget: int = 0  # tokens it may generate
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.sampler = Sampler(self.request.sampling)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def device_greedy(self) -> bool:
+        return self.sampler.plain_greedy(self.request.top_logprobs)
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose tokens have not been collected: a decode group or a prefill chunk."""
+
+    rows: tuple[Sequence | None, ...]  # per row of the step (None: padding)
+    logits: torch.Tensor | None  # (P, 1, V) on the exit device
+    pairs: torch.Tensor | None  # (P, 2) greedy token and log-probability, host (pinned) once ready
+    ready: object = None  # CUDA event the host copy of ``pairs`` completes at
+    group: int = -1  # decode group index; -1 for a prefill chunk
+    final: bool = True  # prefill: the prompt's last chunk (its logits give the first token)
+
+
+class Batcher:
+    """Continuous batching over ``pipeline`` (see the module doc).
+
+    Args:
+        pipeline: an in-process pipeline with ``rows`` sequence slots on every stage.
+        max_context: positions per sequence slot.
+        prefill_chunk: prompt tokens per prefill step.
+        micro_batches: decode groups in flight (default: one per stage).
+    """
+
+    def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
+                 micro_batches: int | None = None) -> None:
+        self.pipeline = pipeline
+        self.max_context = max_context
+        self.prefill_chunk = prefill_chunk
+        self.vocab_size = pipeline.stages[0].model.config.vocab_size
+        self.slots = pipeline.rows
+        self.micro_batches = max(1, micro_batches or len(pipeline.stages))
+        self.graphs = any(getattr(stage, "graphs", None) is not None for stage in pipeline.stages)
+        self.queue: deque[Sequence] = deque()
+        self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
+        self.staging: Sequence | None = None  # prefilling in, or ready to join from, the staging row
+        self.prefilled = 0  # prompt tokens of the staging sequence already run
+        self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
+        self.in_flight: deque[_InFlight] = deque()
+        self._regroup_needed = False
+
+    # ----- admission ---------------------------------------------------------------------------
+    @property
+    def staging_row(self) -> int:
+        return self.slots - 1
+
+    @property
+    def active(self) -> int:
+        """Sequences admitted and not finished."""
+        return len(self.queue) + (self.staging is not None) + sum(s is not None for s in self.decoding)
+
+    @property
+    def free(self) -> int:
+        """Sequences that may still be admitted."""
+        return self.slots - self.active
+
+    def rows_in_use(self) -> int:
+        """State rows holding a live sequence."""
+        return (self.staging is not None) + sum(s is not None for s in self.decoding)
+
+    def check(self, request: GenerationRequest) -> None:
+        n = len(request.prompt_ids)
+        if n >= self.max_context:
+            raise ContextLengthExceeded(f"the prompt has {n} tokens; this model's context is {self.max_context} tokens")
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def add(self, sequence: Sequence) -> None:
+        """Queue ``sequence`` (raises when it is invalid or no slot is free)."""
+        self.check(sequence.request)
+        if self.free < 1:
+            raise RuntimeError("no free sequence slot")  # the scheduler admits at most ``slots``
+        sequence.budget = min(sequence.request.max_tokens, self.max_context - sequence.prompt_len)
+        self.queue.append(sequence)
+
+    # ----- one iteration -----------------------------------------------------------------------
+    def iterate(self) -> None:
+        """Advance every sequence by (at most) one step; see the module doc."""
+        for seq in [s for s in self.queue if s.cancelled()]:
+            self.queue.remove(seq)
+            self._cancel(seq)
+        joining = self.staging is not None and self.prefilled >= self.staging.prompt_len
+        if self._regroup_needed or joining:
+            self._drain()
+            self._regroup()
+        if self.staging is None and self.queue and len(self.decoding) < self.slots:
+            self._start_staging(self.queue.popleft())
+        if self.staging is not None and self.prefilled < self.staging.prompt_len:
+            self._launch_prefill(self.staging)
+            self._retire_to(self.micro_batches)
+        for g in range(len(self.groups)):
+            self._retire_group(g)
+            if not self._regroup_needed or any(s is not None and not s.done for s in self._members(g)):
+                self._launch_decode(g)
+            self._retire_to(self.micro_batches)
+
+    def drain(self) -> None:
+        """Collect every step in flight (the batcher is idle or about to stop)."""
+        self._drain()
+
+    def fail_all(self, error: StagewiseError) -> None:
+        """End every sequence with ``error`` (after a bug in the batcher itself) and forget the steps in flight."""
+        self.in_flight.clear()
+        live = [*self.queue, *([self.staging] if self.staging else []), *(s for s in self.decoding if s)]
+        self.queue.clear()
+        self._fail(tuple(live), error)
+        self.decoding, self.groups, self.staging = [], [], None
+        self._regroup_needed = False
+
+    # ----- sequences in and out ----------------------------------------------------------------
+    def _start_staging(self, seq: Sequence) -> None:
+        row = self.staging_row if self.decoding else 0  # nothing decodes: prefill in place, no move
+        self.pipeline.reset(row)
+        seq.row = row
+        self.staging = seq
+        self.prefilled = 0
+
+    def _end(self, seq: Sequence) -> None:
+        """``seq`` is finished: free its row (a hole in the decoding rows until the next compaction)."""
+        seq.done = True
+        if seq is self.staging:
+            self.staging = None
+        elif 0 <= seq.row < len(self.decoding) and self.decoding[seq.row] is seq:
+            self.decoding[seq.row] = None
+            self._regroup_needed = True
+
+    def _cancel(self, seq: Sequence) -> None:
+        self._end(seq)
+        seq.on_error(StepCancelled("cancelled by the client"))
+
+    def _fail(self, seqs: tuple[Sequence | None, ...], error: StagewiseError) -> None:
+        for seq in seqs:
+            if seq is not None and not seq.done:
+                self._end(seq)
+                seq.on_error(error)
+
+    def _emit(self, seq: Sequence, sample: Sample) -> None:
+        """Report ``seq``'s next token; end it on a stop token, its budget, or its consumer's word."""
+        stop = sample.token in seq.request.stop_token_ids
+        last = stop or seq.generated + 1 >= seq.budget
+        reason = ("stop" if stop else "length") if last else None
+        event = TokenEvent(seq.generated, sample, reason)
+        seq.generated += 1
+        seq.next_token = sample.token
+        keep = seq.on_token(event)
+        if last or not keep:
+            self._end(seq)
+
+    # ----- prefill ------------------------------------------------------------------------------
+    def _launch_prefill(self, seq: Sequence) -> None:
+        if seq.cancelled():
+            self._cancel(seq)
+            return
+        lo = self.prefilled
+        chunk = seq.request.prompt_ids[lo : lo + self.prefill_chunk]
+        tokens = torch.tensor(chunk, dtype=torch.long)[None]  # (1, T)
+        positions = torch.arange(lo, lo + len(chunk))[None]
+        try:
+            out = self.pipeline.step(tokens, positions, start=lo, first_row=seq.row)
+        except StagewiseError as exc:
+            self._fail((seq,), exc)
+            return
+        self.prefilled = lo + len(chunk)
+        seq.length = self.prefilled
+        final = self.prefilled >= seq.prompt_len
+        self.in_flight.append(_InFlight((seq,), out.logits if final else None, None, final=final))
+
+    # ----- decode -------------------------------------------------------------------------------
+    def _regroup(self) -> None:
+        """Compact the decoding rows, join the staging sequence, split the rows into groups."""
+        live = [s for s in self.decoding if s is not None]
+        for dst, seq in enumerate(live):
+            if seq.row != dst:
+                self.pipeline.move(seq.row, dst, seq.length)
+                seq.row = dst
+        ready = self.staging
+        if ready is not None and self.prefilled >= ready.prompt_len and not ready.done:
+            dst = len(live)
+            if ready.row != dst:
+                self.pipeline.move(ready.row, dst, ready.length)
+                ready.row = dst
+            live.append(ready)
+            self.staging = None
+        self.decoding = list(live)
+        self.groups = self._plan_groups(len(live))
+        for first, _, run in self.groups:
+            if run > 1:
+                self.pipeline.align(slice(first, first + run))
+        self._regroup_needed = False
+
+    def _plan_groups(self, count: int) -> list[tuple[int, int, int]]:
+        if count == 0:
+            return []
+        n = min(self.micro_batches, count)
+        size = -(-count // n)
+        if self.graphs and n > 1:
+            size = batch_bucket(size)
+        limit = self.staging_row if count < self.slots else self.slots  # padding never reaches the staging row
+        groups = []
+        for first in range(0, count, size):
+            members = min(size, count - first)
+            run = batch_bucket(members) if self.graphs else members
+            if first + run > limit:
+                run = members
+            groups.append((first, members, run))
+        return groups
+
+    def _members(self, g: int) -> list[Sequence | None]:
+        first, members, _ = self.groups[g]
+        return list(self.decoding[first : first + members])
+
+    def _launch_decode(self, g: int) -> None:
+        first, members, run = self.groups[g]
+        for seq in self._members(g):
+            if seq is not None and not seq.done and seq.cancelled():
+                self._cancel(seq)
+        rows = [s if s is not None and not s.done else None for s in self._members(g)] + [None] * (run - members)
+        if not any(rows):
+            return
+        tokens = torch.tensor([[s.next_token if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
+        positions = torch.tensor([[s.length if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
+        try:
+            out = self.pipeline.step(tokens, positions, start=None, first_row=first)
+        except StagewiseError as exc:
+            self._fail(tuple(rows), exc)
+            return
+        for seq in rows:
+            if seq is not None:
+                seq.length += 1
+        assert out.logits is not None
+        logits = out.logits  # (P, 1, V)
+        pairs, ready = None, None
+        if any(s is not None and s.device_greedy for s in rows):
+            pairs, ready = _greedy_pairs(logits[:, -1])
+        self.in_flight.append(_InFlight(tuple(rows), logits, pairs, ready, group=g))
+
+    # ----- collecting results ----------------------------------------------------------------------
+    def _retire_group(self, g: int) -> None:
+        while any(item.group == g for item in self.in_flight):
+            self._retire(self.in_flight.popleft())
+
+    def _retire_to(self, depth: int) -> None:
+        """Collect the oldest steps until at most ``depth`` are in flight."""
+        while len(self.in_flight) > depth:
+            self._retire(self.in_flight.popleft())
+
+    def _drain(self) -> None:
+        while self.in_flight:
+            self._retire(self.in_flight.popleft())
+
+    def _retire(self, item: _InFlight) -> None:
+        if item.logits is None:
+            return  # a prefill chunk before the last: nothing to sample
+        if item.ready is not None:
+            item.ready.synchronize()  # type: ignore[attr-defined]
+        host_pairs = item.pairs.tolist() if item.pairs is not None else None
+        for i, seq in enumerate(item.rows):
+            if seq is None or seq.done:
+                continue
+            try:
+                if host_pairs is not None and seq.device_greedy:
+                    sample = seq.sampler.accept(*host_pairs[i])
+                else:
+                    sample = seq.sampler.sample(item.logits[i, -1], seq.request.top_logprobs)
+            except StagewiseError as exc:
+                self._fail((seq,), exc)
+                continue
+            self._emit(seq, sample)
+
+
+_read_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _greedy_pairs(logits: torch.Tensor) -> tuple[torch.Tensor, object]:
+    """Greedy token and its log-probability for every row of ``logits`` ``(P, V)`` on their device; the
+    ``(P, 2)`` result is copied to the host on a side stream. Returns the host tensor and the event
+    its copy completes at (None: already on the host)."""
+    values, tokens = torch.max(logits, dim=-1)  # (P,) first maximum, as torch.argmax
+    logprobs = values - torch.logsumexp(logits, dim=-1)
+    pairs = torch.stack([tokens.to(torch.float32), logprobs], dim=-1)  # (P, 2)
+    if pairs.device.type != "cuda":
+        return pairs, None
+    host = torch.empty(pairs.shape, dtype=pairs.dtype, pin_memory=True)
+    side = _read_streams.get(pairs.device)
+    if side is None:
+        side = _read_streams[pairs.device] = torch.cuda.Stream(pairs.device)
+    side.wait_stream(torch.cuda.current_stream(pairs.device))
+    pairs.record_stream(side)
+    with torch.cuda.device(pairs.device), torch.cuda.stream(side):
+        host.copy_(pairs, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(side)
+    return host, ready
+
