@@ -24,6 +24,11 @@ def register(sub: Any) -> None:
     p.add_argument("--gen", type=int, default=128, help="generated tokens")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
     p.add_argument("--baseline", choices=["transformers"], default=None)
+    p.add_argument("--concurrency", type=_levels, default=None, metavar="N[,N...]",
+                   help="instead: run N requests at once (continuous batching) for each N, and report aggregate "
+                        "and per-request tokens/s and time to first token")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="with --concurrency: decode groups in flight (default: one per stage)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run, context=None, prefill_chunk=None)
 
@@ -38,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         args.context = max(args.prompt + args.gen + 8, 64)
     if args.prefill_chunk is None:
         args.prefill_chunk = min(args.prompt, DEFAULT_PREFILL_CHUNK_TOKENS)
+    if args.concurrency is not None:
+        return _run_concurrency(args)
     loaded = load_model_from_args(args, quiet=args.json)
     try:
         result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),
@@ -56,6 +63,40 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
     else:
         _print_table(result)
+    return 0
+
+
+def _levels(value: str) -> list[int]:
+    try:
+        levels = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {value!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1, got {value!r}")
+    return levels
+
+
+def _run_concurrency(args: argparse.Namespace) -> int:
+    from stagewise.engine.concurrency_bench import bench_concurrency
+
+    loaded = load_model_from_args(args, quiet=args.json, max_seqs=max(args.concurrency))
+    try:
+        result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),
+                                  "placement": loaded.placement_json, "summary": loaded.placement_summary,
+                                  "prompt_tokens": args.prompt, "gen_tokens": args.gen}
+        result["levels"] = bench_concurrency(loaded, args.concurrency, args.prompt, args.gen, args.repeats,
+                                             args.prefill_chunk, args.micro_batches)
+    finally:
+        loaded.close()
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(result["summary"])
+    print(f"{'streams':>8} {'aggregate tok/s':>16} {'decode tok/s':>13} {'per request':>12} {'TTFT med s':>11} "
+          f"{'TTFT max s':>11}")
+    for row in result["levels"]:
+        print(f"{row['streams']:>8} {row['aggregate_tokens_per_s']:>16.1f} {row['decode_tokens_per_s'] or 0:>13.1f} "
+              f"{row['per_request_tokens_per_s'] or 0:>12.1f} {row['ttft_s_median']:>11.3f} {row['ttft_s_max']:>11.3f}")
     return 0
 
 

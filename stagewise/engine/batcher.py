@@ -63,6 +63,7 @@ class Sequence:
     next_token: int = 0  # the last sampled token: the next decode step's input
     budget: int = 0  # tokens it may generate
     done: bool = False
+    errored: bool = False  # ended by an error or cancellation (its pending tokens are not reported)
 
     def __post_init__(self) -> None:
         self.sampler = Sampler(self.request.sampling)
@@ -114,6 +115,7 @@ class Batcher:
         self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
         self.in_flight: deque[_InFlight] = deque()
         self._regroup_needed = False
+        self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
 
     # ----- admission ---------------------------------------------------------------------------
     @property
@@ -167,17 +169,19 @@ class Batcher:
             self._retire_to(self.micro_batches)
         for g in range(len(self.groups)):
             self._retire_group(g)
-            if not self._regroup_needed or any(s is not None and not s.done for s in self._members(g)):
-                self._launch_decode(g)
+            self._launch_decode(g)
             self._retire_to(self.micro_batches)
+        self._report()
 
     def drain(self) -> None:
         """Collect every step in flight (the batcher is idle or about to stop)."""
         self._drain()
+        self._report()
 
     def fail_all(self, error: StagewiseError) -> None:
         """End every sequence with ``error`` (after a bug in the batcher itself) and forget the steps in flight."""
         self.in_flight.clear()
+        self._events.clear()
         live = [*self.queue, *([self.staging] if self.staging else []), *(s for s in self.decoding if s)]
         self.queue.clear()
         self._fail(tuple(live), error)
@@ -203,25 +207,38 @@ class Batcher:
 
     def _cancel(self, seq: Sequence) -> None:
         self._end(seq)
+        seq.errored = True
         seq.on_error(StepCancelled("cancelled by the client"))
 
     def _fail(self, seqs: tuple[Sequence | None, ...], error: StagewiseError) -> None:
         for seq in seqs:
             if seq is not None and not seq.done:
                 self._end(seq)
+                seq.errored = True
                 seq.on_error(error)
 
     def _emit(self, seq: Sequence, sample: Sample) -> None:
-        """Report ``seq``'s next token; end it on a stop token, its budget, or its consumer's word."""
+        """Take ``seq``'s next token; end it on a stop token or its budget. Its consumer hears of it in
+        :meth:`_report`, once the next steps are launched (the host's work overlaps the devices')."""
         stop = sample.token in seq.request.stop_token_ids
         last = stop or seq.generated + 1 >= seq.budget
         reason = ("stop" if stop else "length") if last else None
-        event = TokenEvent(seq.generated, sample, reason)
+        self._events.append((seq, TokenEvent(seq.generated, sample, reason)))
         seq.generated += 1
         seq.next_token = sample.token
-        keep = seq.on_token(event)
-        if last or not keep:
+        if last:
             self._end(seq)
+
+    def _report(self) -> None:
+        """Hand the sampled tokens to their consumers; a consumer may end its sequence (stop string,
+        client gone): a step launched meanwhile then computed its row for nothing."""
+        events, self._events = self._events, []
+        for seq, event in events:
+            if seq.errored:
+                continue
+            keep = seq.on_token(event)
+            if not keep and not seq.done:
+                self._end(seq)
 
     # ----- prefill ------------------------------------------------------------------------------
     def _launch_prefill(self, seq: Sequence) -> None:
