@@ -262,11 +262,22 @@ class Batcher:
     # ----- decode -------------------------------------------------------------------------------
     def _regroup(self) -> None:
         """Compact the decoding rows, join the staging sequence, split the rows into groups."""
-        live = [s for s in self.decoding if s is not None]
-        for dst, seq in enumerate(live):
-            if seq.row != dst:
-                self.pipeline.move(seq.row, dst, seq.length)
-                seq.row = dst
+        rows = list(self.decoding)
+        while rows and rows[-1] is None:
+            rows.pop()
+        for hole in range(len(rows)):  # fill each hole with the last live row: one move per hole
+            if hole >= len(rows):
+                break
+            if rows[hole] is None:
+                seq = rows.pop()
+                assert seq is not None
+                self.pipeline.move(seq.row, hole, seq.length)
+                seq.row = hole
+                rows[hole] = seq
+                while rows and rows[-1] is None:
+                    rows.pop()
+        live: list[Sequence] = [s for s in rows if s is not None]
+        assert all(s.row == i for i, s in enumerate(live))
         ready = self.staging
         if ready is not None and self.prefilled >= ready.prompt_len and not ready.done:
             dst = len(live)

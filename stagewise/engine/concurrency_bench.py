@@ -5,8 +5,9 @@ once and run to completion through :class:`Batcher`, as the server would run the
 level (median over repeats):
 
 - ``aggregate_tokens_per_s``: every generated token over the whole wall time (prefills included);
-- ``decode_tokens_per_s``: tokens generated once every stream had its first token, over that
-  stretch — the steady decode rate llama.cpp's ``batched-bench`` reports as S_TG;
+- ``decode_tokens_per_s``: tokens generated while all N streams were decoding (from the last
+  stream's first token to the first stream's last), over that stretch — the decode rate at
+  batch N that llama.cpp's ``batched-bench`` reports as S_TG (None if no such stretch);
 - ``per_request_tokens_per_s``: median over requests of (tokens - 1) / (last token - first token);
 - ``ttft_s`` (median and max): from the moment all requests were added to each one's first token.
 """
@@ -59,7 +60,8 @@ def run_level(batcher: Batcher, prompts: list[tuple[int, ...]], gen_tokens: int)
     _sync_all()
     t_end = time.perf_counter()
     all_started = max(s[0] for s in stamps)
-    steady = sum(1 for s in stamps for t in s if t > all_started)
+    first_done = min(s[-1] for s in stamps)
+    steady = sum(1 for s in stamps for t in s if all_started < t <= first_done)
     rates = [(len(s) - 1) / (s[-1] - s[0]) for s in stamps if len(s) > 1 and s[-1] > s[0]]
     ttfts = [s[0] - t0 for s in stamps]
     generated = sum(len(s) for s in stamps)
@@ -68,7 +70,7 @@ def run_level(batcher: Batcher, prompts: list[tuple[int, ...]], gen_tokens: int)
         "generated_tokens": generated,
         "wall_s": t_end - t0,
         "aggregate_tokens_per_s": generated / (t_end - t0),
-        "decode_tokens_per_s": steady / (t_end - all_started) if t_end > all_started else None,
+        "decode_tokens_per_s": steady / (first_done - all_started) if first_done > all_started else None,
         "per_request_tokens_per_s": statistics.median(rates) if rates else None,
         "ttft_s_median": statistics.median(ttfts),
         "ttft_s_max": max(ttfts),
