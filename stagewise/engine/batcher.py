@@ -77,7 +77,7 @@ class Sequence:
         return self.sampler.plain_greedy(self.request.top_logprobs)
 
 
-@dataclass
+@dataclass(eq=False)
 class _InFlight:
     """A launched step whose tokens have not been collected: a decode group or a prefill chunk."""
 
@@ -85,6 +85,7 @@ class _InFlight:
     logits: torch.Tensor | None  # (P, 1, V) on the exit device
     pairs: torch.Tensor | None  # (P, 2) greedy token and log-probability, host (pinned) once ready
     ready: object = None  # CUDA event the host copy of ``pairs`` completes at
+    tokens: torch.Tensor | None = None  # (P, 1) the greedy tokens on the exit device (every row greedy)
     group: int = -1  # decode group index; -1 for a prefill chunk
     final: bool = True  # prefill: the prompt's last chunk (its logits give the first token)
 
@@ -168,8 +169,16 @@ class Batcher:
             self._launch_prefill(self.staging)
             self._retire_to(self.micro_batches)
         for g in range(len(self.groups)):
-            self._retire_group(g)
-            self._launch_decode(g)
+            previous = next((item for item in self.in_flight if item.group == g), None)
+            if previous is not None and previous.tokens is not None:
+                # every row greedy: the next step reads the tokens where they were sampled and is
+                # launched before the host collects them, so the devices never wait for the host
+                self._launch_decode(g, previous.tokens)
+                while previous in self.in_flight:
+                    self._retire(self.in_flight.popleft())
+            else:
+                self._retire_group(g)
+                self._launch_decode(g)
             self._retire_to(self.micro_batches)
         self._report()
 
@@ -314,7 +323,9 @@ class Batcher:
         first, members, _ = self.groups[g]
         return list(self.decoding[first : first + members])
 
-    def _launch_decode(self, g: int) -> None:
+    def _launch_decode(self, g: int, device_tokens: torch.Tensor | None = None) -> None:
+        """Launch group ``g``'s next step; its input tokens are the host's (each row's last sampled
+        token) or ``device_tokens``, the previous step's greedy tokens still on the device."""
         first, members, run = self.groups[g]
         for seq in self._members(g):
             if seq is not None and not seq.done and seq.cancelled():
@@ -322,7 +333,10 @@ class Batcher:
         rows = [s if s is not None and not s.done else None for s in self._members(g)] + [None] * (run - members)
         if not any(rows):
             return
-        tokens = torch.tensor([[s.next_token if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
+        if device_tokens is not None:
+            tokens = device_tokens  # (P, 1)
+        else:
+            tokens = torch.tensor([[s.next_token if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
         positions = torch.tensor([[s.length if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
         try:
             out = self.pipeline.step(tokens, positions, start=None, first_row=first)
@@ -334,10 +348,12 @@ class Batcher:
                 seq.length += 1
         assert out.logits is not None
         logits = out.logits  # (P, 1, V)
-        pairs, ready = None, None
+        pairs, ready, greedy = None, None, None
         if any(s is not None and s.device_greedy for s in rows):
-            pairs, ready = _greedy_pairs(logits[:, -1])
-        self.in_flight.append(_InFlight(tuple(rows), logits, pairs, ready, group=g))
+            greedy, pairs, ready = _greedy_pairs(logits[:, -1])
+            if not all(s is None or s.device_greedy for s in rows):
+                greedy = None  # some row samples on the host: its token is not known on the device
+        self.in_flight.append(_InFlight(tuple(rows), logits, pairs, ready, greedy, group=g))
 
     # ----- collecting results ----------------------------------------------------------------------
     def _retire_group(self, g: int) -> None:
@@ -376,15 +392,16 @@ class Batcher:
 _read_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def _greedy_pairs(logits: torch.Tensor) -> tuple[torch.Tensor, object]:
+def _greedy_pairs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, object]:
     """Greedy token and its log-probability for every row of ``logits`` ``(P, V)`` on their device; the
-    ``(P, 2)`` result is copied to the host on a side stream. Returns the host tensor and the event
-    its copy completes at (None: already on the host)."""
+    ``(P, 2)`` result is copied to the host on a side stream. Returns the tokens ``(P, 1)`` on the
+    device, the host tensor and the event its copy completes at (None: already on the host)."""
     values, tokens = torch.max(logits, dim=-1)  # (P,) first maximum, as torch.argmax
     logprobs = values - torch.logsumexp(logits, dim=-1)
     pairs = torch.stack([tokens.to(torch.float32), logprobs], dim=-1)  # (P, 2)
+    device_tokens = tokens[:, None]  # (P, 1)
     if pairs.device.type != "cuda":
-        return pairs, None
+        return device_tokens, pairs, None
     host = torch.empty(pairs.shape, dtype=pairs.dtype, pin_memory=True)
     side = _read_streams.get(pairs.device)
     if side is None:
@@ -395,5 +412,5 @@ def _greedy_pairs(logits: torch.Tensor) -> tuple[torch.Tensor, object]:
         host.copy_(pairs, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record(side)
-    return host, ready
+    return device_tokens, host, ready
 
