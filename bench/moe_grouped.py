@@ -40,6 +40,16 @@ MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "qwen3.6-35b-a3b": (256, 8, 2048
 TOKENS = (512, 2048)
 FORMATS = ("q8_0", "bf16")
 _T = GemmTiles
+DECODE_SWEEP = [  # few slots per expert (batched decode): small row blocks
+    GroupedConfig(64, _T(128, 128, 8, 3), _T(128, 64, 4, 4)),
+    GroupedConfig(16, _T(64, 128, 4, 4), _T(64, 128, 4, 4)),
+    GroupedConfig(16, _T(128, 128, 4, 4), _T(128, 128, 4, 4)),
+    GroupedConfig(16, _T(64, 256, 4, 3), _T(64, 256, 4, 3)),
+    GroupedConfig(16, _T(32, 256, 4, 4), _T(32, 256, 4, 4)),
+    GroupedConfig(16, _T(64, 128, 2, 4), _T(64, 128, 2, 4)),
+    GroupedConfig(16, _T(128, 256, 8, 3), _T(128, 256, 8, 3)),
+    GroupedConfig(32, _T(64, 128, 4, 4), _T(64, 128, 4, 4)),
+]
 SWEEP = [  # (block_m, gate_up tiles, down tiles)
     GroupedConfig(64, _T(128, 64, 4, 4), _T(128, 64, 4, 4)),
     GroupedConfig(64, _T(128, 128, 8, 3), _T(128, 128, 8, 3)),
@@ -138,7 +148,7 @@ def _case(ex: Experts, tokens: int, k: int, dev: torch.device, sweep: bool) -> d
         }
         if sweep:
             row["sweep_ms"] = {}
-            for cfg in SWEEP:
+            for cfg in (DECODE_SWEEP if tokens <= 128 else SWEEP):
                 fn = lambda cfg=cfg: grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, cfg)  # noqa: E731
                 row["sweep_ms"][repr(cfg)] = _time_ms(fn, warmup=2, iters=10)
     return row
@@ -148,16 +158,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results/moe_grouped_h200.json")
     ap.add_argument("--sweep", action="store_true", help="also time a few tile configs per case")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts (default 512,2048)")
+    ap.add_argument("--models", default=",".join(MODELS), help="expert geometries")
+    ap.add_argument("--formats", default=",".join(FORMATS))
     args = ap.parse_args()
     dev = torch.device("cuda:0")
     started = time.perf_counter()
     rows = []
     print(f"{'model':16s} {'fmt':5s} {'tokens':>6s} {'loop ms':>9s} {'grouped ms':>10s} {'speedup':>8s} "
           f"{'max|diff|':>10s} {'rel diff':>9s} det sync graph")
-    for model, (e, k, h, i) in MODELS.items():
-        for fmt in FORMATS:
+    for model in args.models.split(","):
+        e, k, h, i = MODELS[model]
+        for fmt in args.formats.split(","):
             ex = _make_experts(e, h, i, fmt, dev)
-            for tokens in TOKENS:
+            for tokens in map(int, args.tokens.split(",")):
                 row = {"model": model, "format": fmt, "E": e, "K": k, "H": h, "I": i,
                        **_case(ex, tokens, k, dev, args.sweep)}
                 rows.append(row)

@@ -24,6 +24,10 @@ from stagewise.kernels.moe_grouped_triton import (
 )
 
 
+DECODE_ROWS = 64
+TILES_DECODE_DENSE = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=4)
+
+
 @functools.lru_cache(maxsize=64)
 def _identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlignment:
     """Rows ``0..rows-1`` in order, all of expert 0, padded to whole ``block_m`` blocks."""
@@ -39,6 +43,8 @@ def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
     """``(block_m, tiles)``: a function of the row count and device kind only (deterministic)."""
     if device.type != "cuda":
         return INTERPRETER.block_m, INTERPRETER.gate_up
+    if rows <= DECODE_ROWS:  # a batched decode step: 16-row blocks, narrow tiles (enough programs to read fast)
+        return 16, TILES_DECODE_DENSE
     return (128, TILES_128) if rows >= 1024 else (64, TILES_64_Q8_0_GATE_UP)
 
 
