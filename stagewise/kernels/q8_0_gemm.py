@@ -23,7 +23,6 @@ from stagewise.kernels.moe_grouped_triton import (
     grouped_gemm,
 )
 
-
 DECODE_ROWS = 64
 TILES_DECODE_DENSE = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=4)
 
