@@ -1,0 +1,51 @@
+"""Run a command with the batched-decode tiles of the Q8_0 kernels replaced: an A/B tool.
+
+    python3 bench/moe_variant.py VARIANT bench/profile_batch.py random:qwen3-30b-a3b@q8_0 --streams 32
+    python3 bench/moe_variant.py VARIANT -m stagewise bench random:qwen3-30b-a3b@q8_0 --concurrency 32 ...
+
+VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
+GEMV); ``experts=BN,BK,WARPS,STAGES`` (the MoE decode tiles); ``dense=BN,BK,WARPS,STAGES`` (the
+dense Q8_0 decode tiles).
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import stagewise.kernels.moe_grouped_triton as grouped
+import stagewise.kernels.q8_0_gemm as q8_gemm
+import stagewise.weights.quant.q8_0 as q8
+
+
+def _tiles(spec: str) -> grouped.GemmTiles:
+    bn, bk, warps, stages = (int(v) for v in spec.split(","))
+    return grouped.GemmTiles(bn, bk, warps, stages)
+
+
+def apply(variant: str) -> None:
+    for part in variant.split("+"):
+        if part == "default":
+            continue
+        if part == "gemv64":
+            q8.GEMV_MAX_TOKENS = 64
+        elif part.startswith("experts="):
+            grouped.TILES_DECODE = _tiles(part.split("=", 1)[1])
+        elif part.startswith("dense="):
+            q8_gemm.TILES_DECODE_DENSE = _tiles(part.split("=", 1)[1])
+        else:
+            raise SystemExit(f"unknown variant {part!r}")
+
+
+if __name__ == "__main__":
+    apply(sys.argv[1])
+    rest = sys.argv[2:]
+    if rest[0] == "-m":
+        sys.argv = [rest[1], *rest[2:]]
+        runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = rest
+        runpy.run_path(rest[0], run_name="__main__")
