@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,7 @@ from stagewise.engine.tokenizer import Tokenizer
 from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.server.openai_errors import InvalidParam
-from stagewise.server.schemas import ChatCompletionBody, CompletionBody, SamplingFields
+from stagewise.server.schemas import ChatCompletionBody, ChatMessage, CompletionBody, SamplingFields
 
 
 @dataclass(frozen=True)
@@ -70,11 +69,11 @@ def _common(body: SamplingFields) -> None:
         raise InvalidParam("only n=1 is supported", "n")
 
 
-def _engine_request(prefix: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
+def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
                     model: LoadedModel, logprobs: bool, top_logprobs: int) -> EngineRequest:
     try:
         return EngineRequest(
-            request_id=f"{prefix}-{uuid.uuid4().hex[:24]}",
+            request_id=request_id,
             prompt_ids=tuple(prompt_ids),
             max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context),
             sampling=_sampling(body),
@@ -86,43 +85,50 @@ def _engine_request(prefix: str, prompt_ids: list[int], asked: int | None, body:
     except InvalidParam:
         raise
     except ContextLengthExceeded as exc:
-        raise InvalidParam(str(exc), "messages" if prefix == "chatcmpl" else "prompt", exc.code) from exc
+        raise InvalidParam(str(exc), "messages" if request_id.startswith("chatcmpl") else "prompt", exc.code) from exc
     except StagewiseError as exc:
         param = next((k for k in ("stop", "top_logprobs", "max_tokens") if k in str(exc)), None)
         raise InvalidParam(str(exc), param) from exc
 
 
-def build_chat(body: ChatCompletionBody, model: LoadedModel) -> BuiltRequest:
-    """Render the messages through the model's chat template and tokenize them."""
+def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of ``chat`` rendered through the model's chat template (``tools`` offered)."""
+    tokenizer = _tokenizer(model)
+    messages = [m.model_dump(exclude_none=True) for m in chat]
+    for message in messages:
+        if message["role"] == "developer":  # OpenAI's newer name for the system role
+            message["role"] = "system"
+    try:
+        text = model.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                          special_tokens=tokenizer.special_tokens_map)
+    except StagewiseError as exc:
+        raise InvalidParam(str(exc), "messages") from exc
+    return tokenizer.encode(text)
+
+
+def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
+    """Render the messages through the model's chat template and tokenize them; the completion id is
+    ``chatcmpl-<request_id>``."""
     _common(body)
     if body.response_format is not None and body.response_format.get("type") not in (None, "text"):
         raise InvalidParam(f"response_format {body.response_format.get('type')!r} is not supported", "response_format")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
-    tokenizer = _tokenizer(model)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    for message in messages:
-        if message["role"] == "developer":  # OpenAI's newer name for the system role
-            message["role"] = "system"
     tools = body.tools if body.tools and body.tool_choice != "none" else None
     if tools is not None:
         for i, tool in enumerate(tools):
             if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
                 raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", f"tools.{i}")
-    try:
-        text = model.chat_template.render(messages, add_generation_prompt=True, tools=tools,
-                                          special_tokens=tokenizer.special_tokens_map)
-    except StagewiseError as exc:
-        raise InvalidParam(str(exc), "messages") from exc
-    ids = tokenizer.encode(text)
+    ids = chat_prompt_ids(body.messages, model, tools)
     asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    request = _engine_request("chatcmpl", ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0)
+    request = _engine_request(f"chatcmpl-{request_id}", ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0)
     fmt = detect_tool_call_format(model.chat_template.source) if tools is not None else None
     return BuiltRequest(request, bool(body.stream), _include_usage(body), fmt)
 
 
-def build_completion(body: CompletionBody, model: LoadedModel) -> BuiltRequest:
-    """Tokenize (or take) the prompt of a text completion."""
+def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
+    """Tokenize (or take) the prompt of a text completion; the completion id is ``cmpl-<request_id>``."""
     _common(body)
     if body.echo:
         raise InvalidParam("echo is not supported", "echo")
@@ -141,7 +147,7 @@ def build_completion(body: CompletionBody, model: LoadedModel) -> BuiltRequest:
     top = body.logprobs
     if top is not None and not 0 <= top <= 5:
         raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")
-    request = _engine_request("cmpl", ids, body.max_tokens, body, model, top is not None, top or 0)
+    request = _engine_request(f"cmpl-{request_id}", ids, body.max_tokens, body, model, top is not None, top or 0)
     return BuiltRequest(request, bool(body.stream), _include_usage(body))
 
 

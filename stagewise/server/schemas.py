@@ -62,3 +62,22 @@ class CompletionBody(SamplingFields):
     logprobs: int | None = None
     echo: bool | None = None
     suffix: str | None = None
+
+
+class TokenizeBody(_Body):
+    """``POST /tokenize`` (llama.cpp's and vLLM's): ``content`` or ``prompt`` text, or chat ``messages``."""
+
+    model: str | None = None
+    content: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special: bool | None = None  # llama.cpp's name
+    add_special_tokens: bool | None = None  # vLLM's name
+    add_generation_prompt: bool = True
+
+
+class DetokenizeBody(_Body):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]

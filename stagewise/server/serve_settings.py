@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from stagewise.errors import ConfigError
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # 4 MiB
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s]+")  # an origin as browsers send it: no path, no slash
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class ServeSettings:
     worker_timeout_s: float = 30.0
     measure_links: bool = True  # time the links between joined workers before planning
     warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); "*" for any; () = off
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -48,6 +51,9 @@ class ServeSettings:
             raise ConfigError(f"the body size limit must be >= 1024 bytes, got {self.max_body_bytes}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("--api-key must not be empty")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ConfigError(f"--cors-origin must be '*' or scheme://host[:port] (no path), got {origin!r}")
 
     @property
     def base_url(self) -> str:
