@@ -171,3 +171,49 @@ def test_request_id_streamed(client: OpenAI) -> None:
 def test_bad_request_id_is_400(http: TestClient, bad: str) -> None:
     r = http.post("/v1/chat/completions", json={"messages": HELLO}, headers={**AUTH, "X-Request-Id": bad})
     _error(r, 400, "X-Request-Id")
+
+
+# ----- sampling fields -------------------------------------------------------------------------
+def test_logit_bias_forces_and_bans_tokens(client: OpenAI, loaded: LoadedModel) -> None:
+    assert loaded.tokenizer is not None
+    word = loaded.tokenizer.token_to_id("ibonacci")
+    assert word is not None
+    forced = client.chat.completions.create(model="m", messages=HELLO, max_tokens=5, temperature=0,  # type: ignore[arg-type]
+                                            logit_bias={str(word): 100})
+    assert forced.choices[0].message.content == "ibonacci" * 5
+    sampled = client.completions.create(model="m", prompt="Hello", max_tokens=4, temperature=1.0, seed=3,
+                                        logit_bias={str(word): 100})
+    assert sampled.choices[0].text == "ibonacci" * 4
+    plain = client.completions.create(model="m", prompt="Hello", max_tokens=6, temperature=0, logprobs=0)
+    first = plain.choices[0].logprobs.tokens[0]  # type: ignore[union-attr, index]
+    banned = loaded.tokenizer.encode(first)
+    assert len(banned) == 1
+    avoided = client.completions.create(model="m", prompt="Hello", max_tokens=6, temperature=0, logprobs=0,
+                                        logit_bias={str(banned[0]): -100})
+    assert avoided.choices[0].logprobs.tokens[0] != first  # type: ignore[union-attr, index]
+
+
+@pytest.mark.parametrize(("bias", "param"), [({str(MODEL_VOCAB): 1}, "logit_bias"), ({"-1": 1}, "logit_bias"),
+                                             ({"abc": 1}, "logit_bias"), ({"5": 101}, "logit_bias"),
+                                             ({"5": "x"}, "logit_bias")])
+def test_bad_logit_bias_is_400(http: TestClient, bias: dict[str, object], param: str) -> None:
+    r = http.post("/v1/chat/completions", json={"messages": HELLO, "logit_bias": bias}, headers=AUTH)
+    _error(r, 400, param)
+
+
+def test_top_k_minus_one_is_off(client: OpenAI) -> None:
+    kw = dict(model="m", messages=HELLO, max_tokens=8, temperature=1.0, seed=11)
+    off = client.chat.completions.create(extra_body={"top_k": -1}, **kw)  # type: ignore[call-overload]
+    zero = client.chat.completions.create(extra_body={"top_k": 0}, **kw)  # type: ignore[call-overload]
+    assert off.choices[0].message.content == zero.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(extra_body={"top_k": -2}, **kw)  # type: ignore[call-overload]
+    assert info.value.body["param"] == "top_k"  # type: ignore[index]
+
+
+def test_completions_default_max_tokens_is_16(client: OpenAI) -> None:
+    reply = client.completions.create(model="m", prompt="Hello", temperature=0)
+    assert reply.usage is not None and reply.usage.completion_tokens == 16
+    assert reply.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model="m", messages=HELLO, temperature=0)  # type: ignore[arg-type]
+    assert chat.usage is not None and chat.usage.completion_tokens > 16  # chat: the rest of the context

@@ -14,6 +14,8 @@ from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.server.openai_errors import InvalidParam
 from stagewise.server.schemas import ChatCompletionBody, ChatMessage, CompletionBody, SamplingFields
 
+COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI (chat: the rest of the context)
+
 
 @dataclass(frozen=True)
 class BuiltRequest:
@@ -31,9 +33,22 @@ def _tokenizer(model: LoadedModel) -> Tokenizer:
     return model.tokenizer
 
 
-def _sampling(body: SamplingFields) -> SamplingParams:
-    fields = {name: getattr(body, name) for name in ("temperature", "top_p", "top_k", "min_p",
-                                                      "presence_penalty", "frequency_penalty", "seed")}
+def _logit_bias(asked: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as ``((id, bias), ...)``; ids must be in the model's vocabulary."""
+    if not asked:
+        return ()
+    pairs = []
+    for key, bias in asked.items():
+        if not key.isascii() or not key.isdigit() or not 0 <= int(key) < vocab_size:
+            raise InvalidParam(f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}", "logit_bias")
+        pairs.append((int(key), bias))
+    return tuple(pairs)
+
+
+def _sampling(body: SamplingFields, vocab_size: int) -> SamplingParams:
+    fields: dict[str, Any] = {name: getattr(body, name) for name in (
+        "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")}
+    fields["logit_bias"] = _logit_bias(body.logit_bias, vocab_size)
     try:
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
     except StagewiseError as exc:
@@ -47,13 +62,14 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _max_tokens(asked: int | None, prompt_tokens: int, context: int) -> int:
+def _max_tokens(asked: int | None, prompt_tokens: int, context: int, default: int | None = None) -> int:
+    """``asked``, else ``default`` (at most what the context leaves), else the rest of the context."""
     if prompt_tokens >= context:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens; the prompt has {prompt_tokens} tokens."
         )
     if asked is None:
-        return context - prompt_tokens
+        return min(default, context - prompt_tokens) if default is not None else context - prompt_tokens
     if asked < 1:
         raise InvalidParam(f"max_tokens must be >= 1, got {asked}", "max_tokens")
     if prompt_tokens + asked > context:
@@ -70,13 +86,14 @@ def _common(body: SamplingFields) -> None:
 
 
 def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
-                    model: LoadedModel, logprobs: bool, top_logprobs: int) -> EngineRequest:
+                    model: LoadedModel, logprobs: bool, top_logprobs: int,
+                    default_max_tokens: int | None = None) -> EngineRequest:
     try:
         return EngineRequest(
             request_id=request_id,
             prompt_ids=tuple(prompt_ids),
-            max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context),
-            sampling=_sampling(body),
+            max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context, default_max_tokens),
+            sampling=_sampling(body, model.config.vocab_size),
             stop=_stops(body.stop),
             stop_token_ids=model.stop_token_ids,
             logprobs=logprobs,
@@ -147,7 +164,8 @@ def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) 
     top = body.logprobs
     if top is not None and not 0 <= top <= 5:
         raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")
-    request = _engine_request(f"cmpl-{request_id}", ids, body.max_tokens, body, model, top is not None, top or 0)
+    request = _engine_request(f"cmpl-{request_id}", ids, body.max_tokens, body, model, top is not None, top or 0,
+                              COMPLETION_MAX_TOKENS)
     return BuiltRequest(request, bool(body.stream), _include_usage(body))
 
 

@@ -42,6 +42,7 @@ class SamplingFields(_Body):
     stop: str | list[str] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) → bias in [-100, 100]
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
