@@ -217,3 +217,13 @@ def test_completions_default_max_tokens_is_16(client: OpenAI) -> None:
     assert reply.choices[0].finish_reason == "length"
     chat = client.chat.completions.create(model="m", messages=HELLO, temperature=0)  # type: ignore[arg-type]
     assert chat.usage is not None and chat.usage.completion_tokens > 16  # chat: the rest of the context
+
+
+def test_logprobs_bytes_are_the_tokens_own(client: OpenAI, loaded: LoadedModel) -> None:
+    assert loaded.tokenizer is not None
+    lead = loaded.tokenizer.token_to_id("Ã")  # byte 0xC3 alone: the first half of a two-byte character
+    reply = client.chat.completions.create(model="m", messages=HELLO, max_tokens=3, temperature=0, logprobs=True,  # type: ignore[arg-type]
+                                           top_logprobs=2, logit_bias={str(lead): 100})
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and [e.bytes for e in content] == [[0xC3]] * 3
+    assert all(e.top_logprobs[0].bytes is not None for e in content)
