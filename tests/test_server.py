@@ -153,7 +153,7 @@ def test_text_completions(client: OpenAI) -> None:
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
-        ({"messages": HELLO, "n": 2}, "n", None),
+        ({"messages": HELLO, "n": 17}, "n", None),
         ({"messages": HELLO, "temperature": "hot"}, "temperature", None),
         ({"messages": HELLO, "max_tokens": 1.5}, "max_tokens", None),
         ({"messages": "hi"}, "messages", None),

@@ -227,3 +227,49 @@ def test_logprobs_bytes_are_the_tokens_own(client: OpenAI, loaded: LoadedModel) 
     content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and [e.bytes for e in content] == [[0xC3]] * 3
     assert all(e.top_logprobs[0].bytes is not None for e in content)
+
+
+# ----- n > 1 -----------------------------------------------------------------------------------
+def test_n_choices_with_derived_seeds(client: OpenAI) -> None:
+    kw = dict(model="m", messages=HELLO, max_tokens=6, temperature=1.0)
+    reply = client.chat.completions.create(n=3, seed=100, **kw)  # type: ignore[call-overload]
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    texts = [c.message.content for c in reply.choices]
+    for i in range(3):  # choice i samples as a single request seeded seed + i
+        alone = client.chat.completions.create(seed=100 + i, **kw)  # type: ignore[call-overload]
+        assert alone.choices[0].message.content == texts[i]
+    assert len(set(texts)) > 1
+    single = client.chat.completions.create(seed=100, **kw)  # type: ignore[call-overload]
+    assert reply.usage is not None and single.usage is not None
+    assert reply.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counts once
+    assert reply.usage.completion_tokens == 18 == 3 * single.usage.completion_tokens
+
+
+def test_n_choices_streamed(client: OpenAI) -> None:
+    kw = dict(model="m", messages=HELLO, max_tokens=5, temperature=1.0, seed=5, n=2)
+    full = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(ch.delta.content or "" for ch in mine) == full.choices[index].message.content
+        assert [ch.finish_reason for ch in mine if ch.finish_reason] == [full.choices[index].finish_reason]
+    assert chunks[-1].usage is not None and full.usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_n_on_completions(client: OpenAI) -> None:
+    reply = client.completions.create(model="m", prompt="Hello", max_tokens=4, temperature=0, n=2, logprobs=1)
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert reply.choices[0].text == reply.choices[1].text  # greedy: the same twice
+    assert reply.usage is not None and reply.usage.completion_tokens == 8
+    streamed = list(client.completions.create(model="m", prompt="Hello", max_tokens=4, temperature=0, n=2,
+                                              stream=True))
+    for index in (0, 1):
+        text = "".join(c.choices[0].text for c in streamed if c.choices and c.choices[0].index == index)
+        assert text == reply.choices[index].text
+
+
+@pytest.mark.parametrize("n", [0, 17])
+def test_n_out_of_range_is_400(http: TestClient, n: int) -> None:
+    _error(http.post("/v1/chat/completions", json={"messages": HELLO, "n": n}, headers=AUTH), 400, "n")

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.errors import StagewiseError
 from stagewise.server import chat_handler, completion_handler, tokenize_handler
+from stagewise.server.choices import Choices
 from stagewise.server.guards import Guards
 from stagewise.server.openai_errors import (
     BodyTooLarge,
@@ -30,7 +31,7 @@ from stagewise.server.openai_errors import (
     error_response,
     from_validation,
 )
-from stagewise.server.output_stream import ClientGone, OutputStream
+from stagewise.server.output_stream import ClientGone
 from stagewise.server.request_builder import build_chat, build_completion
 from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
 from stagewise.server.request_id import RequestIds, request_id_of
@@ -130,7 +131,8 @@ def build_app(state: ServerState) -> FastAPI:
         return JSONResponse(tokenize_handler.detokenize(body, model))
 
     async def generate(request: Request, schema: Any, build: Any, respond: Any) -> Response:
-        """Validate the body with ``schema``, ``build`` the engine request, submit it, ``respond``."""
+        """Validate the body with ``schema``, ``build`` the engine requests (one per choice), submit them,
+        ``respond``."""
         raw = await read_json(request, settings.max_body_bytes)
         engine, model = state.serving()
         try:
@@ -138,9 +140,8 @@ def build_app(state: ServerState) -> FastAPI:
         except ValidationError as exc:
             raise from_validation(exc) from exc
         built = build(body, model, request_id_of(request.scope))
-        stream = OutputStream()
-        handle = engine.submit(built.request, stream.put)
-        response: Response = await respond(built, handle, stream, model.name, request)
+        choices = Choices.submit(engine, built.requests)
+        response: Response = await respond(built, choices, model.name, request)
         return response
 
     @app.post("/v1/chat/completions")

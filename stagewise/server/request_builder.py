@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stagewise.engine.loaded_model import LoadedModel
@@ -17,14 +17,42 @@ from stagewise.server.schemas import ChatCompletionBody, ChatMessage, Completion
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI (chat: the rest of the context)
 
 
+MAX_CHOICES = 16  # n per request; each choice is an engine request of its own
+
+
 @dataclass(frozen=True)
 class BuiltRequest:
-    """The engine request plus how to shape the response."""
+    """The engine requests (one per choice, ``n``) plus how to shape the response."""
 
-    request: EngineRequest
+    response_id: str  # the completion's id: chatcmpl-<request id> / cmpl-<request id>
+    requests: tuple[EngineRequest, ...]
     stream: bool
     include_usage: bool
     tool_format: ToolCallFormat | None = None  # set when tools were offered: parse the output for calls
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.requests) <= MAX_CHOICES:
+            raise ValueError(f"a response has 1..{MAX_CHOICES} choices, got {len(self.requests)}")
+
+    @property
+    def request(self) -> EngineRequest:
+        """The first choice's request (every choice asks the same but for its seed)."""
+        return self.requests[0]
+
+
+def _choices(response_id: str, request: EngineRequest, n: int | None) -> tuple[EngineRequest, ...]:
+    """``n`` copies of ``request``: ids ``<response id>-<i>`` and seeds ``seed + i`` (a seed given) when n > 1."""
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_CHOICES:
+        raise InvalidParam(f"n must be in [1, {MAX_CHOICES}], got {n}", "n")
+    if n == 1:
+        return (request,)
+    seed = request.sampling.seed
+    return tuple(
+        replace(request, request_id=f"{response_id}-{i}",
+                sampling=replace(request.sampling, seed=None if seed is None else seed + i))
+        for i in range(n)
+    )
 
 
 def _tokenizer(model: LoadedModel) -> Tokenizer:
@@ -80,11 +108,6 @@ def _max_tokens(asked: int | None, prompt_tokens: int, context: int, default: in
     return asked
 
 
-def _common(body: SamplingFields) -> None:
-    if body.n not in (None, 1):
-        raise InvalidParam("only n=1 is supported", "n")
-
-
 def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
                     model: LoadedModel, logprobs: bool, top_logprobs: int,
                     default_max_tokens: int | None = None) -> EngineRequest:
@@ -127,7 +150,6 @@ def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dic
 def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
     """Render the messages through the model's chat template and tokenize them; the completion id is
     ``chatcmpl-<request_id>``."""
-    _common(body)
     if body.response_format is not None and body.response_format.get("type") not in (None, "text"):
         raise InvalidParam(f"response_format {body.response_format.get('type')!r} is not supported", "response_format")
     if body.top_logprobs is not None and not body.logprobs:
@@ -139,14 +161,15 @@ def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) ->
                 raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", f"tools.{i}")
     ids = chat_prompt_ids(body.messages, model, tools)
     asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    request = _engine_request(f"chatcmpl-{request_id}", ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0)
+    response_id = f"chatcmpl-{request_id}"
+    request = _engine_request(response_id, ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0)
     fmt = detect_tool_call_format(model.chat_template.source) if tools is not None else None
-    return BuiltRequest(request, bool(body.stream), _include_usage(body), fmt)
+    return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body),
+                        fmt)
 
 
 def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
     """Tokenize (or take) the prompt of a text completion; the completion id is ``cmpl-<request_id>``."""
-    _common(body)
     if body.echo:
         raise InvalidParam("echo is not supported", "echo")
     if body.suffix:
@@ -164,9 +187,10 @@ def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) 
     top = body.logprobs
     if top is not None and not 0 <= top <= 5:
         raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")
-    request = _engine_request(f"cmpl-{request_id}", ids, body.max_tokens, body, model, top is not None, top or 0,
+    response_id = f"cmpl-{request_id}"
+    request = _engine_request(response_id, ids, body.max_tokens, body, model, top is not None, top or 0,
                               COMPLETION_MAX_TOKENS)
-    return BuiltRequest(request, bool(body.stream), _include_usage(body))
+    return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body))
 
 
 def _include_usage(body: SamplingFields) -> bool:
