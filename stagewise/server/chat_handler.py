@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from stagewise.engine.request_output import TokenLogprob
+from stagewise.engine.tool_call_stream import Delta, ToolCallDelta, ToolCallStream
 from stagewise.engine.tool_calls import parse_tool_calls
 from stagewise.server import openai_format as fmt
 from stagewise.server.choices import Choices
@@ -52,7 +53,20 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
               logprobs: dict[str, Any] | None = None, use: dict[str, int] | None = None) -> str:
         return fmt.sse(fmt.chat_chunk(rid, created, model, delta, reason, logprobs, use, usage_on, index))
 
-    buffered: list[list[str]] = [[] for _ in range(choices.n)]  # with tools offered, text is held to be parsed
+    # with tools offered, each choice's text goes through a parser that splits out tool-call deltas
+    parsers = [ToolCallStream(built.tool_format) if built.tool_format is not None else None
+               for _ in range(choices.n)]
+
+    def deltas(index: int, found: list[Delta], logprobs: dict[str, Any] | None) -> Iterator[str]:
+        """Chunks for the parser's deltas; logprobs ride on the first (or on an empty delta)."""
+        for delta in found:
+            if isinstance(delta, ToolCallDelta):
+                yield chunk(index, {"tool_calls": [delta.to_openai()]}, logprobs=logprobs)
+            else:
+                yield chunk(index, {"content": delta}, logprobs=logprobs)
+            logprobs = None
+        if logprobs:
+            yield chunk(index, {}, logprobs=logprobs)
     completion_tokens = [0] * choices.n
     prompt_tokens = 0
     finished = 0
@@ -65,21 +79,15 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
                 yield fmt.sse(typed_error_body(failure(out)))
                 break
             logprobs = fmt.chat_logprobs(out.logprobs) if out.logprobs else None
-            if built.tool_format is not None:
-                buffered[index].append(out.text)
-                if logprobs:
-                    yield chunk(index, {}, logprobs=logprobs)
+            parser = parsers[index]
+            if parser is not None:
+                found = parser.push(out.text) + (parser.finish() if out.finished else [])
+                for event in deltas(index, [d for d in found if d], logprobs):
+                    yield event
             elif out.text or logprobs:
                 yield chunk(index, {"content": out.text}, logprobs=logprobs)
             if out.finished:
-                reason = str(out.finish_reason)
-                if built.tool_format is not None:
-                    message, reason = final_message("".join(buffered[index]), built, reason)
-                    delta = {k: v for k, v in message.items() if k != "role" and v is not None}
-                    if "tool_calls" in delta:
-                        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
-                    if delta:
-                        yield chunk(index, delta)
+                reason = "tool_calls" if parser is not None and parser.calls else str(out.finish_reason)
                 yield chunk(index, {}, reason)
                 finished += 1
                 completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens
