@@ -1,15 +1,19 @@
-"""Sampling: temperature, top-k, top-p, min-p, penalties, logit bias and seeded reproducibility."""
+"""Sampling: temperature, top-k, top-p, min-p, penalties, logit bias, grammars and seeded reproducibility."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from stagewise.errors import RequestError, StepFailed
 from stagewise.kernels.triton_launch import use_triton
+
+if TYPE_CHECKING:
+    from stagewise.engine.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to the logits
+    grammar: Grammar | None = None  # structured output: only tokens that keep the output inside it
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 2.0:
@@ -59,7 +64,11 @@ def _non_finite() -> StepFailed:
 
 
 class Sampler:
-    """Draws tokens for one sequence; a fixed ``seed`` makes the draws reproducible."""
+    """Draws tokens for one sequence; a fixed ``seed`` makes the draws reproducible.
+
+    With a grammar, the sampler holds the sequence's :class:`~stagewise.engine.grammar.GrammarState`:
+    tokens outside it are masked before every draw, and every token drawn (or accepted) advances it.
+    """
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
@@ -69,6 +78,7 @@ class Sampler:
         else:
             self.generator.seed()
         self.counts: Counter[int] = Counter()
+        self.grammar = params.grammar.start() if params.grammar is not None else None
 
     def sample(self, logits: torch.Tensor, top_logprobs: int = 0) -> Sample:
         """Choose the next token from ``logits`` ``(V,)`` (float32)."""
@@ -95,11 +105,18 @@ class Sampler:
             logits[ids] -= p.presence_penalty + p.frequency_penalty * freq
         if p.logit_bias:
             logits = self._biased(logits)
+        if self.grammar is not None:
+            allowed = self.grammar.allowed()  # (V,) bool
+            if allowed.numel() != logits.numel():
+                raise StepFailed(f"the grammar covers {allowed.numel()} tokens; the logits have {logits.numel()}")
+            logits = logits.masked_fill(~allowed, float("-inf"))
         if p.temperature == 0.0:
             token = int(torch.argmax(logits))
         else:
             token = self._draw(logits / p.temperature)
         self.counts[token] += 1
+        if self.grammar is not None:
+            self.grammar.advance(token)
         top: tuple[tuple[int, float], ...] = ()
         if top_logprobs:
             values, ids = torch.topk(logprobs, top_logprobs)
@@ -110,7 +127,7 @@ class Sampler:
         """Greedy with nothing but the token and its log-probability to report: sampled on the device."""
         p = self.params
         return (p.temperature == 0.0 and not top_logprobs and not (p.presence_penalty or p.frequency_penalty)
-                and not p.logit_bias)
+                and not p.logit_bias and p.grammar is None)
 
     def accept(self, token: float, logprob: float) -> Sample:
         """The :class:`Sample` of a (token, log-probability) pair read back from a device greedy sample;
@@ -118,6 +135,8 @@ class Sampler:
         if not math.isfinite(logprob):
             raise _non_finite()
         self.counts[int(token)] += 1
+        if self.grammar is not None:
+            self.grammar.advance(int(token))
         return Sample(int(token), float(logprob))
 
     def _biased(self, logits: torch.Tensor) -> torch.Tensor:

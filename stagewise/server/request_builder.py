@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stagewise.engine.grammar import Grammar
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.sampling import SamplingParams
@@ -13,6 +14,7 @@ from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.server.openai_errors import InvalidParam
 from stagewise.server.schemas import ChatCompletionBody, ChatMessage, CompletionBody, SamplingFields
+from stagewise.server.structured_output import response_format_grammar, tool_choice_grammar
 
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI (chat: the rest of the context)
 
@@ -73,10 +75,11 @@ def _logit_bias(asked: dict[str, float] | None, vocab_size: int) -> tuple[tuple[
     return tuple(pairs)
 
 
-def _sampling(body: SamplingFields, vocab_size: int) -> SamplingParams:
+def _sampling(body: SamplingFields, vocab_size: int, grammar: Grammar | None) -> SamplingParams:
     fields: dict[str, Any] = {name: getattr(body, name) for name in (
         "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")}
     fields["logit_bias"] = _logit_bias(body.logit_bias, vocab_size)
+    fields["grammar"] = grammar
     try:
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
     except StagewiseError as exc:
@@ -110,13 +113,13 @@ def _max_tokens(asked: int | None, prompt_tokens: int, context: int, default: in
 
 def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
                     model: LoadedModel, logprobs: bool, top_logprobs: int,
-                    default_max_tokens: int | None = None) -> EngineRequest:
+                    default_max_tokens: int | None = None, grammar: Grammar | None = None) -> EngineRequest:
     try:
         return EngineRequest(
             request_id=request_id,
             prompt_ids=tuple(prompt_ids),
             max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context, default_max_tokens),
-            sampling=_sampling(body, model.config.vocab_size),
+            sampling=_sampling(body, model.config.vocab_size, grammar),
             stop=_stops(body.stop),
             stop_token_ids=model.stop_token_ids,
             logprobs=logprobs,
@@ -150,8 +153,6 @@ def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dic
 def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
     """Render the messages through the model's chat template and tokenize them; the completion id is
     ``chatcmpl-<request_id>``."""
-    if body.response_format is not None and body.response_format.get("type") not in (None, "text"):
-        raise InvalidParam(f"response_format {body.response_format.get('type')!r} is not supported", "response_format")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
     tools = body.tools if body.tools and body.tool_choice != "none" else None
@@ -160,10 +161,16 @@ def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) ->
             if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
                 raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", f"tools.{i}")
     ids = chat_prompt_ids(body.messages, model, tools)
+    tool_format = detect_tool_call_format(model.chat_template.source)
+    grammar = tool_choice_grammar(body.tool_choice, tools, tool_format, model)
+    if grammar is not None and body.response_format not in (None, {"type": "text"}):
+        raise InvalidParam("response_format cannot be enforced together with a forced tool_choice", "response_format")
+    grammar = grammar or response_format_grammar(body.response_format, model)
     asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     response_id = f"chatcmpl-{request_id}"
-    request = _engine_request(response_id, ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0)
-    fmt = detect_tool_call_format(model.chat_template.source) if tools is not None else None
+    request = _engine_request(response_id, ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0,
+                              grammar=grammar)
+    fmt = tool_format if tools is not None else None
     return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body),
                         fmt)
 
@@ -189,7 +196,7 @@ def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) 
         raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")
     response_id = f"cmpl-{request_id}"
     request = _engine_request(response_id, ids, body.max_tokens, body, model, top is not None, top or 0,
-                              COMPLETION_MAX_TOKENS)
+                              COMPLETION_MAX_TOKENS, response_format_grammar(body.response_format, model))
     return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body))
 
 

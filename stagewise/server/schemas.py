@@ -63,6 +63,7 @@ class CompletionBody(SamplingFields):
     logprobs: int | None = None
     echo: bool | None = None
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None  # as chat's (vLLM takes it on completions too)
 
 
 class TokenizeBody(_Body):
