@@ -22,7 +22,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from stagewise.engine.tool_calls import ToolCallFormat, _call_from_json, new_call_id
+from stagewise.engine.tool_calls import ToolCallFormat, call_from_json, new_call_id
 
 _OPEN, _CLOSE, _PYTHON_TAG = "<tool_call>", "</tool_call>", "<|python_tag|>"
 _ARGUMENT_KEYS = {"hermes": ("arguments",), "llama3": ("parameters", "arguments")}
@@ -173,7 +173,7 @@ class _Call:
     def finish(self, body: str) -> list[ToolCallDelta] | None:
         """At the end of the call's text: what could not be streamed; None when it was no call at all."""
         key = _ARGUMENT_KEYS[self.fmt][0]
-        parsed = _call_from_json(body.strip(), key)
+        parsed = call_from_json(body.strip(), key)
         if not self.header_sent:
             if parsed is None:
                 return None
@@ -220,7 +220,7 @@ class ToolCallStream:
             if self._call is None:
                 if not self._text(out, final):
                     return out
-            elif not self._in_call(out, final):
+            elif not self._in_call(out):
                 return out
 
     def _start_call(self) -> None:
@@ -273,7 +273,7 @@ class ToolCallStream:
         self._pending = self._pending[len(self._pending) - keep :]
         return False
 
-    def _in_call(self, out: list[Delta], final: bool) -> bool:
+    def _in_call(self, out: list[Delta]) -> bool:
         """Inside a call: stream it; at its end, go back to text (or the next call); True to go on."""
         call = self._call
         assert call is not None

@@ -17,8 +17,6 @@ from stagewise.server.schemas import ChatCompletionBody, ChatMessage, Completion
 from stagewise.server.structured_output import response_format_grammar, tool_choice_grammar
 
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI (chat: the rest of the context)
-
-
 MAX_CHOICES = 16  # n per request; each choice is an engine request of its own
 
 
