@@ -111,3 +111,8 @@ class WorkerNotJoined(StagewiseError):
     exit_code = 3
     http_status = 503
     code = "worker_not_joined"
+
+
+class GrammarError(RequestError):
+    """A structured-output constraint (JSON schema, forced tool call) that cannot be compiled, or that
+    this model's tokenizer cannot be constrained with."""

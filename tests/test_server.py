@@ -153,13 +153,13 @@ def test_text_completions(client: OpenAI) -> None:
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
-        ({"messages": HELLO, "n": 2}, "n", None),
+        ({"messages": HELLO, "n": 17}, "n", None),
         ({"messages": HELLO, "temperature": "hot"}, "temperature", None),
         ({"messages": HELLO, "max_tokens": 1.5}, "max_tokens", None),
         ({"messages": "hi"}, "messages", None),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", None),
         ({"messages": HELLO, "temperature": 5}, "temperature", None),
-        ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format", None),
+        ({"messages": HELLO, "response_format": {"type": "xml"}}, "response_format", None),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          "messages", None),
         ({"messages": HELLO, "max_tokens": 100000}, "messages", "context_length_exceeded"),

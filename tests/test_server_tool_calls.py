@@ -95,8 +95,9 @@ def test_tool_calls_streaming(served: tuple[OpenAI, ScriptedGenerator]) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len({c.id for c in chunks}) == 1
     calls = [tc for c in chunks for ch in c.choices for tc in (ch.delta.tool_calls or [])]
-    assert [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
-    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}  # type: ignore[union-attr, arg-type]
+    assert [c.function.name for c in calls if c.id] == ["get_weather"]  # type: ignore[union-attr]
+    arguments = "".join(c.function.arguments or "" for c in calls)  # type: ignore[union-attr]
+    assert json.loads(arguments) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -120,3 +121,22 @@ def test_tool_result_round_trip_renders(served: tuple[OpenAI, ScriptedGenerator]
     rendered = scripted.last_prompt()
     assert "<tool_response>\n18 C and sunny\n</tool_response>" in rendered
     assert '"city": "Paris"' in rendered
+
+
+def test_tool_calls_stream_as_they_are_written(served: tuple[OpenAI, ScriptedGenerator]) -> None:
+    client, _ = served
+    chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                                 tools=TOOLS, stream=True))  # type: ignore[arg-type]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    first_call = next(i for i, d in enumerate(deltas) if d.tool_calls)
+    before = [d.content for d in deltas[:first_call] if d.content]
+    assert len(before) > 1 and "".join(before) == "Let me check."  # content streamed before the call
+    assert not any("tool_call" in (d.content or "") for d in deltas)
+    header = deltas[first_call].tool_calls[0]  # type: ignore[index]
+    assert header.index == 0 and header.id and header.id.startswith("call_") and header.type == "function"
+    assert header.function is not None and header.function.name == "get_weather"
+    pieces = [tc for d in deltas[first_call + 1 :] for tc in (d.tool_calls or [])]
+    assert len(pieces) > 1 and all(p.id is None and p.index == 0 for p in pieces)  # arguments in pieces
+    arguments = (header.function.arguments or "") + "".join(p.function.arguments or "" for p in pieces)  # type: ignore[union-attr]
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -35,6 +35,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-warmup", dest="warm_up", action="store_false",
                         help="report ready right after loading, without the GPU warm-up (the first requests "
                              "then compile kernels and capture CUDA graphs)")
+    parser.add_argument("--cors-origin", dest="cors_origins", action="append", default=[], metavar="ORIGIN",
+                        help="allow browser pages from ORIGIN (e.g. http://localhost:3000, or '*') to call the "
+                             "API; repeatable (default: no CORS headers)")
     parser.set_defaults(func=run)
 
 
@@ -47,6 +50,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
         cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
         measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs,
+        cors_origins=tuple(args.cors_origins),
     )
 
 

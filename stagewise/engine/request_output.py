@@ -11,7 +11,8 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token's text, bytes and log-probability, with the top alternatives."""
+    """One generated token's text, raw bytes (its own, not its text's: a lone byte of a multi-byte
+    character is that byte) and log-probability, with the top alternatives."""
 
     token: str
     logprob: float

@@ -1,15 +1,19 @@
-"""Sampling: temperature, top-k, top-p, min-p, penalties and seeded reproducibility."""
+"""Sampling: temperature, top-k, top-p, min-p, penalties, logit bias, grammars and seeded reproducibility."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from stagewise.errors import RequestError, StepFailed
 from stagewise.kernels.triton_launch import use_triton
+
+if TYPE_CHECKING:
+    from stagewise.engine.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -18,24 +22,32 @@ class SamplingParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0: off
+    top_k: int = 0  # 0 or -1 (vLLM's spelling): off
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to the logits
+    grammar: Grammar | None = None  # structured output: only tokens that keep the output inside it
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 2.0:
             raise RequestError(f"temperature must be in [0, 2], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if self.top_k < -1:
+            raise RequestError(f"top_k must be >= 1, or 0 or -1 for off, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise RequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        ids = [token for token, _ in self.logit_bias]
+        if any(token < 0 for token in ids) or len(set(ids)) != len(ids):
+            raise RequestError("logit_bias token ids must be distinct and >= 0")
+        bad = next((bias for _, bias in self.logit_bias if not -100.0 <= bias <= 100.0), None)
+        if bad is not None:
+            raise RequestError(f"logit_bias values must be in [-100, 100], got {bad}")
 
 
 @dataclass(frozen=True)
@@ -52,7 +64,11 @@ def _non_finite() -> StepFailed:
 
 
 class Sampler:
-    """Draws tokens for one sequence; a fixed ``seed`` makes the draws reproducible."""
+    """Draws tokens for one sequence; a fixed ``seed`` makes the draws reproducible.
+
+    With a grammar, the sampler holds the sequence's :class:`~stagewise.engine.grammar.GrammarState`:
+    tokens outside it are masked before every draw, and every token drawn (or accepted) advances it.
+    """
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
@@ -62,6 +78,7 @@ class Sampler:
         else:
             self.generator.seed()
         self.counts: Counter[int] = Counter()
+        self.grammar = params.grammar.start() if params.grammar is not None else None
 
     def sample(self, logits: torch.Tensor, top_logprobs: int = 0) -> Sample:
         """Choose the next token from ``logits`` ``(V,)`` (float32)."""
@@ -86,11 +103,20 @@ class Sampler:
             freq = torch.tensor([self.counts[i] for i in self.counts], dtype=torch.float32)
             logits = logits.clone()
             logits[ids] -= p.presence_penalty + p.frequency_penalty * freq
+        if p.logit_bias:
+            logits = self._biased(logits)
+        if self.grammar is not None:
+            allowed = self.grammar.allowed()  # (V,) bool
+            if allowed.numel() != logits.numel():
+                raise StepFailed(f"the grammar covers {allowed.numel()} tokens; the logits have {logits.numel()}")
+            logits = logits.masked_fill(~allowed, float("-inf"))
         if p.temperature == 0.0:
             token = int(torch.argmax(logits))
         else:
             token = self._draw(logits / p.temperature)
         self.counts[token] += 1
+        if self.grammar is not None:
+            self.grammar.advance(token)
         top: tuple[tuple[int, float], ...] = ()
         if top_logprobs:
             values, ids = torch.topk(logprobs, top_logprobs)
@@ -100,7 +126,8 @@ class Sampler:
     def plain_greedy(self, top_logprobs: int = 0) -> bool:
         """Greedy with nothing but the token and its log-probability to report: sampled on the device."""
         p = self.params
-        return p.temperature == 0.0 and not top_logprobs and not (p.presence_penalty or p.frequency_penalty)
+        return (p.temperature == 0.0 and not top_logprobs and not (p.presence_penalty or p.frequency_penalty)
+                and not p.logit_bias and p.grammar is None)
 
     def accept(self, token: float, logprob: float) -> Sample:
         """The :class:`Sample` of a (token, log-probability) pair read back from a device greedy sample;
@@ -108,11 +135,21 @@ class Sampler:
         if not math.isfinite(logprob):
             raise _non_finite()
         self.counts[int(token)] += 1
+        if self.grammar is not None:
+            self.grammar.advance(int(token))
         return Sample(int(token), float(logprob))
+
+    def _biased(self, logits: torch.Tensor) -> torch.Tensor:
+        ids = torch.tensor([token for token, _ in self.params.logit_bias])
+        if int(ids.max()) >= logits.numel():
+            raise RequestError(f"logit_bias token id {int(ids.max())} is outside the vocabulary (0..{logits.numel() - 1})")
+        biased = logits.clone()
+        biased[ids] += torch.tensor([bias for _, bias in self.params.logit_bias], dtype=logits.dtype)
+        return biased
 
     def _draw(self, logits: torch.Tensor) -> int:
         p = self.params
-        if p.top_k:
+        if p.top_k > 0:
             kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)

@@ -44,9 +44,11 @@ class SequenceOutput:
 
     def _logprob(self, event: TokenEvent) -> TokenLogprob:
         sample = event.sample
-        top = tuple((text, lp, tuple(text.encode())) for text, lp in ((self._piece(t), lp) for t, lp in sample.top))
-        piece = self._piece(sample.token)
-        return TokenLogprob(piece, sample.logprob, tuple(piece.encode()), top)
+        top = tuple((self._piece(t), lp, self._bytes(t)) for t, lp in sample.top)
+        return TokenLogprob(self._piece(sample.token), sample.logprob, self._bytes(sample.token), top)
+
+    def _bytes(self, token: int) -> tuple[int, ...]:
+        return tuple(self.tokenizer.token_bytes(token))  # the token's own bytes, not its text's
 
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)

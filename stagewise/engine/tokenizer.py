@@ -13,6 +13,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
 
+from stagewise.engine.token_bytes import TokenBytes
 from stagewise.engine.tokenizer_files import read_tokenizer_dir
 from stagewise.engine.tokenizer_stream import IncrementalDecoder
 from stagewise.weights.tokenizer_gguf import tokenizer_from_gguf_fields
@@ -46,6 +47,7 @@ class Tokenizer:
         self.pad_token_id = pad_token_id
         self.unk_token_id = unk_token_id
         self.chat_template = chat_template
+        self._token_bytes = TokenBytes(backend)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -129,6 +131,11 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary spelling of ``token_id``, or None when out of range."""
         return self._backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes ``token_id`` stands for (a lone byte of a multi-byte character stays that byte;
+        see :mod:`stagewise.engine.token_bytes`); ``b""`` for an id outside the vocabulary."""
+        return self._token_bytes(token_id)
 
     def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         """A fresh streaming detokenizer over this tokenizer."""

@@ -83,7 +83,7 @@ def _parse_hermes(text: str) -> tuple[str, list[tuple[str, str]]] | None:
         return None
     calls = []
     for block in blocks:
-        call = _call_from_json(block.group(1).strip(), "arguments")
+        call = call_from_json(block.group(1).strip(), "arguments")
         if call is None:
             return None
         calls.append(call)
@@ -119,7 +119,8 @@ def _skip_separator(text: str, position: int) -> int:
     return position
 
 
-def _call_from_json(body: str, arguments_key: str) -> tuple[str, str] | None:
+def call_from_json(body: str, arguments_key: str) -> tuple[str, str] | None:
+    """``(name, arguments as a JSON object string)`` of one call object's text, or None if it is not one."""
     try:
         value = json.loads(body)
     except json.JSONDecodeError:

@@ -12,23 +12,30 @@ from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
+from stagewise.engine.loaded_model import LoadedModel
 from stagewise.errors import StagewiseError
-from stagewise.server import chat_handler, completion_handler
+from stagewise.server import chat_handler, completion_handler, tokenize_handler
+from stagewise.server.choices import Choices
 from stagewise.server.guards import Guards
 from stagewise.server.openai_errors import (
     BodyTooLarge,
     InvalidParam,
     NotFound,
+    UnknownModel,
     error_body,
     error_response,
     from_validation,
 )
-from stagewise.server.output_stream import ClientGone, OutputStream
+from stagewise.server.output_stream import ClientGone
 from stagewise.server.request_builder import build_chat, build_completion
-from stagewise.server.schemas import ChatCompletionBody, CompletionBody
+from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
+from stagewise.server.request_id import RequestIds, request_id_of
+from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
 from stagewise.server.server_state import ServerState
 
 _CLIENT_CLOSED = 499
@@ -87,25 +94,54 @@ def build_app(state: ServerState) -> FastAPI:
             state.metrics.observe_memory(state.model.pipeline)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def card(model: LoadedModel) -> dict[str, Any]:
+        return {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
+                "max_model_len": model.max_context}
+
     @app.get("/v1/models")
     async def models() -> Response:
         _, model = state.serving()
-        card = {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
-                "max_model_len": model.max_context}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [card(model)]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> Response:
+        _, model = state.serving()
+        if model_id != model.name:
+            raise UnknownModel(f"The model '{model_id}' does not exist; this server serves '{model.name}'")
+        return JSONResponse(card(model))
+
+    async def validated(request: Request, schema: Any) -> Any:
+        """The body read (413/400) and validated with ``schema`` (400 naming the field)."""
+        raw = await read_json(request, settings.max_body_bytes)
+        try:
+            return schema.model_validate(raw)
+        except ValidationError as exc:
+            raise from_validation(exc) from exc
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        body = await validated(request, TokenizeBody)
+        _, model = state.serving()
+        return JSONResponse(tokenize_handler.tokenize(body, model))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        body = await validated(request, DetokenizeBody)
+        _, model = state.serving()
+        return JSONResponse(tokenize_handler.detokenize(body, model))
 
     async def generate(request: Request, schema: Any, build: Any, respond: Any) -> Response:
-        """Validate the body with ``schema``, ``build`` the engine request, submit it, ``respond``."""
+        """Validate the body with ``schema``, ``build`` the engine requests (one per choice), submit them,
+        ``respond``."""
         raw = await read_json(request, settings.max_body_bytes)
         engine, model = state.serving()
         try:
             body = schema.model_validate(raw)
         except ValidationError as exc:
             raise from_validation(exc) from exc
-        built = build(body, model)
-        stream = OutputStream()
-        handle = engine.submit(built.request, stream.put)
-        response: Response = await respond(built, handle, stream, model.name, request)
+        built = build(body, model, request_id_of(request.scope))
+        choices = Choices.submit(engine, built.requests)
+        response: Response = await respond(built, choices, model.name, request)
         return response
 
     @app.post("/v1/chat/completions")
@@ -145,7 +181,13 @@ def build_app(state: ServerState) -> FastAPI:
     return app
 
 
-def guarded_app(state: ServerState) -> Guards:
-    """The ASGI app to serve: :func:`build_app` behind :class:`Guards`."""
+def guarded_app(state: ServerState) -> ASGIApp:
+    """The ASGI app to serve: :func:`build_app` behind :class:`Guards`, then :class:`RequestIds`, then
+    (with ``--cors-origin``) CORS, which answers preflights before the API key is asked for."""
     settings = state.settings
-    return Guards(build_app(state), settings.api_key, settings.max_body_bytes, state.metrics)
+    app: ASGIApp = RequestIds(Guards(build_app(state), settings.api_key, settings.max_body_bytes, state.metrics))
+    if settings.cors_origins:
+        # NOTE: no credentials (cookies): the API key travels in a header the browser is allowed to send
+        app = CORSMiddleware(app, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                             allow_headers=["*"], expose_headers=[REQUEST_ID_HEADER], max_age=600)
+    return app

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from stagewise.engine.request_handle import RequestHandle
 from stagewise.engine.request_output import TokenLogprob
+from stagewise.engine.tool_call_stream import Delta, ToolCallDelta, ToolCallStream
 from stagewise.engine.tool_calls import parse_tool_calls
 from stagewise.server import openai_format as fmt
+from stagewise.server.choices import Choices
 from stagewise.server.openai_errors import typed_error_body
-from stagewise.server.output_stream import SSE_HEADERS, OutputStream, collect, failed, failure
+from stagewise.server.output_stream import SSE_HEADERS, failed, failure
 from stagewise.server.request_builder import BuiltRequest
 
 
@@ -29,60 +30,70 @@ def final_message(text: str, built: BuiltRequest, finish_reason: str) -> tuple[d
     return {"role": "assistant", "content": text}, finish_reason
 
 
-async def respond(built: BuiltRequest, handle: RequestHandle, stream: OutputStream, model: str,
-                  request: Request) -> Response:
+async def respond(built: BuiltRequest, choices: Choices, model: str, request: Request) -> Response:
     if built.stream:
-        return StreamingResponse(_events(built, handle, stream, model), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    outputs = await collect(handle, stream, request)
-    last = outputs[-1]
-    text = "".join(o.text for o in outputs)
-    message, reason = final_message(text, built, str(last.finish_reason))
-    entries: list[TokenLogprob] = [e for o in outputs for e in o.logprobs]
-    logprobs = fmt.chat_logprobs(entries) if built.request.logprobs else None
-    body = fmt.chat_completion(handle.request_id, int(time.time()), model, message, reason,
-                               logprobs, fmt.usage(last.prompt_tokens, last.completion_tokens))
-    return JSONResponse(body)
+        return StreamingResponse(_events(built, choices, model), media_type="text/event-stream", headers=SSE_HEADERS)
+    outputs = await choices.collect(request)
+    body_choices = []
+    for index, outs in enumerate(outputs):
+        message, reason = final_message("".join(o.text for o in outs), built, str(outs[-1].finish_reason))
+        entries: list[TokenLogprob] = [e for o in outs for e in o.logprobs]
+        logprobs = fmt.chat_logprobs(entries) if built.request.logprobs else None
+        body_choices.append(fmt.chat_choice(index, message, reason, logprobs))
+    use = fmt.usage(outputs[0][-1].prompt_tokens, sum(outs[-1].completion_tokens for outs in outputs))
+    return JSONResponse(fmt.chat_completion(built.response_id, int(time.time()), model, body_choices, use))
 
 
-async def _events(built: BuiltRequest, handle: RequestHandle, stream: OutputStream, model: str) -> AsyncIterator[str]:
+async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIterator[str]:
     created = int(time.time())
-    rid = handle.request_id
+    rid = built.response_id
     usage_on = built.include_usage
 
-    def chunk(delta: dict[str, Any] | None, reason: str | None = None, logprobs: dict[str, Any] | None = None,
-              use: dict[str, int] | None = None) -> str:
-        return fmt.sse(fmt.chat_chunk(rid, created, model, delta, reason, logprobs, use, usage_on))
+    def chunk(index: int, delta: dict[str, Any] | None, reason: str | None = None,
+              logprobs: dict[str, Any] | None = None, use: dict[str, int] | None = None) -> str:
+        return fmt.sse(fmt.chat_chunk(rid, created, model, delta, reason, logprobs, use, usage_on, index))
 
-    buffered: list[str] = []  # with tools offered, the text is held until it can be parsed
+    # with tools offered, each choice's text goes through a parser that splits out tool-call deltas
+    parsers = [ToolCallStream(built.tool_format) if built.tool_format is not None else None
+               for _ in range(choices.n)]
+
+    def deltas(index: int, found: list[Delta], logprobs: dict[str, Any] | None) -> Iterator[str]:
+        """Chunks for the parser's deltas; logprobs ride on the first (or on an empty delta)."""
+        for delta in found:
+            if isinstance(delta, ToolCallDelta):
+                yield chunk(index, {"tool_calls": [delta.to_openai()]}, logprobs=logprobs)
+            else:
+                yield chunk(index, {"content": delta}, logprobs=logprobs)
+            logprobs = None
+        if logprobs:
+            yield chunk(index, {}, logprobs=logprobs)
+    completion_tokens = [0] * choices.n
+    prompt_tokens = 0
+    finished = 0
     try:
-        yield chunk({"role": "assistant", "content": ""})
-        while True:
-            out = await stream.get()
+        for index in range(choices.n):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        while finished < choices.n:
+            index, out = await choices.get()
             if failed(out):
                 yield fmt.sse(typed_error_body(failure(out)))
                 break
             logprobs = fmt.chat_logprobs(out.logprobs) if out.logprobs else None
-            if built.tool_format is not None:
-                buffered.append(out.text)
-                if logprobs:
-                    yield chunk({}, logprobs=logprobs)
+            parser = parsers[index]
+            if parser is not None:
+                found = parser.push(out.text) + (parser.finish() if out.finished else [])
+                for event in deltas(index, [d for d in found if d], logprobs):
+                    yield event
             elif out.text or logprobs:
-                yield chunk({"content": out.text}, logprobs=logprobs)
+                yield chunk(index, {"content": out.text}, logprobs=logprobs)
             if out.finished:
-                reason = str(out.finish_reason)
-                if built.tool_format is not None:
-                    message, reason = final_message("".join(buffered), built, reason)
-                    delta = {k: v for k, v in message.items() if k != "role" and v is not None}
-                    if "tool_calls" in delta:
-                        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
-                    if delta:
-                        yield chunk(delta)
-                yield chunk({}, reason)
-                if usage_on:
-                    yield chunk(None, use=fmt.usage(out.prompt_tokens, out.completion_tokens))
-                break
+                reason = "tool_calls" if parser is not None and parser.calls else str(out.finish_reason)
+                yield chunk(index, {}, reason)
+                finished += 1
+                completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens
+        else:
+            if usage_on:
+                yield chunk(0, None, use=fmt.usage(prompt_tokens, sum(completion_tokens)))
         yield fmt.sse("[DONE]")
     finally:
-        if not handle.done:
-            handle.cancel()
+        choices.cancel()

@@ -12,8 +12,8 @@ from stagewise.errors import StagewiseError
 from stagewise.server.openai_errors import BodyTooLarge, Unauthorized, error_response
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-             "/debug/fail-next-step", "/debug/step-delay")
-_PROTECTED_PREFIXES = ("/v1/", "/debug/")
+             "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize")
+_PROTECTED_PREFIXES = ("/v1/", "/debug/", "/tokenize", "/detokenize")
 
 
 class Guards:

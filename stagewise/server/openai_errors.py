@@ -49,6 +49,13 @@ class NotFound(StagewiseError):
     code = "not_found"
 
 
+class UnknownModel(NotFound):
+    """``GET /v1/models/{id}`` for a model this server does not serve."""
+
+    code = "model_not_found"
+    param = "model"
+
+
 def error_body(status: int, message: str, code: str | None, param: str | None = None) -> dict[str, Any]:
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -9,6 +9,7 @@ from stagewise.engine.request_output import TokenLogprob
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """Token counts; with ``n`` choices the prompt counts once and ``completion_tokens`` is their sum."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
@@ -36,34 +37,40 @@ def completion_logprobs(entries: tuple[TokenLogprob, ...] | list[TokenLogprob], 
     }
 
 
-def chat_completion(request_id: str, created: int, model: str, message: dict[str, Any], finish_reason: str,
-                    logprobs: dict[str, Any] | None, use: dict[str, int]) -> dict[str, Any]:
-    return {
-        "id": request_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}],
-        "usage": use,
-    }
+def chat_choice(index: int, message: dict[str, Any], finish_reason: str,
+                logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_completion(request_id: str, created: int, model: str, choices: list[dict[str, Any]],
+                    use: dict[str, int]) -> dict[str, Any]:
+    """A ``chat.completion`` of :func:`chat_choice` s."""
+    return {"id": request_id, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+            "usage": use}
 
 
 def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, Any] | None,
                finish_reason: str | None = None, logprobs: dict[str, Any] | None = None,
-               use: dict[str, int] | None = None, include_usage: bool = False) -> dict[str, Any]:
-    """One ``chat.completion.chunk``; ``delta=None`` gives the usage-only chunk (empty choices)."""
+               use: dict[str, int] | None = None, include_usage: bool = False, index: int = 0) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of choice ``index``; ``delta=None`` gives the usage-only chunk (empty choices)."""
     chunk: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                              "choices": []}
     if delta is not None:
-        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+        chunk["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     if include_usage:
         chunk["usage"] = use
     return chunk
 
 
-def text_completion(request_id: str, created: int, model: str, text: str, finish_reason: str | None,
-                    logprobs: dict[str, Any] | None, use: dict[str, int] | None, chunk: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
-    }
+def text_choice(index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def text_completion(request_id: str, created: int, model: str, choices: list[dict[str, Any]],
+                    use: dict[str, int] | None, chunk: bool = False) -> dict[str, Any]:
+    """A ``text_completion`` of :func:`text_choice` s (a streamed chunk carries usage only when given)."""
+    body: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                            "choices": choices}
     if use is not None or not chunk:
         body["usage"] = use
     return body

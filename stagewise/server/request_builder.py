@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from stagewise.engine.grammar import Grammar
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.sampling import SamplingParams
@@ -13,17 +13,46 @@ from stagewise.engine.tokenizer import Tokenizer
 from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.server.openai_errors import InvalidParam
-from stagewise.server.schemas import ChatCompletionBody, CompletionBody, SamplingFields
+from stagewise.server.schemas import ChatCompletionBody, ChatMessage, CompletionBody, SamplingFields
+from stagewise.server.structured_output import response_format_grammar, tool_choice_grammar
+
+COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI (chat: the rest of the context)
+MAX_CHOICES = 16  # n per request; each choice is an engine request of its own
 
 
 @dataclass(frozen=True)
 class BuiltRequest:
-    """The engine request plus how to shape the response."""
+    """The engine requests (one per choice, ``n``) plus how to shape the response."""
 
-    request: EngineRequest
+    response_id: str  # the completion's id: chatcmpl-<request id> / cmpl-<request id>
+    requests: tuple[EngineRequest, ...]
     stream: bool
     include_usage: bool
     tool_format: ToolCallFormat | None = None  # set when tools were offered: parse the output for calls
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.requests) <= MAX_CHOICES:
+            raise ValueError(f"a response has 1..{MAX_CHOICES} choices, got {len(self.requests)}")
+
+    @property
+    def request(self) -> EngineRequest:
+        """The first choice's request (every choice asks the same but for its seed)."""
+        return self.requests[0]
+
+
+def _choices(response_id: str, request: EngineRequest, n: int | None) -> tuple[EngineRequest, ...]:
+    """``n`` copies of ``request``: ids ``<response id>-<i>`` and seeds ``seed + i`` (a seed given) when n > 1."""
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_CHOICES:
+        raise InvalidParam(f"n must be in [1, {MAX_CHOICES}], got {n}", "n")
+    if n == 1:
+        return (request,)
+    seed = request.sampling.seed
+    return tuple(
+        replace(request, request_id=f"{response_id}-{i}",
+                sampling=replace(request.sampling, seed=None if seed is None else seed + i))
+        for i in range(n)
+    )
 
 
 def _tokenizer(model: LoadedModel) -> Tokenizer:
@@ -32,9 +61,23 @@ def _tokenizer(model: LoadedModel) -> Tokenizer:
     return model.tokenizer
 
 
-def _sampling(body: SamplingFields) -> SamplingParams:
-    fields = {name: getattr(body, name) for name in ("temperature", "top_p", "top_k", "min_p",
-                                                      "presence_penalty", "frequency_penalty", "seed")}
+def _logit_bias(asked: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as ``((id, bias), ...)``; ids must be in the model's vocabulary."""
+    if not asked:
+        return ()
+    pairs = []
+    for key, bias in asked.items():
+        if not key.isascii() or not key.isdigit() or not 0 <= int(key) < vocab_size:
+            raise InvalidParam(f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}", "logit_bias")
+        pairs.append((int(key), bias))
+    return tuple(pairs)
+
+
+def _sampling(body: SamplingFields, vocab_size: int, grammar: Grammar | None) -> SamplingParams:
+    fields: dict[str, Any] = {name: getattr(body, name) for name in (
+        "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")}
+    fields["logit_bias"] = _logit_bias(body.logit_bias, vocab_size)
+    fields["grammar"] = grammar
     try:
         return SamplingParams(**{k: v for k, v in fields.items() if v is not None})
     except StagewiseError as exc:
@@ -48,13 +91,14 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _max_tokens(asked: int | None, prompt_tokens: int, context: int) -> int:
+def _max_tokens(asked: int | None, prompt_tokens: int, context: int, default: int | None = None) -> int:
+    """``asked``, else ``default`` (at most what the context leaves), else the rest of the context."""
     if prompt_tokens >= context:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens; the prompt has {prompt_tokens} tokens."
         )
     if asked is None:
-        return context - prompt_tokens
+        return min(default, context - prompt_tokens) if default is not None else context - prompt_tokens
     if asked < 1:
         raise InvalidParam(f"max_tokens must be >= 1, got {asked}", "max_tokens")
     if prompt_tokens + asked > context:
@@ -65,19 +109,15 @@ def _max_tokens(asked: int | None, prompt_tokens: int, context: int) -> int:
     return asked
 
 
-def _common(body: SamplingFields) -> None:
-    if body.n not in (None, 1):
-        raise InvalidParam("only n=1 is supported", "n")
-
-
-def _engine_request(prefix: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
-                    model: LoadedModel, logprobs: bool, top_logprobs: int) -> EngineRequest:
+def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
+                    model: LoadedModel, logprobs: bool, top_logprobs: int,
+                    default_max_tokens: int | None = None, grammar: Grammar | None = None) -> EngineRequest:
     try:
         return EngineRequest(
-            request_id=f"{prefix}-{uuid.uuid4().hex[:24]}",
+            request_id=request_id,
             prompt_ids=tuple(prompt_ids),
-            max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context),
-            sampling=_sampling(body),
+            max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context, default_max_tokens),
+            sampling=_sampling(body, model.config.vocab_size, grammar),
             stop=_stops(body.stop),
             stop_token_ids=model.stop_token_ids,
             logprobs=logprobs,
@@ -86,44 +126,55 @@ def _engine_request(prefix: str, prompt_ids: list[int], asked: int | None, body:
     except InvalidParam:
         raise
     except ContextLengthExceeded as exc:
-        raise InvalidParam(str(exc), "messages" if prefix == "chatcmpl" else "prompt", exc.code) from exc
+        raise InvalidParam(str(exc), "messages" if request_id.startswith("chatcmpl") else "prompt", exc.code) from exc
     except StagewiseError as exc:
         param = next((k for k in ("stop", "top_logprobs", "max_tokens") if k in str(exc)), None)
         raise InvalidParam(str(exc), param) from exc
 
 
-def build_chat(body: ChatCompletionBody, model: LoadedModel) -> BuiltRequest:
-    """Render the messages through the model's chat template and tokenize them."""
-    _common(body)
-    if body.response_format is not None and body.response_format.get("type") not in (None, "text"):
-        raise InvalidParam(f"response_format {body.response_format.get('type')!r} is not supported", "response_format")
-    if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
+def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of ``chat`` rendered through the model's chat template (``tools`` offered)."""
     tokenizer = _tokenizer(model)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    messages = [m.model_dump(exclude_none=True) for m in chat]
     for message in messages:
         if message["role"] == "developer":  # OpenAI's newer name for the system role
             message["role"] = "system"
+    try:
+        text = model.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                          special_tokens=tokenizer.special_tokens_map)
+    except StagewiseError as exc:
+        raise InvalidParam(str(exc), "messages") from exc
+    return tokenizer.encode(text)
+
+
+def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
+    """Render the messages through the model's chat template and tokenize them; the completion id is
+    ``chatcmpl-<request_id>``."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
     tools = body.tools if body.tools and body.tool_choice != "none" else None
     if tools is not None:
         for i, tool in enumerate(tools):
             if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
                 raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", f"tools.{i}")
-    try:
-        text = model.chat_template.render(messages, add_generation_prompt=True, tools=tools,
-                                          special_tokens=tokenizer.special_tokens_map)
-    except StagewiseError as exc:
-        raise InvalidParam(str(exc), "messages") from exc
-    ids = tokenizer.encode(text)
+    ids = chat_prompt_ids(body.messages, model, tools)
+    tool_format = detect_tool_call_format(model.chat_template.source)
+    grammar = tool_choice_grammar(body.tool_choice, tools, tool_format, model)
+    if grammar is not None and body.response_format not in (None, {"type": "text"}):
+        raise InvalidParam("response_format cannot be enforced together with a forced tool_choice", "response_format")
+    grammar = grammar or response_format_grammar(body.response_format, model)
     asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    request = _engine_request("chatcmpl", ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0)
-    fmt = detect_tool_call_format(model.chat_template.source) if tools is not None else None
-    return BuiltRequest(request, bool(body.stream), _include_usage(body), fmt)
+    response_id = f"chatcmpl-{request_id}"
+    request = _engine_request(response_id, ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0,
+                              grammar=grammar)
+    fmt = tool_format if tools is not None else None
+    return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body),
+                        fmt)
 
 
-def build_completion(body: CompletionBody, model: LoadedModel) -> BuiltRequest:
-    """Tokenize (or take) the prompt of a text completion."""
-    _common(body)
+def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
+    """Tokenize (or take) the prompt of a text completion; the completion id is ``cmpl-<request_id>``."""
     if body.echo:
         raise InvalidParam("echo is not supported", "echo")
     if body.suffix:
@@ -141,8 +192,10 @@ def build_completion(body: CompletionBody, model: LoadedModel) -> BuiltRequest:
     top = body.logprobs
     if top is not None and not 0 <= top <= 5:
         raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")
-    request = _engine_request("cmpl", ids, body.max_tokens, body, model, top is not None, top or 0)
-    return BuiltRequest(request, bool(body.stream), _include_usage(body))
+    response_id = f"cmpl-{request_id}"
+    request = _engine_request(response_id, ids, body.max_tokens, body, model, top is not None, top or 0,
+                              COMPLETION_MAX_TOKENS, response_format_grammar(body.response_format, model))
+    return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body))
 
 
 def _include_usage(body: SamplingFields) -> bool:

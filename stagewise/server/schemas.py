@@ -42,6 +42,7 @@ class SamplingFields(_Body):
     stop: str | list[str] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) → bias in [-100, 100]
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -62,3 +63,23 @@ class CompletionBody(SamplingFields):
     logprobs: int | None = None
     echo: bool | None = None
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None  # as chat's (vLLM takes it on completions too)
+
+
+class TokenizeBody(_Body):
+    """``POST /tokenize`` (llama.cpp's and vLLM's): ``content`` or ``prompt`` text, or chat ``messages``."""
+
+    model: str | None = None
+    content: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special: bool | None = None  # llama.cpp's name
+    add_special_tokens: bool | None = None  # vLLM's name
+    add_generation_prompt: bool = True
+
+
+class DetokenizeBody(_Body):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from stagewise.errors import ConfigError
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # 4 MiB
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s]+")  # an origin as browsers send it: no path, no slash
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class ServeSettings:
     measure_links: bool = True  # time the links between joined workers before planning
     warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
     max_seqs: int | None = None  # sequences decoded together; None: auto (the most that fit, up to 8)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); "*" for any; () = off
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -51,6 +54,9 @@ class ServeSettings:
             raise ConfigError(f"the body size limit must be >= 1024 bytes, got {self.max_body_bytes}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("--api-key must not be empty")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ConfigError(f"--cors-origin must be '*' or scheme://host[:port] (no path), got {origin!r}")
 
     @property
     def base_url(self) -> str:
