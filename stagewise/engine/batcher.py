@@ -130,8 +130,8 @@ class Batcher:
 
     @property
     def free(self) -> int:
-        """Sequences that may still be admitted."""
-        return self.slots - self.active
+        """Sequences that can be added without waiting for a slot."""
+        return max(0, self.slots - self.active)
 
     def rows_in_use(self) -> int:
         """State rows holding a live sequence."""
@@ -146,10 +146,8 @@ class Batcher:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
 
     def add(self, sequence: Sequence) -> None:
-        """Queue ``sequence`` (raises when it is invalid or no slot is free)."""
+        """Queue ``sequence`` (raises when it is invalid); it starts when a slot is free, in order."""
         self.check(sequence.request)
-        if self.free < 1:
-            raise RuntimeError("no free sequence slot")  # the scheduler admits at most ``slots``
         sequence.budget = min(sequence.request.max_tokens, self.max_context - sequence.prompt_len)
         self.queue.append(sequence)
 
