@@ -1,10 +1,14 @@
 """Batched vs alone on the GPU: each request's greedy tokens and log-probabilities when it runs with
 N-1 others (continuous batching) against the same request run alone, on the same loaded model.
 
-    python3 bench/batch_check.py random:tiny-llama random:tiny-qwen3.6 --streams 8 --gen 32 [--json OUT]
+    python3 bench/batch_check.py random:tiny-llama random:tiny-qwen3.6 --streams 8 --gen 32 \
+        [--staged cuda:0@40GB,cuda:0@40GB] [--json OUT]
 
 Prints, per model: requests whose tokens match alone exactly, the first divergence of the others,
-and the largest |log-probability difference| over the tokens both runs share.
+and the largest |log-probability difference| over the tokens both runs share. With ``--staged
+DEVICES`` it also loads the model as two stages on DEVICES and runs the same batched schedule
+(two micro-batches in flight on both) on the single-device and the staged copy: tokens,
+log-probabilities and every KV / recurrent state tensor must be ``torch.equal``.
 """
 
 from __future__ import annotations
@@ -47,7 +51,30 @@ def run(batcher: Batcher, prompts: list[tuple[int, ...]], gen: int) -> list[list
     return out
 
 
-def check(model: str, streams: int, gen: int, devices: str | None, context: int) -> dict[str, Any]:
+def _states(pipeline: Any) -> dict[tuple[int, str], torch.Tensor]:
+    return {(index, name): tensor.cpu() for stage in pipeline.stages for index, state in stage.states.items()
+            for name, tensor in state.tensors().items()}
+
+
+def staged_equal(model: str, prompts: list[tuple[int, ...]], gen: int, devices: str | None, staged: str,
+                 context: int) -> dict[str, Any]:
+    """The same batched schedule on one device and on two stages: everything bit-identical?"""
+    runs = []
+    for spec, placement in ((devices, "single"), (staged, "pipeline:2")):
+        loaded = load_model(model, spec, placement, context, max_seqs=len(prompts))
+        try:
+            out = run(Batcher(loaded.pipeline, loaded.max_context, 64, micro_batches=2), prompts, gen)
+            runs.append((out, _states(loaded.pipeline)))
+        finally:
+            loaded.close()
+    (a, sa), (b, sb) = runs
+    states_equal = sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    return {"staged_devices": staged, "staged_tokens_logprobs_equal": a == b,
+            "staged_states_equal": states_equal, "state_tensors": len(sa)}
+
+
+def check(model: str, streams: int, gen: int, devices: str | None, context: int,
+          staged: str | None = None) -> dict[str, Any]:
     loaded = load_model(model, devices, "single", context, max_seqs=streams)
     try:
         batcher = Batcher(loaded.pipeline, loaded.max_context, 64)
@@ -69,10 +96,13 @@ def check(model: str, streams: int, gen: int, devices: str | None, context: int)
             shared = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), len(ta))
             for i in range(shared):
                 max_lp = max(max_lp, abs(a[i][1] - b[i][1]))
-        return {"model": model, "streams": streams, "gen": gen, "exact_requests": exact,
-                "first_divergence": first_diff, "max_abs_logprob_diff": max_lp, "batched_wall_s": wall}
+        row = {"model": model, "streams": streams, "gen": gen, "exact_requests": exact,
+               "first_divergence": first_diff, "max_abs_logprob_diff": max_lp, "batched_wall_s": wall}
     finally:
         loaded.close()
+    if staged:
+        row.update(staged_equal(model, prompts, gen, devices, staged, context))
+    return row
 
 
 def main() -> int:
@@ -82,9 +112,10 @@ def main() -> int:
     p.add_argument("--gen", type=int, default=32)
     p.add_argument("--devices", default=None)
     p.add_argument("--context", type=int, default=256)
+    p.add_argument("--staged", default=None, help="also compare one device with two stages on these devices")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    rows = [check(m, args.streams, args.gen, args.devices, args.context) for m in args.models]
+    rows = [check(m, args.streams, args.gen, args.devices, args.context, args.staged) for m in args.models]
     for row in rows:
         print(json.dumps(row))
     if args.json:

@@ -46,10 +46,15 @@ def _run(batcher: Batcher, requests: list[GenerationRequest],
             errors[i] = error
         return on_error
 
-    for i, request in enumerate(requests):
+    def stop(i: int) -> Callable[[], bool]:
         limit = cancel_after.get(i)
-        cancelled = (lambda i=i, limit=limit: limit is not None and len(out[i]) >= limit)
-        batcher.add(Sequence(request, sink(i), failed(i), cancelled))
+
+        def cancelled() -> bool:
+            return limit is not None and len(out[i]) >= limit
+        return cancelled
+
+    for i, request in enumerate(requests):
+        batcher.add(Sequence(request, sink(i), failed(i), stop(i)))
     while batcher.active:
         batcher.iterate()
     batcher.drain()

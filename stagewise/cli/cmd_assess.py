@@ -10,11 +10,12 @@ import argparse
 import json
 from typing import Any
 
-from stagewise.cli.cmd_plan import add_common, devices_and_profile, headline, inputs, speed_line
+from stagewise.cli.cmd_plan import add_common, devices_and_profile, headline, inputs, placement_json, speed_line
 from stagewise.errors import StagewiseError
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, assess
+from stagewise.placement.sequence_capacity import capacity_line, capacity_table
 from stagewise.spec.charge import Charge, stage_charge
 from stagewise.spec.model_source import catalog_entries, is_catalog, load_model_spec
 from stagewise.spec.model_spec import ModelSpec
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     spec, topology, profile = inputs(args)
     cert = assess(spec, topology, profile, args.objective)
     if args.json:
-        print(cert.to_json())
+        print(placement_json(cert, spec, profile))
         return 0
     _render(cert, spec, topology, profile)
     return 0
@@ -60,6 +61,8 @@ def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profi
             console.print(f"{d.id:>8} unused (budget {format_bytes(d.budget_bytes)})")
     console.print("[blue]█ weights[/blue] [green]█ state[/green] [yellow]█ workspace[/yellow] [magenta]█ reserve[/magenta]")
     console.print(speed_line(cert))
+    if cert.fits:
+        console.print(capacity_line(capacity_table(cert, spec, profile), profile))
     for reason in cert.reasons[1 if not cert.fits else 0 :]:
         console.print(f"  - {reason}")
 

@@ -7,6 +7,7 @@ handling and rendering that ``assess`` shares.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from stagewise.errors import PlacementError
@@ -15,6 +16,7 @@ from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
+from stagewise.placement.sequence_capacity import capacity_line, capacity_table
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import (
@@ -93,10 +95,21 @@ def run(args: argparse.Namespace) -> int:
         stages=args.stages,
     )
     if args.json:
-        print(cert.to_json())
+        print(placement_json(cert, spec, profile))
     else:
         render_plan(cert, topology)
+        if cert.fits:
+            print(capacity_line(capacity_table(cert, spec, profile), profile))
     return 0 if cert.fits else 1
+
+
+def placement_json(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> str:
+    """The certificate's JSON plus ``sequence_capacity``: concurrent sequences per context length
+    (empty when the model does not fit)."""
+    body = json.loads(cert.to_json())
+    table = capacity_table(cert, spec, profile) if cert.fits else ()
+    body["sequence_capacity"] = [row.to_dict() for row in table]
+    return json.dumps(body, indent=2)
 
 
 def headline(cert: CertifiedPlacement, topology: Topology) -> str:

@@ -44,6 +44,12 @@ class Profile:
         return min(self.prefill_chunk_tokens, self.context_tokens)
 
     @property
+    def step_tokens(self) -> int:
+        """Tokens one step carries at most: a prefill chunk of one sequence, or one decode token of
+        each of ``batch`` sequences (the batcher never prefills two sequences in one step)."""
+        return max(self.chunk_tokens, self.batch)
+
+    @property
     def activation_bytes(self) -> int:
         return activation_bytes(self.activation_dtype)
 

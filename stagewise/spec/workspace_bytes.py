@@ -1,10 +1,11 @@
 """Workspace bytes: activations of one prefill chunk, handoff buffers and the logits buffer.
 
 Blocks run one after another, so a stage needs the largest block's activations, not the sum:
-``batch x chunk x (activation values x dtype bytes + fp32 router values x 4 + heads x context
-x 4 for the fp32 attention-score chunk)``. Every stage also holds an input and an output
-hidden-state buffer (``2 x batch x chunk x hidden``); the exit stage holds the fp32 logits
-buffer ``batch x chunk x vocab x 4``.
+``step tokens x (activation values x dtype bytes + fp32 router values x 4 + heads x context
+x 4 for the fp32 attention-score chunk)``, where a step carries at most ``max(chunk, batch)``
+tokens (one sequence's prefill chunk, or one decode token per sequence). Every stage also holds
+an input and an output hidden-state buffer (``2 x step tokens x hidden``); the exit stage holds
+the fp32 logits buffer ``step tokens x vocab x 4``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ HANDOFF_BUFFERS = 2  # hidden state in + hidden state out
 
 def block_workspace_bytes(block: BlockSpec, profile: Profile) -> int:
     """Peak activation bytes while block ``block`` ingests one prefill chunk."""
-    tokens = profile.batch * profile.chunk_tokens
+    tokens = profile.step_tokens
     per_token = (
         block.activation_values_per_token * profile.activation_bytes
         + block.f32_values_per_token * F32_BYTES
@@ -30,9 +31,9 @@ def block_workspace_bytes(block: BlockSpec, profile: Profile) -> int:
 def handoff_buffer_bytes(hidden_size: int, profile: Profile) -> int:
     """Per stage: the in/out activation buffers, plus the device runtime's own workspace
     (``profile.runtime_workspace_bytes``: BLAS workspaces and CUDA-graph pools on accelerators)."""
-    buffers = HANDOFF_BUFFERS * profile.batch * profile.chunk_tokens * hidden_size * profile.activation_bytes
+    buffers = HANDOFF_BUFFERS * profile.step_tokens * hidden_size * profile.activation_bytes
     return buffers + profile.runtime_workspace_bytes
 
 
 def logits_buffer_bytes(vocab_size: int, profile: Profile) -> int:
-    return profile.batch * profile.chunk_tokens * vocab_size * F32_BYTES
+    return profile.step_tokens * vocab_size * F32_BYTES

@@ -1,0 +1,81 @@
+"""Sequence capacity: how many concurrent sequences of a given length a certified placement holds.
+
+Every sequence slot reserves its KV cache (and recurrent state) for the whole context on every
+stage, so capacity is per stage: the most ``batch`` whose charge (``stage_charge`` with that batch,
+the same accounting the certificate uses) stays within the stage's own device budget, with the
+blocks where the placement put them. The placement's capacity is its tightest stage's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from stagewise.placement.certified_placement import CertifiedPlacement
+from stagewise.spec.charge import stage_charge
+from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.profile import Profile
+
+MAX_REPORTED_SEQUENCES = 4096  # Profile's batch limit
+REPORTED_CONTEXTS = (1024, 4096, 32768, 131072)
+
+
+@dataclass(frozen=True)
+class SequenceCapacity:
+    """``sequences`` slots of ``context_tokens`` each fit on every stage; ``limited_by`` names the
+    device of the tightest stage (0 sequences: not even one fits at this context)."""
+
+    context_tokens: int
+    sequences: int
+    limited_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"context_tokens": self.context_tokens, "sequences": self.sequences, "limited_by": self.limited_by}
+
+
+def _fits(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> str | None:
+    """The first stage's device over its budget under ``profile``, or None when all fit."""
+    for stage in cert.stages:
+        sp = stage.placement
+        charge = stage_charge(spec, profile, sp.start, sp.end, sp.entry, sp.exit)
+        if charge.total_bytes > stage.budget_bytes:
+            return sp.device_id
+    return None
+
+
+def sequence_capacity(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile,
+                      context_tokens: int) -> SequenceCapacity:
+    """The most concurrent sequences of ``context_tokens`` the placement's stages hold (binary search
+    over the batch; charges grow with it)."""
+    base = replace(profile, context_tokens=context_tokens, batch=1)
+    limit = _fits(cert, spec, base)
+    if limit is not None:
+        return SequenceCapacity(context_tokens, 0, limit)
+    lo, hi = 1, MAX_REPORTED_SEQUENCES
+    if _fits(cert, spec, replace(base, batch=hi)) is None:
+        return SequenceCapacity(context_tokens, hi, "")
+    while hi - lo > 1:  # lo fits, hi does not
+        mid = (lo + hi) // 2
+        if _fits(cert, spec, replace(base, batch=mid)) is None:
+            lo = mid
+        else:
+            hi = mid
+    return SequenceCapacity(context_tokens, lo, _fits(cert, spec, replace(base, batch=hi)) or "")
+
+
+def capacity_table(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> tuple[SequenceCapacity, ...]:
+    """Capacity at the profile's context and at the usual lengths."""
+    contexts = sorted({profile.context_tokens, *REPORTED_CONTEXTS})
+    return tuple(sequence_capacity(cert, spec, profile, c) for c in contexts)
+
+
+def capacity_line(table: tuple[SequenceCapacity, ...], profile: Profile) -> str:
+    """One line: ``concurrent sequences on this placement: 92 at 1,024, 23 at 4,096, … tokens each
+    (limited by cuda:0)``, the device named for the profile's context."""
+    parts = []
+    for row in table:
+        count = f"{row.sequences}+" if row.sequences == MAX_REPORTED_SEQUENCES else str(row.sequences)
+        parts.append(f"{count} at {row.context_tokens:,}")
+    tight = next((r.limited_by for r in table if r.context_tokens == profile.context_tokens and r.limited_by), "")
+    suffix = f" (limited by {tight})" if tight else ""
+    return "concurrent sequences on this placement: " + ", ".join(parts) + " tokens each" + suffix
