@@ -7,6 +7,7 @@ import socket
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.test_server_support import make_model_dir, start_server
@@ -42,3 +43,17 @@ def test_sigterm_while_loading_exits_cleanly(model_dir: Path, tmp_path: Path) ->
     assert served.process.wait(60) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "Traceback" not in text and "Abort" not in text and "terminate called" not in text
+
+
+def test_serve_random_preset_answers_chat(tmp_path: Path) -> None:
+    log = tmp_path / "random.log"
+    served = start_server(Path("random:tiny-llama"), log, "--placement", "single")
+    try:
+        served.wait_ready()
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+        r = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+        assert r.json()["model"] == "random:tiny-llama"
+    finally:
+        assert served.stop() == 0, log.read_text()[-3000:]

@@ -24,6 +24,7 @@ from stagewise.engine.warm_up import needs_warm_up
 from stagewise.errors import ConfigError
 from stagewise.server.app import guarded_app
 from stagewise.server.load_display import placement_lines
+from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 
@@ -116,6 +117,8 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         server.should_exit = True
         return
     try:
+        if model.tokenizer is None and (settings.model or "").startswith("random:"):
+            model = with_demo_tokenizer(model)  # random weights come without a tokenizer
         engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
         console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
                       f"{model.max_context} positions each (--max-seqs, --context)")
