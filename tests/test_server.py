@@ -5,7 +5,9 @@ One server per placement (single stage; two stages on virtual CPU devices), shar
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +22,8 @@ from tests.test_server_support import ServedModel, make_model_dir, start_server
 
 KEY = "test-key"
 HELLO = [{"role": "user", "content": "Hello, world! How are you today?"}]
+MAX_SEQS = 2  # sequence slots of the module's servers (continuous batching); --queue 1 waits behind them
+NO_STOP = {"0": -100, "1": -100, "2": -100}  # logit_bias: the demo tokenizer's specials (EOS among them) never drawn
 PLACEMENTS = {"single": ["--placement", "single"],
               "pipeline2": ["--devices", "cpu:2x2GiB", "--placement", "pipeline:2"]}
 
@@ -33,7 +37,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[ServedModel]:
     log = tmp_path_factory.mktemp("log") / "serve.log"
-    served = start_server(model_dir, log, *PLACEMENTS[request.param], "--queue", "1", api_key=KEY)
+    served = start_server(model_dir, log, *PLACEMENTS[request.param], "--queue", "1",
+                          "--max-seqs", str(MAX_SEQS), api_key=KEY)
     try:
         served.wait_ready()
         yield served
@@ -200,27 +205,95 @@ def test_api_key_required(server: ServedModel) -> None:
     assert httpx.get(f"{server.url}/health").status_code == 200  # probes stay open
 
 
+class _OpenStream:
+    """A streamed chat request on a raw socket, read by a thread until :meth:`close` (the server sees a
+    client that is there and reading; closing shuts the socket, which unblocks the reader)."""
+
+    def __init__(self, server: ServedModel, body: dict[str, object]) -> None:
+        payload = json.dumps(body).encode()
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                "Content-Type: application/json\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in server.headers.items())
+                + f"Content-Length: {len(payload)}\r\n\r\n")
+        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        self.sock.sendall(head.encode() + payload)
+        self.received = b""
+        while b"\r\n\r\n" not in self.received:
+            part = self.sock.recv(65536)
+            assert part, "the server closed the connection before answering"
+            self.received += part
+        self.status_code = int(self.received.split(b" ", 2)[1])
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while part := self.sock.recv(65536):
+                self.received += part
+        except OSError:
+            pass  # closed by the test
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(10)
+
+
+def _fill_slots_and_queue(server: ServedModel) -> list[_OpenStream]:
+    """Every sequence slot running a long stream, then one more waiting in the queue (--queue 1)."""
+    body = {"messages": HELLO, "max_tokens": 200, "stream": True, "logit_bias": NO_STOP}  # runs for >= 20 s
+    streams: list[_OpenStream] = []
+    for _ in range(MAX_SEQS):
+        streams.append(_OpenStream(server, body))
+        assert streams[-1].status_code == 200
+    _wait_metric(server, "stagewise_active_sequences", float(MAX_SEQS), timeout_s=30)
+    streams.append(_OpenStream(server, body))
+    assert streams[-1].status_code == 200
+    _wait_metric(server, "stagewise_queue_depth", 1.0, timeout_s=30)
+    return streams
+
+
 def test_queue_full_is_429_with_retry_after(server: ServedModel) -> None:
-    _set_delay(server, 0.05)
-    streams: list[httpx.Response] = []
-    http = httpx.Client(headers=server.headers, timeout=30)
+    _set_delay(server, 0.1)
+    streams: list[_OpenStream] = []
     try:
-        body = {"messages": HELLO, "max_tokens": 100, "stream": True}
-        for _ in range(2):  # one runs, one waits (--queue 1)
-            r = http.send(http.build_request("POST", f"{server.url}/v1/chat/completions", json=body), stream=True)
-            assert r.status_code == 200
-            streams.append(r)
-            next(r.iter_lines())  # the role chunk: the request is admitted
-        _wait_metric(server, "stagewise_queue_depth", 1.0)
-        r = http.post(f"{server.url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2})
+        streams = _fill_slots_and_queue(server)
+        assert server.metric("stagewise_active_sequences") == MAX_SEQS  # nothing finished meanwhile
+        r = _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
+        assert all(s.thread.is_alive() for s in streams)  # every stream still open and being read
     finally:
-        for r in streams:
-            r.close()
-        http.close()
+        for s in streams:
+            s.close()
         _set_delay(server, 0.0)
-    _wait_metric(server, "stagewise_active_sequences", 0.0)
+    _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=10)
+    _wait_metric(server, "stagewise_queue_depth", 0.0)
+
+
+def test_abandoned_queued_stream_frees_its_queue_slot(server: ServedModel) -> None:
+    _set_delay(server, 0.1)
+    streams: list[_OpenStream] = []
+    try:
+        streams = _fill_slots_and_queue(server)
+        streams.pop().close()  # the queued one's client goes away before it ever ran
+        body = {"messages": HELLO, "max_tokens": 200, "stream": True, "logit_bias": NO_STOP}
+        deadline = time.monotonic() + 10
+        while True:
+            fresh = _OpenStream(server, body)
+            streams.append(fresh)
+            if fresh.status_code == 200:
+                break
+            assert fresh.status_code == 429
+            assert time.monotonic() < deadline, "the abandoned request kept its queue slot"
+            time.sleep(0.1)
+        assert server.metric("stagewise_active_sequences") == MAX_SEQS  # admitted to the queue, not run
+    finally:
+        for s in streams:
+            s.close()
+        _set_delay(server, 0.0)
+    _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=10)
     _wait_metric(server, "stagewise_queue_depth", 0.0)
 
 

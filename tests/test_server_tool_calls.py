@@ -1,24 +1,25 @@
-"""Tool calls end to end through the HTTP API, with a scripted generator standing in for the model.
+"""Tool calls end to end through the HTTP API, with a scripted sampler standing in for the model's choices.
 
-A random model will not emit a tool call, so the generator here replays a fixed text; everything
-else (template rendering with tools, engine, detokenizer, parser, OpenAI shapes, the openai
-client) is real.
+A random model will not emit a tool call, so every sequence the engine's batcher admits draws its
+tokens from a sampler that replays a fixed text; everything else (template rendering with tools,
+engine, batcher and pipeline steps, detokenizer, parser, OpenAI shapes, the openai client) is real.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+import torch
 from openai import OpenAI
 from starlette.testclient import TestClient
 
+from stagewise.engine.batcher import Batcher, Sequence
 from stagewise.engine.engine import Engine
-from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
-from stagewise.engine.sampling import Sample
+from stagewise.engine.sampling import Sample, Sampler, SamplingParams
 from stagewise.server.app import guarded_app
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
@@ -30,26 +31,41 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 CALL_TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-class ScriptedGenerator:
-    """Replays ``text`` token by token, then EOS; records the prompts it was given."""
+class ScriptedSampler(Sampler):
+    """Ignores the logits: draws ``ids`` in order (the last one is EOS)."""
+
+    def __init__(self, params: SamplingParams, ids: list[int]) -> None:
+        super().__init__(params)
+        self.ids = ids
+        self.drawn = 0
+
+    def plain_greedy(self, top_logprobs: int = 0) -> bool:
+        return False  # every token comes through sample()
+
+    def sample(self, logits: torch.Tensor, top_logprobs: int = 0) -> Sample:
+        token = self.ids[min(self.drawn, len(self.ids) - 1)]
+        self.drawn += 1
+        return Sample(token, -0.5)
+
+
+class ScriptedBatcher(Batcher):
+    """The engine's real batcher, with each admitted sequence sampling ``text`` then EOS; records the
+    prompts it was given."""
 
     def __init__(self, engine: Engine, text: str) -> None:
+        old = engine.batcher
+        super().__init__(old.pipeline, old.max_context, old.prefill_chunk, old.micro_batches)
         self.tokenizer = engine.tokenizer
-        self.ids = engine.tokenizer.encode(text)
-        self.eos = min(engine.stop_token_ids)
+        self.ids = [*engine.tokenizer.encode(text), min(engine.stop_token_ids)]
         self.prompts: list[tuple[int, ...]] = []
+
+    def add(self, sequence: Sequence) -> None:
+        self.prompts.append(sequence.request.prompt_ids)
+        sequence.sampler = ScriptedSampler(sequence.request.sampling, self.ids)
+        super().add(sequence)
 
     def last_prompt(self) -> str:
         return self.tokenizer.decode(list(self.prompts[-1]), skip_special_tokens=False)
-
-    def check(self, request: GenerationRequest) -> None:
-        pass
-
-    def stream(self, request: GenerationRequest, cancel: Callable[[], bool] | None = None) -> Iterator[TokenEvent]:
-        self.prompts.append(request.prompt_ids)
-        ids = [*self.ids, self.eos]
-        for index, token in enumerate(ids):
-            yield TokenEvent(index, Sample(token, -0.5), "stop" if index == len(ids) - 1 else None)
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +76,19 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
 
 
 @pytest.fixture
-def served(loaded: LoadedModel) -> Iterator[tuple[OpenAI, ScriptedGenerator]]:
+def served(loaded: LoadedModel) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
     state = ServerState(ServeSettings(api_key="secret"))
-    engine = Engine(loaded).start()
-    scripted = ScriptedGenerator(engine, CALL_TEXT)
-    engine.generator = scripted  # type: ignore[assignment]
+    engine = Engine(loaded)
+    scripted = ScriptedBatcher(engine, CALL_TEXT)
+    engine.batcher = scripted
+    engine.start()
     assert state.set_ready(loaded, engine)
     with TestClient(guarded_app(state), base_url="http://testserver") as http:
         yield OpenAI(base_url="http://testserver/v1", api_key="secret", http_client=http), scripted
     engine.stop()
 
 
-def test_tool_calls_non_streaming(served: tuple[OpenAI, ScriptedGenerator]) -> None:
+def test_tool_calls_non_streaming(served: tuple[OpenAI, ScriptedBatcher]) -> None:
     client, scripted = served
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
                                            tools=TOOLS)  # type: ignore[arg-type]
@@ -87,7 +104,7 @@ def test_tool_calls_non_streaming(served: tuple[OpenAI, ScriptedGenerator]) -> N
     assert "get_weather" in rendered and "<tools>" in rendered
 
 
-def test_tool_calls_streaming(served: tuple[OpenAI, ScriptedGenerator]) -> None:
+def test_tool_calls_streaming(served: tuple[OpenAI, ScriptedBatcher]) -> None:
     client, _ = served
     stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
                                             tools=TOOLS, stream=True)  # type: ignore[arg-type]
@@ -101,7 +118,7 @@ def test_tool_calls_streaming(served: tuple[OpenAI, ScriptedGenerator]) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_tool_choice_none_leaves_text(served: tuple[OpenAI, ScriptedGenerator]) -> None:
+def test_tool_choice_none_leaves_text(served: tuple[OpenAI, ScriptedBatcher]) -> None:
     client, scripted = served
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
                                            tools=TOOLS, tool_choice="none")  # type: ignore[arg-type]
@@ -110,7 +127,7 @@ def test_tool_choice_none_leaves_text(served: tuple[OpenAI, ScriptedGenerator]) 
     assert "<tools>" not in scripted.last_prompt()
 
 
-def test_tool_result_round_trip_renders(served: tuple[OpenAI, ScriptedGenerator]) -> None:
+def test_tool_result_round_trip_renders(served: tuple[OpenAI, ScriptedBatcher]) -> None:
     client, scripted = served
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     client.chat.completions.create(model="m", tools=TOOLS, messages=[  # type: ignore[arg-type, list-item]
@@ -123,7 +140,7 @@ def test_tool_result_round_trip_renders(served: tuple[OpenAI, ScriptedGenerator]
     assert '"city": "Paris"' in rendered
 
 
-def test_tool_calls_stream_as_they_are_written(served: tuple[OpenAI, ScriptedGenerator]) -> None:
+def test_tool_calls_stream_as_they_are_written(served: tuple[OpenAI, ScriptedBatcher]) -> None:
     client, _ = served
     chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
                                                  tools=TOOLS, stream=True))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from stagewise.cli.cmd_plan import add_common, devices_and_profile, headline, inputs, placement_json, speed_line
-from stagewise.errors import StagewiseError
+from stagewise.errors import ConfigError, StagewiseError
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, assess
@@ -33,13 +33,25 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if is_catalog(args.model):
         return _catalog(args)
-    spec, topology, profile = inputs(args)
+    spec, topology, profile = _random_inputs(args) if args.model.startswith("random:") else inputs(args)
     cert = assess(spec, topology, profile, args.objective)
     if args.json:
         print(placement_json(cert, spec, profile))
         return 0
     _render(cert, spec, topology, profile)
     return 0
+
+
+def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
+    """``random:PRESET[@q8_0]``: the preset's spec as ``serve``/``run`` would hold it (dense at the run dtype,
+    or Q8_0), charged on ``--devices``."""
+    from stagewise.engine.model_loading import DTYPES, model_spec, open_model
+
+    if args.fmt is not None:
+        raise ConfigError(f"{args.model}: a random model's format is part of its name (random:PRESET@q8_0), "
+                          "not --format")
+    topology, profile = devices_and_profile(args)
+    return model_spec(open_model(args.model), DTYPES[profile.activation_dtype]), topology, profile
 
 
 def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profile: Profile) -> None:

@@ -52,6 +52,32 @@ def run(args: argparse.Namespace) -> int:
         model.close()
 
 
+def _fit(model: Any, tokenizer: Any, system: list[dict[str, str]], history: list[dict[str, str]],
+         max_tokens: int, err: Any) -> list[int]:
+    """The prompt ids of the conversation, dropping its oldest turns (in place) until the prompt leaves
+    room for a reply: ``max_tokens`` or a quarter of the context, whichever is less. Raises
+    :class:`ContextLengthExceeded` when the newest message alone leaves no such room."""
+    from stagewise.errors import ContextLengthExceeded
+
+    room = max(1, min(max_tokens, model.max_context // 4))  # tokens a reply may take at least
+    dropped = 0
+    while True:
+        prompt = model.chat_template.render([*system, *history], add_generation_prompt=True,
+                                            special_tokens=tokenizer.special_tokens_map)
+        ids: list[int] = tokenizer.encode(prompt)
+        if len(ids) + room <= model.max_context:
+            break
+        if len(history) <= 1:
+            raise ContextLengthExceeded(f"the message takes {len(ids)} tokens; with {room} for the reply that is "
+                                        f"past the {model.max_context}-token context (--context)")
+        del history[:2]  # the oldest user message and the reply to it
+        dropped += 1
+    if dropped:
+        err.print(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the "
+                  f"{model.max_context}-token context)", highlight=False)
+    return ids
+
+
 def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
     from stagewise.engine.request import EngineRequest
     from stagewise.engine.request_output import RequestOutput
@@ -84,17 +110,16 @@ def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
             continue
         history.append({"role": "user", "content": text})
         try:
-            prompt = model.chat_template.render([*system, *history], add_generation_prompt=True,
-                                                special_tokens=tokenizer.special_tokens_map)
-            ids = tokenizer.encode(prompt)
+            ids = _fit(model, tokenizer, system, history, args.max_tokens, err)
             budget = min(args.max_tokens, model.max_context - len(ids))
             request = EngineRequest(f"chat-{uuid.uuid4().hex[:12]}", tuple(ids), max(budget, 1), sampling,
                                     stop_token_ids=engine.stop_token_ids)
             outputs: queue.Queue[RequestOutput] = queue.Queue()
             handle = engine.submit(request, outputs.put)
         except StagewiseError as exc:
-            history.pop()
-            err.print(f"error: {exc} (try /reset)", highlight=False)
+            if history:
+                history.pop()
+            err.print(f"error: {exc}", highlight=False, soft_wrap=True)
             continue
         reply = []
         try:

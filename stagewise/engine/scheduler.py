@@ -49,6 +49,7 @@ class Scheduler:
         self.max_running = max_running
         self._waiting: deque[RequestHandle] = deque()
         self._running: list[RequestHandle] = []
+        self._dropped: list[RequestHandle] = []  # cancelled while waiting: reported by the next schedule()
         self._closed = False
         self._cond = threading.Condition()
 
@@ -67,6 +68,7 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 raise EngineClosed("the server is shutting down and accepts no new requests")
+            self._drop_cancelled()
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"the request queue is full ({self.max_waiting} waiting); retry later")
             self._waiting.append(handle)
@@ -84,7 +86,8 @@ class Scheduler:
         with self._cond:
             if not self._waiting and timeout_s > 0:
                 self._cond.wait(timeout_s)
-            dropped: list[RequestHandle] = []
+            self._drop_cancelled()
+            dropped, self._dropped = self._dropped, []
             run: list[RequestHandle] = []
             room = self.max_running - len(self._running) if free is None else min(free, self.max_running - len(self._running))
             while self._waiting and len(run) < room:
@@ -92,6 +95,13 @@ class Scheduler:
                 (dropped if handle.is_cancelled() else run).append(handle)
             self._running.extend(run)
             return Batch(tuple(run), tuple(dropped))
+
+    def _drop_cancelled(self) -> None:
+        """Take requests cancelled while waiting (their clients went away) out of the queue, so they
+        hold no queue place; the caller holds the lock."""
+        if any(handle.is_cancelled() for handle in self._waiting):
+            self._dropped.extend(handle for handle in self._waiting if handle.is_cancelled())
+            self._waiting = deque(handle for handle in self._waiting if not handle.is_cancelled())
 
     def update(self, batch: Batch) -> None:
         """The batch's requests finished: free their slots."""
@@ -112,4 +122,4 @@ class Scheduler:
 
     def idle(self) -> bool:
         with self._cond:
-            return not self._waiting and not self._running
+            return not self._waiting and not self._running and not self._dropped

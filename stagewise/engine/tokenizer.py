@@ -117,7 +117,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``. Special-token text in ``text`` (e.g. ``<|im_start|>``) becomes its id, as in
         transformers. ``add_special_tokens`` applies the post-processor (e.g. prepends BOS for Llama 3)."""
-        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        # NOTE: encode_batch releases the GIL while it works (encode does not): a prompt of megabytes
+        # takes seconds, during which the server's event loop must keep running
+        return list(self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; incomplete UTF-8 sequences become U+FFFD."""

@@ -8,6 +8,7 @@ import time
 import traceback
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
@@ -50,13 +51,48 @@ async def read_json(request: Request, limit_bytes: int) -> dict[str, Any]:
         if size > limit_bytes:
             raise BodyTooLarge(f"the request body exceeds the limit of {limit_bytes} bytes")
         parts.append(part)
+    return parse_json(b"".join(parts))
+
+
+MAX_JSON_DEPTH = 64  # arrays and objects inside each other; far more than any OpenAI body needs
+
+
+def parse_json(data: bytes) -> dict[str, Any]:
+    """``data`` as a JSON object whose strings are all valid Unicode and whose nesting is at most
+    :data:`MAX_JSON_DEPTH`; :class:`InvalidParam` (400) otherwise, never a crash."""
     try:
-        body = json.loads(b"".join(parts))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise InvalidParam(f"the request body is not valid JSON: {type(exc).__name__}: {exc}") from exc
+        body = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8, integers over 4300 digits
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InvalidParam(f"the request body is not valid JSON: {type(exc).__name__}: {message}") from exc
     if not isinstance(body, dict):
         raise InvalidParam("the request body must be a JSON object")
+    _check_values(body)
     return body
+
+
+def _check_values(body: dict[str, Any]) -> None:
+    """Reject lone surrogates (``"\\ud800"``: no text can be encoded from them) and deep nesting, walking
+    the parsed body without recursion; ``param`` names the first bad value."""
+    stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in body.items()]
+    while stack:
+        path, value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidParam(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", path.split(".")[0])
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise InvalidParam(f"invalid value for {path}: a lone UTF-16 surrogate at character "
+                                       f"{exc.start} is not text", path) from exc
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{k}", v, depth + 1) for k, v in value.items())
+            for key in value:
+                if not key.isascii():
+                    stack.append((path, key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}", v, depth + 1) for i, v in enumerate(value))
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -122,7 +158,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def tokenize(request: Request) -> Response:
         body = await validated(request, TokenizeBody)
         _, model = state.serving()
-        return JSONResponse(tokenize_handler.tokenize(body, model))
+        return JSONResponse(await anyio.to_thread.run_sync(tokenize_handler.tokenize, body, model))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -135,11 +171,18 @@ def build_app(state: ServerState) -> FastAPI:
         ``respond``."""
         raw = await read_json(request, settings.max_body_bytes)
         engine, model = state.serving()
-        try:
-            body = schema.model_validate(raw)
-        except ValidationError as exc:
-            raise from_validation(exc) from exc
-        built = build(body, model, request_id_of(request.scope))
+        request_id = request_id_of(request.scope)
+
+        def prepare() -> Any:
+            try:
+                body = schema.model_validate(raw)
+            except ValidationError as exc:
+                raise from_validation(exc) from exc
+            return build(body, model, request_id)
+
+        # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
+        # worker thread, so /health and the other streams keep being served meanwhile
+        built = await anyio.to_thread.run_sync(prepare)
         choices = Choices.submit(engine, built.requests)
         response: Response = await respond(built, choices, model.name, request)
         return response

@@ -17,6 +17,8 @@ from stagewise.server.schemas import ChatCompletionBody, ChatMessage, Completion
 from stagewise.server.structured_output import response_format_grammar, tool_choice_grammar
 
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI (chat: the rest of the context)
+GREEDY_BELOW_TEMPERATURE = 1e-5  # a smaller positive temperature is greedy (vLLM's _SAMPLING_EPS)
+MIN_TOP_P = 1e-5  # a smaller positive top_p acts as this (only the most likely token survives)
 MAX_CHOICES = 16  # n per request; each choice is an engine request of its own
 
 
@@ -67,7 +69,7 @@ def _logit_bias(asked: dict[str, float] | None, vocab_size: int) -> tuple[tuple[
         return ()
     pairs = []
     for key, bias in asked.items():
-        if not key.isascii() or not key.isdigit() or not 0 <= int(key) < vocab_size:
+        if len(key) > 12 or not key.isascii() or not key.isdigit() or not 0 <= int(key) < vocab_size:
             raise InvalidParam(f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}", "logit_bias")
         pairs.append((int(key), bias))
     return tuple(pairs)
@@ -76,6 +78,10 @@ def _logit_bias(asked: dict[str, float] | None, vocab_size: int) -> tuple[tuple[
 def _sampling(body: SamplingFields, vocab_size: int, grammar: Grammar | None) -> SamplingParams:
     fields: dict[str, Any] = {name: getattr(body, name) for name in (
         "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")}
+    if fields["temperature"] is not None and 0 < fields["temperature"] < GREEDY_BELOW_TEMPERATURE:
+        fields["temperature"] = 0.0  # dividing the logits by it would overflow to inf and NaN
+    if fields["top_p"] is not None and 0 < fields["top_p"] < MIN_TOP_P:
+        fields["top_p"] = MIN_TOP_P  # keeps the top token, as any tiny top_p; smaller rounds to 0 in float32
     fields["logit_bias"] = _logit_bias(body.logit_bias, vocab_size)
     fields["grammar"] = grammar
     try:

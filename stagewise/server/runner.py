@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -20,8 +21,10 @@ from rich.console import Console
 from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_with_progress
 from stagewise.engine.warm_up import needs_warm_up
+from stagewise.errors import ConfigError
 from stagewise.server.app import guarded_app
 from stagewise.server.load_display import placement_lines
+from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 
@@ -58,16 +61,23 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
         drainer.append(thread)
         thread.start()
 
+    sock = _bind(settings.host, settings.port)  # before loading: a busy port fails at once
     previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     console.print(f"stagewise: listening on http://{settings.host}:{settings.port} (loading the model…)")
     try:
         loader.start()
-        server.run()
+        server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        sock.close()
     for thread in drainer:
         thread.join()
+    if loader.is_alive():
+        # NOTE: a signal while loading: exiting with the loader still inside torch aborts the process;
+        # it finishes, sees the server draining, and frees what it loaded
+        console.print("stagewise: stopping; waiting for the model load under way to end…")
+        loader.join()
     if state.load_error is not None:
         raise state.load_error
     if state.engine is not None:
@@ -76,6 +86,21 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
         state.model.close()
         console.print("stagewise: model closed, devices freed; bye")
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; :class:`ConfigError` naming the port when it cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose another --port)") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
@@ -92,6 +117,8 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         server.should_exit = True
         return
     try:
+        if model.tokenizer is None and (settings.model or "").startswith("random:"):
+            model = with_demo_tokenizer(model)  # random weights come without a tokenizer
         engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
         console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
                       f"{model.max_context} positions each (--max-seqs, --context)")

@@ -1,0 +1,39 @@
+"""``stagewise chat`` through the CLI entry, with scripted stdin: a conversation of several turns."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from stagewise.cli.main import main
+from tests.test_server_support import make_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("chat-model"))
+
+
+def test_three_turns_in_a_small_context(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # the default --max-tokens (512) is far past the 96-token context: each reply may fill what is left
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there\nAnd a second question?\nA third one\n/exit\n"))
+    code = main(["chat", str(model_dir), "--placement", "single", "--context", "96", "--temperature", "0"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "error" not in out.err, out.err
+    replies = [line for line in out.out.splitlines() if line.strip()]
+    assert len(replies) >= 3, out.out  # one reply per turn (a reply may span lines)
+
+
+def test_message_longer_than_the_context_is_reported(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("word " * 200 + "\nshort\n"))
+    code = main(["chat", str(model_dir), "--placement", "single", "--context", "96", "--temperature", "0"])
+    out = capsys.readouterr()
+    assert code == 0
+    errors = [line for line in out.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "96-token context" in errors[0], out.err
+    assert out.out.strip(), "the next message was answered"
