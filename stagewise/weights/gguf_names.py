@@ -153,6 +153,12 @@ class BoundRule:
     block: int | None
 
 
+def blocks_present(gguf_names: set[str]) -> int:
+    """One more than the highest block index among ``blk.<i>.*`` names (0 when there are none)."""
+    indices = [int(m.group(1)) for m in map(BLOCK_GGUF.match, gguf_names) if m is not None]
+    return max(indices, default=-1) + 1
+
+
 def bind_gguf_names(family: str, gguf_names: set[str], num_layers: int) -> tuple[list[BoundRule], set[str]]:
     """Group the file's tensor names into our tensors; returns (rules, names we knowingly ignore).
 

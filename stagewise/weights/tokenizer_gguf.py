@@ -82,9 +82,10 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
         raise UnsupportedArchitecture(
             f"GGUF tokenizer.ggml.model {model!r} is not supported (only 'gpt2' byte-level BPE is)"
         )
-    tokens = [str(t) for t in _required_list(fields, "tokenizer.ggml.tokens")]
-    merges = [_split_merge(str(m)) for m in _required_list(fields, "tokenizer.ggml.merges")]
-    token_types = [int(t) for t in fields.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens)]
+    tokens = _typed_list(fields, "tokenizer.ggml.tokens", str)
+    merges = [_split_merge(m) for m in _typed_list(fields, "tokenizer.ggml.merges", str)]
+    token_types = (_typed_list(fields, "tokenizer.ggml.token_type", int) if "tokenizer.ggml.token_type" in fields
+                   else [TOKEN_TYPE_NORMAL] * len(tokens))
     if len(token_types) != len(tokens):
         raise CorruptModelFile(
             f"GGUF field tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens"
@@ -95,16 +96,12 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
         token if kind == TOKEN_TYPE_USER_DEFINED else _byte_spelling(token): index
         for index, (token, kind) in enumerate(zip(tokens, token_types, strict=True))
     }
-    backend = BackendTokenizer(
-        BPE(
-            vocab=vocab,
-            merges=merges,
-            dropout=None,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-        )
-    )
+    try:
+        model_bpe = BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
+                        end_of_word_suffix="", fuse_unk=False)
+    except Exception as exc:  # tokenizers raises a bare Exception for a merge of unknown tokens
+        raise CorruptModelFile(f"GGUF field tokenizer.ggml.merges is inconsistent with the tokens ({exc})") from None
+    backend = BackendTokenizer(model_bpe)
     backend.pre_tokenizer = pre_tokenizer_for(fields.get("tokenizer.ggml.pre"))
     backend.decoder = decoders.ByteLevel()
     _add_typed_tokens(backend, tokens, token_types)
@@ -200,6 +197,13 @@ def _required(fields: dict[str, Any], key: str) -> Any:
     return fields[key]
 
 
+def _typed_list(fields: dict[str, Any], key: str, kind: type) -> list[Any]:
+    values = list(_required_list(fields, key))
+    if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+        raise CorruptModelFile(f"GGUF field {key} must be an array of {kind.__name__}")
+    return values
+
+
 def _required_list(fields: dict[str, Any], key: str) -> Sequence[Any]:
     value = _required(fields, key)
     if isinstance(value, str | bytes | dict) or not hasattr(value, "__iter__"):  # list, tuple, ndarray
@@ -211,7 +215,9 @@ def _optional_id(fields: dict[str, Any], key: str, vocab_size: int) -> int | Non
     value = fields.get(key)
     if value is None:
         return None
-    index = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CorruptModelFile(f"GGUF field {key} must be an integer, got {value!r}")
+    index = value
     if not 0 <= index < vocab_size:
         raise CorruptModelFile(f"GGUF field {key} = {index} is outside the vocabulary of {vocab_size} tokens")
     return index
