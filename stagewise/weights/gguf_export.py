@@ -33,6 +33,7 @@ FILE_TYPES = {
     "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16),
     "bf16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16),
     "q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (GGMLQuantizationType.Q4_0, LlamaFileType.MOSTLY_Q4_0),
 }
 _KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "ssm_ba.weight",
              "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
@@ -189,7 +190,7 @@ def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix
 def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType) -> GGMLQuantizationType:
     if len(shape) < 2 or suffix in _KEEP_F32:
         return GGMLQuantizationType.F32
-    if matrix_type == GGMLQuantizationType.Q8_0 and shape[-1] % 32:
+    if shape[-1] % GGML_QUANT_SIZES[matrix_type][0]:  # rows that do not divide into the type's blocks
         return GGMLQuantizationType.F16 if shape[-1] % 2 == 0 else GGMLQuantizationType.F32
     return matrix_type
 
@@ -251,4 +252,6 @@ def _encode(piece: torch.Tensor, ggml_type: GGMLQuantizationType) -> np.ndarray:
         return piece.to(torch.bfloat16).view(torch.int16).numpy()
     if ggml_type == GGMLQuantizationType.Q8_0:
         return quantize_q8_0(piece).numpy()
+    if ggml_type == GGMLQuantizationType.Q4_0:
+        return gguf.quants.quantize(piece.to(torch.float32).numpy(), ggml_type)
     raise ConfigError(f"cannot write GGUF type {ggml_type.name}")
