@@ -14,7 +14,7 @@ from stagewise.engine.tokenizer import Tokenizer
 from stagewise.errors import ConfigError, ModelNotFound
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.gguf_source import GGUFSource
-from stagewise.weights.make_model import make_model, preset_names
+from stagewise.weights.make_model import load_hf_config, make_model, preset_names
 from stagewise.weights.safetensors_source import SafetensorsSource
 
 REQUIRED_PRESETS = {"demo", "tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3.5", "tiny-qwen3.6",
@@ -108,3 +108,14 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "x.gguf" in capsys.readouterr().out
     source = GGUFSource(tmp_path / "x.gguf")
     assert source.config.architecture == "llama" and source.config.rope.rope_type == "llama3"
+
+
+def test_gguf_lists_every_vocabulary_entry(tmp_path: Path) -> None:
+    """llama.cpp refuses a token list shorter than the embedding: rows past the demo tokenizer's
+    named tokens are listed as ``[PAD<id>]`` (type 5), as llama.cpp's converter writes them."""
+    config = load_hf_config("tiny-qwen3") | {"vocab_size": 6000}
+    source = GGUFSource(make_model(config, tmp_path / "m.gguf", "gguf", "f16", seed=1))
+    tokens, types = source.fields["tokenizer.ggml.tokens"], source.fields["tokenizer.ggml.token_type"]
+    assert len(tokens) == len(types) == 6000 == source.config.vocab_size
+    assert tokens[-1] == "[PAD5999]" and types[-1] == 5
+    assert Tokenizer.from_gguf_fields(source.fields).encode("hello world")

@@ -124,3 +124,38 @@ def test_inconsistent_fields(fields: dict[str, Any]) -> None:
 def test_sentencepiece_is_unsupported(fields: dict[str, Any]) -> None:
     with pytest.raises(UnsupportedArchitecture, match="'llama'"):
         Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.model": "llama"})
+
+
+def test_unknown_pre_is_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedArchitecture, match=r"tokenizer\.ggml\.pre 'mystery-pre'"):
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.pre": "mystery-pre"})
+
+
+def _pieces(pre: str | None, text: str) -> list[str]:
+    from stagewise.weights.tokenizer_gguf import pre_tokenizer_for
+
+    return [piece for piece, _ in pre_tokenizer_for(pre).pre_tokenize_str(text)]
+
+
+def test_pre_regexes_are_llama_cpps() -> None:
+    # qwen35 keeps a combining mark with its letters; qwen2 leaves it to the punctuation run
+    assert _pieces("qwen35", "cafe\u0301!") == ["cafe\u00cc\u0123", "!"]  # byte-level spelling of e + U+0301
+    assert _pieces("qwen2", "cafe\u0301!") == ["cafe", "\u00cc\u0123!"]
+    assert len(_pieces("qwen2", "1234567")) == 7  # one digit per piece
+    assert len(_pieces("llama-bpe", "1234567")) == 3  # up to three
+    assert len(_pieces("gpt-2", "1234567")) == 1  # gpt-2: a whole number
+    assert len(_pieces(None, "1234567")) == 3 == len(_pieces("default", "1234567"))  # default: \p{N}+ then 3 digits
+    assert len(_pieces("default", "a+b")) == 3  # default: punctuation runs first
+
+
+def test_vocabulary_listed_up_to_vocab_size() -> None:
+    tok = train_demo_tokenizer(300)
+    size = tok.get_vocab_size(with_added_tokens=True)
+    fields = export_for_gguf(tok, vocab_size=size + 5)
+    assert len(fields["tokenizer.ggml.tokens"]) == len(fields["tokenizer.ggml.token_type"]) == size + 5
+    assert fields["tokenizer.ggml.tokens"][size:] == [f"[PAD{i}]" for i in range(size, size + 5)]
+    assert fields["tokenizer.ggml.token_type"][size:] == [5] * 5  # unused, as llama.cpp's converter writes
+    plain = Tokenizer.from_gguf_fields(export_for_gguf(tok))
+    padded = Tokenizer.from_gguf_fields(fields)
+    for text in TEXTS:
+        assert padded.encode(text) == plain.encode(text), text

@@ -160,6 +160,8 @@ class GGUFSource:
             first[dim] += other[dim]
         if rule.rule.value == "conv" and len(first) == 2:
             first.insert(1, 1)  # stored squeezed: (C, K) -> (C, 1, K)
+        if rule.rule.value == "row" and len(first) == 1:
+            first.insert(0, 1)  # stored 1-D: (H,) -> (1, H)
         return tuple(first)
 
     def _check_shapes(self) -> None:

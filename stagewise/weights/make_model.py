@@ -120,7 +120,8 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
             target = target / "model.gguf"
         target.parent.mkdir(parents=True, exist_ok=True)
         files = write_gguf(target, model_config, params, chunks, dtype,
-                           export_for_gguf(tokenizer, chat_template=DEFAULT_CHATML), split_max_bytes)
+                           export_for_gguf(tokenizer, chat_template=DEFAULT_CHATML,
+                                           vocab_size=model_config.vocab_size), split_max_bytes)
         return files[0]
     target.mkdir(parents=True, exist_ok=True)
     raw["torch_dtype"] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]

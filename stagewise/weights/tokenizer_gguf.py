@@ -5,8 +5,11 @@ under llama.cpp's key names. This module converts them once, at the edge, into a
 `tokenizers.Tokenizer` that encodes like llama.cpp and like transformers' GGUF converter:
 
 * ``tokenizer.ggml.model == "gpt2"`` → byte-level BPE, no normalizer, ByteLevel decoder;
-* ``tokenizer.ggml.pre`` picks the split regex (qwen2 family, llama-bpe / llama3 family; anything
-  else falls back to GPT-2's regex, as llama.cpp's "default" pre-tokenizer does);
+* ``tokenizer.ggml.pre`` picks the split regex, llama.cpp's exact pattern for the value
+  (``qwen2`` family, ``qwen35``, ``llama-bpe`` / ``llama3`` family, ``gpt-2``); a missing or
+  ``default`` value gets llama.cpp's default passes. Any other value is refused
+  (:class:`UnsupportedArchitecture` naming it), as llama.cpp refuses it: a guessed regex would
+  tokenize differently from the model's training without a word;
 * token type 3 (control) → special added token, 4 (user-defined) → plain added token;
 * ``tokenizer.ggml.add_bos_token`` → a post-processor that prepends BOS when special tokens are added.
 
@@ -29,6 +32,18 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+QWEN35_SPLIT = (  # qwen2's with combining marks (\p{M}) kept with their letters
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT: these splits, each applied to the pieces of the one before
+DEFAULT_SPLITS = (
+    r"[\p{P}\$\+<=>\^~\|]+",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    r"\p{N}+",
+    r"[0-9][0-9][0-9]",
+)
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -36,6 +51,8 @@ LLAMA3_SPLIT = (
 # `tokenizer.ggml.pre` values (llama.cpp's names) → split regex.
 PRE_TOKENIZER_SPLITS: dict[str, str] = {
     "qwen2": QWEN2_SPLIT,
+    "qwen35": QWEN35_SPLIT,
+    "gpt-2": GPT2_SPLIT,
     "deepseek-r1-qwen": QWEN2_SPLIT,
     "megrez": QWEN2_SPLIT,
     "llama-bpe": LLAMA3_SPLIT,
@@ -49,6 +66,7 @@ PRE_TOKENIZER_SPLITS: dict[str, str] = {
 TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
 
 _BYTE_ALPHABET = frozenset(pre_tokenizers.ByteLevel.alphabet())
 
@@ -132,13 +150,23 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
 
 
 def pre_tokenizer_for(pre: object) -> pre_tokenizers.PreTokenizer:
-    """The pre-tokenizer of GGUF ``tokenizer.ggml.pre`` (``qwen2``, ``llama-bpe``, …; GPT-2's otherwise)."""
-    split = PRE_TOKENIZER_SPLITS.get(str(pre)) if pre is not None else None
-    if split is None:
-        return pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's own regex
+    """The pre-tokenizer of GGUF ``tokenizer.ggml.pre`` (llama.cpp's regexes; see the module docstring).
+
+    Raises:
+        UnsupportedArchitecture: a value llama.cpp's names do not map to a regex we hold.
+    """
+    if pre is None or pre == "default":
+        splits: tuple[str, ...] = DEFAULT_SPLITS
+    elif isinstance(pre, str) and pre in PRE_TOKENIZER_SPLITS:
+        splits = (PRE_TOKENIZER_SPLITS[pre],)
+    else:
+        raise UnsupportedArchitecture(
+            f"GGUF tokenizer.ggml.pre {pre!r} is not supported "
+            f"(supported: default, {', '.join(sorted(PRE_TOKENIZER_SPLITS))})"
+        )
     return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            *(pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False) for split in splits),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
