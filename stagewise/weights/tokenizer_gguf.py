@@ -13,7 +13,8 @@ under llama.cpp's key names. This module converts them once, at the edge, into a
 * token type 3 (control) → special added token, 4 (user-defined) → plain added token;
 * ``tokenizer.ggml.add_bos_token`` → a post-processor that prepends BOS when special tokens are added.
 
-SentencePiece vocabularies (``"llama"``) and others raise :class:`UnsupportedArchitecture`.
+SentencePiece vocabularies (``"llama"``) go through :mod:`stagewise.weights.tokenizer_spm`; other
+models raise :class:`UnsupportedArchitecture`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
 from stagewise.errors import CorruptModelFile, UnsupportedArchitecture
+from stagewise.weights.tokenizer_spm import sentencepiece_backend
 
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -92,22 +94,35 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
     """Convert GGUF metadata (key → plain python value) into a :class:`GgufTokenizer`.
 
     Raises:
-        UnsupportedArchitecture: ``tokenizer.ggml.model`` is not ``"gpt2"`` (byte-level BPE).
+        UnsupportedArchitecture: ``tokenizer.ggml.model`` is neither ``"gpt2"`` (byte-level BPE) nor
+            ``"llama"`` (SentencePiece), or ``tokenizer.ggml.pre`` is unknown.
         CorruptModelFile: a required field is missing, or a field is inconsistent (named in the message).
     """
     model = _required(fields, "tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise UnsupportedArchitecture(
-            f"GGUF tokenizer.ggml.model {model!r} is not supported (only 'gpt2' byte-level BPE is)"
+            f"GGUF tokenizer.ggml.model {model!r} is not supported ('gpt2' byte-level BPE, 'llama' SentencePiece)"
         )
     tokens = _typed_list(fields, "tokenizer.ggml.tokens", str)
-    merges = [_split_merge(m) for m in _typed_list(fields, "tokenizer.ggml.merges", str)]
     token_types = (_typed_list(fields, "tokenizer.ggml.token_type", int) if "tokenizer.ggml.token_type" in fields
                    else [TOKEN_TYPE_NORMAL] * len(tokens))
     if len(token_types) != len(tokens):
         raise CorruptModelFile(
             f"GGUF field tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens"
         )
+    if model == "llama":
+        scores = [float(s) for s in _typed_list(fields, "tokenizer.ggml.scores", float)]
+        add_prefix = fields.get("tokenizer.ggml.add_space_prefix", True)
+        backend = sentencepiece_backend(tokens, scores, token_types, bool(add_prefix))
+        add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
+    else:
+        backend = _byte_level_backend(fields, tokens, token_types)
+        add_bos_default = False
+    return _finish(fields, backend, tokens, add_bos_default)
+
+
+def _byte_level_backend(fields: dict[str, Any], tokens: list[str], token_types: list[int]) -> BackendTokenizer:
+    merges = [_split_merge(m) for m in _typed_list(fields, "tokenizer.ggml.merges", str)]
     # NOTE: llama.cpp stores some tokens in plain UTF-8 rather than the byte alphabet. Normal ones are
     # respelled for the BPE model; user-defined ones keep their text, which is what gets matched.
     vocab = {
@@ -123,7 +138,10 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
     backend.pre_tokenizer = pre_tokenizer_for(fields.get("tokenizer.ggml.pre"))
     backend.decoder = decoders.ByteLevel()
     _add_typed_tokens(backend, tokens, token_types)
+    return backend
 
+
+def _finish(fields: dict[str, Any], backend: BackendTokenizer, tokens: list[str], add_bos_default: bool) -> GgufTokenizer:
     bos = _optional_id(fields, "tokenizer.ggml.bos_token_id", len(tokens))
     eos = _optional_id(fields, "tokenizer.ggml.eos_token_id", len(tokens))
     eos_ids = {eos} if eos is not None else set()
@@ -131,7 +149,7 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> GgufTokenizer:
         extra = _optional_id(fields, key, len(tokens))
         if extra is not None:
             eos_ids.add(extra)
-    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", add_bos_default)) and bos is not None
     if add_bos and bos is not None:
         bos_text = tokens[bos]
         backend.post_processor = processors.TemplateProcessing(
