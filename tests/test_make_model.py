@@ -119,3 +119,19 @@ def test_gguf_lists_every_vocabulary_entry(tmp_path: Path) -> None:
     assert len(tokens) == len(types) == 6000 == source.config.vocab_size
     assert tokens[-1] == "[PAD5999]" and types[-1] == 5
     assert Tokenizer.from_gguf_fields(source.fields).encode("hello world")
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3.5", "qwen3.5-4b", "qwen3.6-35b-a3b"])
+def test_qwen35_gguf_has_rope_sections(tmp_path: Path, preset: str) -> None:
+    """llama.cpp refuses a qwen35 / qwen35moe GGUF without ``rope.dimension_sections``; ours match
+    the preset's own ``mrope_section`` (what the converter writes)."""
+    from stagewise.weights.gguf_export import mrope_sections
+
+    raw = load_hf_config(preset)
+    sections = raw["rope_parameters"]["mrope_section"]
+    config = ModelConfig.from_hf_dict(raw, source=preset)
+    assert mrope_sections(config.rotary_dim) == [*sections, 0]
+    if preset.startswith("tiny-"):
+        source = GGUFSource(make_model(preset, tmp_path / "m.gguf", "gguf", "f32", seed=1))
+        arch = source.fields["general.architecture"]
+        assert source.fields[f"{arch}.rope.dimension_sections"] == [*sections, 0]

@@ -39,6 +39,18 @@ _KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.wei
              "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
 
 
+# llama.cpp requires rope.dimension_sections for these (interleaved multimodal rope); on text every
+# section sees the same position, so any split of the rotary pairs is the plain rope we run
+_MROPE_ARCHITECTURES = ("qwen35", "qwen35moe")
+
+
+def mrope_sections(rotary_dim: int) -> list[int]:
+    """Qwen3.5's split of the ``rotary_dim // 2`` rotary pairs into (t, h, w, 0) sections, largest
+    first: 32 pairs -> [11, 11, 10, 0], as the converter writes Qwen3.5's ``mrope_section``."""
+    pairs = rotary_dim // 2
+    return [pairs // 3 + (1 if i < pairs % 3 else 0) for i in range(3)] + [0]
+
+
 @dataclass(frozen=True)
 class _Planned:
     gguf_name: str
@@ -139,6 +151,8 @@ def _add_hparams(w: gguf.GGUFWriter, arch: str, c: ModelConfig) -> None:
     w.add_uint32(k.Rope.DIMENSION_COUNT.format(arch=arch), c.rotary_dim)
     if c.rope.rope_type == "llama3":
         w.add_uint32(k.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch), c.rope.original_max_position_embeddings)
+    if arch in _MROPE_ARCHITECTURES:
+        w.add_array(k.Rope.DIMENSION_SECTIONS.format(arch=arch), mrope_sections(c.rotary_dim))
     if c.is_moe:
         w.add_uint32(k.LLM.EXPERT_COUNT.format(arch=arch), c.num_experts)
         w.add_uint32(k.LLM.EXPERT_USED_COUNT.format(arch=arch), c.num_experts_per_tok)
