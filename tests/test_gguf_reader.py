@@ -151,3 +151,36 @@ def test_real_preset_geometry_builds_on_meta() -> None:
     params = dict(model_params(config))  # on meta: no memory
     assert params["model.layers.0.mlp.experts.gate_up_proj"] == (256, 1024, 2048)
     assert 34e9 < sum(math.prod(s) for s in params.values()) < 36e9
+
+
+def test_shared_expert_gate_stored_1d_loads(tmp_path: Path) -> None:
+    """llama.cpp accepts ``ffn_gate_inp_shexp`` as (h,) as well as (1, h): so do we, with equal values."""
+    src = make_model("tiny-qwen3.6", tmp_path / "m.gguf", "gguf", "f32", seed=8)
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(tmp_path / "flat.gguf", reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    flattened = 0
+    for t in reader.tensors:
+        data = np.array(t.data)
+        if t.name.endswith("ffn_gate_inp_shexp.weight"):
+            data, flattened = data.reshape(-1), flattened + 1
+        writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert flattened > 0
+    assert [len(t.shape) for t in gguf.GGUFReader(tmp_path / "flat.gguf").tensors
+            if t.name.endswith("ffn_gate_inp_shexp.weight")] == [1] * flattened
+    states = []
+    for path in (src, tmp_path / "flat.gguf"):
+        source = GGUFSource(path)
+        stage = build_stage(source.config, 0, source.config.num_layers, entry=True, exit=True)
+        load_stage(stage, source, CPU, torch.float32)
+        states.append(stage.state_dict())
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])

@@ -14,7 +14,7 @@ from stagewise.engine.tokenizer import Tokenizer
 from stagewise.errors import ConfigError, ModelNotFound
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.gguf_source import GGUFSource
-from stagewise.weights.make_model import make_model, preset_names
+from stagewise.weights.make_model import load_hf_config, make_model, preset_names
 from stagewise.weights.safetensors_source import SafetensorsSource
 
 REQUIRED_PRESETS = {"demo", "tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3.5", "tiny-qwen3.6",
@@ -108,3 +108,30 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "x.gguf" in capsys.readouterr().out
     source = GGUFSource(tmp_path / "x.gguf")
     assert source.config.architecture == "llama" and source.config.rope.rope_type == "llama3"
+
+
+def test_gguf_lists_every_vocabulary_entry(tmp_path: Path) -> None:
+    """llama.cpp refuses a token list shorter than the embedding: rows past the demo tokenizer's
+    named tokens are listed as ``[PAD<id>]`` (type 5), as llama.cpp's converter writes them."""
+    config = load_hf_config("tiny-qwen3") | {"vocab_size": 6000}
+    source = GGUFSource(make_model(config, tmp_path / "m.gguf", "gguf", "f16", seed=1))
+    tokens, types = source.fields["tokenizer.ggml.tokens"], source.fields["tokenizer.ggml.token_type"]
+    assert len(tokens) == len(types) == 6000 == source.config.vocab_size
+    assert tokens[-1] == "[PAD5999]" and types[-1] == 5
+    assert Tokenizer.from_gguf_fields(source.fields).encode("hello world")
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3.5", "qwen3.5-4b", "qwen3.6-35b-a3b"])
+def test_qwen35_gguf_has_rope_sections(tmp_path: Path, preset: str) -> None:
+    """llama.cpp refuses a qwen35 / qwen35moe GGUF without ``rope.dimension_sections``; ours match
+    the preset's own ``mrope_section`` (what the converter writes)."""
+    from stagewise.weights.gguf_export import mrope_sections
+
+    raw = load_hf_config(preset)
+    sections = raw["rope_parameters"]["mrope_section"]
+    config = ModelConfig.from_hf_dict(raw, source=preset)
+    assert mrope_sections(config.rotary_dim) == [*sections, 0]
+    if preset.startswith("tiny-"):
+        source = GGUFSource(make_model(preset, tmp_path / "m.gguf", "gguf", "f32", seed=1))
+        arch = source.fields["general.architecture"]
+        assert source.fields[f"{arch}.rope.dimension_sections"] == [*sections, 0]

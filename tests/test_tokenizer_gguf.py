@@ -121,6 +121,88 @@ def test_inconsistent_fields(fields: dict[str, Any]) -> None:
         Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.merges": ["nospace"]})
 
 
-def test_sentencepiece_is_unsupported(fields: dict[str, Any]) -> None:
-    with pytest.raises(UnsupportedArchitecture, match="'llama'"):
+def test_other_tokenizer_models_are_unsupported(fields: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedArchitecture, match="'bert'"):
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.model": "bert"})
+    with pytest.raises(CorruptModelFile, match=r"tokenizer\.ggml\.scores is missing"):  # SentencePiece needs scores
         Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.model": "llama"})
+
+
+def test_unknown_pre_is_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedArchitecture, match=r"tokenizer\.ggml\.pre 'mystery-pre'"):
+        Tokenizer.from_gguf_fields({**fields, "tokenizer.ggml.pre": "mystery-pre"})
+
+
+def _pieces(pre: str | None, text: str) -> list[str]:
+    from stagewise.weights.tokenizer_gguf import pre_tokenizer_for
+
+    return [piece for piece, _ in pre_tokenizer_for(pre).pre_tokenize_str(text)]
+
+
+def test_pre_regexes_are_llama_cpps() -> None:
+    # qwen35 keeps a combining mark with its letters; qwen2 leaves it to the punctuation run
+    assert _pieces("qwen35", "cafe\u0301!") == ["cafe\u00cc\u0123", "!"]  # byte-level spelling of e + U+0301
+    assert _pieces("qwen2", "cafe\u0301!") == ["cafe", "\u00cc\u0123!"]
+    assert len(_pieces("qwen2", "1234567")) == 7  # one digit per piece
+    assert len(_pieces("llama-bpe", "1234567")) == 3  # up to three
+    assert len(_pieces("gpt-2", "1234567")) == 1  # gpt-2: a whole number
+    assert len(_pieces(None, "1234567")) == 3 == len(_pieces("default", "1234567"))  # default: \p{N}+ then 3 digits
+    assert len(_pieces("default", "a+b")) == 3  # default: punctuation runs first
+
+
+def test_vocabulary_listed_up_to_vocab_size() -> None:
+    tok = train_demo_tokenizer(300)
+    size = tok.get_vocab_size(with_added_tokens=True)
+    fields = export_for_gguf(tok, vocab_size=size + 5)
+    assert len(fields["tokenizer.ggml.tokens"]) == len(fields["tokenizer.ggml.token_type"]) == size + 5
+    assert fields["tokenizer.ggml.tokens"][size:] == [f"[PAD{i}]" for i in range(size, size + 5)]
+    assert fields["tokenizer.ggml.token_type"][size:] == [5] * 5  # unused, as llama.cpp's converter writes
+    plain = Tokenizer.from_gguf_fields(export_for_gguf(tok))
+    padded = Tokenizer.from_gguf_fields(fields)
+    for text in TEXTS:
+        assert padded.encode(text) == plain.encode(text), text
+
+
+@pytest.fixture(scope="module")
+def spm_fields() -> dict[str, Any]:
+    """A SentencePiece (``tokenizer.ggml.model = llama``) vocabulary laid out as Llama 2 GGUFs are:
+    <unk>, <s>, </s>, the 256 byte tokens, then pieces scored by merge order."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    trainer = SentencePieceBPETokenizer()
+    corpus = [t for t in TEXTS if t and "<" not in t] * 3 + ["the quick brown fox jumps over the lazy dog"] * 5
+    trainer.train_from_iterator(corpus, vocab_size=400, min_frequency=1, show_progress=False)
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types, scores = [2, 3, 3, *[6] * 256], [0.0] * len(tokens)
+    for rank, (piece, _) in enumerate(sorted(trainer.get_vocab().items(), key=lambda kv: kv[1])):
+        if piece not in tokens:
+            tokens.append(piece)
+            types.append(1)
+            scores.append(-float(rank))
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.unknown_token_id": 0}
+
+
+def test_sentencepiece_matches_transformers_gguf_converter(spm_fields: dict[str, Any]) -> None:
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    renames = {"model": "tokenizer_type", "tokens": "tokens", "scores": "scores", "token_type": "token_type"}
+    theirs, _ = convert_gguf_tokenizer("llama", {name: spm_fields[f"tokenizer.ggml.{k}"] for k, name in renames.items()})
+    ours = Tokenizer.from_gguf_fields(spm_fields)
+    for text in [t for t in TEXTS if not t.startswith(" ")]:  # a leading space: see below
+        assert ours.encode(text) == theirs.encode(text, add_special_tokens=False).ids, text
+        assert ours.decode(ours.encode(text), skip_special_tokens=False) == text
+
+
+def test_sentencepiece_as_llama_cpp(spm_fields: dict[str, Any]) -> None:
+    ours = Tokenizer.from_gguf_fields(spm_fields)
+    tokens = spm_fields["tokenizer.ggml.tokens"]
+    pieces = [tokens[i] for i in ours.encode("fox \u017e")]  # ž is in no piece: its UTF-8 bytes
+    assert pieces == ["\u2581fox", "\u2581", "<0xC5>", "<0xBE>"]
+    assert ours.decode(ours.encode("fox \u017e")) == "fox \u017e"
+    # llama.cpp prepends the dummy space unconditionally (transformers' Metaspace skips it here)
+    assert [tokens[i] for i in ours.encode(" fox")][:2] == ["\u2581", "\u2581fox"]
+    assert ours.encode("fox", add_special_tokens=True)[0] == 1  # BOS by default for SentencePiece
+    no_prefix = Tokenizer.from_gguf_fields({**spm_fields, "tokenizer.ggml.add_space_prefix": False})
+    assert tokens[no_prefix.encode("fox")[0]] != "\u2581fox"

@@ -27,6 +27,7 @@ from stagewise.spec.model_config import (
 )
 from stagewise.weights.gguf_names import GGUF_ARCHITECTURES
 
+MAX_LAYERS = 1 << 16  # no model comes close; a larger count is a corrupt field
 RopeFactors = Callable[[], Sequence[float] | None]
 
 
@@ -35,6 +36,8 @@ def gguf_family(fields: dict[str, Any], label: str) -> tuple[str, str]:
     arch = fields.get(Keys.General.ARCHITECTURE)
     if arch is None:
         raise ConfigError(f"{label}: missing GGUF field {Keys.General.ARCHITECTURE}")
+    if not isinstance(arch, str):
+        raise ConfigError(f"{label}: GGUF field {Keys.General.ARCHITECTURE} must be a string, got {type(arch).__name__}")
     if arch not in GGUF_ARCHITECTURES:
         raise UnsupportedArchitecture(
             f"{label}: GGUF architecture {arch!r} is not supported (supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
@@ -43,7 +46,8 @@ def gguf_family(fields: dict[str, Any], label: str) -> tuple[str, str]:
 
 
 def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[int, ...] | None = None,
-                     rope_factors: RopeFactors | None = None, has_output: bool = True) -> ModelConfig:
+                     rope_factors: RopeFactors | None = None, has_output: bool = True,
+                     blocks_present: int | None = None) -> ModelConfig:
     """Normalize GGUF metadata into a :class:`ModelConfig`.
 
     Args:
@@ -52,6 +56,8 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
         embedding_shape: ``token_embd.weight``'s (vocab, hidden) shape, used when no vocab size is stated.
         rope_factors: returns the ``rope_freqs.weight`` values if the file has them (Llama 3 rope).
         has_output: the file has ``output.weight``; without it the LM head is tied to the embedding.
+        blocks_present: one more than the highest ``blk.<i>`` index among the file's tensors; when given,
+            ``block_count`` must agree with it (checked before anything is sized by ``block_count``).
     Raises:
         ConfigError: a required field is missing or has the wrong type.
         UnsupportedArchitecture: ``general.architecture`` is not one we run.
@@ -71,7 +77,17 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
 
     block_count = get(Keys.LLM.BLOCK_COUNT)
     nextn = get(Keys.LLM.NEXTN_PREDICT_LAYERS, default=0)
+    if not 0 <= nextn < block_count:
+        raise ConfigError(f"{label}: GGUF field {arch}.block_count {block_count} with {nextn} next-n blocks leaves no layers")
     layers = block_count - nextn
+    # NOTE: checked first, so a corrupt count (2**31) is refused before anything is sized by it.
+    if blocks_present is not None and not layers <= blocks_present <= block_count:
+        raise ConfigError(
+            f"{label}: GGUF field {arch}.block_count is {block_count} ({nextn} next-n), "
+            f"but the file holds tensors for {blocks_present} blocks"
+        )
+    if layers > MAX_LAYERS:
+        raise ConfigError(f"{label}: GGUF field {arch}.block_count {block_count} is beyond {MAX_LAYERS}")
     hidden = get(Keys.LLM.EMBEDDING_LENGTH)
     heads = get(Keys.Attention.HEAD_COUNT)
     kv_heads = get(Keys.Attention.HEAD_COUNT_KV, default=heads)
@@ -79,8 +95,14 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
         raise ConfigError(f"{label}: GGUF field {Keys.Attention.HEAD_COUNT.format(arch=arch)} must be positive")
     head_dim = get(Keys.Attention.KEY_LENGTH, default=hidden // heads if heads else 0)
     rotary = get(Keys.Rope.DIMENSION_COUNT, default=head_dim)
+    value_length = get(Keys.Attention.VALUE_LENGTH, default=head_dim)
+    if value_length != head_dim:
+        raise ConfigError(f"{label}: attention value_length {value_length} differs from key_length {head_dim} "
+                          "(not supported)")
     theta = _f32_decimal(get(Keys.Rope.FREQ_BASE, float, default=10000.0))
     eps = _f32_decimal(get(Keys.Attention.LAYERNORM_RMS_EPS, float, default=1e-6))
+    if not (math.isfinite(eps) and eps > 0 and math.isfinite(theta) and theta > 0):
+        raise ConfigError(f"{label}: rms epsilon {eps!r} and rope base {theta!r} must be finite and positive")
     vocab = fields.get(Keys.LLM.VOCAB_SIZE.format(arch=arch))
     if vocab is None and embedding_shape is not None:
         vocab = embedding_shape[0]
@@ -128,25 +150,28 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
     bos = fields.get(Keys.Tokenizer.BOS_ID)
     eos = fields.get(Keys.Tokenizer.EOS_ID)
     eos_ids = tuple(int(fields[k]) for k in (Keys.Tokenizer.EOS_ID, Keys.Tokenizer.EOT_ID) if isinstance(fields.get(k), int))
-    return ModelConfig(
-        architecture=family,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=ffn if isinstance(ffn, int) else 0,
-        rms_norm_eps=eps,
-        rope=rope,
-        max_position_embeddings=get(Keys.LLM.CONTEXT_LENGTH, default=4096),
-        tie_word_embeddings=not has_output,
-        layer_types=layer_types,
-        bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_ids=tuple(dict.fromkeys(eos_ids)) if eos is not None else (),
-        extra=extra,
-        **kwargs,
-    )
+    try:
+        return ModelConfig(
+            architecture=family,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_layers=layers,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=ffn if isinstance(ffn, int) else 0,
+            rms_norm_eps=eps,
+            rope=rope,
+            max_position_embeddings=get(Keys.LLM.CONTEXT_LENGTH, default=4096),
+            tie_word_embeddings=not has_output,
+            layer_types=layer_types,
+            bos_token_id=bos if isinstance(bos, int) else None,
+            eos_token_ids=tuple(dict.fromkeys(eos_ids)) if eos is not None else (),
+            extra=extra,
+            **kwargs,
+        )
+    except ConfigError as exc:  # ModelConfig's own checks do not name the file
+        raise ConfigError(f"{label}: {exc}") from None
 
 
 def _f32_decimal(value: float) -> float:

@@ -33,9 +33,22 @@ FILE_TYPES = {
     "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16),
     "bf16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16),
     "q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (GGMLQuantizationType.Q4_0, LlamaFileType.MOSTLY_Q4_0),
 }
 _KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "ssm_ba.weight",
              "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
+
+
+# llama.cpp requires rope.dimension_sections for these (interleaved multimodal rope); on text every
+# section sees the same position, so any split of the rotary pairs is the plain rope we run
+_MROPE_ARCHITECTURES = ("qwen35", "qwen35moe")
+
+
+def mrope_sections(rotary_dim: int) -> list[int]:
+    """Qwen3.5's split of the ``rotary_dim // 2`` rotary pairs into (t, h, w, 0) sections, largest
+    first: 32 pairs -> [11, 11, 10, 0], as the converter writes Qwen3.5's ``mrope_section``."""
+    pairs = rotary_dim // 2
+    return [pairs // 3 + (1 if i < pairs % 3 else 0) for i in range(3)] + [0]
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,8 @@ def _add_hparams(w: gguf.GGUFWriter, arch: str, c: ModelConfig) -> None:
     w.add_uint32(k.Rope.DIMENSION_COUNT.format(arch=arch), c.rotary_dim)
     if c.rope.rope_type == "llama3":
         w.add_uint32(k.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch), c.rope.original_max_position_embeddings)
+    if arch in _MROPE_ARCHITECTURES:
+        w.add_array(k.Rope.DIMENSION_SECTIONS.format(arch=arch), mrope_sections(c.rotary_dim))
     if c.is_moe:
         w.add_uint32(k.LLM.EXPERT_COUNT.format(arch=arch), c.num_experts)
         w.add_uint32(k.LLM.EXPERT_USED_COUNT.format(arch=arch), c.num_experts_per_tok)
@@ -189,7 +204,7 @@ def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix
 def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType) -> GGMLQuantizationType:
     if len(shape) < 2 or suffix in _KEEP_F32:
         return GGMLQuantizationType.F32
-    if matrix_type == GGMLQuantizationType.Q8_0 and shape[-1] % 32:
+    if shape[-1] % GGML_QUANT_SIZES[matrix_type][0]:  # rows that do not divide into the type's blocks
         return GGMLQuantizationType.F16 if shape[-1] % 2 == 0 else GGMLQuantizationType.F32
     return matrix_type
 
@@ -251,4 +266,6 @@ def _encode(piece: torch.Tensor, ggml_type: GGMLQuantizationType) -> np.ndarray:
         return piece.to(torch.bfloat16).view(torch.int16).numpy()
     if ggml_type == GGMLQuantizationType.Q8_0:
         return quantize_q8_0(piece).numpy()
+    if ggml_type == GGMLQuantizationType.Q4_0:
+        return gguf.quants.quantize(piece.to(torch.float32).numpy(), ggml_type)
     raise ConfigError(f"cannot write GGUF type {ggml_type.name}")

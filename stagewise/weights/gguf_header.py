@@ -168,7 +168,7 @@ def _parse(cur: _Cursor, size: int) -> GGUFHeader:
     raw_infos = [_tensor_info(cur) for _ in range(n_tensors)]
     data_offset = -(-cur.pos // alignment) * alignment
     tensors = tuple(_validated(p, alignment, data_offset, size, *raw) for raw in raw_infos)
-    _check_layout(p, tensors)
+    _check_layout(p, tensors, data_offset, alignment, size)
     return GGUFHeader(p, version, fields, tensors, alignment, data_offset, size)
 
 
@@ -210,7 +210,10 @@ def _validated(p: Path, alignment: int, data_offset: int, size: int,
     return GGUFTensorInfo(name, tuple(reversed(dims)), ggml_type, start, nbytes)
 
 
-def _check_layout(p: Path, tensors: tuple[GGUFTensorInfo, ...]) -> None:
+def _check_layout(p: Path, tensors: tuple[GGUFTensorInfo, ...], data_offset: int, alignment: int, size: int) -> None:
+    """Tensor data as llama.cpp's ``gguf_init`` requires it: each tensor starts where the previous one
+    (in table order) ends, padded to the alignment; and the file ends within one alignment of the
+    last tensor (every GGUF writer pads there), so no table entry can silently shrink or move."""
     seen: set[str] = set()
     for t in tensors:
         if t.name in seen:
@@ -220,3 +223,14 @@ def _check_layout(p: Path, tensors: tuple[GGUFTensorInfo, ...]) -> None:
     for prev, cur in itertools.pairwise(ordered):
         if cur.offset_bytes < prev.offset_bytes + prev.nbytes:
             raise CorruptModelFile(f"{p}: tensor {cur.name!r} overlaps tensor {prev.name!r}")
+    expected = data_offset
+    for t in tensors:
+        if t.offset_bytes != expected:
+            raise CorruptModelFile(
+                f"{p}: tensor {t.name!r} has offset {t.offset_bytes - data_offset}, expected {expected - data_offset} "
+                "(tensor data must follow the table's order without gaps)"
+            )
+        expected += -(-t.nbytes // alignment) * alignment
+    if tensors and size - expected >= alignment:
+        raise CorruptModelFile(f"{p}: {size - expected} bytes after the last tensor's data; the tensor table does not "
+                               "describe the data section")

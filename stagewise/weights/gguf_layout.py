@@ -11,7 +11,8 @@ rows (or whole 32-element blocks) of packed Q8_0 data:
 * ``halves``: stacked experts ``gate_up_proj`` = concat(gate, up) along dim 1.
 
 Values: ``norm_offset`` (stored ``w + 1`` for zero-centred RMSNorm; ``(w + 1) - 1`` is exact in
-float32 for weights near 0), ``a_log`` (stored ``-exp(A_log)``), ``conv`` (stored squeezed).
+float32 for weights near 0), ``a_log`` (stored ``-exp(A_log)``), ``conv`` (stored squeezed), ``row``
+(the shared-expert gate, which llama.cpp accepts stored 1-D).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def value_from_gguf(rule: NameRule, t: torch.Tensor) -> torch.Tensor:
         return torch.log(-t.to(torch.float32)).to(t.dtype)
     if rule.value == "conv" and t.dim() == 2:
         return t.unsqueeze(1)  # (C, K) -> (C, 1, K)
+    if rule.value == "row" and t.dim() == 1:
+        return t.unsqueeze(0)  # (H,) -> (1, H)
     return t
 
 

@@ -39,7 +39,8 @@ class NameRule:
     gguf: tuple[str, ...]
     concat_dim: int = 0
     layout: str = ""  # see gguf_layout.row_index / col_group_index
-    value: str = ""  # "", "norm_offset" (stored w + 1), "a_log" (stored -exp(A_log)), "conv" (squeezed)
+    value: str = ""  # "", "norm_offset" (stored w + 1), "a_log" (stored -exp(A_log)), "conv" (squeezed),
+    # "row" (a one-row matrix that may be stored 1-D)
 
 
 def _r(ours: str, *gguf: str, concat_dim: int = 0, layout: str = "", value: str = "") -> NameRule:
@@ -75,7 +76,7 @@ _MOE = [
     _r("mlp.experts.down_proj", "ffn_down_exps.weight"),
 ]
 _SHARED_EXPERT = [
-    _r("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+    _r("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", value="row"),  # llama.cpp: (h,) or (1, h)
     _r("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
     _r("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
     _r("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
@@ -151,6 +152,12 @@ class BoundRule:
     gguf: tuple[str, ...]
     rule: NameRule
     block: int | None
+
+
+def blocks_present(gguf_names: set[str]) -> int:
+    """One more than the highest block index among ``blk.<i>.*`` names (0 when there are none)."""
+    indices = [int(m.group(1)) for m in map(BLOCK_GGUF.match, gguf_names) if m is not None]
+    return max(indices, default=-1) + 1
 
 
 def bind_gguf_names(family: str, gguf_names: set[str], num_layers: int) -> tuple[list[BoundRule], set[str]]:

@@ -20,7 +20,7 @@ from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.gguf_config import config_from_gguf
 from stagewise.weights.gguf_file import GGUFFile
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, value_from_gguf
-from stagewise.weights.gguf_names import BoundRule, bind_gguf_names
+from stagewise.weights.gguf_names import BoundRule, bind_gguf_names, blocks_present
 from stagewise.weights.quant.q8_0 import BLOCK, Q8_0Weight
 from stagewise.weights.quant.tensor_decode import check_supported, decode_dense, decode_to
 
@@ -34,7 +34,7 @@ class GGUFSource:
         embd = self.file.info("token_embd.weight").shape if "token_embd.weight" in names else None
         self.config: ModelConfig = config_from_gguf(
             self.file.fields, self.label, embedding_shape=embd, rope_factors=self._rope_factors,
-            has_output="output.weight" in names,
+            has_output="output.weight" in names, blocks_present=blocks_present(names),
         )
         bound, self._ignored = bind_gguf_names(self.config.architecture, names, self.config.num_layers)
         self._rules: dict[str, BoundRule] = {}
@@ -160,6 +160,8 @@ class GGUFSource:
             first[dim] += other[dim]
         if rule.rule.value == "conv" and len(first) == 2:
             first.insert(1, 1)  # stored squeezed: (C, K) -> (C, 1, K)
+        if rule.rule.value == "row" and len(first) == 1:
+            first.insert(0, 1)  # stored 1-D: (H,) -> (1, H)
         return tuple(first)
 
     def _check_shapes(self) -> None:

@@ -25,7 +25,7 @@ from stagewise.weights.random_weights import tensor_chunks
 from stagewise.weights.safetensors_export import write_safetensors
 
 FORMATS = ("gguf", "safetensors")
-DTYPES = ("f32", "f16", "bf16", "q8_0")
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 _TOKENIZER_MAX = 1024  # trained vocabulary cap (the built-in corpus runs out of merges before)
 _PAD_MAX = 4096  # name extra embedding rows with <|extra_N|> tokens up to this many
 _HF_ARCHITECTURES = {
@@ -85,7 +85,7 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
         config: HF config path or dict, or a preset name.
         out: a ``.gguf`` path (GGUF; other paths get ``model.gguf`` inside), or a directory (safetensors).
         fmt: ``gguf`` or ``safetensors``.
-        dtype: ``f32``, ``f16``, ``bf16``, or ``q8_0`` (GGUF only).
+        dtype: ``f32``, ``f16``, ``bf16``, or ``q8_0`` / ``q4_0`` (GGUF only; Q4_0 files load dequantized).
         seed: weights seed; equal seeds give byte-identical files.
         device: where random values are drawn and quantized (``cuda`` for large geometries; the values
             then differ from a CPU-made file of the same seed).
@@ -96,7 +96,7 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
     """
     if fmt not in FORMATS:
         raise ConfigError(f"format {fmt!r} is not supported ({', '.join(FORMATS)})")
-    if dtype not in DTYPES or (fmt == "safetensors" and dtype == "q8_0"):
+    if dtype not in DTYPES or (fmt == "safetensors" and dtype.startswith("q")):
         raise ConfigError(f"dtype {dtype!r} is not supported for {fmt}")
     raw = load_hf_config(config)
     model_config = ModelConfig.from_hf_dict(raw, source=str(config) if not isinstance(config, dict) else "config")
@@ -120,7 +120,8 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
             target = target / "model.gguf"
         target.parent.mkdir(parents=True, exist_ok=True)
         files = write_gguf(target, model_config, params, chunks, dtype,
-                           export_for_gguf(tokenizer, chat_template=DEFAULT_CHATML), split_max_bytes)
+                           export_for_gguf(tokenizer, chat_template=DEFAULT_CHATML,
+                                           vocab_size=model_config.vocab_size), split_max_bytes)
         return files[0]
     target.mkdir(parents=True, exist_ok=True)
     raw["torch_dtype"] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]

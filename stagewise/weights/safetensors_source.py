@@ -10,10 +10,11 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from stagewise.errors import CorruptModelFile, ModelNotFound, WeightsError
+from stagewise.errors import CorruptModelFile, ModelNotFound, UnsupportedTensorType, WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.weights.expert_stacking import StackedTensor, load_stacked, plan_expert_stacking
 
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 _IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.", "model.mtp.")
 
 
@@ -75,7 +76,12 @@ class SafetensorsSource:
                         if name in self._where:
                             raise WeightsError(f"{path.name}: duplicate tensor {raw!r} (also in {self._where[name][0].name})")
                         self._where[name] = (path, raw)
-                        self._shapes[name] = tuple(handle.get_slice(raw).get_shape())
+                        tensor = handle.get_slice(raw)
+                        if tensor.get_dtype() not in _FLOAT_DTYPES:
+                            raise UnsupportedTensorType(
+                                f"{path}: tensor {raw!r} has dtype {tensor.get_dtype()} (weights are {', '.join(_FLOAT_DTYPES)})"
+                            )
+                        self._shapes[name] = tuple(tensor.get_shape())
             except SafetensorError as exc:
                 raise CorruptModelFile(f"{path}: not a valid safetensors file ({exc})") from None
         self._check_index(files)

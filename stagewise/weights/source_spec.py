@@ -16,9 +16,11 @@ from stagewise.weights.tensor_source import TensorSource, block_index, keeps_pac
 EMBEDDING = "model.embed_tokens.weight"
 
 
-def spec_from_source(config: ModelConfig, source: TensorSource, run_dtype: str, name: str) -> ModelSpec:
+def spec_from_source(config: ModelConfig, source: TensorSource, run_dtype: str, name: str,
+                     label_format: str | None = None) -> ModelSpec:
     """Exact resident bytes per block, entry and exit for ``source`` loaded at ``run_dtype``
-    (``f32``/``bf16``/``f16``); the format is ``q8_0`` when any tensor stays packed."""
+    (``f32``/``bf16``/``f16``); the format is ``label_format`` if given, else ``q8_0`` when any
+    tensor stays packed, else the run dtype."""
     dense_bytes = activation_bytes(run_dtype)
     full = build_stage(config, 0, config.num_layers, entry=True, exit=True, device="meta")
     modules = dict(full.named_modules())
@@ -39,6 +41,17 @@ def spec_from_source(config: ModelConfig, source: TensorSource, run_dtype: str, 
     if config.tie_word_embeddings and EMBEDDING in source.names():
         # the head reads the embedding, held as the head would hold it (packed when stored packed)
         exit_ += resident_bytes(source, EMBEDDING, modules["lm_head"], dense_bytes)
-    fmt = "q8_0" if any_packed else run_dtype
+    fmt = label_format or ("q8_0" if any_packed else run_dtype)
     return ModelSpec.from_config(config, fmt, name=name, tensor_bytes_by_block=by_block, entry_bytes=entry,
                                  exit_bytes=exit_)
+
+
+def resident_spec_for_format(config: ModelConfig, fmt: str, run_dtype: str, name: str) -> ModelSpec:
+    """The spec of ``config`` stored as a ``fmt`` file and loaded at ``run_dtype``: charged what the
+    loader makes resident, not what the file holds. Q8_0 matrices stay packed (the rule of a
+    ``q8_0`` file and of ``random:…@q8_0``); every other quantized format (Q4_0 … Q6_K) is
+    dequantized at load, so it is charged dense at the run dtype, as is a Q8_0 embedding."""
+    from stagewise.weights.random_source import RandomSource
+
+    source = RandomSource(config, fmt="q8_0" if fmt == "q8_0" else "dense")
+    return spec_from_source(config, source, run_dtype, name, label_format=fmt)

@@ -30,6 +30,7 @@ from stagewise.errors import ConfigError
 from stagewise.weights.tokenizer_gguf import (
     TOKEN_TYPE_CONTROL,
     TOKEN_TYPE_NORMAL,
+    TOKEN_TYPE_UNUSED,
     TOKEN_TYPE_USER_DEFINED,
     pre_tokenizer_for,
 )
@@ -139,11 +140,15 @@ def export_for_gguf(
     eos_token: str = "<|im_end|>",
     bos_token: str = "<|endoftext|>",
     pad_token: str = "<|endoftext|>",
+    vocab_size: int = 0,
 ) -> dict[str, Any]:
     """The ``tokenizer.ggml.*`` (and ``tokenizer.chat_template``) GGUF fields describing ``tok``.
 
     Token types: special added tokens → 3 (control), other added tokens → 4 (user-defined), the
-    rest → 1 (normal). ``add_bos_token`` is False, as for Qwen2 GGUFs.
+    rest → 1 (normal). ``add_bos_token`` is False, as for Qwen2 GGUFs. Ids from the tokenizer's
+    size up to ``vocab_size`` (the embedding's rows) are listed as ``[PAD<id>]`` of type 5
+    (unused), as llama.cpp's converter writes them: llama.cpp refuses a token list shorter than
+    the embedding.
     """
     vocab = tok.get_vocab(with_added_tokens=True)
     tokens = sorted(vocab, key=vocab.__getitem__)
@@ -153,6 +158,9 @@ def export_for_gguf(
     types = [TOKEN_TYPE_NORMAL] * len(tokens)
     for index, token in added.items():
         types[index] = TOKEN_TYPE_CONTROL if token.special else TOKEN_TYPE_USER_DEFINED
+    for index in range(len(tokens), vocab_size):
+        tokens.append(f"[PAD{index}]")
+        types.append(TOKEN_TYPE_UNUSED)
     model = json.loads(tok.to_str())["model"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     fields: dict[str, Any] = {
