@@ -18,8 +18,8 @@ import torch
 from stagewise.engine.model_loading import load_model
 from stagewise.errors import StagewiseError, WorkerLost, WorkerNotJoined
 from stagewise.runtime.distributed_start import open_pool, start_workers
-from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.runtime.remote_pipeline import DistributedPipeline
+from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
 from tests.multiprocess_helpers import StepTrace, assert_same, step_trace
