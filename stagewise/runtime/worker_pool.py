@@ -108,6 +108,8 @@ class WorkerPool:
         for key, value in WORKER_ENV.items():
             env.setdefault(key, value)
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        if "lo" in {name for _, name in socket.if_nameindex()}:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the data group's sockets stay on loopback too
         env[SECRET_ENV] = self.secret.decode()
         env.pop("STAGEWISE_WORKER_SECRET_FILE", None)
         cmd = [sys.executable, "-m", "stagewise", "worker", "--join", f"{self.mode.connect_host}:{self.port}",

@@ -46,9 +46,11 @@ def load_secret(path: str | None = None) -> bytes | None:
 
 
 def require_secret(path: str | None, who: str) -> bytes:
-    """:func:`load_secret`, or :class:`ConfigError` saying how to give one."""
+    """:func:`load_secret`, or :class:`ConfigError` saying how to give one; ``who``: ``a worker`` or
+    ``the coordinator`` (the message names that side's option)."""
     secret = load_secret(path)
     if secret is None:
-        raise ConfigError(f"{who} needs the workers' shared secret: {'--secret-file' if who == 'a worker' else '--worker-secret-file'} "
-                          f"PATH or ${SECRET_ENV} (the same on the coordinator and every worker)")
+        option = "--secret-file" if who == "a worker" else "--worker-secret-file"
+        raise ConfigError(f"{who} needs the workers' shared secret: {option} PATH or ${SECRET_ENV} "
+                          "(the same on the coordinator and every worker)")
     return secret
