@@ -192,7 +192,7 @@ def test_malformed_acks_assignments_and_tensors_are_rejected() -> None:
     with pytest.raises(WorkerMessageRejected):
         Ack.from_json(json.dumps({"rank": 1, "ok": "yes"}))
     with pytest.raises(WorkerMessageRejected):
-        Ack.from_json(json.dumps({"rank": 1, "ok": True, "stage_s": [float("nan")]}).replace("NaN", "NaN"))
+        Ack.from_json(json.dumps({"rank": 1, "ok": True, "stage_s": [float("nan")]}))  # NaN: not a time
     good = Assignment("m", "float32", 1, 8, (), 0, 0, 2, "gloo", -1, 1, 1, 2, 5.0)
     assert Assignment.from_json(good.to_json()) == good
     for change in ({"dtype": "int8"}, {"data_rank": 2}, {"next_rank": 7}, {"backend": "mpi"}, {"timeout_s": -1}):
@@ -261,6 +261,18 @@ def test_local_workers_ignore_a_forged_stop(loaded: LoadedModel) -> None:
     assert not any(pipeline.pool.exited(rank) for rank in pipeline.pool.procs)
     assert _greedy(pipeline) == expected
     assert pipeline.health()["status"] == "ok"
+
+
+def test_workers_check_a_step_against_their_stages(loaded: LoadedModel) -> None:
+    pipeline = loaded.pipeline
+    assert isinstance(pipeline, DistributedPipeline)
+    expected = _greedy(pipeline)
+    pipeline.reset(0)
+    with pytest.raises(WorkerMessageRejected, match="outside the vocabulary"):
+        pipeline.step(torch.tensor([[loaded.config.vocab_size]]), torch.tensor([[0]]), start=0)
+    with pytest.raises(WorkerMessageRejected, match="outside the context"):
+        pipeline.step(torch.tensor([[1]]), torch.tensor([[CONTEXT]]), start=CONTEXT)
+    assert _greedy(pipeline) == expected  # rolled back, still serving
 
 
 def test_health_reports_a_killed_worker(loaded: LoadedModel) -> None:
