@@ -113,6 +113,15 @@ class WorkerNotJoined(StagewiseError):
     code = "worker_not_joined"
 
 
+class WorkerMessageRejected(StagewiseError):
+    """A message through the worker store failed its signature (unsigned, forged, replayed) or its
+    checks (types, sizes, ranges); it is dropped, never acted on."""
+
+    exit_code = 3
+    http_status = 503
+    code = "worker_message_rejected"
+
+
 class GrammarError(RequestError):
     """A structured-output constraint (JSON schema, forced tool call) that cannot be compiled, or that
     this model's tokenizer cannot be constrained with."""

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from stagewise.runtime.cluster_links import probe_pairs, representative
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, with_measured_links
 from stagewise.runtime.link_probe import LinkFigures, LinkProbe, ProbePair, ProbeReport
 from stagewise.runtime.worker_messages import JoinReport
+from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.profile import Profile
 
@@ -105,12 +107,16 @@ def _free_port() -> int:
 
 
 @pytest.fixture()
-def two_workers(_only_devices: None) -> Iterator[int]:
-    """Two workers on 'host1' and 'host2' (really 127.0.0.1) joining a coordinator on a free port."""
+def two_workers(_only_devices: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """Two workers on 'host1' and 'host2' (really 127.0.0.1) joining a coordinator on a free port;
+    they read the shared secret from a file, the coordinator from the environment."""
     port = _free_port()
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    monkeypatch.setenv(SECRET_ENV, "0123456789abcdef0123456789abcdef")
     workers = [subprocess.Popen([sys.executable, "-m", "stagewise", "worker", "--join", f"127.0.0.1:{port}",
                                  "--rank", str(rank), "--devices", "cpu:1x1GiB", "--host-name", f"host{rank}",
-                                 "--timeout", "20"], stderr=subprocess.PIPE, text=True)
+                                 "--timeout", "20", "--secret-file", str(secret)], stderr=subprocess.PIPE, text=True)
                for rank in (1, 2)]
     try:
         yield port

@@ -14,6 +14,7 @@ from stagewise.engine.model_loading import load_model
 from stagewise.hardware import defaults
 from stagewise.runtime.distributed_start import open_pool, start_workers
 from stagewise.runtime.remote_pipeline import DistributedPipeline
+from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
 from tests.multiprocess_helpers import assert_same, greedy_tokens, step_trace
@@ -70,8 +71,9 @@ def test_three_workers_equal_single_process(model_dir: Path) -> None:
         pipeline.close()
 
 
-def test_workers_that_join_from_two_hosts(model_dir: Path) -> None:
+def test_workers_that_join_from_two_hosts(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``N@HOST:PORT``: workers join with ``stagewise worker``; the plan spans their hosts."""
+    monkeypatch.setenv(SECRET_ENV, "a-secret-shared-by-the-coordinator-and-its-workers")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

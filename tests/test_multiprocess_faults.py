@@ -19,6 +19,7 @@ from stagewise.engine.model_loading import load_model
 from stagewise.errors import StagewiseError, WorkerLost, WorkerNotJoined
 from stagewise.runtime.distributed_start import open_pool, start_workers
 from stagewise.runtime.remote_pipeline import DistributedPipeline
+from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
 from tests.multiprocess_helpers import StepTrace, assert_same, step_trace
@@ -108,8 +109,9 @@ def test_rejoin_disabled_refuses_with_a_clear_message(model_dir: Path) -> None:
     assert all(proc.poll() is not None for proc in pipe.pool.procs.values())
 
 
-def test_worker_that_never_joins(model_dir: Path) -> None:
+def test_worker_that_never_joins(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers expected, one comes: a clear error in time, and the one that came goes home."""
+    monkeypatch.setenv(SECRET_ENV, "a-secret-shared-by-the-coordinator-and-its-workers")
     with socket.socket() as probe:  # a free port for the coordinator load_model starts below
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -29,6 +29,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the topology as JSON")
     p.add_argument("--workers", metavar="N@HOST:PORT", help="list the devices of N workers that join "
                    "(`stagewise worker --join HOST:PORT --rank K`), as one topology across hosts")
+    p.add_argument("--worker-secret-file", metavar="PATH", default=None,
+                   help="the secret shared with the workers (--workers; default: $STAGEWISE_WORKER_SECRET)")
     p.add_argument("--join-timeout", type=float, default=120.0, help="seconds to wait for the workers (--workers)")
     p.set_defaults(func=run)
 
@@ -36,7 +38,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     owners: dict[str, int] | None = None
     if args.workers:
-        datasheet, topology, owners = _cluster(args.workers, args.join_timeout, args.measure)
+        datasheet, topology, owners = _cluster(args.workers, args.join_timeout, args.measure, args.worker_secret_file)
     else:
         policy = ReservePolicy.parse(args.reserve)
         # the "sheet" column must show datasheet figures, not the cached measurements that
@@ -62,16 +64,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster(workers: str, join_timeout_s: float, measure: bool) -> tuple[Topology, Topology, dict[str, int]]:
+def _cluster(workers: str, join_timeout_s: float, measure: bool,
+             secret_file: str | None = None) -> tuple[Topology, Topology, dict[str, int]]:
     """(default-figure topology, shown topology, device id -> worker rank) of the joining workers."""
     from stagewise.runtime.cluster_links import measure_cluster_links
-    from stagewise.runtime.distributed_start import cluster_topology, refuse
-    from stagewise.runtime.worker_pool import WorkerMode, WorkerPool
+    from stagewise.runtime.distributed_start import cluster_topology, open_pool, refuse
+    from stagewise.runtime.worker_mode import WorkerMode
 
     if WorkerMode.parse(workers).local:
         raise ConfigError("devices --workers takes N@HOST:PORT (local workers offer this machine's devices: "
                           "run `stagewise devices`)")
-    pool = WorkerPool(WorkerMode.parse(workers))
+    pool = open_pool(workers, secret_file=secret_file)
     cluster, joins = cluster_topology(pool, join_timeout_s, measure_links=False)
     try:
         measured = measure_cluster_links(pool, joins, cluster)[0] if measure else cluster

@@ -49,6 +49,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
         cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
+        worker_secret_file=args.worker_secret_file,
         measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs,
         cors_origins=tuple(args.cors_origins),
     )

@@ -3,6 +3,10 @@
 Each command module exposes ``register(subparsers) -> None`` (adds its parser and sets
 ``func``) and a ``run(args) -> int``. Typed :class:`StagewiseError` s are printed as one line
 on stderr and exit with their code; anything else is a bug and keeps its traceback.
+
+Only the module of the command being run is imported (all of them for the top-level help), so the
+metadata-only commands (``plan``, ``assess``) never import torch: each command module imports its
+heavy dependencies itself.
 """
 
 from __future__ import annotations
@@ -13,19 +17,20 @@ import sys
 
 from stagewise import __version__
 from stagewise.errors import StagewiseError
-from stagewise.kernels.triton_launch import kernels_mode, pdl_enabled
 
 COMMANDS = ("run", "devices", "assess", "plan", "make_model", "serve", "chat", "bench", "worker")
+METADATA_ONLY = ("assess", "plan")  # commands that run no kernels (and must not import torch)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with only ``command`` (a name of :data:`COMMANDS`)."""
     parser = argparse.ArgumentParser(
         prog="stagewise",
         description="Run LLMs as certified pipelines across the devices they need.",
     )
     parser.add_argument("--version", action="version", version=f"stagewise {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if command is None else (command,):
         try:
             module = importlib.import_module(f"stagewise.cli.cmd_{name}")
         except ModuleNotFoundError as exc:
@@ -36,15 +41,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def requested_command(argv: list[str]) -> str | None:
+    """The module name of the command ``argv`` starts with (``make-model`` -> ``make_model``), else None."""
+    name = argv[0].replace("-", "_") if argv else ""
+    return name if name in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = requested_command(argv)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
     try:
-        kernels_mode()  # a bad STAGEWISE_KERNELS or STAGEWISE_PDL is the user's mistake: one line, before any work
-        pdl_enabled()
+        if command not in METADATA_ONLY:
+            from stagewise.kernels.triton_launch import kernels_mode, pdl_enabled  # imports torch
+
+            kernels_mode()  # a bad STAGEWISE_KERNELS or STAGEWISE_PDL is the user's mistake: one line, before any work
+            pdl_enabled()
         return int(args.func(args) or 0)
     except StagewiseError as exc:
         print(f"stagewise: error: {exc}", file=sys.stderr)

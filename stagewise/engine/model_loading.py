@@ -31,6 +31,7 @@ from stagewise.placement import CertifiedPlacement, plan, verify
 from stagewise.runtime.builder import StageProgress, build_pipeline
 from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.stage import StageSpec
+from stagewise.runtime.worker_mode import check_worker_options
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import (
@@ -143,7 +144,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
                on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
                cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
                join_timeout_s: float = 120.0, rejoin: bool = True, measure_links: bool = True,
-               max_seqs: int | None = 1) -> LoadedModel:
+               max_seqs: int | None = 1, worker_secret_file: str | None = None) -> LoadedModel:
     """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
 
     ``workers``: None runs every stage in this process; ``local`` spawns one worker process per
@@ -151,7 +152,8 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     on the devices they offer. Then ``pipeline`` is a :class:`DistributedPipeline` (same surface,
     plus ``health()``); ``worker_timeout_s`` bounds a step, ``join_timeout_s`` joining and loading,
     ``rejoin=False`` fails for good when a worker is lost, ``measure_links=False`` plans on the
-    default figures of the links between workers instead of timing them (see docs/multihost.md).
+    default figures of the links between workers instead of timing them (see docs/multihost.md);
+    ``worker_secret_file``: the secret shared with remote workers (default: the environment).
 
     ``max_seqs``: sequences run at once (continuous batching), each with ``context`` positions of
     state on every stage, all charged by the planner; None (``auto``) takes the most of
@@ -168,12 +170,13 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         name = ""
     stages = parse_placement(placement)
     check_dtype(dtype)
+    check_worker_options(workers, max_seqs)  # before any store, socket or worker exists
     opened = open_model(model)
     pool, cluster, joins = None, None, None
     if workers is not None:
         from stagewise.runtime.distributed_start import cluster_topology, open_pool
 
-        pool = open_pool(workers, worker_timeout_s)
+        pool = open_pool(workers, worker_timeout_s, secret_file=worker_secret_file)
         if not pool.mode.local:
             # plan on the devices the workers offer, across links timed at one activation (bf16 unless told)
             itemsize = DTYPES[dtype].itemsize if dtype is not None else 2
@@ -183,10 +186,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     run_dtype = run_dtype_for(dtype, topology)
     spec = model_spec(opened, run_dtype)
     if workers is not None:
-        if max_seqs is not None and max_seqs > 1:
-            raise ConfigError("--max-seqs above 1 needs in-process stages: stages in worker processes hold "
-                              "one sequence")
-        max_seqs = 1
+        max_seqs = 1  # checked above: stages in worker processes hold one sequence
     profile = Profile(context_tokens=context, batch=max_seqs or 1, prefill_chunk_tokens=prefill_chunk,
                       runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
                       activation_dtype=_SPEC_DTYPE[run_dtype])
@@ -236,6 +236,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "`stagewise worker --join HOST:PORT` on any host (see docs/multihost.md)")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds a step may take before a worker "
                    "is declared lost (with --workers)")
+    p.add_argument("--worker-secret-file", metavar="PATH", default=None,
+                   help="with --workers N@HOST:PORT: the secret shared with the workers (their --secret-file); "
+                        "default: $STAGEWISE_WORKER_SECRET_FILE or $STAGEWISE_WORKER_SECRET")
     p.add_argument("--no-measure-links", dest="measure_links", action="store_false",
                    help="with --workers N@HOST:PORT: plan on default figures for the links between workers "
                         "instead of timing them when they join")
@@ -256,5 +259,5 @@ def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs
     options = dict(model=args.model, devices=args.devices, placement=args.placement, context=args.context,
                    dtype=args.dtype, prefill_chunk=args.prefill_chunk, reserve=args.reserve,
                    cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
-                   measure_links=args.measure_links)
+                   measure_links=args.measure_links, worker_secret_file=args.worker_secret_file)
     return load_with_progress(not quiet, **(options | kwargs))

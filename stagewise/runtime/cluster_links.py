@@ -17,7 +17,7 @@ from itertools import combinations
 
 import torch.distributed as dist
 
-from stagewise.errors import WorkerNotJoined
+from stagewise.errors import WorkerMessageRejected, WorkerNotJoined
 from stagewise.hardware.device_info import DeviceInfo
 from stagewise.runtime.distributed_group import choose_backend
 from stagewise.runtime.distributed_topology import ClusterTopology, with_measured_links
@@ -79,7 +79,10 @@ def measure_cluster_links(pool: WorkerPool, joins: dict[int, JoinReport], cluste
         missing = [r for r, k in keys.items() if not store.check([k])]
         raise WorkerNotJoined(f"worker(s) {missing} did not finish timing the links between workers within "
                               f"{wait_s:g} s") from None
-    reports = {rank: ProbeReport.from_json(store.get(key)) for rank, key in keys.items()}
+    try:
+        reports = {rank: store.read(key, ProbeReport.from_json) for rank, key in keys.items()}
+    except WorkerMessageRejected as exc:
+        raise WorkerNotJoined(f"a link-timing report was rejected ({exc})") from None
     failed = {rank: r.error for rank, r in reports.items() if not r.ok}
     if failed:
         why = "; ".join(f"worker {rank} ({joins[rank].host}): {error}" for rank, error in sorted(failed.items()))

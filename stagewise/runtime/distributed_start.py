@@ -22,13 +22,20 @@ from stagewise.runtime.distributed_topology import ClusterTopology, merge_report
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.runtime.worker_messages import Assignment, JoinReport, ack_key, assign_key
-from stagewise.runtime.worker_pool import WorkerMode, WorkerPool
+from stagewise.runtime.worker_mode import WorkerMode
+from stagewise.runtime.worker_pool import WorkerPool
+from stagewise.runtime.worker_secret import require_secret
 from stagewise.spec.model_config import ModelConfig
 
 
-def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0) -> WorkerPool:
-    """Host the rendezvous store for ``workers`` (``local`` or ``N@HOST:PORT``)."""
-    return WorkerPool(WorkerMode.parse(workers), timeout_s, heartbeat_timeout_s)
+def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,
+              secret_file: str | None = None) -> WorkerPool:
+    """Host the rendezvous store for ``workers`` (``local`` or ``N@HOST:PORT``): on 127.0.0.1 with a
+    fresh secret for local workers; on HOST with the shared secret (``secret_file``, else
+    ``$STAGEWISE_WORKER_SECRET_FILE`` / ``$STAGEWISE_WORKER_SECRET``) for remote ones."""
+    mode = WorkerMode.parse(workers)
+    secret = None if mode.local else require_secret(secret_file, "the coordinator")
+    return WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
 
 
 def cluster_topology(pool: WorkerPool, join_timeout_s: float, measure_links: bool = True,

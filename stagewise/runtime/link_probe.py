@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from stagewise.errors import TopologyError
+from stagewise.errors import StagewiseError, TopologyError, WorkerMessageRejected
 from stagewise.runtime.distributed_group import join_group, leave_group, measure_link, wire_device
 
 
@@ -66,9 +66,20 @@ class LinkProbe:
 
     @staticmethod
     def from_json(text: str | bytes) -> LinkProbe:
-        raw = json.loads(text)
-        raw["pairs"] = tuple(ProbePair(**p) for p in raw["pairs"])
-        return LinkProbe(**raw)
+        """Parse a probe; :class:`WorkerMessageRejected` for anything malformed."""
+        try:
+            raw = json.loads(text)
+            raw["pairs"] = tuple(ProbePair(**p) for p in raw["pairs"])
+            probe = LinkProbe(**raw)
+            numbers = (probe.n, probe.world, probe.activation_bytes, probe.large_bytes, probe.repeats)
+            if not all(type(v) is int for v in numbers) or not (
+                    probe.n >= 1 and 1 <= probe.world <= 4096 and 0 < probe.activation_bytes <= 2**30
+                    and 0 < probe.large_bytes <= 2**31 and 1 <= probe.repeats <= 1000
+                    and 0 < probe.timeout_s <= 86400 and probe.backend in ("gloo", "nccl")):
+                raise ValueError("a field is out of range")
+            return probe
+        except (ValueError, TypeError, KeyError, AttributeError, StagewiseError) as exc:
+            raise WorkerMessageRejected(f"link probe: {exc}"[:300]) from None
 
 
 @dataclass(frozen=True)
@@ -111,9 +122,16 @@ class ProbeReport:
 
     @staticmethod
     def from_json(text: str | bytes) -> ProbeReport:
-        raw = json.loads(text)
-        raw["figures"] = tuple(LinkFigures(**f) for f in raw["figures"])
-        return ProbeReport(**raw)
+        """Parse a probe report; :class:`WorkerMessageRejected` for anything malformed."""
+        try:
+            raw = json.loads(text)
+            raw["figures"] = tuple(LinkFigures(**f) for f in raw["figures"])
+            report = ProbeReport(**raw)
+            if type(report.rank) is not int or type(report.ok) is not bool or not isinstance(report.error, str):
+                raise ValueError("rank, ok or error has the wrong type")
+            return report
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise WorkerMessageRejected(f"probe report: {exc}"[:300]) from None
 
 
 def run_probe(store: torch.distributed.Store, rank: int, probe: LinkProbe) -> ProbeReport:

@@ -25,7 +25,14 @@ import torch
 import torch.distributed as dist
 
 from stagewise import errors
-from stagewise.errors import StagewiseError, StepCancelled, StepFailed, WorkerLost, WorkerNotJoined
+from stagewise.errors import (
+    StagewiseError,
+    StepCancelled,
+    StepFailed,
+    WorkerLost,
+    WorkerMessageRejected,
+    WorkerNotJoined,
+)
 from stagewise.models.stage_model import StageOutput
 from stagewise.runtime.distributed_group import choose_backend
 from stagewise.runtime.handoff import Handoff
@@ -49,6 +56,7 @@ from stagewise.runtime.worker_messages import (
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.spec.model_config import ModelConfig
 
+OUTCOMES = ("all", "fail", "lost")
 FAIL_GRACE_S = 2.0  # after one worker fails, how long the others get to report
 WATCH_S = 0.2
 CLEANUP_EVERY = 32
@@ -201,7 +209,9 @@ class DistributedPipeline(Pipeline):
         self._inflight = seq
         try:
             store.wait([done_key(seq)], timedelta(seconds=timeout_s))
-            outcome = store.get(done_key(seq)).decode()
+            outcome = bytes(store.raw.get(done_key(seq))).decode(errors="replace")
+            if outcome not in OUTCOMES:  # the raw done key is only a wake-up: the signed acks decide
+                outcome = "fail"
         except dist.DistStoreError:
             outcome = "timeout"
         finally:
@@ -212,7 +222,13 @@ class DistributedPipeline(Pipeline):
                 store.wait(list(keys.values()), timedelta(seconds=FAIL_GRACE_S))
             except dist.DistStoreError:
                 pass
-        acks = {r: Ack.from_json(store.get(k)) for r, k in keys.items() if store.check([k])}
+        acks: dict[int, Ack] = {}
+        for rank, key in keys.items():
+            if store.check([key]):
+                try:
+                    acks[rank] = store.read(key, lambda b, r=rank: Ack.from_json(b, r))  # type: ignore[misc]
+                except WorkerMessageRejected:
+                    pass  # logged; counts as no answer
         return outcome, acks
 
     def _cleanup(self, upto: int) -> None:
@@ -272,7 +288,11 @@ class DistributedPipeline(Pipeline):
             if not ok:
                 self._command("rollback")
                 self._fail(step_id, outcome, acks)
-            out = self._outputs(seq)
+            try:
+                out = self._outputs(seq)
+            except WorkerMessageRejected as exc:
+                self._command("rollback")
+                raise StepFailed(f"step {step_id} rolled back: {exc}") from None
             self._command("publish")
             self.last_timings = self._timings(acks)
             if seq - self._cleaned >= CLEANUP_EVERY:
@@ -281,8 +301,8 @@ class DistributedPipeline(Pipeline):
 
     def _outputs(self, seq: int) -> StageOutput:
         store = self.pool.store
-        hidden = tensor_from_bytes(store.get(out_key(seq, "hidden")))
-        logits = tensor_from_bytes(store.get(out_key(seq, "logits"))) if store.check([out_key(seq, "logits")]) else None
+        hidden = store.read(out_key(seq, "hidden"), tensor_from_bytes)
+        logits = store.read(out_key(seq, "logits"), tensor_from_bytes) if store.check([out_key(seq, "logits")]) else None
         return StageOutput(hidden, logits)
 
     def _timings(self, acks: dict[int, Ack]) -> StepTimings:
@@ -377,7 +397,7 @@ class DistributedPipeline(Pipeline):
                 seq = self._inflight
                 if seq is not None:
                     if self.pool.dead(watch):
-                        watch.set(done_key(seq), "lost")
+                        watch.raw.set(done_key(seq), "lost")
                 elif self._lost and not self._failed and not self._recovering:
                     if all(self.pool.fresh_join(r, watch) is not None for r in list(self._lost)):
                         self._recovering = True

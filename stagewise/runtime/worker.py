@@ -13,6 +13,11 @@
 
 It exits when the coordinator's store disappears (a heartbeat thread notices within seconds),
 when told to, or when a command shows it was replaced (declared lost, e.g. after hanging).
+
+Every message it reads or writes is signed with the shared secret for the coordinator's session
+(:class:`SealedStore`); a message that fails its signature or its checks is logged and ignored
+(the worker keeps waiting for the genuine one), so a process that reaches the store without the
+secret cannot make it run, stop or measure anything.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stagewise.errors import StagewiseError, WorkerNotJoined
+from stagewise.errors import StagewiseError, WorkerMessageRejected, WorkerNotJoined
 from stagewise.runtime.distributed_channel import UpstreamAborted
 from stagewise.runtime.distributed_group import join_group, leave_group
 from stagewise.runtime.link_probe import LinkProbe, probe_key, probe_report_key, run_probe
+from stagewise.runtime.sealed_store import SESSION_KEY, SealedStore
 from stagewise.runtime.worker_messages import (
     Ack,
     Assignment,
@@ -75,6 +81,30 @@ def _log(rank: int, message: str) -> None:
     print(f"stagewise worker {rank}: {message}", file=sys.stderr, flush=True)
 
 
+def open_session(raw: dist.Store, secret: bytes, rank: int, timeout_s: float) -> SealedStore:
+    """The signed view of the coordinator's store, for its current session (the nonce it published)."""
+    try:
+        raw.wait([SESSION_KEY], timedelta(seconds=timeout_s))
+    except dist.DistStoreError:
+        raise WorkerNotJoined(f"the coordinator published no session within {timeout_s:g} s") from None
+    session = bytes(raw.get(SESSION_KEY)).decode(errors="replace")
+    if len(session) != 32 or any(c not in "0123456789abcdef" for c in session):
+        raise WorkerNotJoined(f"the store's session nonce is malformed ({session[:40]!r}); is it a stagewise coordinator?")
+    return SealedStore(raw, secret, session, f"worker {rank}")
+
+
+def read_command(store: SealedStore, seq: int) -> Command:
+    """Command ``seq``, once a genuine one is there: a rejected value (forged, unsigned, malformed) is
+    logged and waited past (the coordinator's own write replaces it)."""
+    key = cmd_key(seq)
+    while True:
+        store.wait([key], IDLE_WAIT)
+        try:
+            return store.read(key, lambda b: Command.from_json(b, seq))
+        except WorkerMessageRejected:
+            time.sleep(POLL_S)
+
+
 def _heartbeat(address: str, key: str, timeout_s: float) -> None:
     """Bump ``key`` every second; exit the process when the coordinator's store is gone."""
     try:
@@ -86,24 +116,37 @@ def _heartbeat(address: str, key: str, timeout_s: float) -> None:
         os._exit(4)  # the coordinator is gone: leave no orphan behind
 
 
-def await_assignment(store: dist.Store, rank: int, incarnation: str) -> Assignment:
+def await_assignment(store: SealedStore, rank: int, incarnation: str) -> Assignment:
     """Wait for this incarnation's :class:`Assignment`, answering every :class:`LinkProbe` that comes
-    first (each is deleted once read, so the next probe can use the same key)."""
+    first (each is deleted once read, so the next probe can use the same key; a probe numbered no
+    higher than one already answered is a replay and ignored). Rejected values are logged and skipped."""
     assign, probe = assign_key(rank, incarnation), probe_key(rank, incarnation)
-    while not store.check([assign]):
+    last_probe = 0
+    while True:
+        if store.check([assign]):
+            try:
+                return store.read(assign, Assignment.from_json)
+            except WorkerMessageRejected:
+                pass
         if store.check([probe]):
-            request = LinkProbe.from_json(store.get(probe))
+            try:
+                request = store.read(probe, LinkProbe.from_json)
+                if request.n <= last_probe:
+                    store.reject(probe, store.raw.get(probe), f"probe {request.n} replayed (answered {last_probe})")
+            except WorkerMessageRejected:
+                store.delete_key(probe)
+                continue
             store.delete_key(probe)
-            store.set(probe_report_key(request.n, rank), run_probe(store, rank, request).to_json())
+            last_probe = request.n
+            store.set(probe_report_key(request.n, rank), run_probe(store.raw, rank, request).to_json())
         else:
             time.sleep(POLL_S)
-    return Assignment.from_json(store.get(assign))
 
 
 class Worker:
     """One worker's state across commands."""
 
-    def __init__(self, store: dist.TCPStore, rank: int, incarnation: str, opener: Opener) -> None:
+    def __init__(self, store: SealedStore, rank: int, incarnation: str, opener: Opener) -> None:
         self.store = store
         self.rank = rank
         self.incarnation = incarnation
@@ -114,9 +157,9 @@ class Worker:
     def _ack(self, seq: int, ack: Ack, expected: int) -> None:
         self.store.set(ack_key(seq, self.rank), ack.to_json())
         if not ack.ok:
-            self.store.set(done_key(seq), "fail")
+            self.store.raw.set(done_key(seq), "fail")
         if self.store.add(count_key(seq), 1) >= expected:
-            self.store.set(done_key(seq), "all")
+            self.store.raw.set(done_key(seq), "all")
 
     def _failure(self, exc: BaseException) -> Ack:
         return Ack(self.rank, False, f"{exc}", type(exc).__name__, aborted=isinstance(exc, UpstreamAborted))
@@ -140,15 +183,14 @@ class Worker:
         a = self.assignment
         assert a is not None and self.segment is not None
         device = self.segment.stages[0].device if self.segment.stages else torch.device("cpu")
-        join_group(self.store, gen, a.data_rank, a.data_world, a.backend, a.timeout_s, device)
+        join_group(self.store.raw, gen, a.data_rank, a.data_world, a.backend, a.timeout_s, device)
 
     def serve(self) -> int:
         """Execute commands from ``first_seq`` on; returns the exit code."""
         assert self.assignment is not None and self.segment is not None
         seq = self.assignment.first_seq
         while True:
-            self.store.wait([cmd_key(seq)], IDLE_WAIT)
-            cmd = Command.from_json(self.store.get(cmd_key(seq)))
+            cmd = read_command(self.store, seq)
             if cmd.members.get(self.rank) != self.incarnation:
                 _log(self.rank, "replaced by a newer worker of the same rank (declared lost); exiting")
                 return 5
@@ -164,9 +206,9 @@ class Worker:
             try:
                 result = segment.run(cmd)
                 if result.output is not None:
-                    self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))  # type: ignore[arg-type]
+                    self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))
                     if result.output.logits is not None:
-                        self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(result.output.logits))  # type: ignore[arg-type]
+                        self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(result.output.logits))
                 ack = Ack(self.rank, True, stage_s=result.stage_s, handoff_s=result.handoff_s)
             except Exception as exc:
                 ack = self._failure(exc)
@@ -186,13 +228,14 @@ class Worker:
             self._ack(cmd.seq, ack, cmd.expected_acks)
 
 
-def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any], timeout_s: float = 30.0,
-               host: str = "") -> int:
+def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any], secret: bytes,
+               timeout_s: float = 30.0, host: str = "") -> int:
     """Join the coordinator at ``address`` as ``rank`` (>= 1), offering the devices in
-    ``topology`` (topology JSON), and serve until told to exit. Returns the exit code."""
-    if rank < 1:
-        raise WorkerNotJoined(f"--rank must be >= 1 (rank 0 is the coordinator), got {rank}")
-    store = connect(address, timeout_s)
+    ``topology`` (topology JSON), and serve until told to exit. ``secret``: the one shared with the
+    coordinator (every message is signed with it). Returns the exit code."""
+    if not 1 <= rank <= 4096:
+        raise WorkerNotJoined(f"--rank must be in [1, 4096] (rank 0 is the coordinator), got {rank}")
+    store = open_session(connect(address, timeout_s), secret, rank, timeout_s)
     incarnation = uuid.uuid4().hex
     beat = threading.Thread(target=_heartbeat, args=(address, heartbeat_key(rank, incarnation), timeout_s),
                             name="stagewise-heartbeat", daemon=True)

@@ -2,7 +2,10 @@
 
 Everything is JSON (no pickle): a worker's :class:`JoinReport`, its :class:`Assignment`, each
 :class:`Command` in one global sequence, and each worker's :class:`Ack`. Tensors that must reach
-the coordinator (the exit's logits and features) travel as :func:`tensor_to_bytes` blobs.
+the coordinator (the exit's logits and features) travel as :func:`tensor_to_bytes` blobs. Every
+value is signed (:class:`~stagewise.runtime.sealed_store.SealedStore`), and every ``from_json`` /
+:func:`tensor_from_bytes` checks types, sizes and ranges before anything acts on a message,
+raising :class:`WorkerMessageRejected` otherwise.
 
 Store keys (all under the coordinator's store):
 
@@ -18,11 +21,13 @@ Store keys (all under the coordinator's store):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 
+from stagewise.errors import WorkerMessageRejected
 from stagewise.runtime.stage import StageSpec
 
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -31,6 +36,79 @@ DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+MAX_RANK = 4096
+MAX_INT = 2**62
+OPS = ("run", "publish", "rollback", "reset", "regroup", "exit")
+BACKENDS = ("gloo", "nccl")
+MAX_TEXT = 64 * 1024  # an error message, a host name...
+
+
+def _load(text: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WorkerMessageRejected(f"{what}: not JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise WorkerMessageRejected(f"{what}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _only(raw: dict[str, Any], cls: type, what: str) -> None:
+    known = {f.name for f in fields(cls)}
+    extra = set(raw) - known
+    if extra:
+        raise WorkerMessageRejected(f"{what}: unknown field(s) {sorted(extra)}")
+
+
+def _int(raw: dict[str, Any], name: str, what: str, lo: int = -MAX_INT, hi: int = MAX_INT,
+         default: int | None = None) -> int:
+    value = raw.get(name, default)
+    if type(value) is not int or not lo <= value <= hi:
+        raise WorkerMessageRejected(f"{what}: {name} must be an integer in [{lo}, {hi}], got {value!r}"[:300])
+    return value
+
+
+def _opt_int(raw: dict[str, Any], name: str, what: str, lo: int, hi: int) -> int | None:
+    return None if raw.get(name) is None else _int(raw, name, what, lo, hi)
+
+
+def _bool(raw: dict[str, Any], name: str, what: str, default: bool | None = None) -> bool:
+    value = raw.get(name, default)
+    if type(value) is not bool:
+        raise WorkerMessageRejected(f"{what}: {name} must be true or false, got {value!r}"[:300])
+    return value
+
+
+def _float(value: Any, name: str, what: str, lo: float = 0.0, hi: float = 1e9) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or not lo <= value <= hi:
+        raise WorkerMessageRejected(f"{what}: {name} must be a number in [{lo:g}, {hi:g}], got {value!r}"[:300])
+    return float(value)
+
+
+def _str(raw: dict[str, Any], name: str, what: str, default: str | None = None, limit: int = MAX_TEXT) -> str:
+    value = raw.get(name, default)
+    if not isinstance(value, str) or len(value) > limit:
+        raise WorkerMessageRejected(f"{what}: {name} must be a string of at most {limit} characters")
+    return value
+
+
+def _incarnation(value: Any, what: str) -> str:
+    if not isinstance(value, str) or len(value) != 32 or any(c not in "0123456789abcdef" for c in value):
+        raise WorkerMessageRejected(f"{what}: an incarnation is 32 hex digits, got {value!r}"[:300])
+    return value
+
+
+def _int_rows(raw: dict[str, Any], name: str, what: str, lo: int, hi: int) -> list[list[int]]:
+    rows = raw.get(name, [])
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        raise WorkerMessageRejected(f"{what}: {name} must be a list of lists of integers")
+    for row in rows:
+        for v in row:
+            if type(v) is not int or not lo <= v <= hi:
+                raise WorkerMessageRejected(f"{what}: {name} holds {v!r}, not an integer in [{lo}, {hi}]"[:300])
+    return rows
 
 
 def join_key(rank: int) -> str:
@@ -81,9 +159,14 @@ class JoinReport:
 
     @staticmethod
     def from_json(text: str | bytes) -> JoinReport:
-        raw = json.loads(text)
-        return JoinReport(int(raw["rank"]), str(raw["incarnation"]), int(raw["pid"]), str(raw["host"]),
-                          dict(raw["topology"]))
+        what = "join report"
+        raw = _load(text, what)
+        _only(raw, JoinReport, what)
+        topology = raw.get("topology")
+        if not isinstance(topology, dict):
+            raise WorkerMessageRejected(f"{what}: topology must be a JSON object")
+        return JoinReport(_int(raw, "rank", what, 1, MAX_RANK), _incarnation(raw.get("incarnation"), what),
+                          _int(raw, "pid", what, 1, 2**31), _str(raw, "host", what, limit=255), topology)
 
 
 @dataclass(frozen=True)
@@ -119,9 +202,27 @@ class Assignment:
 
     @staticmethod
     def from_json(text: str | bytes) -> Assignment:
-        raw = json.loads(text)
-        raw["stages"] = tuple(StageSpec(**s) for s in raw["stages"])
-        return Assignment(**raw)
+        what = "assignment"
+        raw = _load(text, what)
+        _only(raw, Assignment, what)
+        stages = raw.get("stages")
+        if not isinstance(stages, list) or len(stages) > MAX_RANK:
+            raise WorkerMessageRejected(f"{what}: stages must be a list")
+        world = _int(raw, "data_world", what, 1, MAX_RANK)
+        dtype = _str(raw, "dtype", what)
+        if dtype not in DTYPE_NAMES:
+            raise WorkerMessageRejected(f"{what}: unknown dtype {dtype!r}"[:300])
+        backend = _str(raw, "backend", what)
+        if backend not in BACKENDS:
+            raise WorkerMessageRejected(f"{what}: unknown backend {backend!r}"[:300])
+        return Assignment(
+            _str(raw, "model", what), dtype, _int(raw, "batch", what, 1, MAX_RANK),
+            _int(raw, "context", what, 1, MAX_INT), tuple(_stage_spec(s, what) for s in stages),
+            _int(raw, "gen", what, 0, MAX_INT), _int(raw, "data_rank", what, 0, world - 1), world, backend,
+            _int(raw, "prev_rank", what, -1, world - 1), _int(raw, "next_rank", what, -1, world - 1),
+            _int(raw, "first_seq", what, 1, MAX_INT), _int(raw, "expected_acks", what, 0, MAX_RANK),
+            _float(raw.get("timeout_s"), "timeout_s", what, 1e-3), _bool(raw, "cuda_graphs", what, True),
+            _str(raw, "refused", what, ""))
 
 
 @dataclass(frozen=True)
@@ -150,10 +251,35 @@ class Command:
         return json.dumps(asdict(self))
 
     @staticmethod
-    def from_json(text: str | bytes) -> Command:
-        raw = json.loads(text)
-        raw["members"] = {int(k): str(v) for k, v in raw["members"].items()}
-        return Command(**raw)
+    def from_json(text: str | bytes, seq: int | None = None) -> Command:
+        """Parse and check a command; ``seq``: the number it must carry (the key it was read at)."""
+        what = "command"
+        raw = _load(text, what)
+        _only(raw, Command, what)
+        got = _int(raw, "seq", what, 0, MAX_INT)
+        if seq is not None and got != seq:
+            raise WorkerMessageRejected(f"{what}: numbered {got}, read as command {seq}")
+        op = _str(raw, "op", what)
+        if op not in OPS:
+            raise WorkerMessageRejected(f"{what}: unknown op {op!r}"[:300])
+        members = raw.get("members")
+        if not isinstance(members, dict) or len(members) > MAX_RANK:
+            raise WorkerMessageRejected(f"{what}: members must be an object")
+        checked: dict[int, str] = {}
+        for k, v in members.items():
+            if not k.isdigit() or not 1 <= int(k) <= MAX_RANK:
+                raise WorkerMessageRejected(f"{what}: member rank {k!r} is not in [1, {MAX_RANK}]"[:300])
+            checked[int(k)] = _incarnation(v, what)
+        tokens = _int_rows(raw, "tokens", what, 0, 2**31 - 1)
+        positions = _int_rows(raw, "positions", what, 0, 2**31 - 1)
+        if [len(r) for r in tokens] != [len(r) for r in positions] and op == "run":
+            raise WorkerMessageRejected(f"{what}: tokens and positions differ in shape")
+        if op == "run" and (not tokens or len({len(r) for r in tokens}) != 1 or not tokens[0]):
+            raise WorkerMessageRejected(f"{what}: a run needs a non-empty rectangle of tokens")
+        return Command(got, op, checked, _int(raw, "step_id", what, 0, MAX_INT, 0), tokens, positions,
+                       _opt_int(raw, "start", what, 0, 2**31 - 1), _bool(raw, "all_logits", what, False),
+                       _int(raw, "slot", what, 0, MAX_RANK, 0), _int(raw, "gen", what, 0, MAX_INT, 0),
+                       _int(raw, "expected_acks", what, 0, MAX_RANK, 0))
 
 
 @dataclass(frozen=True)
@@ -177,8 +303,26 @@ class Ack:
         return json.dumps(asdict(self))
 
     @staticmethod
-    def from_json(text: str | bytes) -> Ack:
-        return Ack(**json.loads(text))
+    def from_json(text: str | bytes, rank: int | None = None) -> Ack:
+        """Parse and check an acknowledgement; ``rank``: the worker it must come from."""
+        what = "acknowledgement"
+        raw = _load(text, what)
+        _only(raw, Ack, what)
+        got = _int(raw, "rank", what, 1, MAX_RANK)
+        if rank is not None and got != rank:
+            raise WorkerMessageRejected(f"{what}: from rank {got}, read as rank {rank}'s")
+        error_type = _str(raw, "error_type", what, "", limit=200)
+        if error_type and not error_type.isidentifier():
+            raise WorkerMessageRejected(f"{what}: error_type {error_type!r} is not a class name"[:300])
+        stage_s, sizes = raw.get("stage_s", []), raw.get("measured_bytes", [])
+        if not isinstance(stage_s, list) or not isinstance(sizes, list) or len(stage_s) + len(sizes) > 2 * MAX_RANK:
+            raise WorkerMessageRejected(f"{what}: stage_s and measured_bytes must be lists")
+        for v in sizes:
+            if type(v) is not int or not 0 <= v <= MAX_INT:
+                raise WorkerMessageRejected(f"{what}: measured_bytes holds {v!r}"[:300])
+        return Ack(got, _bool(raw, "ok", what), _str(raw, "error", what, ""), error_type,
+                   _bool(raw, "aborted", what, False), [_float(v, "stage_s", what) for v in stage_s],
+                   _float(raw.get("handoff_s", 0.0), "handoff_s", what), sizes)
 
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
@@ -190,11 +334,34 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def tensor_from_bytes(blob: bytes) -> torch.Tensor:
-    """Inverse of :func:`tensor_to_bytes`; bit-exact."""
+    """Inverse of :func:`tensor_to_bytes`; bit-exact. :class:`WorkerMessageRejected` when the header
+    is malformed or the bytes do not match its shape and dtype."""
     header, _, raw = blob.partition(b"\n")
-    meta = json.loads(header)
-    dtype = DTYPE_NAMES[meta["dtype"]]
+    meta = _load(header, "tensor header")
+    dtype = DTYPE_NAMES.get(meta.get("dtype"))  # type: ignore[arg-type]
+    shape = meta.get("shape")
+    if dtype is None or not isinstance(shape, list) or len(shape) > 8 or \
+            not all(type(d) is int and 0 <= d <= MAX_INT for d in shape):
+        raise WorkerMessageRejected(f"tensor header: bad dtype or shape ({header[:200]!r})")
+    expected = math.prod(shape) * dtype.itemsize
+    if len(raw) != expected:
+        raise WorkerMessageRejected(f"tensor: {len(raw)} bytes for shape {shape} {meta['dtype']} ({expected} expected)")
     if not raw:
-        return torch.empty(meta["shape"], dtype=dtype)
+        return torch.empty(shape, dtype=dtype)
     flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    return flat.view(dtype).reshape(meta["shape"])
+    return flat.view(dtype).reshape(shape)
+
+
+def _stage_spec(raw: Any, what: str) -> StageSpec:
+    if not isinstance(raw, dict):
+        raise WorkerMessageRejected(f"{what}: a stage must be an object")
+    _only(raw, StageSpec, what)
+    try:
+        return StageSpec(
+            _int(raw, "index", what, 0, MAX_RANK), _str(raw, "device", what, limit=200),
+            _str(raw, "torch_device", what, limit=200), _int(raw, "start", what, 0, 2**20),
+            _int(raw, "end", what, 0, 2**20), _bool(raw, "entry", what), _bool(raw, "exit", what),
+            *(_int(raw, n, what, 0, MAX_INT, 0) for n in ("budget_bytes", "planned_weights_bytes",
+                                                            "planned_state_bytes", "planned_workspace_bytes")))
+    except ValueError as exc:
+        raise WorkerMessageRejected(f"{what}: {exc}") from None

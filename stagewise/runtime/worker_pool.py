@@ -4,76 +4,101 @@ the local worker processes it spawned, and whether each worker is still alive.
 Liveness has three signals: a local worker's process exit (seen at once), a worker's heartbeat
 counter that stops moving for ``heartbeat_timeout_s`` (a remote death, or a hung process), and a
 step that is not acknowledged in time (judged by the pipeline).
+
+The store listens only where :class:`WorkerMode` says (127.0.0.1 for local workers), and every
+message through it is signed with the pool's secret (:class:`SealedStore`): a fresh one per pool
+for local workers (handed over in their environment), the shared one for remote workers. Join
+reports that are unsigned, forged or a replay of an earlier incarnation are logged and ignored.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 import weakref
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from stagewise.errors import ConfigError, WorkerNotJoined
+from stagewise.errors import ConfigError, WorkerMessageRejected, WorkerNotJoined
 from stagewise.runtime.distributed_group import WORKER_ENV
+from stagewise.runtime.sealed_store import SESSION_KEY, SealedStore
 from stagewise.runtime.worker_messages import JoinReport, heartbeat_key, join_key
+from stagewise.runtime.worker_mode import WorkerMode
+from stagewise.runtime.worker_secret import SECRET_ENV, new_secret
+
+__all__ = ["WorkerMode", "WorkerPool"]
 
 
-@dataclass(frozen=True)
-class WorkerMode:
-    """``local``: spawn one worker process per stage on this machine; ``N@HOST:PORT``: listen on
-    HOST:PORT and wait for N workers started with ``stagewise worker --join``."""
-
-    local: bool
-    count: int = 0
-    host: str = "127.0.0.1"
-    port: int = 0
-
-    @staticmethod
-    def parse(text: str) -> WorkerMode:
-        if text == "local":
-            return WorkerMode(True)
-        count, sep, address = text.partition("@")
-        host, colon, port = address.rpartition(":")
-        if not sep or not count.isdigit() or int(count) < 1 or not colon or not port.isdigit():
-            raise ConfigError(f"--workers must be 'local' or N@HOST:PORT (e.g. 2@0.0.0.0:29500), got {text!r}")
-        return WorkerMode(False, int(count), host or "0.0.0.0", int(port))
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` only (the TCPStore server takes it over: left to
+    itself it would listen on every interface)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class WorkerPool:
-    """Hosts the store (rank 0 of the rendezvous) and tracks workers ``1..count``."""
+    """Hosts the store (rank 0 of the rendezvous) and tracks workers ``1..count``.
 
-    def __init__(self, mode: WorkerMode, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0) -> None:
+    ``secret``: the shared secret of remote workers (required for them); local workers get a
+    fresh one. ``log``: where rejected messages are reported (one line each)."""
+
+    def __init__(self, mode: WorkerMode, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,
+                 secret: bytes | None = None) -> None:
+        if secret is None and not mode.local:
+            raise ConfigError("remote workers need a shared secret (--worker-secret-file PATH or "
+                              f"${SECRET_ENV})")
         self.mode = mode
         self.timeout_s = timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.secret = secret if secret is not None else new_secret()
+        self.session = secrets.token_hex(16)  # messages of another pool (an earlier serve) never verify
         try:
-            self.store = dist.TCPStore(mode.host, mode.port, None, True, timedelta(seconds=timeout_s),
-                                       wait_for_workers=False)
+            sock = listen_socket(mode.host, mode.port)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {mode.host}:{mode.port} for workers ({exc.strerror})") from None
+        host, port = sock.getsockname()[:2]
+        self.listen_address: tuple[str, int] = (str(host), int(port))  # as the kernel reports it
+        self.port = int(port)
+        try:
+            raw = dist.TCPStore(mode.connect_host, self.port, None, True, timedelta(seconds=timeout_s),
+                                wait_for_workers=False, master_listen_fd=sock.fileno())
         except Exception as exc:
+            sock.close()
             raise ConfigError(f"cannot listen on {mode.host}:{mode.port} for workers ({exc})") from None
-        self.port = int(self.store.port)
+        sock.detach()  # the store's server owns the descriptor now
+        raw.set(SESSION_KEY, self.session)
+        self.store = SealedStore(raw, self.secret, self.session, "coordinator")
         self.count = mode.count
         self.members: dict[int, JoinReport] = {}  # rank -> the incarnation in use
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._beats: dict[int, tuple[int, float]] = {}  # rank -> (counter, when it last moved)
+        self._seen: dict[int, set[str]] = {}  # rank -> incarnations admitted before (a replay is refused)
         self._closed = False
         atexit.register(_kill_at_exit, weakref.ref(self))
 
     @property
     def address(self) -> str:
-        host = "127.0.0.1" if self.mode.local or self.mode.host in ("", "0.0.0.0") else self.mode.host
-        return f"{host}:{self.port}"
+        return f"{self.mode.connect_host}:{self.port}"
 
-    def client(self) -> dist.TCPStore:
+    def client(self) -> SealedStore:
         """A second connection to the store (for a thread of its own)."""
-        return dist.TCPStore("127.0.0.1", self.port, None, False, timedelta(seconds=self.timeout_s))
+        raw = dist.TCPStore(self.mode.connect_host, self.port, None, False, timedelta(seconds=self.timeout_s))
+        return SealedStore(raw, self.secret, self.session, "coordinator")
 
     # ----- local workers -------------------------------------------------------------------------
 
@@ -83,7 +108,11 @@ class WorkerPool:
         for key, value in WORKER_ENV.items():
             env.setdefault(key, value)
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        cmd = [sys.executable, "-m", "stagewise", "worker", "--join", f"127.0.0.1:{self.port}",
+        if "lo" in {name for _, name in socket.if_nameindex()}:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the data group's sockets stay on loopback too
+        env[SECRET_ENV] = self.secret.decode()
+        env.pop("STAGEWISE_WORKER_SECRET_FILE", None)
+        cmd = [sys.executable, "-m", "stagewise", "worker", "--join", f"{self.mode.connect_host}:{self.port}",
                "--rank", str(rank), "--timeout", f"{self.timeout_s:g}", "--local"]
         self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
@@ -100,19 +129,29 @@ class WorkerPool:
 
     # ----- joining -------------------------------------------------------------------------------
 
-    def report(self, rank: int, store: dist.Store | None = None) -> JoinReport | None:
-        """The latest JoinReport of ``rank``, or None if it never joined."""
+    def report(self, rank: int, store: SealedStore | None = None) -> JoinReport | None:
+        """The latest JoinReport of ``rank``, or None if it never joined or its report is rejected
+        (unsigned, forged, malformed, for another rank: logged once)."""
         store = store or self.store
         key = join_key(rank)
         if not store.check([key]):
             return None
-        return JoinReport.from_json(store.get(key))
+        try:
+            report = store.read(key, JoinReport.from_json)
+            if report.rank != rank:
+                store.reject(key, store.raw.get(key), f"a join report of rank {report.rank}")
+        except WorkerMessageRejected:
+            return None
+        return report
 
-    def fresh_join(self, rank: int, store: dist.Store | None = None) -> JoinReport | None:
-        """A JoinReport of ``rank`` newer than the member in use (a restarted worker), else None."""
+    def fresh_join(self, rank: int, store: SealedStore | None = None) -> JoinReport | None:
+        """A JoinReport of ``rank`` newer than the member in use (a restarted worker), else None;
+        an incarnation admitted before (a replayed report) never counts as fresh."""
         report = self.report(rank, store)
         current = self.members.get(rank)
         if report is None or (current is not None and report.incarnation == current.incarnation):
+            return None
+        if report.incarnation in self._seen.get(rank, set()):
             return None
         return report
 
@@ -140,6 +179,7 @@ class WorkerPool:
     def admit(self, report: JoinReport) -> None:
         """Make ``report``'s incarnation the member of its rank; its heartbeat clock starts now."""
         self.members[report.rank] = report
+        self._seen.setdefault(report.rank, set()).add(report.incarnation)
         self._beats[report.rank] = (-1, time.monotonic())
 
     def incarnations(self) -> dict[int, str]:
@@ -151,7 +191,7 @@ class WorkerPool:
         proc = self.procs.get(rank)
         return proc is not None and proc.poll() is not None
 
-    def stale(self, store: dist.Store, rank: int) -> bool:
+    def stale(self, store: SealedStore, rank: int) -> bool:
         """True when ``rank``'s heartbeat has not moved for ``heartbeat_timeout_s``."""
         member = self.members.get(rank)
         if member is None:
@@ -164,7 +204,7 @@ class WorkerPool:
             return False
         return now - since > self.heartbeat_timeout_s
 
-    def dead(self, store: dist.Store) -> dict[int, str]:
+    def dead(self, store: SealedStore) -> dict[int, str]:
         """Ranks that are gone, with why: process exit or a silent heartbeat."""
         out: dict[int, str] = {}
         for rank in sorted(self.members):

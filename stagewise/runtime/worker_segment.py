@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stagewise.errors import WorkerMessageRejected
 from stagewise.models.stage_model import StageOutput
 from stagewise.runtime.channel import Channel, channel_for
 from stagewise.runtime.distributed_channel import DistributedChannel
@@ -42,11 +43,15 @@ class WorkerSegment:
     entry) and ``outbound`` to the next one (``None`` at the exit)."""
 
     def __init__(self, stages: list[Stage], inbound: DistributedChannel | None,
-                 outbound: DistributedChannel | None, hidden_size: int) -> None:
+                 outbound: DistributedChannel | None, hidden_size: int, vocab_size: int = 0,
+                 context: int = 0, batch: int = 0) -> None:
         self.stages = stages
         self.inbound = inbound
         self.outbound = outbound
         self.hidden_size = hidden_size
+        self.vocab_size = vocab_size  # 0: unchecked
+        self.context = context
+        self.batch = batch
         self.local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
 
     @staticmethod
@@ -74,12 +79,14 @@ class WorkerSegment:
             inbound = DistributedChannel(assignment.prev_rank, wire_device(assignment.backend, first), first)
         if assignment.next_rank >= 0:
             outbound = DistributedChannel(assignment.next_rank, wire_device(assignment.backend, last), last)
-        return WorkerSegment(stages, inbound, outbound, config.hidden_size)
+        return WorkerSegment(stages, inbound, outbound, config.hidden_size, config.vocab_size, assignment.context,
+                             assignment.batch)
 
     def run(self, cmd: Command) -> SegmentResult:
         """Run step ``cmd.step_id``; on failure, send an ABORT downstream, then re-raise."""
         if not self.stages:
             return SegmentResult(None, [], 0.0)  # a worker the placement left without a stage
+        self.check(cmd)
         positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T)
         sent = False
         try:
@@ -112,6 +119,16 @@ class WorkerSegment:
                 except Exception:
                     pass  # the next worker is gone too; the coordinator sees it
             raise
+
+    def check(self, cmd: Command) -> None:
+        """:class:`WorkerMessageRejected` unless ``cmd`` fits this segment: token ids inside the
+        vocabulary, positions inside the context, no more rows than sequence slots."""
+        if self.vocab_size and any(t >= self.vocab_size for row in cmd.tokens for t in row):
+            raise WorkerMessageRejected(f"step {cmd.step_id}: a token id is outside the vocabulary ({self.vocab_size})")
+        if self.context and any(p >= self.context for row in cmd.positions for p in row):
+            raise WorkerMessageRejected(f"step {cmd.step_id}: a position is outside the context ({self.context})")
+        if self.batch and len(cmd.positions) > self.batch:
+            raise WorkerMessageRejected(f"step {cmd.step_id}: {len(cmd.positions)} rows for {self.batch} slots")
 
     def publish(self) -> None:
         for stage in self.stages:

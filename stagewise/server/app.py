@@ -121,6 +121,11 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if state.phase == "ready":
+            workers = getattr(state.model.pipeline, "health", None) if state.model is not None else None
+            report = workers() if workers is not None else None  # worker processes: their liveness too
+            if report is not None and report["status"] != "ok":  # a lost worker: name it and its stages
+                return JSONResponse({"status": report["status"], "message": report["message"],
+                                     "workers": report["workers"]}, status_code=503)
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": state.phase}, status_code=503)
 

@@ -110,7 +110,8 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             model=settings.model, devices=settings.devices, placement=settings.placement,
             context=settings.context, dtype=settings.dtype, prefill_chunk=settings.prefill_chunk,
             reserve=settings.reserve, cuda_graphs=settings.cuda_graphs, workers=settings.workers,
-            worker_timeout_s=settings.worker_timeout_s, measure_links=settings.measure_links,
+            worker_timeout_s=settings.worker_timeout_s, worker_secret_file=settings.worker_secret_file,
+            measure_links=settings.measure_links,
             max_seqs=settings.max_seqs)
     except BaseException as exc:
         state.set_failed(exc)

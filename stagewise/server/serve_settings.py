@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from stagewise.errors import ConfigError
+from stagewise.runtime.worker_mode import check_worker_options
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # 4 MiB
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s]+")  # an origin as browsers send it: no path, no slash
@@ -32,6 +33,7 @@ class ServeSettings:
     cuda_graphs: bool = True
     workers: str | None = None  # None: stages in this process; "local" or "N@HOST:PORT": worker processes
     worker_timeout_s: float = 30.0
+    worker_secret_file: str | None = None  # remote workers' shared secret (default: the environment)
     measure_links: bool = True  # time the links between joined workers before planning
     warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
     max_seqs: int | None = None  # sequences decoded together; None: auto (the most that fit, up to 8)
@@ -48,6 +50,7 @@ class ServeSettings:
             raise ConfigError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
         if self.max_seqs is not None and not 1 <= self.max_seqs <= 4096:
             raise ConfigError(f"--max-seqs must be in [1, 4096] or auto, got {self.max_seqs}")
+        check_worker_options(self.workers, self.max_seqs)  # refused before the HTTP socket or a store opens
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s must be >= 0, got {self.grace_s}")
         if self.max_body_bytes < 1024:

@@ -1,0 +1,56 @@
+"""WorkerMode: how ``--workers`` asked for worker processes, checked before anything is opened.
+
+``local`` spawns one worker per stage on this machine; the rendezvous store then listens on
+127.0.0.1 only. ``N@HOST:PORT`` waits for N workers started with ``stagewise worker --join``;
+the store listens on HOST only (``0.0.0.0`` for every interface, an empty HOST means 127.0.0.1),
+so reaching other hosts is always an explicit choice. Torch-free: the CLI and the server
+settings check it before the store, a socket or a worker exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stagewise.errors import ConfigError
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class WorkerMode:
+    """``local`` (count set once the plan is known) or ``count`` remote workers joining ``host:port``."""
+
+    local: bool
+    count: int = 0
+    host: str = LOOPBACK
+    port: int = 0
+
+    @staticmethod
+    def parse(text: str) -> WorkerMode:
+        if text == "local":
+            return WorkerMode(True)
+        count, sep, address = text.partition("@")
+        host, colon, port = address.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if (not sep or not count.isdigit() or int(count) < 1 or not colon or not port.isdigit()
+                or not int(port) <= 65535):
+            raise ConfigError(f"--workers must be 'local' or N@HOST:PORT (e.g. 2@10.0.0.5:29500; HOST is the "
+                              f"address to listen on, 0.0.0.0 for every interface), got {text!r}")
+        return WorkerMode(False, int(count), host or LOOPBACK, int(port))
+
+    @property
+    def connect_host(self) -> str:
+        """Where a process on this machine reaches the store (loopback for a wildcard bind)."""
+        return LOOPBACK if self.local or self.host in ("0.0.0.0", "::") else self.host
+
+
+def check_worker_options(workers: str | None, max_seqs: int | None) -> WorkerMode | None:
+    """The parsed ``--workers`` (None without it); :class:`ConfigError` for ``--max-seqs`` above 1
+    with workers (stages in worker processes hold one sequence). Call before opening anything."""
+    if workers is None:
+        return None
+    mode = WorkerMode.parse(workers)
+    if max_seqs is not None and max_seqs > 1:
+        raise ConfigError(f"--max-seqs {max_seqs} needs in-process stages: stages in worker processes hold one "
+                          "sequence (use --max-seqs 1 or drop --workers)")
+    return mode
