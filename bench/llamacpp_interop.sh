@@ -34,7 +34,7 @@ fi
 SIMPLE="$BUILD/bin/llama-simple"
 [[ -x "$SIMPLE" ]] || { echo "no llama-simple in $BUILD/bin" >&2; exit 2; }
 
-PYTHONPATH=. "$PYTHON" - "$SIMPLE" "$WORK/models" "$LLAMA_VERSION" "$*" <<'PY'
+PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$SIMPLE" "$WORK/models" "$LLAMA_VERSION" "$*" <<'PY'
 import datetime, json, platform, subprocess, sys
 from pathlib import Path
 
