@@ -125,3 +125,51 @@ def test_two_stages_match_one_with_tied_embeddings(tmp_path: Path) -> None:
         hidden = first(prompt, positions, first.new_states(1, 64, torch.float32, CPU), start=0).hidden
         staged = second(hidden, positions, second.new_states(1, 64, torch.float32, CPU), start=0, all_logits=True)
     assert staged.logits is not None and torch.equal(staged.logits, single)
+
+
+def _rewrite_rope_freqs(path: Path, factors: list[float]) -> None:
+    import numpy as np
+    from gguf import GGUFReader
+
+    tensor = next(t for t in GGUFReader(path).tensors if t.name == "rope_freqs.weight")
+    data = np.memmap(path, dtype=np.float32, mode="r+", offset=int(tensor.data_offset), shape=(len(factors),))
+    data[:] = np.asarray(factors, dtype=np.float32)
+    data.flush()
+    del data
+
+
+def test_rope_freqs_factors_are_applied_as_given(tmp_path: Path) -> None:
+    # llama.cpp divides each rotary inverse frequency by rope_freqs' factor, whatever the factors are;
+    # factors that are not Llama 3 scaling must be used as given, not refused or re-derived
+    from stagewise.models.layers.rotary import inverse_frequencies
+
+    path = make_model("tiny-llama", tmp_path / "m.gguf", "gguf", "f32", seed=3)
+    original = GGUFSource(path)
+    assert original.config.rope.rope_type == "llama3"  # the converter's own factors: still llama3
+    prompt = _prompt(original.config)
+    before = _logits(original, original.config, prompt)
+    half = original.config.rotary_dim // 2
+    factors = [1.0 + 0.5 * i for i in range(half)]
+    _rewrite_rope_freqs(path, factors)
+    source = GGUFSource(path)
+    rope = source.config.rope
+    assert rope.rope_type == "factors"
+    assert rope.freq_factors == tuple(float(torch.tensor(f, dtype=torch.float32)) for f in factors)
+    exponents = torch.arange(0, 2 * half, 2, dtype=torch.int64).to(torch.float32) / (2 * half)
+    want = (1.0 / (rope.theta**exponents)) / torch.tensor(factors, dtype=torch.float32)
+    assert torch.equal(inverse_frequencies(rope, 2 * half), want)
+    after = _logits(source, source.config, prompt)
+    assert not torch.allclose(after, before)  # the factors changed the positions' rotation
+    # a GGUF written from this config carries the same factors back
+    from stagewise.weights.gguf_export import _rope_factors
+    assert _rope_factors(source.config) == list(rope.freq_factors)
+
+
+def test_rope_freqs_bad_factors_are_refused(tmp_path: Path) -> None:
+    from stagewise.errors import StagewiseError
+
+    path = make_model("tiny-llama", tmp_path / "m.gguf", "gguf", "f32", seed=3)
+    half = GGUFSource(path).config.rotary_dim // 2
+    _rewrite_rope_freqs(path, [1.0] * (half - 1) + [float("nan")])
+    with pytest.raises(StagewiseError, match="rope_freqs"):
+        GGUFSource(path).config  # noqa: B018

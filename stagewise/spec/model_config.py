@@ -7,6 +7,7 @@ weights readers, into this frozen dataclass; nothing downstream reads them raw. 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,9 @@ def layer_types_for_interval(interval: int, layers: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rotary embedding parameters: ``rope_type`` is ``default`` or ``llama3``."""
+    """Rotary embedding parameters: ``rope_type`` is ``default``, ``llama3``, or ``factors``: the
+    per-frequency divisors ``freq_factors`` a GGUF file gives as ``rope_freqs.weight`` (llama.cpp
+    divides each inverse frequency by its factor), used as given."""
 
     rope_type: str = "default"
     theta: float = 10000.0
@@ -46,10 +49,15 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     partial_rotary_factor: float = 1.0
+    freq_factors: tuple[float, ...] = ()  # rope_type "factors" only
 
     def __post_init__(self) -> None:
-        if self.rope_type not in ("default", "llama3"):
-            raise ConfigError(f"rope_type {self.rope_type!r} is not supported (default, llama3)")
+        if self.rope_type not in ("default", "llama3", "factors"):
+            raise ConfigError(f"rope_type {self.rope_type!r} is not supported (default, llama3, factors)")
+        if (self.rope_type == "factors") != bool(self.freq_factors):
+            raise ConfigError("rope freq_factors are given exactly when rope_type is 'factors'")
+        if not all(math.isfinite(f) and f > 0 for f in self.freq_factors):
+            raise ConfigError("rope freq_factors must be finite and > 0")
         if self.theta <= 0:
             raise ConfigError(f"rope_theta must be > 0, got {self.theta}")
         if not 0 < self.partial_rotary_factor <= 1:

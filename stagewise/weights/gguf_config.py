@@ -186,7 +186,8 @@ def _rope(arch: str, fields: dict[str, Any], label: str, theta: float, partial: 
     if factors is None:
         return RopeScaling(theta=theta, partial_rotary_factor=partial)
     # Llama 3.x: the converter folds rope scaling into per-frequency factors; recover the parameters
-    # and check they reproduce every factor (anything else is a scaling we do not implement).
+    # and check they reproduce every factor (the reference's own formula); any other factors are
+    # applied as given, as llama.cpp does.
     original = fields.get(f"{arch}.rope.scaling.original_context_length", 8192)
     factor = float(max(factors))
     rope = RopeScaling(rope_type="llama3", theta=theta, factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -195,7 +196,13 @@ def _rope(arch: str, fields: dict[str, Any], label: str, theta: float, partial: 
     if len(expected) != len(factors) or any(
         not math.isclose(a, b, rel_tol=1e-5) for a, b in zip(expected, factors, strict=False)
     ):
-        raise ConfigError(f"{label}: tensor 'rope_freqs.weight' holds rope factors that are not Llama 3 scaling")
+        if not all(math.isfinite(f) and f > 0 for f in factors):
+            raise ConfigError(f"{label}: tensor 'rope_freqs.weight' holds factors that are not finite and > 0")
+        if len(factors) != int(head_dim * partial) // 2:
+            raise ConfigError(f"{label}: tensor 'rope_freqs.weight' holds {len(factors)} factors for "
+                              f"{int(head_dim * partial) // 2} rotary frequencies")
+        return RopeScaling(rope_type="factors", theta=theta, partial_rotary_factor=partial,
+                           freq_factors=tuple(float(f) for f in factors))
     return rope
 
 

@@ -185,8 +185,8 @@ def _add_field(w: gguf.GGUFWriter, key: str, value: Any) -> None:
 
 def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix_type: GGMLQuantizationType) -> list[_Planned]:
     plan: list[_Planned] = []
-    if config.rope.rope_type == "llama3":
-        plan.append(_Planned("rope_freqs.weight", (config.head_dim // 2,), GGMLQuantizationType.F32, "", (), None, 0))
+    if config.rope.rope_type in ("llama3", "factors"):
+        plan.append(_Planned("rope_freqs.weight", (len(_rope_factors(config)),), GGMLQuantizationType.F32, "", (), None, 0))
     for ours, shape in params:
         rule, block = rule_for_ours(config.architecture, ours)
         sizes = split_sizes(rule, config, shape[rule.concat_dim])
@@ -209,9 +209,16 @@ def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantiza
     return matrix_type
 
 
+def _rope_factors(config: ModelConfig) -> list[float]:
+    """``rope_freqs.weight``: the file's own factors as given, or llama3 scaling's."""
+    if config.rope.rope_type == "factors":
+        return list(config.rope.freq_factors)
+    return llama3_rope_factors(config.rope, config.head_dim)
+
+
 def _gguf_chunks(config: ModelConfig, t: _Planned, chunks: Chunks) -> Iterator[torch.Tensor]:
     if t.rule is None:  # rope_freqs
-        yield torch.tensor(llama3_rope_factors(config.rope, config.head_dim), dtype=torch.float32)
+        yield torch.tensor(_rope_factors(config), dtype=torch.float32)
         return
     rule = t.rule
     rows = row_index(rule, config, t.our_shape[0])

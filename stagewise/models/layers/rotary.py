@@ -1,4 +1,4 @@
-"""Rotary position embeddings (default and llama3-scaled), computed as the reference does."""
+"""Rotary position embeddings (default, llama3-scaled or per-frequency factors), computed as the reference does."""
 
 from __future__ import annotations
 
@@ -6,13 +6,20 @@ import math
 
 import torch
 
+from stagewise.errors import ConfigError
 from stagewise.spec.model_config import RopeScaling
 
 
 def inverse_frequencies(rope: RopeScaling, rotary_dim: int) -> torch.Tensor:
-    """Float32 inverse frequencies ``(rotary_dim // 2,)`` with llama3 scaling applied if asked."""
+    """Float32 inverse frequencies ``(rotary_dim // 2,)`` with llama3 scaling or the file's
+    per-frequency factors applied if asked."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim
     inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "factors":  # llama.cpp's rope_freqs: each inverse frequency over its factor
+        factors = torch.tensor(rope.freq_factors, dtype=torch.float32)
+        if factors.numel() != inv_freq.numel():
+            raise ConfigError(f"rope_freqs holds {factors.numel()} factors for {inv_freq.numel()} rotary frequencies")
+        return inv_freq / factors
     if rope.rope_type != "llama3":
         return inv_freq
     low_freq_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor
