@@ -27,6 +27,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from stagewise.errors import ConfigError, WorkerMessageRejected, WorkerNotJoined
+from stagewise.hardware.listen_socket import listen_socket
 from stagewise.runtime.distributed_group import WORKER_ENV
 from stagewise.runtime.sealed_store import SESSION_KEY, SealedStore
 from stagewise.runtime.worker_messages import JoinReport, heartbeat_key, join_key
@@ -34,21 +35,6 @@ from stagewise.runtime.worker_mode import WorkerMode
 from stagewise.runtime.worker_secret import SECRET_ENV, new_secret
 
 __all__ = ["WorkerMode", "WorkerPool"]
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket listening on ``host:port`` only (the TCPStore server takes it over: left to
-    itself it would listen on every interface)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 class WorkerPool:

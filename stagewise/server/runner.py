@@ -22,6 +22,7 @@ from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_with_progress
 from stagewise.engine.warm_up import needs_warm_up
 from stagewise.errors import ConfigError
+from stagewise.hardware.listen_socket import listen_socket
 from stagewise.server.app import guarded_app
 from stagewise.server.load_display import placement_lines
 from stagewise.server.random_tokenizer import with_demo_tokenizer
@@ -90,14 +91,9 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
 
 def _bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port``; :class:`ConfigError` naming the port when it cannot be had."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
+        sock = listen_socket(host, port, backlog=2048)
     except OSError as exc:
-        sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose another --port)") from exc
     sock.set_inheritable(True)
     return sock
