@@ -175,3 +175,19 @@ def test_more_requests_than_slots_queue_and_reuse_rows(pair: tuple[LoadedModel, 
 
 def test_batch_buckets() -> None:
     assert [batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64)] == [1, 2, 4, 8, 8, 16, 16, 24, 40, 64]
+
+
+def test_auto_max_seqs_takes_the_most_slots_that_fit() -> None:
+    # the demo's two 12 MiB devices cannot hold 64 slots on two stages: auto must step down to what
+    # fits (the planner refusing the larger counts is not an error), and one more slot must not fit
+    from stagewise.engine.model_loading import AUTO_MAX_SEQS
+
+    loaded = load_model(None, max_seqs=None)
+    try:
+        rows = loaded.pipeline.rows
+        assert rows in AUTO_MAX_SEQS and rows < AUTO_MAX_SEQS[0]
+        bigger = AUTO_MAX_SEQS[AUTO_MAX_SEQS.index(rows) - 1]
+        with pytest.raises(StagewiseError):
+            load_model(None, max_seqs=bigger).close()
+    finally:
+        loaded.close()

@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
                         help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV} if set)")
     parser.add_argument("--max-seqs", default="auto", type=_max_seqs, metavar="N|auto",
                         help="sequences decoded together (continuous batching), each with --context positions of "
-                             "state on every stage; auto (default): the most of 8, 4, 2, 1 that fit on as many "
+                             "state on every stage; auto (default): the most of 64, 32, 16, 8, 4, 2, 1 that fit on as many "
                              "devices as one sequence needs")
     parser.add_argument("--queue", type=int, default=16, help="max waiting requests before 429 (default 16)")
     parser.add_argument("--grace-s", type=float, default=30.0,

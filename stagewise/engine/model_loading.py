@@ -46,7 +46,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
           "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _SPEC_DTYPE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DEFAULT_CONTEXT = 4096
-AUTO_MAX_SEQS = (8, 4, 2, 1)  # `--max-seqs auto`: the most of these that fit on as many devices as one needs
+AUTO_MAX_SEQS = (64, 32, 16, 8, 4, 2, 1)  # `--max-seqs auto`: the most of these that fit on as many devices as one needs
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,10 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     if max_seqs is None:  # auto: as many sequences as fit without more devices
         for count in AUTO_MAX_SEQS[:-1]:
             wider = dataclasses.replace(profile, batch=count)
-            candidate = plan(spec, topology, wider, objective=objective, stages=stages or len(cert.stages))
+            try:
+                candidate = plan(spec, topology, wider, objective=objective, stages=stages or len(cert.stages))
+            except PlacementError:  # no legal placement on that many stages with this many slots
+                continue
             if candidate.fits:
                 profile, cert = wider, candidate
                 break
