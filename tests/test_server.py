@@ -254,6 +254,15 @@ def _fill_slots_and_queue(server: ServedModel) -> list[_OpenStream]:
     return streams
 
 
+def _close_and_settle(server: ServedModel, streams: list[_OpenStream]) -> None:
+    """Close every open stream, drop the step delay, and wait until nothing runs or waits."""
+    for s in streams:
+        s.close()
+    _set_delay(server, 0.0)
+    _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=10)
+    _wait_metric(server, "stagewise_queue_depth", 0.0)
+
+
 def test_queue_full_is_429_with_retry_after(server: ServedModel) -> None:
     _set_delay(server, 0.1)
     streams: list[_OpenStream] = []
@@ -265,11 +274,7 @@ def test_queue_full_is_429_with_retry_after(server: ServedModel) -> None:
         assert r.json()["error"]["type"] == "rate_limit_error"
         assert all(s.thread.is_alive() for s in streams)  # every stream still open and being read
     finally:
-        for s in streams:
-            s.close()
-        _set_delay(server, 0.0)
-    _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=10)
-    _wait_metric(server, "stagewise_queue_depth", 0.0)
+        _close_and_settle(server, streams)
 
 
 def test_abandoned_queued_stream_frees_its_queue_slot(server: ServedModel) -> None:
@@ -290,11 +295,7 @@ def test_abandoned_queued_stream_frees_its_queue_slot(server: ServedModel) -> No
             time.sleep(0.1)
         assert server.metric("stagewise_active_sequences") == MAX_SEQS  # admitted to the queue, not run
     finally:
-        for s in streams:
-            s.close()
-        _set_delay(server, 0.0)
-    _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=10)
-    _wait_metric(server, "stagewise_queue_depth", 0.0)
+        _close_and_settle(server, streams)
 
 
 def test_disconnect_mid_stream_frees_state(server: ServedModel) -> None:
