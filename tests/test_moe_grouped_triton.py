@@ -203,3 +203,74 @@ def test_config_block_sizes_agree() -> None:
         empty = grouped_swiglu_experts(x[:0], top_index[:0], top_weight[:0], gate_up, down)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert empty.shape == (0, H)
+
+
+@pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(32, 128, 8, 16), (5, 8, 2, 4), (40, 8, 2, 16),
+                                                                 (1, 8, 1, 16), (7, 4, 4, 1), (100, 16, 3, 8)])
+def test_fused_align_equals_torch(tokens: int, experts: int, k: int, block_m: int) -> None:
+    """The one-launch alignment gives the torch alignment's entries exactly (padding, order, blocks)."""
+    from stagewise.kernels.moe_align_triton import moe_align_fused
+
+    top_index = _routing(tokens, experts, k, seed=tokens + experts, skip=(1,) if experts > k + 1 else ())
+    for index in (top_index, top_index.to(torch.int32)):
+        want = moe_align(index, experts, block_m)
+        got = moe_align_fused(index, experts, block_m)
+        assert torch.equal(got.sorted_slots, want.sorted_slots)
+        assert torch.equal(got.block_expert, want.block_expert)
+        assert torch.equal(got.num_valid_blocks, want.num_valid_blocks)
+        assert (got.num_slots, got.block_m) == (want.num_slots, want.block_m)
+
+
+def _block_scaled_reference(a: torch.Tensor, weight: Q8_0Weight, top_index: torch.Tensor, gather_rows: bool,
+                            top_weight: torch.Tensor | None) -> torch.Tensor:
+    """float32: each 32-value block's dot with the int8 values, times its scale (the decode kernel's order)."""
+    flat = top_index.reshape(-1)
+    k = top_index.shape[1]
+    rows = a.float()[flat.new_tensor(range(flat.numel())) // k] if gather_rows else a.float()
+    qs = weight.qs.float()[flat]  # (S, N, K)
+    scales = weight.scales.float()[flat]  # (S, N, K/32)
+    parts = torch.einsum("snbj,sbj->snb", qs.unflatten(-1, (-1, 32)), rows.unflatten(-1, (-1, 32)))  # (S, N, K/32)
+    out = (parts * scales).sum(-1)
+    return out * top_weight.reshape(-1, 1).float() if top_weight is not None else out
+
+
+@pytest.mark.parametrize("gather_rows", [True, False], ids=["gather", "per_slot"])
+@pytest.mark.parametrize("magic", [True, False], ids=["magic", "convert"])
+def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, magic: bool) -> None:
+    from stagewise.kernels.moe_decode_triton import decode_gemm
+
+    torch.manual_seed(2)
+    tokens, n_out, k_in = 9, 48, 128  # n_out not a multiple of BLOCK_N 32
+    top_index = _routing(tokens, E, K, seed=5, skip=(3,))
+    top_weight = torch.rand(tokens, K).to(DEVICE)
+    weight = _quantize(torch.randn(E, n_out, k_in) * 0.1)
+    weight = weight.to(DEVICE)
+    a = torch.randn(tokens if gather_rows else tokens * K, k_in).to(DEVICE)
+    align = moe_align(top_index, E, block_m=16)
+    for tiles, route in ((GemmTiles(32, 64, 4, 1), top_weight), (GemmTiles(16, 128, 4, 1), None)):
+        got = decode_gemm(a, weight, align, K, tiles, gather_rows=gather_rows, top_weight=route, magic=magic)
+        ref = _block_scaled_reference(a, weight, top_index, gather_rows, route)
+        assert got.shape == (tokens * K, n_out)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="K step"):
+        decode_gemm(a, weight, align, K, GemmTiles(32, 96, 4, 1), gather_rows=gather_rows)
+
+
+def test_decode_config_matches_loop() -> None:
+    """The batched-decode experts (decode GEMM + combine, residual added) agree with the per-expert loop."""
+    from stagewise.kernels.moe_grouped_triton import DECODE_Q8_0
+
+    ex = _experts(True, 64, torch.float32)
+    tokens = 12
+    x = torch.randn(tokens, H).to(DEVICE)
+    residual = torch.randn(tokens, H).to(DEVICE)
+    top_index = _routing(tokens, E, K, seed=13)
+    top_weight = torch.softmax(torch.randn(tokens, K), dim=-1).to(DEVICE)
+    small = GroupedConfig(16, GemmTiles(32, 32, 4, 1), GemmTiles(32, 64, 4, 1), decode=True)
+    assert DECODE_Q8_0.decode and DECODE_Q8_0.block_m == 16
+    with torch.no_grad():
+        gate_up, down = _stacks(ex)
+        got = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, small, residual=residual)
+        plain = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, INTERPRETER, residual=residual)
+    assert got.shape == (tokens, H)
+    torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.moe_align import MoeAlignment, moe_align
+from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import launch_device
 
@@ -141,11 +142,14 @@ class GemmTiles:
 
 @dataclass(frozen=True)
 class GroupedConfig:
-    """``block_m`` (shared: one alignment feeds both GEMMs) and the tiles of each GEMM."""
+    """``block_m`` (shared: one alignment feeds both GEMMs) and the tiles of each GEMM; ``decode``: Q8_0
+    experts through :mod:`stagewise.kernels.moe_decode_triton` (scale after each block's dot) and the
+    slots summed by the decode path's combine."""
 
     block_m: int
     gate_up: GemmTiles
     down: GemmTiles
+    decode: bool = False
 
 
 # H200 defaults, from `bench/moe_grouped.py --sweep` (Qwen3-30B-A3B and Qwen3.6-35B-A3B experts, 512 and
@@ -159,6 +163,8 @@ TILES_128 = GemmTiles(block_n=128, block_k=64, num_warps=8, num_stages=3)
 # programs; `bench/moe_grouped.py --sweep --tokens 4,8,16,32,64` on an H200 (moe_decode_sweep_h200.json):
 # 32 tokens of Qwen3-30B-A3B 0.67 ms vs 0.93 ms with the 64-row prefill tiles (eager, launches included)
 TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
+# the decode kernel's tiles (moe_decode_triton): bench/moe_decode.py on an H200
+DECODE_Q8_0 = GroupedConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4), decode=True)
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
 
@@ -175,7 +181,7 @@ def default_config(num_slots: int, num_experts: int, device: torch.device,
     if num_slots >= 64 * num_experts:
         return GroupedConfig(128, TILES_128, TILES_128)
     if gate_up_q8_0 and num_slots <= 4 * num_experts:
-        return GroupedConfig(16, TILES_DECODE, TILES_DECODE)
+        return DECODE_Q8_0
     return GroupedConfig(64, TILES_64_Q8_0_GATE_UP if gate_up_q8_0 else TILES_64, TILES_64)
 
 
@@ -228,8 +234,9 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
 
 def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                            gate_up: ExpertWeight, down: ExpertWeight,
-                           config: GroupedConfig | None = None) -> torch.Tensor:
-    """``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)`` in ``x``'s dtype.
+                           config: GroupedConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)`` in ``x``'s dtype, plus
+    ``residual`` ``(N, H)`` when given (with the rounding of a separate add).
 
     ``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``; ``gate_up`` ``(E, 2I, H)`` (gate rows then
     up rows) and ``down`` ``(E, H, I)``, each dense or Q8_0. No host synchronization.
@@ -242,8 +249,19 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
     if tokens == 0:
         return x.new_zeros((0, hidden))
     cfg = config or default_config(tokens * top_k, experts, x.device, not isinstance(gate_up, torch.Tensor))
-    align = moe_align(top_index, experts, cfg.block_m)
+    if tokens * top_k <= MAX_FUSED_SLOTS:
+        align = moe_align_fused(top_index, experts, cfg.block_m)  # one launch (batched decode)
+    else:
+        align = moe_align(top_index, experts, cfg.block_m)
+    if cfg.decode and isinstance(gate_up, Q8_0Stack) and isinstance(down, Q8_0Stack):
+        from stagewise.kernels.moe_decode_triton import decode_gemm
+        from stagewise.kernels.moe_route_triton import combine
+
+        h = decode_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot
+        y = decode_gemm(silu_mul(h), down, align, top_k, cfg.down, gather_rows=False)  # (S, H)
+        return combine(y, top_weight, x.dtype, residual)  # weighted sum over K (+ residual), one launch
     h = grouped_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot
     act = silu_mul(h)  # (S, I) silu(gate) * up, one launch
     y = grouped_gemm(act, down, align, top_k, cfg.down, gather_rows=False, top_weight=top_weight)  # (S, H)
-    return y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # a fixed-order sum over K: deterministic
+    out = y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # a fixed-order sum over K: deterministic
+    return out if residual is None else out + residual

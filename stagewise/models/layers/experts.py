@@ -70,17 +70,18 @@ class Experts(nn.Module):
         """
         if top_index.numel() <= GATHER_MAX_SLOTS:
             return self._gathered(x, top_index, top_weight, residual)
-        out = self._routed(x, top_index, top_weight)
-        return out if residual is None else out + residual
+        return self._routed(x, top_index, top_weight, residual)
 
-    def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
-        """Prefill path: each expert's tokens together (the grouped GEMM, or a loop over the used experts)."""
+    def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Prefill and batched decode: each expert's tokens together (the grouped GEMM, or a loop over
+        the used experts); ``residual`` added as a separate add would."""
         if use_triton(x):
             gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
             if gate_up is not None and down is not None:
                 from stagewise.kernels.moe_grouped_triton import grouped_swiglu_experts
 
-                return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down)
+                return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, residual=residual)
         tokens, k = top_index.shape
         flat = top_index.reshape(-1)  # (N*K,) routed (token, slot) pairs
         order = torch.argsort(flat, stable=True)  # grouped by expert
@@ -97,7 +98,8 @@ class Experts(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         y = ys.index_select(0, inverse).view(tokens, k, -1)  # (N, K, H) back in slot order
-        return (y * top_weight[..., None]).sum(dim=1).to(x.dtype)  # a fixed-order sum: deterministic
+        out = (y * top_weight[..., None]).sum(dim=1).to(x.dtype)  # a fixed-order sum: deterministic
+        return out if residual is None else out + residual
 
     def _grouped_weight(self, name: str) -> torch.Tensor | Q8_0Weight | None:
         """The stack the grouped GEMM reads, or None for a packed format it does not know."""
