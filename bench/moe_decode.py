@@ -113,15 +113,13 @@ def _case(model: str, tokens: int, dev: torch.device, sweep: bool) -> dict[str, 
             for name, weight, a, gather, nbytes in (("gate_up", gate_up, x, True, bytes_gate_up),
                                                     ("down", down, act, False, bytes_down)):
                 results: dict[str, Any] = {}
-                for magic in (True, False):
-                    for tiles in SWEEP if magic else [DECODE_Q8_0.gate_up]:
-                        try:
-                            ms = _graph_ms(functools.partial(decode_gemm, a, weight, align, k, tiles,
-                                                             gather_rows=gather, magic=magic))
-                        except Exception as exc:  # a config that does not compile is skipped
-                            results[f"{tiles} magic={magic}"] = repr(exc)[:80]
-                            continue
-                        results[f"{tiles} magic={magic}"] = {"ms": ms, "tb_s": nbytes / ms / 1e9}
+                for tiles in SWEEP:
+                    try:
+                        ms = _graph_ms(functools.partial(decode_gemm, a, weight, align, k, tiles, gather_rows=gather))
+                    except Exception as exc:  # a config that does not compile is skipped
+                        results[repr(tiles)] = repr(exc)[:80]
+                        continue
+                    results[repr(tiles)] = {"ms": ms, "tb_s": nbytes / ms / 1e9}
                 best = min((v["ms"], key) for key, v in results.items() if isinstance(v, dict))
                 row[f"{name}_sweep"] = results
                 row[f"{name}_best"] = {"tiles": best[1], "ms": best[0], "tb_s": nbytes / best[0] / 1e9}

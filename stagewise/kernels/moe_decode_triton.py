@@ -7,11 +7,11 @@ enter ``tl.dot`` as they are (exact in bf16/f16: ``|q| <= 128``), and the block'
 multiplies that partial dot in float32 — the Q8_0 GEMV's order (sum the block, then scale), not the
 prefill GEMM's (dequantize each value, round it to the activation dtype, then dot).
 
-Why: with ``BLOCK_M = 16`` rows and ~2 tokens per expert the prefill kernel's two conversions per
-weight value (int8 -> float32 -> bf16, on the GPU's conversion units at 1/8 of the float rate) bound
-the kernel at ~2 TB/s on an H200. Here an int8 becomes its float bits with integer and float adds
-(``2^23 + 128 + q`` read as a float, minus ``2^23 + 128``) and a bf16 by dropping the float's low 16
-bits, which are zero for such an integer; the scale costs one multiply per output per block.
+Why: with ``BLOCK_M = 16`` rows and ~2 tokens per expert the prefill kernel spends per weight value
+an int8 -> float32 conversion, a multiply and a float32 -> bf16 conversion (in its SASS: I2F, FMUL,
+F2FP), and loads its ``(BK, BN)`` tiles one byte at a time (K is the stored inner dimension). Here the
+weights are loaded as ``(BN, 32)`` tiles along K (vector loads), an int8 becomes a bf16 by byte
+permutes, and the scale costs one multiply per output per block instead of per weight.
 """
 
 from __future__ import annotations
@@ -24,23 +24,6 @@ from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.moe_grouped_triton import GemmTiles, Q8_0Stack
 from stagewise.kernels.triton_launch import launch_device
 
-MAGIC_BITS = 0x4B000080  # float32 bits of 2^23 + 128: OR-ing (q + 128) into the mantissa adds it
-MAGIC_VALUE = 8388736.0  # 2^23 + 128
-
-
-@triton.jit
-def _exact_weight(q, BF16: tl.constexpr, MAGIC: tl.constexpr):  # type: ignore[no-untyped-def]
-    """int8 values as the dot's operand type, exactly."""
-    if not MAGIC:
-        if BF16:
-            return q.to(tl.bfloat16)
-        return q.to(tl.float32)
-    f = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0  # q exactly, no conversion unit
-    if BF16:
-        return (f.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)  # low bits are 0
-    return f
-
-
 @triton.jit
 def _decode_gemm_kernel(
     a_ptr, q_ptr, s_ptr, out_ptr, route_ptr,
@@ -48,7 +31,7 @@ def _decode_gemm_kernel(
     N, K, num_slots, top_k,
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
-    GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, MAGIC: tl.constexpr,
+    GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
 ):
     pid_m = tl.program_id(0) // tl.cdiv(N, BLOCK_N)
@@ -63,19 +46,22 @@ def _decode_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, 32)  # one Q8_0 block
+    groups = tl.arange(0, GROUPS)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak  # (BM, 32)
-    q_ptrs = q_ptr + expert * stride_qe + offs_n[None, :].to(tl.int64) * stride_qn + offs_k[:, None] * stride_qk
-    s_ptrs = s_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn  # (BN,)
+    # NOTE: (BN, 32) tiles, K innermost as stored: the loads are vectors, not single bytes
+    q_ptrs = q_ptr + expert * stride_qe + offs_n[:, None].to(tl.int64) * stride_qn + offs_k[None, :] * stride_qk
+    s_ptrs = s_ptr + expert * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + groups[None, :] * stride_sk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, K // (32 * GROUPS)):  # K is a whole number of K steps (checked by the caller)
+        scales = tl.load(s_ptrs, mask=n_ok[:, None], other=0.0).to(tl.float32)  # (BN, G) this step's scales
         for g in tl.static_range(GROUPS):
             a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[:, None], other=0.0)  # (BM, 32)
-            q = tl.load(q_ptrs + g * 32 * stride_qk, mask=n_ok[None, :], other=0)  # (32, BN) int8
-            s = tl.load(s_ptrs + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
+            q = tl.load(q_ptrs + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
+            s = tl.sum(tl.where(groups[None, :] == g, scales, 0.0), axis=1)  # (BN,) block g's scales
             if BF16:
-                part = tl.dot(a, _exact_weight(q, True, MAGIC))  # (BM, BN) float32
+                part = tl.dot(a, tl.trans(q.to(tl.bfloat16)))  # (BM, BN) float32; int8 is exact in bf16
             else:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
-                part = tl.dot(a.to(tl.float32), _exact_weight(q, False, MAGIC), input_precision="ieee")
+                part = tl.dot(a.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
             acc += part * s[None, :]
         a_ptrs += 32 * GROUPS * stride_ak
         q_ptrs += 32 * GROUPS * stride_qk
@@ -88,7 +74,7 @@ def _decode_gemm_kernel(
 
 
 def decode_gemm(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: GemmTiles, *,
-                gather_rows: bool, top_weight: torch.Tensor | None = None, magic: bool = True) -> torch.Tensor:
+                gather_rows: bool, top_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Per-slot ``(S, out)`` rows of ``A[row(s)] @ W[expert(s)].T`` for a Q8_0 stack (module doc);
     ``tiles.block_k`` is the K step (a multiple of 32 dividing ``in``)."""
     qs, scales = weight.qs, weight.scales
@@ -112,7 +98,7 @@ def decode_gemm(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: 
             a.stride(0), a.stride(1), qs.stride(0), qs.stride(1), qs.stride(2),
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
-            BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, MAGIC=magic,
+            BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // 32,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )
