@@ -24,6 +24,7 @@ from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.moe_grouped_triton import GemmTiles, Q8_0Stack
 from stagewise.kernels.triton_launch import launch_device
 
+
 @triton.jit
 def _decode_gemm_kernel(
     a_ptr, q_ptr, s_ptr, out_ptr, route_ptr,
