@@ -41,8 +41,8 @@ from stagewise.weights.quant.q8_0 import Q8_0Weight
 
 MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "qwen3.6-35b-a3b": (256, 8, 2048, 512)}  # E, K, H, I
 _T = GemmTiles
-SWEEP = [_T(n, k, w, s) for n in (32, 64, 128) for k in (128, 256) for w in (4, 8) for s in (3, 4, 5)
-         if not (n == 128 and k == 256 and s == 5)]
+SWEEP = [_T(n, k, w, s) for n in (64, 128, 256) for k in (128, 256, 512) for w in (2, 4, 8) for s in (2, 3)
+         if n * k <= 65536 and not (n == 256 and w == 2)]
 
 
 def _quantize(w: torch.Tensor) -> Q8_0Weight:

@@ -4,12 +4,14 @@
     python3 bench/moe_variant.py VARIANT -m stagewise bench random:qwen3-30b-a3b@q8_0 --concurrency 32 ...
 
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
-GEMV); ``experts=BN,BK,WARPS,STAGES`` (the MoE decode tiles); ``dense=BN,BK,WARPS,STAGES`` (the
-dense Q8_0 decode tiles).
+GEMV); ``experts=BN,BK,WARPS,STAGES`` (both MoE decode GEMMs' tiles), ``gate_up=…`` / ``down=…`` (one
+of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``oldexperts`` / ``olddense``
+(batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import runpy
 import sys
 from pathlib import Path
@@ -33,7 +35,19 @@ def apply(variant: str) -> None:
         if part == "gemv64":
             q8.GEMV_MAX_TOKENS = 64
         elif part.startswith("experts="):
-            grouped.TILES_DECODE = _tiles(part.split("=", 1)[1])
+            tiles = _tiles(part.split("=", 1)[1])
+            grouped.DECODE_Q8_0 = dataclasses.replace(grouped.DECODE_Q8_0, gate_up=tiles, down=tiles)
+        elif part.startswith(("gate_up=", "down=")):
+            name, spec = part.split("=", 1)
+            cfg = grouped.DECODE_Q8_0
+            tiles = _tiles(spec)
+            grouped.DECODE_Q8_0 = dataclasses.replace(cfg, gate_up=tiles) if name == "gate_up" else \
+                dataclasses.replace(cfg, down=tiles)
+        elif part == "oldexperts":
+            grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
+        elif part == "olddense":
+            q8_gemm.DECODE_KERNEL = False
+            q8_gemm.TILES_DECODE_DENSE = grouped.GemmTiles(32, 256, 4, 4)
         elif part.startswith("dense="):
             q8_gemm.TILES_DECODE_DENSE = _tiles(part.split("=", 1)[1])
         else:

@@ -275,3 +275,17 @@ def test_decode_config_matches_loop() -> None:
         plain = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, INTERPRETER, residual=residual)
     assert got.shape == (tokens, H)
     torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decode kernel serves Q8_0 matmuls on CUDA only")
+@pytest.mark.parametrize("rows", [17, 32, 64])
+def test_q8_0_gemm_batched_decode_rows(rows: int) -> None:
+    """17-64 rows (a batched decode step) through the decode kernel, every row in one block."""
+    from stagewise.kernels.q8_0_gemm import q8_0_gemm
+
+    torch.manual_seed(4)
+    weight = _quantize(torch.randn(1, 96, 256) * 0.1).to(DEVICE)
+    x = torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16)
+    got = q8_0_gemm(x, weight.qs[0], weight.scales[0])
+    ref = _block_scaled_reference(x, weight, torch.zeros(rows, 1, dtype=torch.long, device=DEVICE), True, None)
+    torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)
