@@ -22,7 +22,7 @@ E, K, H, INTER, TOKENS = 128, 8, 2048, 768, 32
 dev = torch.device("cuda")
 torch.manual_seed(0)
 qs = torch.randint(-127, 128, (E, 2 * INTER, H), dtype=torch.int8, device=dev)
-scales = (torch.rand(E, 2 * I, H // 32, device=dev) * 1e-3).to(torch.float16)
+scales = (torch.rand(E, 2 * INTER, H // 32, device=dev) * 1e-3).to(torch.float16)
 x = torch.randn(TOKENS, H, device=dev).to(torch.bfloat16)
 top_index = torch.topk(torch.rand(TOKENS, E, device=dev), K, dim=-1).indices.to(torch.int32)
 align = moe_align_fused(top_index, E, DECODE_Q8_0.block_m)
