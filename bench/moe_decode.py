@@ -43,6 +43,7 @@ MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "qwen3.6-35b-a3b": (256, 8, 2048
 _T = GemmTiles
 SWEEP = [_T(n, k, w, s) for n in (64, 128, 256) for k in (128, 256, 512) for w in (2, 4, 8) for s in (2, 3)
          if n * k <= 65536 and not (n == 256 and w == 2)]
+SMALL_SWEEP = [_T(n, 128, w, s) for n in (16, 32, 64) for w in (1, 2) for s in (2, 3, 4)]  # small programs
 
 
 def _quantize(w: torch.Tensor) -> Q8_0Weight:
@@ -76,7 +77,7 @@ def _graph_ms(fn: Callable[[], Any], replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _case(model: str, tokens: int, dev: torch.device, sweep: bool) -> dict[str, Any]:
+def _case(model: str, tokens: int, dev: torch.device, sweep: list[GemmTiles]) -> dict[str, Any]:
     e, k, h, i = MODELS[model]
     torch.manual_seed(0)
     gate_up = _quantize(torch.randn(e, 2 * i, h, device=dev) * 0.02)
@@ -113,7 +114,7 @@ def _case(model: str, tokens: int, dev: torch.device, sweep: bool) -> dict[str, 
             for name, weight, a, gather, nbytes in (("gate_up", gate_up, x, True, bytes_gate_up),
                                                     ("down", down, act, False, bytes_down)):
                 results: dict[str, Any] = {}
-                for tiles in SWEEP:
+                for tiles in sweep:
                     try:
                         ms = _graph_ms(functools.partial(decode_gemm, a, weight, align, k, tiles, gather_rows=gather))
                     except Exception as exc:  # a config that does not compile is skipped
@@ -131,13 +132,14 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/moe_decode_h200.json")
     ap.add_argument("--tokens", default="16,32,64")
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--sweep", action="store_true", help="time every decode tile config of SWEEP")
+    ap.add_argument("--sweep", choices=("none", "broad", "small"), default="none",
+                    help="time every decode tile config of SWEEP (broad) or SMALL_SWEEP (small)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
     for model in args.models.split(","):
         for tokens in map(int, args.tokens.split(",")):
-            row = _case(model, tokens, dev, args.sweep)
+            row = _case(model, tokens, dev, {"none": [], "broad": SWEEP, "small": SMALL_SWEEP}[args.sweep])
             rows.append(row)
             print(f"{model:16s} N={tokens:3d} experts={row['experts_used']:3d} align torch/fused "
                   f"{row['align_torch_ms'] * 1e3:.1f}/{row['align_fused_ms'] * 1e3:.1f} us  experts old/new "

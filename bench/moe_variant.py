@@ -5,8 +5,8 @@
 
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
 GEMV); ``experts=BN,BK,WARPS,STAGES`` (both MoE decode GEMMs' tiles), ``gate_up=…`` / ``down=…`` (one
-of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``oldexperts`` / ``olddense``
-(batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
+of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``oldexperts`` (the MoE
+experts of batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
 """
 
 from __future__ import annotations
@@ -45,9 +45,6 @@ def apply(variant: str) -> None:
                 dataclasses.replace(cfg, down=tiles)
         elif part == "oldexperts":
             grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
-        elif part == "olddense":
-            q8_gemm.DECODE_KERNEL = False
-            q8_gemm.TILES_DECODE_DENSE = grouped.GemmTiles(32, 256, 4, 4)
         elif part.startswith("dense="):
             q8_gemm.TILES_DECODE_DENSE = _tiles(part.split("=", 1)[1])
         else:

@@ -164,7 +164,7 @@ TILES_128 = GemmTiles(block_n=128, block_k=64, num_warps=8, num_stages=3)
 # 32 tokens of Qwen3-30B-A3B 0.67 ms vs 0.93 ms with the 64-row prefill tiles (eager, launches included)
 TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
 # the decode kernel's tiles (moe_decode_triton): bench/moe_decode.py on an H200
-DECODE_Q8_0 = GroupedConfig(16, GemmTiles(128, 128, 4, 3), GemmTiles(64, 128, 4, 3), decode=True)
+DECODE_Q8_0 = GroupedConfig(16, GemmTiles(64, 128, 2, 2), GemmTiles(64, 128, 2, 2), decode=True)
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
 

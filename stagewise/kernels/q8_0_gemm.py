@@ -5,8 +5,6 @@ float32, casts them and calls the device's GEMM: ~6 launches and ~6 bytes of tra
 element. Here :func:`~stagewise.kernels.moe_grouped_triton.grouped_gemm` reads the int8 values and
 f16 scales once and dequantizes each tile in registers (as ``Q8_0Weight`` does) before ``tl.dot``.
 The alignment of ``M`` rows to one expert is the identity, built once per ``(M, block, device)``.
-A batched decode step (17-64 rows) takes the decode kernel
-(:mod:`stagewise.kernels.moe_decode_triton`) with every row in one block: each weight is read once.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from stagewise.kernels.moe_grouped_triton import (
 )
 
 DECODE_ROWS = 64
-TILES_DECODE_DENSE = GemmTiles(block_n=64, block_k=128, num_warps=4, num_stages=3)  # bench/moe_decode.py
-DECODE_KERNEL = True  # batched decode through moe_decode_triton (False: the grouped GEMM's 16-row blocks)
+TILES_DECODE_DENSE = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=4)
 
 
 @functools.lru_cache(maxsize=64)
@@ -58,13 +55,7 @@ def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
-    stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
-    if a.device.type == "cuda" and rows <= DECODE_ROWS and DECODE_KERNEL and in_features % TILES_DECODE_DENSE.block_k == 0:
-        from stagewise.kernels.moe_decode_triton import decode_gemm
-
-        block_m = max(16, 1 << (rows - 1).bit_length())  # every row in one block: the weight is read once
-        y = decode_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, TILES_DECODE_DENSE, gather_rows=False)
-        return y.reshape(*x.shape[:-1], out_features)
     block_m, tiles = _tiles(rows, a.device)
+    stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
     y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)
