@@ -8,7 +8,7 @@ the pipeline stays usable, and a retry gives exactly the results of a run that n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from stagewise.models.stage_model import StageOutput
 from stagewise.runtime.channel import Channel
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.stage import Stage
+from stagewise.spec.kv_pool import KVPool
 
 _SPIN_CYCLES = 2_000_000  # ~1 ms of GPU clock: longer than the host takes to enqueue a handoff (100 us was not, at times)
 FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
@@ -193,8 +194,24 @@ class Pipeline:
         for stage in self.stages:
             stage.reset(slot)
 
+    @property
+    def kv_pool(self) -> KVPool | None:
+        """The KV pool every stage holds (same blocks, same table), or None when the caller cannot assign
+        blocks (worker stages keep their identity table: row ``r`` owns its whole context)."""
+        table = next((s.block_table for s in self.stages if s.block_table is not None), None) if self.supports_rows else None
+        if table is None:
+            return None
+        return KVPool(table.num_blocks, table.block_tokens, table.blocks_per_row)
+
+    def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
+        """Row ``row``'s KV lives in blocks ``block_ids`` (position order) on every stage; the rest of its
+        block-table row points at the scratch block. In stream order with the steps (no host sync)."""
+        for stage in self.stages:
+            stage.set_blocks(row, block_ids)
+
     def move(self, src: int, dst: int, length: int) -> None:
-        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst`` on every stage."""
+        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst`` on every stage: its
+        block-table row moves (the KV stays in its blocks), recurrent state is copied."""
         for stage in self.stages:
             stage.move(src, dst, length)
 
