@@ -18,6 +18,16 @@ sizes. Greedy rows are sampled on the exit device (two numbers per row come back
 sample otherwise (temperature, penalties, top log-probabilities) through their own
 :class:`Sampler` on the host, so a seeded request draws the same tokens in any batch.
 
+KV blocks (paged cache): a sequence holds the blocks of its positions, from the pipeline's one
+:class:`BlockAllocator`, and the pipeline's block tables name them. A sequence starts when its
+prompt's blocks are free; a decoding sequence takes its next block when it crosses a block boundary.
+When none is free, the newest admitted sequence (possibly the one asking) is preempted: everything
+in flight is collected, its blocks and row are freed and it goes back to the front of the queue. When
+it restarts it prefills its prompt and the tokens it already generated (all but the last, which is
+its next input) and goes on decoding: nothing is sampled or reported twice, and its sampler's state
+carries on. A pipeline that cannot assign blocks (worker stages) keeps one row with its whole
+context, as before.
+
 Every step is the pipeline's transactional step; a failed step fails the sequences it carried
 (rolled back) and no other. The batcher runs on one thread (the engine's worker).
 """
@@ -31,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stagewise.engine.block_allocator import BlockAllocator
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.sampling import Sample, Sampler
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
@@ -61,6 +72,11 @@ class Sequence:
     length: int = 0  # positions whose state is published (prompt then generated tokens)
     generated: int = 0  # tokens sampled (and reported)
     next_token: int = 0  # the last sampled token: the next decode step's input
+    tokens: list[int] = field(default_factory=list)  # the sampled tokens, in order (recomputed after a preemption)
+    ids: tuple[int, ...] = ()  # what the staging row prefills: the prompt, plus tokens[:-1] after a preemption
+    blocks: list[int] = field(default_factory=list)  # KV blocks of its positions, in order
+    admitted: int = -1  # admission order (starts in the staging row); the largest is preempted first
+    preemptions: int = 0
     budget: int = 0  # tokens it may generate
     done: bool = False
     errored: bool = False  # ended by an error or cancellation (its pending tokens are not reported)
@@ -117,6 +133,23 @@ class Batcher:
         self.in_flight: deque[_InFlight] = deque()
         self._regroup_needed = False
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
+        self.pool = pipeline.kv_pool
+        self.allocator = BlockAllocator(self.pool) if self.pool is not None else None
+        self.preemptions = 0  # sequences preempted (blocks ran out) since construction
+        self._admissions = 0
+        self._clear_blocks()
+
+    def _clear_blocks(self) -> None:
+        """Every row without blocks (the pipeline's identity table is not the allocator's)."""
+        if self.pool is not None:
+            self.allocator = BlockAllocator(self.pool)
+            for row in range(self.slots):
+                self.pipeline.set_blocks(row, [])
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Positions one sequence may use: the context, and never more than the whole KV pool."""
+        return self.max_context if self.pool is None else min(self.max_context, self.pool.tokens)
 
     # ----- admission ---------------------------------------------------------------------------
     @property
@@ -133,6 +166,11 @@ class Batcher:
         """Sequences that can be added without waiting for a slot."""
         return max(0, self.slots - self.active)
 
+    @property
+    def used_blocks(self) -> int:
+        """KV blocks held by live sequences (0 without a pool)."""
+        return self.allocator.used_blocks if self.allocator is not None else 0
+
     def rows_in_use(self) -> int:
         """State rows holding a live sequence."""
         return (self.staging is not None) + sum(s is not None for s in self.decoding)
@@ -141,6 +179,10 @@ class Batcher:
         n = len(request.prompt_ids)
         if n >= self.max_context:
             raise ContextLengthExceeded(f"the prompt has {n} tokens; this model's context is {self.max_context} tokens")
+        if self.pool is not None and n >= self.pool.tokens:
+            need = -(-n // self.pool.block_tokens)
+            raise ContextLengthExceeded(f"the prompt has {n} tokens ({need} KV blocks of {self.pool.block_tokens}); "
+                                        f"the KV pool holds {self.pool.blocks} blocks ({self.pool.tokens} tokens, --kv-tokens)")
         bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
@@ -148,7 +190,7 @@ class Batcher:
     def add(self, sequence: Sequence) -> None:
         """Queue ``sequence`` (raises when it is invalid); it starts when a slot is free, in order."""
         self.check(sequence.request)
-        sequence.budget = min(sequence.request.max_tokens, self.max_context - sequence.prompt_len)
+        sequence.budget = min(sequence.request.max_tokens, self.sequence_tokens - sequence.prompt_len)
         self.queue.append(sequence)
 
     # ----- one iteration -----------------------------------------------------------------------
@@ -157,13 +199,13 @@ class Batcher:
         for seq in [s for s in self.queue if s.cancelled()]:
             self.queue.remove(seq)
             self._cancel(seq)
-        joining = self.staging is not None and self.prefilled >= self.staging.prompt_len
+        joining = self.staging is not None and self.prefilled >= len(self.staging.ids)
         if self._regroup_needed or joining:
             self._drain()
             self._regroup()
-        if self.staging is None and self.queue and len(self.decoding) < self.slots:
+        if self.staging is None and self.queue and len(self.decoding) < self.slots and self._can_start(self.queue[0]):
             self._start_staging(self.queue.popleft())
-        if self.staging is not None and self.prefilled < self.staging.prompt_len:
+        if self.staging is not None and self.prefilled < len(self.staging.ids):
             self._launch_prefill(self.staging)
             self._retire_to(self.micro_batches)
         for g in range(len(self.groups)):
@@ -194,23 +236,85 @@ class Batcher:
         self._fail(tuple(live), error)
         self.decoding, self.groups, self.staging = [], [], None
         self._regroup_needed = False
+        self._clear_blocks()
 
     # ----- sequences in and out ----------------------------------------------------------------
+    @staticmethod
+    def _prefill_ids(seq: Sequence) -> tuple[int, ...]:
+        """The prompt, and after a preemption the tokens generated before it but the last (the next input)."""
+        return tuple(seq.request.prompt_ids) + tuple(seq.tokens[:-1])
+
+    def _can_start(self, seq: Sequence) -> bool:
+        """Whether the blocks of ``seq``'s prefill are free."""
+        if self.allocator is None:
+            return True
+        return self.allocator.blocks_for(len(self._prefill_ids(seq))) <= self.allocator.free_blocks
+
     def _start_staging(self, seq: Sequence) -> None:
         row = self.staging_row if self.decoding else 0  # nothing decodes: prefill in place, no move
         self.pipeline.reset(row)
         seq.row = row
+        seq.ids = self._prefill_ids(seq)
+        seq.length = 0
+        seq.admitted = self._admissions
+        self._admissions += 1
+        if self.allocator is not None:
+            seq.blocks = self.allocator.allocate(self.allocator.blocks_for(len(seq.ids)))
+            self.pipeline.set_blocks(row, seq.blocks)
         self.staging = seq
         self.prefilled = 0
 
-    def _end(self, seq: Sequence) -> None:
-        """``seq`` is finished: free its row (a hole in the decoding rows until the next compaction)."""
-        seq.done = True
+    def _free_row(self, seq: Sequence) -> None:
+        """Take ``seq`` off its row: the staging row, or a hole in the decoding rows until the next
+        compaction; its blocks go back to the allocator and its table row to scratch."""
         if seq is self.staging:
             self.staging = None
         elif 0 <= seq.row < len(self.decoding) and self.decoding[seq.row] is seq:
             self.decoding[seq.row] = None
             self._regroup_needed = True
+        if self.allocator is not None and seq.blocks:
+            self.allocator.release(seq.blocks)
+            seq.blocks = []
+            self.pipeline.set_blocks(seq.row, [])  # padding steps in this row write the scratch block
+
+    def _end(self, seq: Sequence) -> None:
+        """``seq`` is finished: free its row and blocks (or drop it from the queue)."""
+        seq.done = True
+        if seq in self.queue:
+            self.queue.remove(seq)
+        self._free_row(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and row and put it first in the queue, to be recomputed (nothing in flight)."""
+        assert not self.in_flight
+        self._free_row(seq)
+        seq.row = -1
+        seq.length = 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.queue.appendleft(seq)
+
+    def _newest(self) -> Sequence | None:
+        live = [s for s in (*self.decoding, self.staging) if s is not None and not s.done]
+        return max(live, key=lambda s: s.admitted, default=None)
+
+    def _reserve_blocks(self, g: int) -> None:
+        """Give every sequence of group ``g`` the block of its next position, preempting the newest
+        sequences while none is free (see the module doc)."""
+        assert self.allocator is not None and self.pool is not None
+        for seq in self._members(g):
+            if seq is None or seq.done or seq.row < 0 or seq.length < len(seq.blocks) * self.pool.block_tokens:
+                continue  # gone, preempted above, or its next position is in a block it has
+            if self.allocator.free_blocks == 0:
+                self._drain()  # steps in flight may end sequences; nothing may move while they run
+            while self.allocator.free_blocks == 0 and not seq.done and seq.row >= 0:
+                victim = self._newest()
+                assert victim is not None
+                self._preempt(victim)
+            if seq.done or seq.row < 0:
+                continue  # it finished while draining, or was the newest itself
+            seq.blocks += self.allocator.allocate(1)
+            self.pipeline.set_blocks(seq.row, seq.blocks)
 
     def _cancel(self, seq: Sequence) -> None:
         self._end(seq)
@@ -233,6 +337,7 @@ class Batcher:
         self._events.append((seq, TokenEvent(seq.generated, sample, reason)))
         seq.generated += 1
         seq.next_token = sample.token
+        seq.tokens.append(sample.token)
         if last:
             self._end(seq)
 
@@ -253,7 +358,7 @@ class Batcher:
             self._cancel(seq)
             return
         lo = self.prefilled
-        chunk = seq.request.prompt_ids[lo : lo + self.prefill_chunk]
+        chunk = seq.ids[lo : lo + self.prefill_chunk]
         tokens = torch.tensor(chunk, dtype=torch.long)[None]  # (1, T)
         positions = torch.arange(lo, lo + len(chunk))[None]
         try:
@@ -263,8 +368,9 @@ class Batcher:
             return
         self.prefilled = lo + len(chunk)
         seq.length = self.prefilled
-        final = self.prefilled >= seq.prompt_len
-        self.in_flight.append(_InFlight((seq,), out.logits if final else None, None, final=final))
+        final = self.prefilled >= len(seq.ids)
+        sample = final and not seq.tokens  # a recomputed sequence already has its next token
+        self.in_flight.append(_InFlight((seq,), out.logits if sample else None, None, final=final))
 
     # ----- decode -------------------------------------------------------------------------------
     def _regroup(self) -> None:
@@ -286,7 +392,7 @@ class Batcher:
         live: list[Sequence] = [s for s in rows if s is not None]
         assert all(s.row == i for i, s in enumerate(live))
         ready = self.staging
-        if ready is not None and self.prefilled >= ready.prompt_len and not ready.done:
+        if ready is not None and self.prefilled >= len(ready.ids) and not ready.done:
             dst = len(live)
             if ready.row != dst:
                 self.pipeline.move(ready.row, dst, ready.length)
@@ -328,6 +434,8 @@ class Batcher:
         for seq in self._members(g):
             if seq is not None and not seq.done and seq.cancelled():
                 self._cancel(seq)
+        if self.allocator is not None:
+            self._reserve_blocks(g)
         rows = [s if s is not None and not s.done else None for s in self._members(g)] + [None] * (run - members)
         if not any(rows):
             return

@@ -58,6 +58,8 @@ class Engine:
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
         self.metrics.observe_memory(model.pipeline)
+        self._preemptions = 0  # the batcher's count already reported
+        self.metrics.observe_blocks(model.pipeline, 0, 0)
 
     def warm_up(self) -> WarmUp:
         """Before :meth:`start`: compile kernels and capture graphs with synthetic requests (see
@@ -124,6 +126,8 @@ class Engine:
             self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
         self.metrics.active_sequences.set(self.scheduler.running)
         self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use())
+        preempted, self._preemptions = self.batcher.preemptions - self._preemptions, self.batcher.preemptions
+        self.metrics.observe_blocks(self.model.pipeline, self.batcher.used_blocks, preempted)
         self.metrics.observe_step(self.model.pipeline, self.model.pipeline.last_timings)
 
     def _admit(self, handle: RequestHandle) -> None:

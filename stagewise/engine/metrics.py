@@ -32,6 +32,13 @@ class EngineMetrics:
         self.stage_state_in_use = Gauge("stagewise_stage_state_bytes_in_use",
                                         "KV / recurrent state bytes of each stage held by live sequences",
                                         ["stage", "device"], registry=r)
+        self.preemptions = Counter("stagewise_preemptions", "Sequences preempted for KV blocks (recomputed later)",
+                                   registry=r)
+        self.stage_kv_blocks_in_use = Gauge("stagewise_stage_kv_blocks_in_use",
+                                            "KV cache blocks of each stage's pool held by live sequences",
+                                            ["stage", "device"], registry=r)
+        self.stage_kv_blocks = Gauge("stagewise_stage_kv_blocks", "KV cache blocks in each stage's pool",
+                                     ["stage", "device"], registry=r)
         self.ttft = Histogram("stagewise_time_to_first_token_seconds", "Submit to first token, seconds",
                               buckets=_LATENCY_BUCKETS_S, registry=r)
         self.decode_rate = Histogram("stagewise_decode_tokens_per_second", "Decode rate per request, tokens/s",
@@ -57,6 +64,18 @@ class EngineMetrics:
         for k, stage in enumerate(pipeline.stages):
             nbytes = stage.ledger.charged.get("state", 0)
             self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes * rows // slots)
+
+    def observe_blocks(self, pipeline: Pipeline, used_blocks: int, preempted: int) -> None:
+        """``used_blocks`` of the pool (the same ids on every stage) hold live sequences; ``preempted``
+        more sequences were preempted since the last call."""
+        pool = pipeline.kv_pool
+        if pool is None:
+            return
+        if preempted:
+            self.preemptions.inc(preempted)
+        for k, stage in enumerate(pipeline.stages):
+            self.stage_kv_blocks.labels(str(k), stage.spec.device).set(pool.blocks)
+            self.stage_kv_blocks_in_use.labels(str(k), stage.spec.device).set(used_blocks)
 
     def observe_memory(self, pipeline: Pipeline) -> None:
         for k, stage in enumerate(pipeline.stages):
