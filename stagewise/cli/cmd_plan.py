@@ -16,7 +16,7 @@ from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
-from stagewise.placement.sequence_capacity import capacity_line, capacity_table
+from stagewise.placement.sequence_capacity import capacity_line, capacity_table, pool_line, pool_report
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import (
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         render_plan(cert, topology)
         if cert.fits:
+            print(pool_line(profile))
             print(capacity_line(capacity_table(cert, spec, profile), profile))
     return 0 if cert.fits else 1
 
@@ -111,6 +112,7 @@ def placement_json(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) 
     body = json.loads(cert.to_json())
     table = capacity_table(cert, spec, profile) if cert.fits else ()
     body["sequence_capacity"] = [row.to_dict() for row in table]
+    body["kv_pool"] = pool_report(profile)
     return json.dumps(body, indent=2)
 
 
