@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from stagewise.models.block_table import BlockTable
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import inverse_frequencies
-from stagewise.models.block_table import BlockTable
 from stagewise.models.state import BlockState
 from stagewise.models.step_context import StepContext
 from stagewise.spec.kv_pool import default_pool_blocks
