@@ -198,3 +198,28 @@ def test_allocator_never_hands_out_a_block_twice(ops: list[tuple[bool, int]]) ->
     assert allocator.free_blocks == 12
     with pytest.raises(ValueError):
         allocator.release([0])  # a double free is refused
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("preset", ["random:tiny-llama", "random:tiny-qwen3.6"])
+def test_preemption_on_the_gpu_with_graphs_and_paged_kernels(preset: str) -> None:
+    """The Triton path (rope_store through the table, paged decode attention) under CUDA graphs, with
+    a pool too small for every sequence: alone = together, and two stages = one, bit for bit."""
+    runs = []
+    for devices, placement in (("cuda:0", "single"), ("cuda:0@4GB,cuda:0@4GB", "pipeline:2")):
+        model = load_model(preset, devices, placement, CONTEXT, dtype="float32", max_seqs=4, prefill_chunk=32,
+                           kv_tokens=POOL_TOKENS)
+        try:
+            requests = _requests(model.config.vocab_size)
+            batcher = Batcher(model.pipeline, model.max_context, 32, micro_batches=2)
+            together, errors = _run(batcher, requests, check=True)
+            assert errors == [None] * len(requests) and batcher.preemptions > 0
+            if placement == "single":
+                for request, got in zip(requests, together, strict=True):
+                    alone, _ = _run(Batcher(model.pipeline, model.max_context, 32), [request])
+                    assert [t for t, _ in got] == [t for t, _ in alone[0]]
+            runs.append(together)
+        finally:
+            model.close()
+    assert runs[0] == runs[1]
