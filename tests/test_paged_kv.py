@@ -5,7 +5,10 @@ than the pool is refused at admission."""
 
 from __future__ import annotations
 
+import queue
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +226,38 @@ def test_preemption_on_the_gpu_with_graphs_and_paged_kernels(preset: str) -> Non
         finally:
             model.close()
     assert runs[0] == runs[1]
+
+
+def test_engine_counts_preemptions_and_blocks(tmp_path: Path) -> None:
+    from stagewise.engine.engine import Engine
+    from stagewise.engine.request import EngineRequest
+    from stagewise.engine.request_output import RequestOutput
+    from tests.test_server_support import make_model_dir
+
+    model = load_model(str(make_model_dir(tmp_path)), None, "single", CONTEXT, max_seqs=4, kv_tokens=POOL_TOKENS)
+    engine = Engine(model, max_waiting=8, prefill_chunk=32).start()
+    try:
+        prompts = _prompts(model.config.vocab_size, [60, 100, 70, 90], seed=2)
+        requests = [EngineRequest(f"r{i}", p, 60, GREEDY) for i, p in enumerate(prompts)]
+
+        def text(outputs: queue.Queue[RequestOutput]) -> str:
+            return "".join(outputs.get().text for _ in range(outputs.qsize()))
+
+        sinks: list[queue.Queue[RequestOutput]] = [queue.Queue() for _ in requests]
+        handles = [engine.submit(r, sink.put) for r, sink in zip(requests, sinks, strict=True)]
+        assert all(h.wait(60) for h in handles)
+        together = [text(s) for s in sinks]
+        assert engine.metrics.preemptions._value.get() > 0
+        assert b"stagewise_preemptions_total" in engine.metrics.render()
+        in_use = engine.metrics.stage_kv_blocks_in_use.labels("0", model.pipeline.stages[0].spec.device)
+        deadline = time.monotonic() + 5  # the engine reports after the iteration that ended them
+        while in_use._value.get() != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert in_use._value.get() == 0  # every block back
+        for request, want in zip(requests, together, strict=True):
+            sink: queue.Queue[RequestOutput] = queue.Queue()
+            assert engine.submit(request, sink.put).wait(60)
+            assert text(sink) == want  # alone: the same text
+    finally:
+        engine.stop()
+        model.close()

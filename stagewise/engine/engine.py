@@ -125,7 +125,8 @@ class Engine:
         except Exception as exc:  # a bug must fail the running requests, not the server
             self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
         self.metrics.active_sequences.set(self.scheduler.running)
-        self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use())
+        kv_blocks = self.batcher.used_blocks if self.batcher.allocator is not None else None
+        self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use(), kv_blocks)
         preempted, self._preemptions = self.batcher.preemptions - self._preemptions, self.batcher.preemptions
         self.metrics.observe_blocks(self.model.pipeline, self.batcher.used_blocks, preempted)
         self.metrics.observe_step(self.model.pipeline, self.model.pipeline.last_timings)

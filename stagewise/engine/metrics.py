@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from stagewise.models.state import KVCache
 from stagewise.runtime.pipeline import Pipeline, StepTimings
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -57,13 +58,21 @@ class EngineMetrics:
         for k, seconds in enumerate(timings.handoff_s):
             self.handoff.labels(f"{k}->{k + 1}").observe(seconds)
 
-    def observe_rows(self, pipeline: Pipeline, rows: int) -> None:
-        """``rows`` sequence slots hold live sequences: the slots gauge and each stage's state bytes in use."""
+    def observe_rows(self, pipeline: Pipeline, rows: int, kv_blocks: int | None = None) -> None:
+        """``rows`` sequence slots (and ``kv_blocks`` KV blocks, when the batcher assigns them) hold live
+        sequences: the slots gauge and each stage's state bytes in use (KV pools by the blocks in use,
+        recurrent state by the rows)."""
         self.state_slots_in_use.set(rows)
         slots = max(pipeline.rows, 1)
         for k, stage in enumerate(pipeline.stages):
-            nbytes = stage.ledger.charged.get("state", 0)
-            self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes * rows // slots)
+            table = stage.block_table if kv_blocks is not None else None
+            if table is None or not stage.states:
+                nbytes = stage.ledger.charged.get("state", 0) * rows // slots
+            else:
+                pooled = sum(s.nbytes for s in stage.states.values() if isinstance(s, KVCache))
+                per_row = sum(s.nbytes for s in stage.states.values() if not isinstance(s, KVCache))
+                nbytes = pooled * (kv_blocks or 0) // table.pool_blocks + per_row * rows // slots
+            self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes)
 
     def observe_blocks(self, pipeline: Pipeline, used_blocks: int, preempted: int) -> None:
         """``used_blocks`` of the pool (the same ids on every stage) hold live sequences; ``preempted``
