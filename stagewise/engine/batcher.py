@@ -1,10 +1,11 @@
 """Batcher: continuous batching — many sequences on one pipeline, every decode step runs them all.
 
-Each sequence owns a state row (slot) on every stage for its whole life. Rows ``0 .. D-1`` are the
-decoding sequences, kept contiguous; a new sequence is prefilled in the staging row (the last
-row), one chunk per iteration between decode steps, then joins the decoding rows. An iteration:
+Each sequence owns a state row (slot) on every stage while it runs (until it ends or is
+preempted). Rows ``0 .. D-1`` are the decoding sequences, kept contiguous; a new sequence is
+prefilled in the staging row (the last row), one chunk per iteration between decode steps, then
+joins the decoding rows. An iteration:
 
-1. start the next queued sequence in the staging row when it is free (``reset`` the row);
+1. start the next queued sequence in the staging row when it and its prompt's KV blocks are free;
 2. when sequences are ready to join or finished rows leave holes: wait for everything in flight,
    move rows (compaction, the staging row to row ``D``) and split the decoding rows into groups;
 3. launch one prefill chunk of the staging sequence (if any);
