@@ -76,8 +76,11 @@ class KVCache:
     def _gather(pool: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
         batch, nb = blocks.shape
         _, kv_heads, block_tokens, dim = pool.shape
-        paged = pool[blocks]  # (B, nb, kvH, bt, D)
-        return paged.transpose(1, 2).reshape(batch, kv_heads, nb * block_tokens, dim)[:, :, :length]
+        # one copy: gather along the block dim of a head-major view, so each head's positions come out
+        # consecutive; the result is (B, kvH, L, D) with D and L contiguous (batch and head strides swapped)
+        heads_first = pool.transpose(0, 1)  # (kvH, blocks, bt, D) view
+        paged = heads_first.index_select(1, blocks.reshape(-1))  # (kvH, B*nb, bt, D)
+        return paged.view(kv_heads, batch, nb * block_tokens, dim).transpose(0, 1)[:, :, :length]
 
     def move(self, src: int, dst: int, length: int) -> None:
         pass  # the stage moves the block-table row: the keys and values stay where they are
