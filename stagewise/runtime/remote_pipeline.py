@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -366,6 +367,10 @@ class DistributedPipeline(Pipeline):
         with self._lock:
             if not self._closed:
                 self._command("rollback")
+
+    def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
+        """Not available: worker stages keep their identity block table (``kv_pool`` is None)."""
+        raise NotImplementedError("worker stages keep their identity KV block table")
 
     # ----- health and recovery -------------------------------------------------------------------
 
