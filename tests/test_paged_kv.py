@@ -48,7 +48,7 @@ def _check_blocks(batcher: Batcher) -> None:
     """The allocator's invariants: live sequences own disjoint blocks, the allocator counts exactly
     those, and every live row's block-table row names them (then scratch) on every stage."""
     assert batcher.allocator is not None and batcher.pool is not None
-    live = [s for s in (*batcher.decoding, batcher.staging) if s is not None and not s.done]
+    live = [s for s in (*batcher.decoding, *batcher.staging) if s is not None and not s.done]
     owned = [b for s in live for b in s.blocks]
     assert len(owned) == len(set(owned)), "a block in two sequences"
     assert len(owned) == batcher.allocator.used_blocks

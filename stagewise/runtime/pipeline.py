@@ -106,9 +106,11 @@ class Pipeline:
         return pair, slot
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0) -> StageOutput:
+             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
+             eager: bool = False) -> StageOutput:
         """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish. The ``B``
         sequences are state rows ``first_row .. first_row + B - 1`` (sequence slots) on every stage.
+        ``eager``: never replay (or capture) a CUDA graph for this step (shapes not worth a graph).
 
         Raises :class:`StepCancelled` or :class:`StepFailed` after rolling every stage back.
         """
@@ -120,7 +122,7 @@ class Pipeline:
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
         shapes = [tuple(tokens.shape)] + [(batch, steps, self.hidden_size)] * (len(self.stages) - 1)
         kv_end = int(positions.max()) + 1
-        graphed = [stage.graphed(steps, all_logits) for stage in self.stages]
+        graphed = [stage.graphed(steps, all_logits) and not eager for stage in self.stages]
         try:
             # every stage's positions go first: their copies never wait behind the previous stage
             pos = [stage.put_positions(staged_pos, shapes[k], graphed[k], first_row)
@@ -139,7 +141,7 @@ class Pipeline:
                 if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
                     raise StepCancelled(f"step {step_id} cancelled before it started")
                 t0 = time.perf_counter()
-                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end)
+                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end, graph=graphed[k])
                 self._sync(stage.device)
                 timings.stage_s.append(time.perf_counter() - t0)
                 if k == len(self.stages) - 1:

@@ -256,8 +256,10 @@ class DistributedPipeline(Pipeline):
             raise WorkerLost(self._message or f"workers {sorted(self._lost)} are lost; waiting for them to rejoin")
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0) -> StageOutput:
-        """As :meth:`Pipeline.step` (row 0 only); also raises :class:`WorkerLost` when a worker is lost."""
+             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
+             eager: bool = False) -> StageOutput:
+        """As :meth:`Pipeline.step` (row 0 only; workers decide their graphs themselves); also raises
+        :class:`WorkerLost` when a worker is lost."""
         if first_row != 0:
             raise StepFailed("stages in worker processes hold one sequence slot (row 0)")
         self._refuse()

@@ -169,13 +169,14 @@ class Stage:
         return slot
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
-            all_logits: bool, first_row: int = 0, kv_end: int | None = None) -> StageOutput:
+            all_logits: bool, first_row: int = 0, kv_end: int | None = None, graph: bool = True) -> StageOutput:
         """Run one step: ``inputs`` token ids ``(B, T)`` (entry) or an activation ``(B, T, H)``, on this device
         or another (copied in), at ``positions`` ``(B, T)`` on this device, for state rows ``first_row ..``;
-        ``kv_end``: the largest position + 1 (needed to replay a graph; known to the host)."""
+        ``kv_end``: the largest position + 1 (needed to replay a graph; known to the host); ``graph``
+        False: run eagerly even where a graph would be replayed."""
         if kv_end is None and start is not None:
             kv_end = start + int(inputs.shape[1])
-        if kv_end is not None and self.graphed(inputs.shape[1], all_logits):
+        if graph and kv_end is not None and self.graphed(inputs.shape[1], all_logits):
             assert self.graphs is not None
             return self.graphs.run(inputs, positions, kv_end, first_row)
         if inputs.device != self.device:
