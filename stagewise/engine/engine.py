@@ -36,7 +36,7 @@ class Engine:
         max_waiting: queue bound; :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: prompt tokens per prefill step.
-        micro_batches: decode groups in flight (default: one per stage).
+        micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
 
     The engine runs as many sequences at once as the pipeline has sequence slots
     (``model.max_seqs``); more requests wait in the queue.
@@ -122,6 +122,8 @@ class Engine:
         """One batcher iteration: every running sequence advances by at most one token."""
         try:
             self.batcher.iterate()
+        except StagewiseError as exc:  # a row operation failed (e.g. a worker lost): its typed error
+            self.batcher.fail_all(exc)
         except Exception as exc:  # a bug must fail the running requests, not the server
             self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
         self.metrics.active_sequences.set(self.scheduler.running)
