@@ -207,7 +207,14 @@ class Batcher:
 
     # ----- one iteration -----------------------------------------------------------------------
     def iterate(self) -> None:
-        """Advance every sequence by (at most) one step; see the module doc."""
+        """Advance every sequence by (at most) one step; see the module doc. A failed row operation
+        (reset, blocks, move, align: a lost worker) fails every sequence with its typed error."""
+        try:
+            self._advance()
+        except StagewiseError as exc:
+            self.fail_all(exc)
+
+    def _advance(self) -> None:
         for seq in [s for s in self.queue if s.cancelled()]:
             self.queue.remove(seq)
             self._cancel(seq)

@@ -122,8 +122,6 @@ class Engine:
         """One batcher iteration: every running sequence advances by at most one token."""
         try:
             self.batcher.iterate()
-        except StagewiseError as exc:  # a row operation failed (e.g. a worker lost): its typed error
-            self.batcher.fail_all(exc)
         except Exception as exc:  # a bug must fail the running requests, not the server
             self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
         self.metrics.active_sequences.set(self.scheduler.running)
