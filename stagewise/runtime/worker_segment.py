@@ -90,7 +90,6 @@ class WorkerSegment:
             return SegmentResult(None, [], 0.0)  # a worker the placement left without a stage
         self.check(cmd)
         positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T)
-        kv_end = int(positions.max()) + 1  # as the in-process pipeline passes it (a graph replay needs it)
         sent = False
         try:
             handoff_s = 0.0
@@ -103,7 +102,9 @@ class WorkerSegment:
             out: StageOutput | None = None
             for k, stage in enumerate(self.stages):
                 t0 = time.perf_counter()
-                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits, cmd.first_row, kv_end)
+                # NOTE: no kv_end for per-row positions (batched decode): those steps run eagerly, since
+                # the coordinator does not pad batches to graph buckets (a graph per batch size otherwise)
+                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits, cmd.first_row)
                 stage_s.append(time.perf_counter() - t0)
                 if k + 1 < len(self.stages):
                     received = self.local[k].send(Handoff(cmd.step_id, positions, out.hidden))
