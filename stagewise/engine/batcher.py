@@ -15,7 +15,8 @@ steps, then join the decoding rows. An iteration:
 
 With N stages there are N groups, and up to N steps are in flight: while stage k runs group i,
 stage k+1 runs group i-1 (vLLM's pipeline-parallel batch queue). On one stage there is one group
-and a step's tokens are collected before the next is launched. A group's size is rounded up to a
+and a step's tokens are collected before the next is launched; so it is with stages in worker
+processes, whose pipeline has one command in flight (``Pipeline.max_in_flight``). A group's size is rounded up to a
 graph bucket (:func:`batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
 sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
 sample otherwise (temperature, penalties, top log-probabilities) through their own
@@ -28,8 +29,7 @@ When none is free, the newest admitted sequence (possibly the one asking) is pre
 in flight is collected, its blocks and row are freed and it goes back to the front of the queue. When
 it restarts it prefills its prompt and the tokens it already generated (all but the last, which is
 its next input) and goes on decoding: nothing is sampled or reported twice, and its sampler's state
-carries on. A pipeline that cannot assign blocks (worker stages) keeps one row with its whole
-context, as before.
+carries on. A pipeline without a KV pool keeps every row's whole context.
 
 Every step is the pipeline's transactional step; a failed step fails the sequences it carried
 (rolled back) and no other. The batcher runs on one thread (the engine's worker).
@@ -119,7 +119,9 @@ class Batcher:
         pipeline: an in-process pipeline with ``rows`` sequence slots on every stage.
         max_context: positions per sequence slot.
         prefill_chunk: prompt tokens per prefill step.
-        micro_batches: decode groups in flight (default: one per stage).
+        micro_batches: decode groups in flight (default: ``pipeline.max_in_flight``: one per stage in
+            process, one with stages in worker processes, which run one command at a time; more
+            groups there only split the decode step into smaller sequential steps).
     """
 
     def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
@@ -129,7 +131,7 @@ class Batcher:
         self.prefill_chunk = prefill_chunk
         self.vocab_size = pipeline.stages[0].model.config.vocab_size
         self.slots = pipeline.rows
-        self.micro_batches = max(1, micro_batches or len(pipeline.stages))
+        self.micro_batches = max(1, micro_batches or pipeline.max_in_flight)
         self.graphs = any(getattr(stage, "graphs", None) is not None for stage in pipeline.stages)
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
@@ -150,7 +152,16 @@ class Batcher:
         if self.pool is not None:
             self.allocator = BlockAllocator(self.pool)
             for row in range(self.slots):
-                self.pipeline.set_blocks(row, [])
+                self._unassign(row)
+
+    def _unassign(self, row: int) -> None:
+        """Point ``row``'s block-table row at the scratch block (padding steps in it write there)."""
+        try:
+            self.pipeline.set_blocks(row, [])
+        except StagewiseError:
+            # NOTE: a pipeline that refuses (a lost worker) keeps the stale row; harmless: a row is given
+            # its blocks before it is stepped or moved onto, and without graphs no step pads with it
+            pass
 
     @property
     def sequence_tokens(self) -> int:
@@ -202,7 +213,14 @@ class Batcher:
 
     # ----- one iteration -----------------------------------------------------------------------
     def iterate(self) -> None:
-        """Advance every sequence by (at most) one step; see the module doc."""
+        """Advance every sequence by (at most) one step; see the module doc. A failed row operation
+        (reset, blocks, move, align: a lost worker) fails every sequence with its typed error."""
+        try:
+            self._advance()
+        except StagewiseError as exc:
+            self.fail_all(exc)
+
+    def _advance(self) -> None:
         for seq in [s for s in self.queue if s.cancelled()]:
             self.queue.remove(seq)
             self._cancel(seq)
@@ -292,14 +310,18 @@ class Batcher:
             self.area.first = self._first_staging_row(seq)
         row = self.area.add(seq)
         self._area_aligned = len(self.staging) == 1
-        self.pipeline.reset(row)
         seq.row = row
         seq.length = 0
         seq.admitted = self._admissions
         self._admissions += 1
         if self.allocator is not None:
             seq.blocks = self.allocator.allocate(self.allocator.blocks_for(len(seq.ids)))
-            self.pipeline.set_blocks(row, seq.blocks)
+        try:
+            self.pipeline.reset(row)
+            if self.allocator is not None:
+                self.pipeline.set_blocks(row, seq.blocks)
+        except StagewiseError as exc:  # stages in worker processes: a lost worker refuses it
+            self._fail((seq,), exc)
 
     def _free_row(self, seq: Sequence) -> None:
         """Take ``seq`` off its row: the staging row, or a hole in the decoding rows until the next
@@ -314,7 +336,7 @@ class Batcher:
         if self.allocator is not None and seq.blocks:
             self.allocator.release(seq.blocks)
             seq.blocks = []
-            self.pipeline.set_blocks(seq.row, [])  # padding steps in this row write the scratch block
+            self._unassign(seq.row)
 
     def _end(self, seq: Sequence) -> None:
         """``seq`` is finished: free its row and blocks (or drop it from the queue)."""

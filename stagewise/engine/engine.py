@@ -36,7 +36,7 @@ class Engine:
         max_waiting: queue bound; :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: prompt tokens per prefill step.
-        micro_batches: decode groups in flight (default: one per stage).
+        micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
 
     The engine runs as many sequences at once as the pipeline has sequence slots
     (``model.max_seqs``); more requests wait in the queue.

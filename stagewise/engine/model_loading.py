@@ -158,8 +158,8 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
 
     ``max_seqs``: sequences run at once (continuous batching), each with ``context`` positions of
     state on every stage, all charged by the planner; None (``auto``) takes the most of
-    :data:`AUTO_MAX_SEQS` that fit on as many devices as one sequence needs. Stages in worker
-    processes hold one sequence. ``kv_tokens``: the KV pool every stage holds, in positions shared by
+    :data:`AUTO_MAX_SEQS` that fit on as many devices as one sequence needs; stages in worker
+    processes hold the same rows and KV pool. ``kv_tokens``: the KV pool every stage holds, in positions shared by
     all sequences (rounded up to blocks); None: ``max_seqs × context`` (every sequence its whole context).
     """
     if model is None:
@@ -172,9 +172,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         name = ""
     stages = parse_placement(placement)
     check_dtype(dtype)
-    check_worker_options(workers, max_seqs)  # before any store, socket or worker exists
-    if workers is not None and kv_tokens is not None:
-        raise ConfigError("--kv-tokens needs stages in this process: worker stages hold one sequence's whole context")
+    check_worker_options(workers)  # before any store, socket or worker exists
     opened = open_model(model)
     pool, cluster, joins = None, None, None
     if workers is not None:
@@ -189,8 +187,6 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     topology = cluster.topology if cluster else resolve_device_spec(devices, ReservePolicy.parse(reserve))
     run_dtype = run_dtype_for(dtype, topology)
     spec = model_spec(opened, run_dtype)
-    if workers is not None:
-        max_seqs = 1  # checked above: stages in worker processes hold one sequence
     profile = Profile(context_tokens=context, batch=max_seqs or 1, prefill_chunk_tokens=prefill_chunk,
                       runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
                       activation_dtype=_SPEC_DTYPE[run_dtype], kv_tokens=kv_tokens)
@@ -215,7 +211,8 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
 
         path = model if model.startswith("random:") else str(Path(model).resolve())
         pipeline: Pipeline = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
-                                           join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs)
+                                           join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs,
+                                           batch=profile.batch, kv_blocks=profile.kv_pool_blocks)
     else:
         pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, profile.batch, context, links,
                                   progress, timing=timing, kv_blocks=profile.kv_pool_blocks)

@@ -198,8 +198,7 @@ class Pipeline:
 
     @property
     def kv_pool(self) -> KVPool | None:
-        """The KV pool every stage holds (same blocks, same table), or None when the caller cannot assign
-        blocks (worker stages keep their identity table: row ``r`` owns its whole context)."""
+        """The KV pool every stage holds (same blocks, same table), or None when no stage holds one."""
         table = next((s.block_table for s in self.stages if s.block_table is not None), None) if self.supports_rows else None
         if table is None:
             return None
@@ -221,6 +220,12 @@ class Pipeline:
         """Make ``rows`` steppable together: one published recurrent buffer for all of them, on every stage."""
         for stage in self.stages:
             stage.align(rows)
+
+    @property
+    def max_in_flight(self) -> int:
+        """Steps the pipeline overlaps (the batcher's default micro-batches): one per stage, each stage
+        running another micro-batch while the host launches ahead."""
+        return len(self.stages)
 
     @property
     def rows(self) -> int:

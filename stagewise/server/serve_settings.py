@@ -51,11 +51,9 @@ class ServeSettings:
             raise ConfigError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
         if self.max_seqs is not None and not 1 <= self.max_seqs <= 4096:
             raise ConfigError(f"--max-seqs must be in [1, 4096] or auto, got {self.max_seqs}")
-        check_worker_options(self.workers, self.max_seqs)  # refused before the HTTP socket or a store opens
+        check_worker_options(self.workers)  # a malformed --workers: refused before the HTTP socket or a store opens
         if self.kv_tokens is not None and self.kv_tokens < 1:
             raise ConfigError(f"--kv-tokens must be >= 1, got {self.kv_tokens}")
-        if self.kv_tokens is not None and self.workers is not None:
-            raise ConfigError("--kv-tokens needs stages in this process (not --workers)")
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s must be >= 0, got {self.grace_s}")
         if self.max_body_bytes < 1024:
