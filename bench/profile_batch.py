@@ -46,7 +46,7 @@ def main() -> int:
         prompt = tuple(torch.randint(0, loaded.config.vocab_size, (args.prompt,), generator=g).tolist())
         batcher.add(Sequence(GenerationRequest(prompt, 200, SamplingParams(temperature=0.0)), ok, _raise,
                              lambda: False))
-    while batcher.staging is not None or batcher.queue or batcher._regroup_needed:
+    while batcher.staging or batcher.queue or batcher._regroup_needed:
         batcher.iterate()
     for _ in range(4):
         batcher.iterate()  # graphs of this shape captured

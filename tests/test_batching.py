@@ -191,3 +191,66 @@ def test_auto_max_seqs_takes_the_most_slots_that_fit() -> None:
             load_model(None, max_seqs=bigger).close()
     finally:
         loaded.close()
+
+
+def _prefill_shapes(batcher: Batcher, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record ``(rows, tokens)`` of every multi-token step the batcher launches."""
+    shapes: list[tuple[int, int]] = []
+    real = batcher.pipeline.step
+
+    def step(tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if tokens.shape[1] > 1:
+            shapes.append((int(tokens.shape[0]), int(tokens.shape[1])))
+        return real(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(batcher.pipeline, "step", step)
+    return shapes
+
+
+def test_new_prompts_are_prefilled_together(pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queued prompts share prefill steps (rows x tokens within the chunk) and still give their alone outputs."""
+    single, _ = pair
+    vocab = single.config.vocab_size
+    requests = [GenerationRequest(p, 6, GREEDY) for p in _prompts(vocab, [8, 8, 12, 30, 7, 16], seed=9)]
+    batcher = Batcher(single.pipeline, single.max_context, 16)
+    alone = [_run(batcher, [r])[0][0] for r in requests]
+    shapes = _prefill_shapes(batcher, monkeypatch)
+    together, _ = _run(batcher, requests)
+    packed = [s for s in shapes if s[0] > 1]
+    assert packed, shapes  # some step prefilled several prompts
+    assert all(rows * tokens <= 16 for rows, tokens in shapes)  # the chunk is the step's token budget
+    assert sum(rows * tokens for rows, tokens in shapes) == sum(len(r.prompt_ids) for r in requests)  # no padding
+    for got, want in zip(together, alone, strict=True):
+        _assert_close(got, want)
+
+
+def test_cancelling_a_prompt_while_prefilled_with_others(pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """A sequence cancelled while it stages among others leaves; the staging rows above it close up."""
+    _, staged = pair
+    vocab = staged.config.vocab_size
+    requests = [GenerationRequest(p, 5, GREEDY) for p in _prompts(vocab, [6, 20, 24, 28], seed=11)]
+    batcher = Batcher(staged.pipeline, staged.max_context, 16)
+    full, _ = _run(batcher, requests)
+    polls = {"n": 0}
+
+    def cancel_second() -> bool:  # asked once per prefill step while it stages: cancelled at the second
+        polls["n"] += 1
+        return polls["n"] >= 2
+
+    out: Run = [[] for _ in requests]
+    errors: list[StagewiseError | None] = [None] * len(requests)
+    for i, request in enumerate(requests):
+        def on_token(event: TokenEvent, i: int = i) -> bool:
+            out[i].append((event.sample.token, event.sample.logprob))
+            return True
+
+        def on_error(error: StagewiseError, i: int = i) -> None:
+            errors[i] = error
+
+        batcher.add(Sequence(request, on_token, on_error, cancel_second if i == 1 else (lambda: False)))
+    while batcher.active:
+        batcher.iterate()
+    batcher.drain()
+    assert isinstance(errors[1], StepCancelled) and out[1] == []
+    for i in (0, 2, 3):
+        _assert_close(out[i], full[i])

@@ -1,4 +1,5 @@
-"""Stages in separate worker processes (Gloo on 127.0.0.1) give bit-identical results."""
+"""Stages in separate worker processes (Gloo on 127.0.0.1) give bit-identical results, one sequence at a
+time and many at once (continuous batching over the workers' rows and KV pool, preemption included)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.model_loading import load_model
 from stagewise.hardware import defaults
 from stagewise.runtime.distributed_start import open_pool, start_workers
@@ -17,10 +19,11 @@ from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
-from tests.multiprocess_helpers import assert_same, greedy_tokens, step_trace
+from tests.multiprocess_helpers import assert_same, batch_requests, greedy_tokens, run_batch, step_trace
 from tests.staged import load_pipeline, specs_for_cuts
 
 CONTEXT = 64
+BATCH_CONTEXT = 192  # three KV blocks per row: sequences cross block boundaries
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,45 @@ def test_two_local_workers_through_load_model(model_dir: Path) -> None:
         loaded.close()
     assert pipeline.health()["status"] == "closed"
     assert all(proc.poll() is not None for proc in pipeline.pool.procs.values())  # no orphans
+
+
+def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -> None:
+    """``--workers local --max-seqs 4 --kv-tokens 256``: requests run together through the workers give
+    each request the tokens and log-probabilities of the same batched run on one device in this
+    process, exactly; with the pool too small for all of them, sequences are preempted the same way."""
+    args = dict(devices="cpu:2x1GiB", context=BATCH_CONTEXT, dtype="float32", max_seqs=4, prefill_chunk=16,
+                kv_tokens=256)  # 4 blocks of 64 positions for 4 rows of up to 3 blocks
+    single = load_model(str(model_dir), placement="single", **args)  # type: ignore[arg-type]
+    roomy = load_model(str(model_dir), placement="single", **{**args, "kv_tokens": None})  # type: ignore[arg-type]
+    vocab = single.config.vocab_size
+    together = batch_requests(vocab, [5, 30, 11, 3, 20, 9], [6, 4, 8, 5, 3, 6])  # 6 requests, 4 rows, 1 block each
+    crowded = batch_requests(vocab, [40, 70, 10, 60], [30, 10, 60, 10], seed=1)  # crossing blocks: preemption
+    try:
+        reference = Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=1)  # the workers' schedule
+        want_together, _ = run_batch(reference, together)
+        want_crowded, _ = run_batch(reference, crowded)
+        assert reference.preemptions > 0
+        unpreempted, _ = run_batch(Batcher(roomy.pipeline, BATCH_CONTEXT, 16, micro_batches=1), crowded)
+        assert [[t for t, _ in r] for r in want_crowded] == [[t for t, _ in r] for r in unpreempted]
+    finally:
+        single.close()
+        roomy.close()
+    loaded = load_model(str(model_dir), workers="local", placement="pipeline:2", worker_timeout_s=20,
+                        **args)  # type: ignore[arg-type]
+    try:
+        pipeline = loaded.pipeline
+        assert isinstance(pipeline, DistributedPipeline)
+        assert pipeline.rows == 4 and pipeline.kv_pool.blocks == 4 and pipeline.max_in_flight == 1
+        batcher = Batcher(pipeline, BATCH_CONTEXT, 16)
+        assert batcher.micro_batches == 1
+        got, errors = run_batch(batcher, together)
+        assert errors == [None] * len(together)
+        assert got == want_together  # tokens and log-probabilities, exactly
+        got, errors = run_batch(batcher, crowded)
+        assert errors == [None] * len(crowded)
+        assert got == want_crowded and batcher.preemptions == reference.preemptions
+    finally:
+        loaded.close()
 
 
 def test_three_workers_equal_single_process(model_dir: Path) -> None:

@@ -1,5 +1,6 @@
-"""Worker faults: a killed or hung worker fails the request with WorkerLost within the bound, the
-pipeline refuses requests while degraded and resumes, bit-identical, once the worker rejoins."""
+"""Worker faults: a killed or hung worker fails the request (every request of a batch) with WorkerLost
+within the bound, the pipeline refuses requests while degraded and resumes, bit-identical, once the
+worker rejoins."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.model_loading import load_model
 from stagewise.errors import StagewiseError, WorkerLost, WorkerNotJoined
 from stagewise.runtime.distributed_start import open_pool, start_workers
@@ -22,13 +24,23 @@ from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
-from tests.multiprocess_helpers import StepTrace, assert_same, step_trace
+from tests.multiprocess_helpers import (
+    Run,
+    StepTrace,
+    assert_same,
+    batch_requests,
+    identity_blocks,
+    run_batch,
+    step_trace,
+)
 from tests.staged import load_pipeline, specs_for_cuts
 
 CONTEXT = 48
 STEP_TIMEOUT_S = 8.0
 HEARTBEAT_S = 2.0
 BOUND_S = 10.0  # a fault must surface within this
+ROWS = 4  # sequence slots of the workers' stages (the batch test runs three requests at once)
+BATCH_LENGTHS, BATCH_BUDGETS = [5, 9, 3], [6, 6, 6]
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +55,23 @@ def reference(model_dir: Path) -> StepTrace:
     return step_trace(load_pipeline(model_dir, [], torch.float32, context=CONTEXT))
 
 
+@pytest.fixture(scope="module")
+def batch_reference(model_dir: Path) -> Run:
+    """The three requests run together on one device in this process."""
+    single = load_model(str(model_dir), placement="single", context=CONTEXT, dtype="float32", max_seqs=ROWS)
+    try:
+        requests = batch_requests(single.config.vocab_size, BATCH_LENGTHS, BATCH_BUDGETS)
+        out, _ = run_batch(Batcher(single.pipeline, CONTEXT, 8, micro_batches=1), requests)
+        return out
+    finally:
+        single.close()
+
+
 def _start(model_dir: Path, rejoin: bool = True) -> DistributedPipeline:
     config = ModelConfig.from_path(model_dir)
     pool = open_pool("local", timeout_s=STEP_TIMEOUT_S, heartbeat_timeout_s=HEARTBEAT_S)
     return start_workers(pool, config, str(model_dir), specs_for_cuts(config, [1]), torch.float32, CONTEXT,
-                         join_timeout_s=60, rejoin=rejoin)
+                         join_timeout_s=60, rejoin=rejoin, batch=ROWS)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +105,30 @@ def _fault_then_recover(pipeline: DistributedPipeline, reference: StepTrace, ran
 def test_killed_worker_fails_request_then_rejoins(pipeline: DistributedPipeline, reference: StepTrace) -> None:
     assert_same(reference, step_trace(pipeline))
     _fault_then_recover(pipeline, reference, 2, signal.SIGKILL)
+
+
+def test_worker_killed_mid_batch_fails_every_request_then_rejoins(pipeline: DistributedPipeline,
+                                                                  batch_reference: Run) -> None:
+    """Three requests decoding together; worker 2 is killed: each fails with WorkerLost, and once the
+    worker rejoined the same requests give the single-device batched run's tokens again."""
+    requests = batch_requests(pipeline.stages[0].model.config.vocab_size, BATCH_LENGTHS, BATCH_BUDGETS)
+    batcher = Batcher(pipeline, CONTEXT, 8)
+    pid = _pid(pipeline, 2)
+
+    def kill(request: int, tokens: int) -> None:
+        if request == 0 and tokens == 3:  # every request is decoding by now
+            os.kill(pid, signal.SIGKILL)
+
+    started = time.monotonic()
+    out, errors = run_batch(batcher, requests, on_token=kill)
+    assert time.monotonic() - started < BOUND_S
+    assert all(isinstance(e, WorkerLost) for e in errors), errors
+    assert all(0 < len(got) < len(want) for got, want in zip(out, batch_reference, strict=True))
+    assert pipeline.wait_ready(60), pipeline.health()
+    assert _pid(pipeline, 2) != pid
+    again, errors = run_batch(batcher, requests)
+    assert errors == [None] * len(requests) and again == batch_reference  # tokens and log-probabilities
+    identity_blocks(pipeline)  # the next tests step row 0 as after loading
 
 
 def test_hung_worker_fails_request_then_rejoins(pipeline: DistributedPipeline, reference: StepTrace) -> None:

@@ -12,7 +12,13 @@ import pytest
 
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.placement import plan
-from stagewise.placement.sequence_capacity import MAX_REPORTED_SEQUENCES, capacity_table, sequence_capacity
+from stagewise.placement.sequence_capacity import (
+    MAX_REPORTED_SEQUENCES,
+    SequenceCapacity,
+    capacity_table,
+    pool_line,
+    sequence_capacity,
+)
 from stagewise.spec.charge import stage_charge
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.profile import Profile
@@ -55,10 +61,29 @@ def test_batch_charges_decode_tokens_not_batch_times_chunk() -> None:
     spec = load_model_spec(str(PRESETS / "llama-3.1-8b.json"), "bf16")
     one = stage_charge(spec, Profile(4096, batch=1), 0, spec.num_blocks, True, True)
     many = stage_charge(spec, Profile(4096, batch=8), 0, spec.num_blocks, True, True)
-    assert many.state_bytes == 8 * one.state_bytes  # every slot holds a whole context
+    per_position = sum(b.kv_values_per_token for b in spec.blocks) * 2  # bf16 keys + values of every block
+    assert one.state_bytes == (64 + 1) * 64 * per_position  # a context of 64-position blocks + the scratch block
+    assert many.state_bytes == (8 * 64 + 1) * 64 * per_position  # every slot holds a whole context
     assert many.workspace_bytes == one.workspace_bytes  # a step carries one chunk or 8 decode tokens
     wide = stage_charge(spec, Profile(4096, batch=1024), 0, spec.num_blocks, True, True)
     assert wide.workspace_bytes > one.workspace_bytes  # 1,024 decode tokens outgrow a 512-token chunk
+
+
+def test_a_sized_pool_limits_the_sequences_by_its_blocks() -> None:
+    spec = load_model_spec(str(PRESETS / "llama-3.1-8b.json"), "bf16")
+    topology = resolve_device_spec("24GB,24GB")
+    profile = Profile(4096, batch=8, kv_tokens=10 * 1024)  # 160 blocks shared by 8 slots
+    cert = plan(spec, topology, profile)
+    assert cert.fits
+    assert sequence_capacity(cert, spec, profile, 1024).sequences == 10  # 16 blocks each
+    assert sequence_capacity(cert, spec, profile, 4096) == SequenceCapacity(4096, 2, "kv pool")
+    assert sequence_capacity(cert, spec, profile, 3000).sequences == 3  # 47 blocks each
+    assert sequence_capacity(cert, spec, profile, 32768).sequences == 0
+    whole = stage_charge(spec, Profile(4096, batch=8), 0, 16, True, False)
+    pooled = stage_charge(spec, profile, 0, 16, True, False)
+    assert pooled.state_bytes * (8 * 64 + 1) == whole.state_bytes * (160 + 1)  # charged by the pool's blocks
+    line = pool_line(profile)
+    assert "160 blocks of 64 positions" in line and "10,240" in line
 
 
 def test_cli_reports_capacity_in_text_and_json() -> None:
@@ -66,9 +91,12 @@ def test_cli_reports_capacity_in_text_and_json() -> None:
     cmd = [sys.executable, "-m", "stagewise", "plan", preset, "--devices", "24GB,24GB"]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "concurrent sequences on this placement:" in text
+    assert "KV pool per stage: 64 blocks of 64 positions (4,096 tokens" in text
     body = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
     rows = {row["context_tokens"]: row for row in body["sequence_capacity"]}
     assert rows[4096]["sequences"] >= 1 and rows[4096]["limited_by"] == "sim:0"
     assessed = json.loads(subprocess.run([sys.executable, "-m", "stagewise", "assess", preset, "--devices",
                                           "24GB,24GB", "--json"], capture_output=True, text=True, check=True).stdout)
     assert assessed["sequence_capacity"] == body["sequence_capacity"]
+    assert body["kv_pool"] == {"blocks": 64, "block_tokens": 64, "tokens": 4096, "scratch_blocks": 1}
+    assert assessed["kv_pool"] == body["kv_pool"]

@@ -55,7 +55,11 @@ def test_state_formulas() -> None:
     spec = ModelSpec.from_config(c, "q8_0")
     p = Profile(context_tokens=1000, batch=3, activation_dtype="bf16")
     attn, lin = spec.blocks[3], spec.blocks[0]
-    assert block_state_bytes(attn, p) == 2 * 3 * c.num_kv_heads * 1000 * c.head_dim * 2
+    blocks = 3 * 16 + 1  # 3 sequences x ceil(1000 / 64) blocks + the scratch block
+    assert block_state_bytes(attn, p) == blocks * 64 * 2 * c.num_kv_heads * c.head_dim * 2  # key + value, bf16
+    pooled = Profile(context_tokens=1000, batch=3, activation_dtype="bf16", kv_tokens=1000)  # 16 blocks shared
+    assert block_state_bytes(attn, pooled) == (16 + 1) * 64 * 2 * c.num_kv_heads * c.head_dim * 2
+    assert block_state_bytes(lin, pooled) == block_state_bytes(lin, p)  # recurrent state stays one slot per row
     conv = 3 * c.linear_conv_dim * c.linear_conv_kernel_dim * 2
     rec = 3 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
     assert block_state_bytes(lin, p) == 2 * (conv + rec)  # double-buffered

@@ -63,21 +63,23 @@ def test_rope_store_rotates_q_and_k_and_fills_the_cache(rotary_dim: int) -> None
     packed = torch.randn(2, 3, (heads + 2 * kv_heads) * dim + 8, device=DEVICE)  # a fused q/k/v output
     q, k, v = packed[..., : (heads + 2 * kv_heads) * dim].split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
     q, k, v = (t.reshape(2, 3, -1, dim) for t in (q, k, v))  # (B, T, H, D) strided views
-    positions = torch.arange(3, device=DEVICE)[None].repeat(2, 1) + torch.tensor([[0], [7]], device=DEVICE)
+    positions = torch.arange(3, device=DEVICE)[None].repeat(2, 1) + torch.tensor([[0], [14]], device=DEVICE)  # row 1 crosses a block
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=DEVICE).float() / rotary_dim))
     cos, sin = rotary_cos_sin(inv_freq, positions, torch.float32)
-    keys, values = torch.zeros(3, kv_heads, 16, dim, device=DEVICE), torch.zeros(3, kv_heads, 16, dim, device=DEVICE)
-    got_q = rope_store(q, k, v, inv_freq, positions, keys, values)
+    # a paged cache of 16-position blocks; each sequence's two blocks scattered, not in order
+    table = torch.tensor([[5, 2], [0, 3]], dtype=torch.int32, device=DEVICE)  # (B, blocks per row)
+    keys, values = torch.zeros(6, kv_heads, 16, dim, device=DEVICE), torch.zeros(6, kv_heads, 16, dim, device=DEVICE)
+    got_q = rope_store(q, k, v, inv_freq, positions, keys, values, table)
     torch.testing.assert_close(got_q, apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2), **TOL)
     want_k = apply_rotary(k.transpose(1, 2), cos, sin)  # (B, kvH, T, D)
+    written = torch.zeros(6, 16, dtype=torch.bool, device=DEVICE)
     for b in range(2):
-        at = positions[b]
-        torch.testing.assert_close(keys[b][:, at], want_k[b], **TOL)
-        assert torch.equal(values[b][:, at], v[b].transpose(0, 1))
-        untouched = torch.ones(16, dtype=torch.bool, device=DEVICE)
-        untouched[at] = False
-        assert not keys[b][:, untouched].any() and not values[b][:, untouched].any()
-    assert not keys[2].any()  # the spare row
+        for t, p in enumerate(positions[b].tolist()):
+            block, offset = int(table[b, p // 16]), p % 16
+            torch.testing.assert_close(keys[block][:, offset], want_k[b][:, t], **TOL)
+            assert torch.equal(values[block][:, offset], v[b, t])
+            written[block, offset] = True
+    assert not keys.permute(0, 2, 1, 3)[~written].any() and not values.permute(0, 2, 1, 3)[~written].any()
 
 
 def test_rope_store_angles_round_like_the_reference_tables() -> None:
@@ -88,17 +90,20 @@ def test_rope_store_angles_round_like_the_reference_tables() -> None:
     q, k, v = (torch.randn(1, 4, heads, dim, device=DEVICE).to(HALF) for _ in range(3))
     positions = torch.tensor([[5, 4_095, 70_001, 131_071]], device=DEVICE)
     inv_freq = 1.0 / (500_000 ** (torch.arange(0, dim, 2, device=DEVICE).float() / dim))
-    keys = torch.zeros(1, heads, 131_072, dim, dtype=HALF, device=DEVICE)
+    keys = torch.zeros(2048, heads, 64, dim, dtype=HALF, device=DEVICE)  # 131,072 positions in 64-position blocks
     values = torch.zeros_like(keys)
-    got_q = rope_store(q, k, v, inv_freq, positions, keys, values)
+    table = torch.arange(2048, dtype=torch.int32, device=DEVICE).flip(0)[None]  # (1, 2048), reversed
+    got_q = rope_store(q, k, v, inv_freq, positions, keys, values, table)
     cos, sin = rotary_cos_sin(inv_freq, positions, HALF)  # tables rounded to the activation dtype
     want_q = apply_rotary(q.transpose(1, 2).float(), cos.float(), sin.float()).transpose(1, 2)
     torch.testing.assert_close(got_q.float(), want_q, atol=1e-2, rtol=1e-2)
     want_k = apply_rotary(k.transpose(1, 2).float(), cos.float(), sin.float())[0]  # (kvH, T, D)
-    torch.testing.assert_close(keys[0][:, positions[0]].float(), want_k, atol=1e-2, rtol=1e-2)
+    at = positions[0]
+    stored = keys[table[0, at // 64].long(), :, at % 64].transpose(0, 1)  # (kvH, T, D)
+    torch.testing.assert_close(stored.float(), want_k, atol=1e-2, rtol=1e-2)
     # q = 1 in the first half, 0 in the second: the kernel writes its own tables, cos then sin
     ones = torch.cat((torch.ones(dim // 2), torch.zeros(dim // 2))).to(HALF).to(DEVICE).expand(1, 4, heads, dim)
-    tables = rope_store(ones, k, v, inv_freq, positions, keys, values)[0, :, 0]  # (T, D)
+    tables = rope_store(ones, k, v, inv_freq, positions, keys, values, table)[0, :, 0]  # (T, D)
     want = torch.cat((cos[0, :, : dim // 2], sin[0, :, : dim // 2]), dim=-1)
     if DEVICE == "cuda":  # the same values as torch's CUDA tables: bit-identical
         assert torch.equal(tables, want)
@@ -234,27 +239,42 @@ def test_gemv_residual_epilogue_rounds_like_a_separate_add() -> None:
         gemv(x, w, config=small, residual=r[..., :20])
 
 
+def _paged(dense: torch.Tensor, table: torch.Tensor, block_tokens: int) -> torch.Tensor:
+    """``dense`` ``(B, kvH, L, D)`` stored in the blocks ``table`` ``(B, L / block_tokens)`` names (+ noise elsewhere)."""
+    batch, kv_heads, length, dim = dense.shape
+    pool = torch.randn(int(table.max()) + 2, kv_heads, block_tokens, dim, device=dense.device)
+    blocks = dense.reshape(batch, kv_heads, length // block_tokens, block_tokens, dim).transpose(1, 2)
+    pool[table.long()] = blocks  # (B, nb, kvH, bt, D)
+    return pool
+
+
+@pytest.mark.parametrize("block_tokens", [64, 16])
 @pytest.mark.parametrize("groups", [1, 4])
-def test_decode_attention_matches_masked_sdpa(groups: int) -> None:
+def test_decode_attention_matches_masked_sdpa(groups: int, block_tokens: int) -> None:
     from stagewise.kernels.decode_attention_triton import decode_attention, slicing
 
     torch.manual_seed(9)
     batch, kv_heads, dim, max_len, bucket = 2, 2, 32, 320, 256
     heads = kv_heads * groups
-    keys = torch.randn(batch + 1, kv_heads, max_len, dim, device=DEVICE)  # one spare cache row
-    values = torch.randn_like(keys)
+    dense_keys = torch.randn(batch, kv_heads, max_len, dim, device=DEVICE)
+    dense_values = torch.randn_like(dense_keys)
+    per_row = max_len // block_tokens
+    gen = torch.Generator().manual_seed(1)
+    table = torch.randperm(batch * per_row + 3, generator=gen)[: batch * per_row].view(batch, per_row)
+    table = table.to(torch.int32).to(DEVICE)  # scattered blocks, some ids unused
+    keys, values = _paged(dense_keys, table, block_tokens), _paged(dense_values, table, block_tokens)
     positions = torch.tensor([[3], [200]], device=DEVICE)  # 1 and 4 of the 64-key slices hold keys
     assert slicing(bucket) == (64, 4) and slicing(4096) == (256, 16)
     q = torch.randn(batch, 1, heads, dim, device=DEVICE)
     gate = torch.randn(batch, 1, heads, 2 * dim, device=DEVICE)[..., dim:]  # strided, as chunk() leaves it
     mask = (torch.arange(bucket, device=DEVICE)[None, :] <= positions)[:, None, None, :]  # (B, 1, 1, L)
     rows = q.transpose(1, 2).reshape(batch, kv_heads, groups, dim)
-    want = torch.nn.functional.scaled_dot_product_attention(rows, keys[:batch, :, :bucket], values[:batch, :, :bucket],
-                                                            attn_mask=mask)
+    want = torch.nn.functional.scaled_dot_product_attention(rows, dense_keys[:, :, :bucket],
+                                                            dense_values[:, :, :bucket], attn_mask=mask)
     want = want.reshape(batch, 1, heads * dim)
-    torch.testing.assert_close(decode_attention(q, keys, values, positions, bucket), want, **TOL)
+    torch.testing.assert_close(decode_attention(q, keys, values, table, positions, bucket), want, **TOL)
     gated = want * torch.sigmoid(gate.reshape(batch, 1, heads * dim))
-    torch.testing.assert_close(decode_attention(q, keys, values, positions, bucket, gate), gated, **TOL)
+    torch.testing.assert_close(decode_attention(q, keys, values, table, positions, bucket, gate), gated, **TOL)
 
 
 def test_greedy_sample_matches_argmax_and_log_softmax() -> None:

@@ -1,5 +1,6 @@
-"""The worker rendezvous store: loopback by default, every message signed and checked, a lost worker
-visible in /health, and ``--max-seqs`` above 1 with workers refused before anything is opened.
+"""The worker rendezvous store: loopback by default, every message signed and checked (the row
+operations of continuous batching too), a lost worker visible in /health, and a malformed
+``--workers`` refused before anything is opened.
 
 The first tests need no worker process (a pool, raw store clients playing the stranger); the last
 ones start two local workers (gloo on CPU) once for the module.
@@ -178,6 +179,9 @@ def test_forged_or_tampered_messages_are_rejected(pool: WorkerPool) -> None:
 @pytest.mark.parametrize("change", [
     {"op": "format-disk"}, {"seq": 8}, {"tokens": [[-1]]}, {"tokens": [[1, 2]]}, {"positions": [["0"]]},
     {"members": {"0": INCARNATION}}, {"members": {"1": "../../etc"}}, {"slot": True}, {"extra": 1}, {"start": -5},
+    {"first_row": -1}, {"first_row": 5000}, {"op": "set_blocks", "blocks": [-1]}, {"op": "set_blocks", "blocks": "0"},
+    {"op": "set_blocks", "blocks": [True]}, {"op": "move", "src": "1"}, {"op": "move", "dst": 1.5},
+    {"op": "move", "length": -3}, {"op": "align", "rows": 0}, {"op": "align", "rows": 4097}, {"op": "resize"},
 ])
 def test_malformed_commands_are_rejected(change: dict[str, object]) -> None:
     raw = json.loads(Command(7, "run", {1: INCARNATION}, step_id=1, tokens=[[5]], positions=[[0]]).to_json())
@@ -209,11 +213,11 @@ def test_malformed_acks_assignments_and_tensors_are_rejected() -> None:
                                          "topology": {}}))
 
 
-# ----- --max-seqs above 1 with workers: refused before anything opens -------------------------------
+# ----- worker options: checked before anything opens; --max-seqs and --kv-tokens allowed -------------
 
 
-def test_max_seqs_with_workers_refused_before_anything_opens(monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_worker_options_checked_before_anything_opens(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     def opened(*args: object, **kwargs: object) -> None:
         raise AssertionError("something was opened before the options were checked")
 
@@ -221,14 +225,15 @@ def test_max_seqs_with_workers_refused_before_anything_opens(monkeypatch: pytest
     monkeypatch.setattr("stagewise.runtime.distributed_start.open_pool", opened)
     monkeypatch.setattr("stagewise.runtime.worker_pool.WorkerPool.__init__", opened)
     monkeypatch.setattr("stagewise.server.runner.serve", opened)
-    with pytest.raises(ConfigError, match="--max-seqs 2 needs in-process stages"):
-        load_model("random:tiny-llama", workers="local", max_seqs=2)
-    with pytest.raises(ConfigError, match="--max-seqs 4"):
-        ServeSettings(workers="local", max_seqs=4)
-    assert cli.main(["serve", "random:tiny-llama", "--workers", "--max-seqs", "2"]) == 2
+    with pytest.raises(ConfigError, match="--workers must be"):
+        load_model("random:tiny-llama", workers="two@nowhere", max_seqs=2)
+    with pytest.raises(ConfigError, match="--workers must be"):
+        ServeSettings(workers="0@127.0.0.1:1", max_seqs=4)
+    assert cli.main(["serve", "random:tiny-llama", "--workers", "2@host", "--max-seqs", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("stagewise: error: --max-seqs 2 needs in-process stages") and err.count("\n") == 1
-    assert ServeSettings(workers="local", max_seqs=1).max_seqs == 1  # 1 and auto stay allowed
+    assert err.startswith("stagewise: error: --workers must be") and err.count("\n") == 1
+    settings = ServeSettings(workers="local", max_seqs=4, kv_tokens=256)  # batching through workers is allowed
+    assert (settings.max_seqs, settings.kv_tokens) == (4, 256)
 
 
 # ----- two real local workers -----------------------------------------------------------------------
@@ -238,7 +243,7 @@ def test_max_seqs_with_workers_refused_before_anything_opens(monkeypatch: pytest
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     path = make_model_dir(tmp_path_factory.mktemp("security"))  # with a tokenizer: the engine serves it
     model = load_model(str(path), devices="cpu:2x1GiB", placement="pipeline:2", context=CONTEXT, dtype="float32",
-                       workers="local", worker_timeout_s=20, rejoin=False)
+                       workers="local", worker_timeout_s=20, rejoin=False, max_seqs=None)  # auto: many rows
     yield model
     model.close()
 
@@ -260,7 +265,32 @@ def test_local_workers_ignore_a_forged_stop(loaded: LoadedModel) -> None:
     time.sleep(0.5)  # a worker acting on it would exit now
     assert not any(pipeline.pool.exited(rank) for rank in pipeline.pool.procs)
     assert _greedy(pipeline) == expected
+    seq = pipeline._seq
+    forged = Command(seq, "set_blocks", pipeline.pool.incarnations(), slot=0, blocks=[], expected_acks=2)
+    stranger.set(cmd_key(seq), forged.to_json())  # unsigned: would leave row 0 without its KV
+    time.sleep(0.3)
+    assert _greedy(pipeline) == expected  # ignored: the coordinator's own commands ran
     assert pipeline.health()["status"] == "ok"
+
+
+def test_workers_hold_the_rows_and_pool_and_check_row_operations(loaded: LoadedModel) -> None:
+    """Auto --max-seqs: the workers hold the planned rows and KV pool; a row operation naming a row, a
+    position or a block they do not hold is refused by every worker before any stage changes."""
+    pipeline = loaded.pipeline
+    assert isinstance(pipeline, DistributedPipeline)
+    rows, pool = pipeline.rows, pipeline.kv_pool
+    assert rows == loaded.placement_json["profile"]["batch"] > 1 and pool.blocks == rows * pool.blocks_per_row
+    expected = _greedy(pipeline)
+    for bad, match in [(lambda: pipeline.reset(rows), "reset: rows"),
+                       (lambda: pipeline.set_blocks(0, [pool.blocks]), "set_blocks: 1 block ids"),
+                       (lambda: pipeline.set_blocks(0, range(pool.blocks_per_row + 1)), "set_blocks"),
+                       (lambda: pipeline.move(0, rows, 3), "move: rows"),
+                       (lambda: pipeline.move(0, 1, CONTEXT + 1), "outside the context"),
+                       (lambda: pipeline.align(slice(rows - 1, rows + 1)), "align: rows")]:
+        with pytest.raises(WorkerMessageRejected, match=match):
+            bad()
+    assert not pipeline.degraded
+    assert _greedy(pipeline) == expected  # nothing changed: row 0 still holds its blocks
 
 
 def test_workers_check_a_step_against_their_stages(loaded: LoadedModel) -> None:

@@ -15,7 +15,7 @@ from stagewise.errors import ConfigError, StagewiseError
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, assess
-from stagewise.placement.sequence_capacity import capacity_line, capacity_table
+from stagewise.placement.sequence_capacity import capacity_line, capacity_table, pool_line
 from stagewise.spec.charge import Charge, stage_charge
 from stagewise.spec.model_source import catalog_entries, is_catalog, load_model_spec
 from stagewise.spec.model_spec import ModelSpec
@@ -74,6 +74,7 @@ def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profi
     console.print("[blue]█ weights[/blue] [green]█ state[/green] [yellow]█ workspace[/yellow] [magenta]█ reserve[/magenta]")
     console.print(speed_line(cert))
     if cert.fits:
+        console.print(pool_line(profile))
         console.print(capacity_line(capacity_table(cert, spec, profile), profile))
     for reason in cert.reasons[1 if not cert.fits else 0 :]:
         console.print(f"  - {reason}")

@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     # prefills in (like llama-bench's 512-token micro-batch: on a pipeline, chunks flow through the stages)
     if args.context is None:
         args.context = max(args.prompt + args.gen + 8, 64)
-    if args.prefill_chunk is None:
-        args.prefill_chunk = min(args.prompt, DEFAULT_PREFILL_CHUNK_TOKENS)
+    if args.prefill_chunk is None:  # with --concurrency: the prefill step's token budget, as serve's
+        args.prefill_chunk = DEFAULT_PREFILL_CHUNK_TOKENS if args.concurrency else min(args.prompt, DEFAULT_PREFILL_CHUNK_TOKENS)
     if args.concurrency is not None:
         return _run_concurrency(args)
     loaded = load_model_from_args(args, quiet=args.json)

@@ -16,7 +16,7 @@ from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
-from stagewise.placement.sequence_capacity import capacity_line, capacity_table
+from stagewise.placement.sequence_capacity import capacity_line, capacity_table, pool_line, pool_report
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import (
@@ -34,6 +34,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reserve", help="reserve kept from free memory: 2GiB, 8%%, cuda=1GiB,cpu=10%%")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_TOKENS, help="context tokens (default 4096)")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    p.add_argument("--kv-tokens", type=int, default=None, metavar="N",
+                   help="KV pool per stage in positions shared by the sequences (default: batch x context)")
     p.add_argument("--chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS, help="prefill chunk tokens (default 512)")
     p.add_argument("--activation-dtype", default=None,
                    help="bf16, f16 or f32 (default: what `run`/`serve` use: f32 on CPU devices, bf16 otherwise)")
@@ -63,7 +65,7 @@ def devices_and_profile(args: argparse.Namespace) -> tuple[Topology, Profile]:
     """The ``--devices`` topology and the profile to charge on it (dtype and runtime workspace by device kind)."""
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
     profile = Profile(args.context, args.batch, args.chunk, activation_dtype(args, topology),
-                      runtime_workspace_for({d.kind for d in topology.devices}))
+                      runtime_workspace_for({d.kind for d in topology.devices}), kv_tokens=args.kv_tokens)
     return topology, profile
 
 
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         render_plan(cert, topology)
         if cert.fits:
+            print(pool_line(profile))
             print(capacity_line(capacity_table(cert, spec, profile), profile))
     return 0 if cert.fits else 1
 
@@ -109,6 +112,7 @@ def placement_json(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) 
     body = json.loads(cert.to_json())
     table = capacity_table(cert, spec, profile) if cert.fits else ()
     body["sequence_capacity"] = [row.to_dict() for row in table]
+    body["kv_pool"] = pool_report(profile)
     return json.dumps(body, indent=2)
 
 

@@ -50,7 +50,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
         cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
         worker_secret_file=args.worker_secret_file,
-        measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs,
+        measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
         cors_origins=tuple(args.cors_origins),
     )
 

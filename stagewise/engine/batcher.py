@@ -1,22 +1,35 @@
 """Batcher: continuous batching — many sequences on one pipeline, every decode step runs them all.
 
-Each sequence owns a state row (slot) on every stage for its whole life. Rows ``0 .. D-1`` are the
-decoding sequences, kept contiguous; a new sequence is prefilled in the staging row (the last
-row), one chunk per iteration between decode steps, then joins the decoding rows. An iteration:
+Each sequence owns a state row (slot) on every stage while it runs (until it ends or is
+preempted). Rows ``0 .. D-1`` are the decoding sequences, kept contiguous; new sequences are
+prefilled together in the staging rows above them (:class:`StagingArea`: one step of ``k`` rows of
+``T`` tokens each, ``k * T`` at most the prefill chunk), one step per iteration between decode
+steps, then join the decoding rows. An iteration:
 
-1. start the next queued sequence in the staging row when it is free (``reset`` the row);
+1. start queued sequences in the staging rows while rows, their prompts' KV blocks and the step's
+   token budget allow (in order: the queue's head first);
 2. when sequences are ready to join or finished rows leave holes: wait for everything in flight,
-   move rows (compaction, the staging row to row ``D``) and split the decoding rows into groups;
-3. launch one prefill chunk of the staging sequence (if any);
+   move rows (compaction, finished staging rows to rows ``D ..``) and split the decoding rows into groups;
+3. launch one prefill step of the staging rows (if any);
 4. for each group (micro-batch): collect its previous step's tokens, then launch its next step.
 
 With N stages there are N groups, and up to N steps are in flight: while stage k runs group i,
 stage k+1 runs group i-1 (vLLM's pipeline-parallel batch queue). On one stage there is one group
-and a step's tokens are collected before the next is launched. A group's size is rounded up to a
+and a step's tokens are collected before the next is launched; so it is with stages in worker
+processes, whose pipeline has one command in flight (``Pipeline.max_in_flight``). A group's size is rounded up to a
 graph bucket (:func:`batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
 sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
 sample otherwise (temperature, penalties, top log-probabilities) through their own
 :class:`Sampler` on the host, so a seeded request draws the same tokens in any batch.
+
+KV blocks (paged cache): a sequence holds the blocks of its positions, from the pipeline's one
+:class:`BlockAllocator`, and the pipeline's block tables name them. A sequence starts when its
+prompt's blocks are free; a decoding sequence takes its next block when it crosses a block boundary.
+When none is free, the newest admitted sequence (possibly the one asking) is preempted: everything
+in flight is collected, its blocks and row are freed and it goes back to the front of the queue. When
+it restarts it prefills its prompt and the tokens it already generated (all but the last, which is
+its next input) and goes on decoding: nothing is sampled or reported twice, and its sampler's state
+carries on. A pipeline without a KV pool keeps every row's whole context.
 
 Every step is the pipeline's transactional step; a failed step fails the sequences it carried
 (rolled back) and no other. The batcher runs on one thread (the engine's worker).
@@ -31,8 +44,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stagewise.engine.block_allocator import BlockAllocator
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.sampling import Sample, Sampler
+from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
 from stagewise.runtime.pipeline import Pipeline
 
@@ -61,6 +76,12 @@ class Sequence:
     length: int = 0  # positions whose state is published (prompt then generated tokens)
     generated: int = 0  # tokens sampled (and reported)
     next_token: int = 0  # the last sampled token: the next decode step's input
+    tokens: list[int] = field(default_factory=list)  # the sampled tokens, in order (recomputed after a preemption)
+    ids: tuple[int, ...] = ()  # what the staging row prefills: the prompt, plus tokens[:-1] after a preemption
+    prefilled: int = 0  # of ``ids``, positions already run
+    blocks: list[int] = field(default_factory=list)  # KV blocks of its positions, in order
+    admitted: int = -1  # admission order (starts in the staging row); the largest is preempted first
+    preemptions: int = 0
     budget: int = 0  # tokens it may generate
     done: bool = False
     errored: bool = False  # ended by an error or cancellation (its pending tokens are not reported)
@@ -88,6 +109,7 @@ class _InFlight:
     tokens: torch.Tensor | None = None  # (P, 1) the greedy tokens on the exit device (every row greedy)
     group: int = -1  # decode group index; -1 for a prefill chunk
     final: bool = True  # prefill: the prompt's last chunk (its logits give the first token)
+    sample_rows: tuple[bool, ...] | None = None  # prefill: the rows whose first token this step samples
 
 
 class Batcher:
@@ -97,7 +119,9 @@ class Batcher:
         pipeline: an in-process pipeline with ``rows`` sequence slots on every stage.
         max_context: positions per sequence slot.
         prefill_chunk: prompt tokens per prefill step.
-        micro_batches: decode groups in flight (default: one per stage).
+        micro_batches: decode groups in flight (default: ``pipeline.max_in_flight``: one per stage in
+            process, one with stages in worker processes, which run one command at a time; more
+            groups there only split the decode step into smaller sequential steps).
     """
 
     def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
@@ -107,40 +131,76 @@ class Batcher:
         self.prefill_chunk = prefill_chunk
         self.vocab_size = pipeline.stages[0].model.config.vocab_size
         self.slots = pipeline.rows
-        self.micro_batches = max(1, micro_batches or len(pipeline.stages))
+        self.micro_batches = max(1, micro_batches or pipeline.max_in_flight)
         self.graphs = any(getattr(stage, "graphs", None) is not None for stage in pipeline.stages)
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
-        self.staging: Sequence | None = None  # prefilling in, or ready to join from, the staging row
-        self.prefilled = 0  # prompt tokens of the staging sequence already run
+        self.area = StagingArea(prefill_chunk)  # prefilling in, or ready to join from, the staging rows
+        self._area_aligned = True  # the staging rows share one recurrent buffer (else align before a step)
         self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
         self.in_flight: deque[_InFlight] = deque()
         self._regroup_needed = False
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
+        self.pool = pipeline.kv_pool
+        self.allocator = BlockAllocator(self.pool) if self.pool is not None else None
+        self.preemptions = 0  # sequences preempted (blocks ran out) since construction
+        self._admissions = 0
+        self._clear_blocks()
+
+    def _clear_blocks(self) -> None:
+        """Every row without blocks (the pipeline's identity table is not the allocator's)."""
+        if self.pool is not None:
+            self.allocator = BlockAllocator(self.pool)
+            for row in range(self.slots):
+                self._unassign(row)
+
+    def _unassign(self, row: int) -> None:
+        """Point ``row``'s block-table row at the scratch block (padding steps in it write there)."""
+        try:
+            self.pipeline.set_blocks(row, [])
+        except StagewiseError:
+            # NOTE: a pipeline that refuses (a lost worker) keeps the stale row; harmless: a row is given
+            # its blocks before it is stepped or moved onto, and without graphs no step pads with it
+            pass
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Positions one sequence may use: the context, and never more than the whole KV pool."""
+        return self.max_context if self.pool is None else min(self.max_context, self.pool.tokens)
 
     # ----- admission ---------------------------------------------------------------------------
     @property
-    def staging_row(self) -> int:
-        return self.slots - 1
+    def staging(self) -> list[Sequence]:
+        """The sequences in the staging rows, bottom first."""
+        return self.area.members  # type: ignore[return-value]
 
     @property
     def active(self) -> int:
         """Sequences admitted and not finished."""
-        return len(self.queue) + (self.staging is not None) + sum(s is not None for s in self.decoding)
+        return len(self.queue) + len(self.staging) + sum(s is not None for s in self.decoding)
 
     @property
     def free(self) -> int:
         """Sequences that can be added without waiting for a slot."""
         return max(0, self.slots - self.active)
 
+    @property
+    def used_blocks(self) -> int:
+        """KV blocks held by live sequences (0 without a pool)."""
+        return self.allocator.used_blocks if self.allocator is not None else 0
+
     def rows_in_use(self) -> int:
         """State rows holding a live sequence."""
-        return (self.staging is not None) + sum(s is not None for s in self.decoding)
+        return len(self.staging) + sum(s is not None for s in self.decoding)
 
     def check(self, request: GenerationRequest) -> None:
         n = len(request.prompt_ids)
         if n >= self.max_context:
             raise ContextLengthExceeded(f"the prompt has {n} tokens; this model's context is {self.max_context} tokens")
+        if self.pool is not None and n >= self.pool.tokens:
+            need = -(-n // self.pool.block_tokens)
+            raise ContextLengthExceeded(f"the prompt has {n} tokens ({need} KV blocks of {self.pool.block_tokens}); "
+                                        f"the KV pool holds {self.pool.blocks} blocks ({self.pool.tokens} tokens, --kv-tokens)")
         bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
@@ -148,23 +208,29 @@ class Batcher:
     def add(self, sequence: Sequence) -> None:
         """Queue ``sequence`` (raises when it is invalid); it starts when a slot is free, in order."""
         self.check(sequence.request)
-        sequence.budget = min(sequence.request.max_tokens, self.max_context - sequence.prompt_len)
+        sequence.budget = min(sequence.request.max_tokens, self.sequence_tokens - sequence.prompt_len)
         self.queue.append(sequence)
 
     # ----- one iteration -----------------------------------------------------------------------
     def iterate(self) -> None:
-        """Advance every sequence by (at most) one step; see the module doc."""
+        """Advance every sequence by (at most) one step; see the module doc. A failed row operation
+        (reset, blocks, move, align: a lost worker) fails every sequence with its typed error."""
+        try:
+            self._advance()
+        except StagewiseError as exc:
+            self.fail_all(exc)
+
+    def _advance(self) -> None:
         for seq in [s for s in self.queue if s.cancelled()]:
             self.queue.remove(seq)
             self._cancel(seq)
-        joining = self.staging is not None and self.prefilled >= self.staging.prompt_len
-        if self._regroup_needed or joining:
+        if self._regroup_needed or self.area.finished():
             self._drain()
             self._regroup()
-        if self.staging is None and self.queue and len(self.decoding) < self.slots:
+        while self.queue and self._can_start(self.queue[0]):
             self._start_staging(self.queue.popleft())
-        if self.staging is not None and self.prefilled < self.staging.prompt_len:
-            self._launch_prefill(self.staging)
+        if self.staging and not self._regroup_needed:
+            self._launch_prefill()
             self._retire_to(self.micro_batches)
         for g in range(len(self.groups)):
             previous = next((item for item in self.in_flight if item.group == g), None)
@@ -189,28 +255,127 @@ class Batcher:
         """End every sequence with ``error`` (after a bug in the batcher itself) and forget the steps in flight."""
         self.in_flight.clear()
         self._events.clear()
-        live = [*self.queue, *([self.staging] if self.staging else []), *(s for s in self.decoding if s)]
+        live = [*self.queue, *self.staging, *(s for s in self.decoding if s)]
         self.queue.clear()
         self._fail(tuple(live), error)
-        self.decoding, self.groups, self.staging = [], [], None
+        self.decoding, self.groups = [], []
+        self.area = StagingArea(self.prefill_chunk)
         self._regroup_needed = False
+        self._clear_blocks()
 
     # ----- sequences in and out ----------------------------------------------------------------
-    def _start_staging(self, seq: Sequence) -> None:
-        row = self.staging_row if self.decoding else 0  # nothing decodes: prefill in place, no move
-        self.pipeline.reset(row)
-        seq.row = row
-        self.staging = seq
-        self.prefilled = 0
+    @staticmethod
+    def _prefill_ids(seq: Sequence) -> tuple[int, ...]:
+        """The prompt, and after a preemption the tokens generated before it but the last (the next input)."""
+        return tuple(seq.request.prompt_ids) + tuple(seq.tokens[:-1])
 
-    def _end(self, seq: Sequence) -> None:
-        """``seq`` is finished: free its row (a hole in the decoding rows until the next compaction)."""
-        seq.done = True
-        if seq is self.staging:
-            self.staging = None
+    def _staging_floor(self) -> int:
+        """The lowest row the staging rows may start at: above the decoding rows and their groups'
+        padding (a padding row's state is overwritten by every step of its group)."""
+        padded = max((first + run for first, _, run in self.groups), default=0)
+        return max(len(self.decoding), padded)
+
+    def _first_staging_row(self, seq: Sequence) -> int:
+        """Where an empty staging area starts for ``seq``: just above the decoding rows when another
+        queued sequence could be prefilled with it (packing), else the top row (its chunks replay the
+        top row's graphs) — or row 0 when nothing decodes."""
+        floor = self._staging_floor()
+        if floor == 0:
+            return 0
+        probe = StagingArea(self.prefill_chunk, floor, [seq])
+        others = [s for s in self.queue if s is not seq][:1]
+        if others and floor + 1 < self.slots and probe.accepts(len(self._prefill_ids(others[0]))):
+            return floor
+        return self.slots - 1
+
+    def _can_start(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may start now: a free row on top of the staging rows, its prefill's blocks
+        free, and the staging rows' order and step budget kept (see :class:`StagingArea`)."""
+        if self._regroup_needed:
+            return False  # rows are about to move
+        first = self.area.first if self.staging else self._staging_floor()
+        if first + len(self.staging) >= self.slots:
+            return False
+        ids = self._prefill_ids(seq)
+        if not self.area.accepts(len(ids)):
+            return False
+        if self.allocator is None:
+            return True
+        return self.allocator.blocks_for(len(ids)) <= self.allocator.free_blocks
+
+    def _start_staging(self, seq: Sequence) -> None:
+        seq.ids = self._prefill_ids(seq)
+        seq.prefilled = 0
+        if not self.staging:
+            self.area.first = self._first_staging_row(seq)
+        row = self.area.add(seq)
+        self._area_aligned = len(self.staging) == 1
+        seq.row = row
+        seq.length = 0
+        seq.admitted = self._admissions
+        self._admissions += 1
+        if self.allocator is not None:
+            seq.blocks = self.allocator.allocate(self.allocator.blocks_for(len(seq.ids)))
+        try:
+            self.pipeline.reset(row)
+            if self.allocator is not None:
+                self.pipeline.set_blocks(row, seq.blocks)
+        except StagewiseError as exc:  # stages in worker processes: a lost worker refuses it
+            self._fail((seq,), exc)
+
+    def _free_row(self, seq: Sequence) -> None:
+        """Take ``seq`` off its row: the staging row, or a hole in the decoding rows until the next
+        compaction; its blocks go back to the allocator and its table row to scratch."""
+        if seq in self.staging:
+            if seq is not self.staging[-1]:
+                self._regroup_needed = True  # the staging rows above it close the gap
+            self.staging.remove(seq)
         elif 0 <= seq.row < len(self.decoding) and self.decoding[seq.row] is seq:
             self.decoding[seq.row] = None
             self._regroup_needed = True
+        if self.allocator is not None and seq.blocks:
+            self.allocator.release(seq.blocks)
+            seq.blocks = []
+            self._unassign(seq.row)
+
+    def _end(self, seq: Sequence) -> None:
+        """``seq`` is finished: free its row and blocks (or drop it from the queue)."""
+        seq.done = True
+        if seq in self.queue:
+            self.queue.remove(seq)
+        self._free_row(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and row and put it first in the queue, to be recomputed (nothing in flight)."""
+        assert not self.in_flight
+        self._free_row(seq)
+        seq.row = -1
+        seq.length = 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.queue.appendleft(seq)
+
+    def _newest(self) -> Sequence | None:
+        live = [s for s in (*self.decoding, *self.staging) if s is not None and not s.done]
+        return max(live, key=lambda s: s.admitted, default=None)
+
+    def _reserve_blocks(self, g: int) -> None:
+        """Give every sequence of group ``g`` the block of its next position, preempting the newest
+        sequences while none is free (see the module doc)."""
+        assert self.allocator is not None and self.pool is not None
+        for seq in self._members(g):
+            if seq is None or seq.done or seq.row < 0 or seq.length < len(seq.blocks) * self.pool.block_tokens:
+                continue  # gone, preempted above, or its next position is in a block it has
+            if self.allocator.free_blocks == 0:
+                self._drain()  # steps in flight may end sequences; nothing may move while they run
+            while self.allocator.free_blocks == 0 and not seq.done and seq.row >= 0:
+                victim = self._newest()
+                assert victim is not None
+                self._preempt(victim)
+            if seq.done or seq.row < 0:
+                continue  # it finished while draining, or was the newest itself
+            seq.blocks += self.allocator.allocate(1)
+            self.pipeline.set_blocks(seq.row, seq.blocks)
 
     def _cancel(self, seq: Sequence) -> None:
         self._end(seq)
@@ -233,6 +398,7 @@ class Batcher:
         self._events.append((seq, TokenEvent(seq.generated, sample, reason)))
         seq.generated += 1
         seq.next_token = sample.token
+        seq.tokens.append(sample.token)
         if last:
             self._end(seq)
 
@@ -248,23 +414,38 @@ class Batcher:
                 self._end(seq)
 
     # ----- prefill ------------------------------------------------------------------------------
-    def _launch_prefill(self, seq: Sequence) -> None:
-        if seq.cancelled():
+    def _launch_prefill(self) -> None:
+        """One step of every staging row: ``T`` tokens each (:meth:`StagingArea.step_tokens`)."""
+        for seq in [s for s in self.staging if s.cancelled()]:
             self._cancel(seq)
-            return
-        lo = self.prefilled
-        chunk = seq.request.prompt_ids[lo : lo + self.prefill_chunk]
-        tokens = torch.tensor(chunk, dtype=torch.long)[None]  # (1, T)
-        positions = torch.arange(lo, lo + len(chunk))[None]
+        if not self.staging or self._regroup_needed:
+            return  # a member left from between the others: the rows close up first
+        members = list(self.staging)
+        steps = self.area.step_tokens()
+        if len(members) > 1 and not self._area_aligned:
+            self.pipeline.align(self.area.rows)  # members that started apart share one recurrent buffer
+            self._area_aligned = True
+        starts = [seq.prefilled for seq in members]
+        tokens = torch.tensor([seq.ids[lo : lo + steps] for seq, lo in zip(members, starts, strict=True)],
+                              dtype=torch.long)  # (k, T)
+        positions = torch.arange(steps)[None] + torch.tensor(starts)[:, None]  # (k, T)
+        common = starts[0] if len(set(starts)) == 1 else None
+        # graphs (captured per first row and shape) only for one sequence's chunks in the rows a lone
+        # prompt starts in: packed steps and other rows run eagerly, so their shapes capture nothing
+        eager = len(members) > 1 or self.area.first not in (0, self.slots - 1)
         try:
-            out = self.pipeline.step(tokens, positions, start=lo, first_row=seq.row)
+            out = self.pipeline.step(tokens, positions, start=common, first_row=self.area.first, eager=eager)
         except StagewiseError as exc:
-            self._fail((seq,), exc)
+            self._fail(tuple(members), exc)
             return
-        self.prefilled = lo + len(chunk)
-        seq.length = self.prefilled
-        final = self.prefilled >= seq.prompt_len
-        self.in_flight.append(_InFlight((seq,), out.logits if final else None, None, final=final))
+        for seq in members:
+            seq.prefilled += steps
+            seq.length = seq.prefilled
+        # a recomputed sequence (preempted) already has its next token: nothing to sample
+        sample_rows = tuple(seq.prefilled >= len(seq.ids) and not seq.tokens for seq in members)
+        final = any(seq.prefilled >= len(seq.ids) for seq in members)
+        logits = out.logits if any(sample_rows) else None
+        self.in_flight.append(_InFlight(tuple(members), logits, None, final=final, sample_rows=sample_rows))
 
     # ----- decode -------------------------------------------------------------------------------
     def _regroup(self) -> None:
@@ -285,20 +466,32 @@ class Batcher:
                     rows.pop()
         live: list[Sequence] = [s for s in rows if s is not None]
         assert all(s.row == i for i, s in enumerate(live))
-        ready = self.staging
-        if ready is not None and self.prefilled >= ready.prompt_len and not ready.done:
+        for ready in self.area.finished():  # the bottom staging rows, in order: each moves down or stays
+            assert isinstance(ready, Sequence)
+            self.staging.remove(ready)
             dst = len(live)
             if ready.row != dst:
                 self.pipeline.move(ready.row, dst, ready.length)
                 ready.row = dst
             live.append(ready)
-            self.staging = None
+        self._close_staging(len(live))
         self.decoding = list(live)
         self.groups = self._plan_groups(len(live))
         for first, _, run in self.groups:
             if run > 1:
                 self.pipeline.align(slice(first, first + run))
         self._regroup_needed = False
+
+    def _close_staging(self, floor: int) -> None:
+        """Give the staging rows left contiguous rows again (bottom up, each moves down or stays),
+        starting no lower than ``floor`` (the decoding rows end there)."""
+        first = max(floor, min((s.row for s in self.staging), default=floor))
+        for i, seq in enumerate(self.staging):
+            if seq.row != first + i:
+                self.pipeline.move(seq.row, first + i, seq.length)
+                seq.row = first + i
+                self._area_aligned = False
+        self.area.first = first
 
     def _plan_groups(self, count: int) -> list[tuple[int, int, int]]:
         if count == 0:
@@ -307,7 +500,8 @@ class Batcher:
         size = -(-count // n)
         if self.graphs and n > 1:
             size = batch_bucket(size)
-        limit = self.staging_row if count < self.slots else self.slots  # padding never reaches the staging row
+        # padding never reaches a staging row, and leaves one row for the next sequence to start in
+        limit = self.area.first if self.staging else (self.slots - 1 if count < self.slots else self.slots)
         groups = []
         for first in range(0, count, size):
             members = min(size, count - first)
@@ -328,6 +522,8 @@ class Batcher:
         for seq in self._members(g):
             if seq is not None and not seq.done and seq.cancelled():
                 self._cancel(seq)
+        if self.allocator is not None:
+            self._reserve_blocks(g)
         rows = [s if s is not None and not s.done else None for s in self._members(g)] + [None] * (run - members)
         if not any(rows):
             return
@@ -369,12 +565,12 @@ class Batcher:
 
     def _retire(self, item: _InFlight) -> None:
         if item.logits is None:
-            return  # a prefill chunk before the last: nothing to sample
+            return  # prefill chunks before the prompts' last: nothing to sample
         if item.ready is not None:
             item.ready.synchronize()  # type: ignore[attr-defined]
         host_pairs = item.pairs.tolist() if item.pairs is not None else None
         for i, seq in enumerate(item.rows):
-            if seq is None or seq.done:
+            if seq is None or seq.done or (item.sample_rows is not None and not item.sample_rows[i]):
                 continue
             try:
                 if host_pairs is not None and seq.device_greedy:

@@ -36,7 +36,7 @@ class Engine:
         max_waiting: queue bound; :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: prompt tokens per prefill step.
-        micro_batches: decode groups in flight (default: one per stage).
+        micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
 
     The engine runs as many sequences at once as the pipeline has sequence slots
     (``model.max_seqs``); more requests wait in the queue.
@@ -58,6 +58,8 @@ class Engine:
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
         self.metrics.observe_memory(model.pipeline)
+        self._preemptions = 0  # the batcher's count already reported
+        self.metrics.observe_blocks(model.pipeline, 0, 0)
 
     def warm_up(self) -> WarmUp:
         """Before :meth:`start`: compile kernels and capture graphs with synthetic requests (see
@@ -123,7 +125,10 @@ class Engine:
         except Exception as exc:  # a bug must fail the running requests, not the server
             self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
         self.metrics.active_sequences.set(self.scheduler.running)
-        self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use())
+        kv_blocks = self.batcher.used_blocks if self.batcher.allocator is not None else None
+        self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use(), kv_blocks)
+        preempted, self._preemptions = self.batcher.preemptions - self._preemptions, self.batcher.preemptions
+        self.metrics.observe_blocks(self.model.pipeline, self.batcher.used_blocks, preempted)
         self.metrics.observe_step(self.model.pipeline, self.model.pipeline.last_timings)
 
     def _admit(self, handle: RequestHandle) -> None:

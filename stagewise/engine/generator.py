@@ -45,11 +45,14 @@ class TokenEvent:
 
 
 class Generator:
-    """Runs requests one at a time in sequence slot 0 of a pipeline built for ``max_context``."""
+    """Runs requests one at a time in sequence slot 0 of a pipeline built for ``max_context``; row 0
+    takes the KV pool's first blocks (a context's worth, or the whole pool when it is smaller)."""
 
     def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512) -> None:
         self.pipeline = pipeline
-        self.max_context = max_context
+        pool = pipeline.kv_pool
+        self.blocks: list[int] = list(range(min(pool.blocks_per_row, pool.blocks))) if pool is not None else []
+        self.max_context = min(max_context, len(self.blocks) * pool.block_tokens) if pool is not None else max_context
         self.prefill_chunk = prefill_chunk
         self.vocab_size = pipeline.stages[0].model.config.vocab_size
 
@@ -68,6 +71,8 @@ class Generator:
         self.check(request)
         sampler = Sampler(request.sampling)
         self.pipeline.reset(0)
+        if self.blocks:
+            self.pipeline.set_blocks(0, self.blocks)  # a batcher may have left row 0 without blocks
         prompt = torch.tensor(request.prompt_ids, dtype=torch.long)[None]  # (1, P)
         n = prompt.shape[1]
         logits = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from stagewise.models.state import KVCache
 from stagewise.runtime.pipeline import Pipeline, StepTimings
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -32,6 +33,13 @@ class EngineMetrics:
         self.stage_state_in_use = Gauge("stagewise_stage_state_bytes_in_use",
                                         "KV / recurrent state bytes of each stage held by live sequences",
                                         ["stage", "device"], registry=r)
+        self.preemptions = Counter("stagewise_preemptions", "Sequences preempted for KV blocks (recomputed later)",
+                                   registry=r)
+        self.stage_kv_blocks_in_use = Gauge("stagewise_stage_kv_blocks_in_use",
+                                            "KV cache blocks of each stage's pool held by live sequences",
+                                            ["stage", "device"], registry=r)
+        self.stage_kv_blocks = Gauge("stagewise_stage_kv_blocks", "KV cache blocks in each stage's pool",
+                                     ["stage", "device"], registry=r)
         self.ttft = Histogram("stagewise_time_to_first_token_seconds", "Submit to first token, seconds",
                               buckets=_LATENCY_BUCKETS_S, registry=r)
         self.decode_rate = Histogram("stagewise_decode_tokens_per_second", "Decode rate per request, tokens/s",
@@ -50,13 +58,33 @@ class EngineMetrics:
         for k, seconds in enumerate(timings.handoff_s):
             self.handoff.labels(f"{k}->{k + 1}").observe(seconds)
 
-    def observe_rows(self, pipeline: Pipeline, rows: int) -> None:
-        """``rows`` sequence slots hold live sequences: the slots gauge and each stage's state bytes in use."""
+    def observe_rows(self, pipeline: Pipeline, rows: int, kv_blocks: int | None = None) -> None:
+        """``rows`` sequence slots (and ``kv_blocks`` KV blocks, when the batcher assigns them) hold live
+        sequences: the slots gauge and each stage's state bytes in use (KV pools by the blocks in use,
+        recurrent state by the rows)."""
         self.state_slots_in_use.set(rows)
         slots = max(pipeline.rows, 1)
         for k, stage in enumerate(pipeline.stages):
-            nbytes = stage.ledger.charged.get("state", 0)
-            self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes * rows // slots)
+            table = stage.block_table if kv_blocks is not None else None
+            if table is None or not stage.states:
+                nbytes = stage.ledger.charged.get("state", 0) * rows // slots
+            else:
+                pooled = sum(s.nbytes for s in stage.states.values() if isinstance(s, KVCache))
+                per_row = sum(s.nbytes for s in stage.states.values() if not isinstance(s, KVCache))
+                nbytes = pooled * (kv_blocks or 0) // table.pool_blocks + per_row * rows // slots
+            self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes)
+
+    def observe_blocks(self, pipeline: Pipeline, used_blocks: int, preempted: int) -> None:
+        """``used_blocks`` of the pool (the same ids on every stage) hold live sequences; ``preempted``
+        more sequences were preempted since the last call."""
+        pool = pipeline.kv_pool
+        if pool is None:
+            return
+        if preempted:
+            self.preemptions.inc(preempted)
+        for k, stage in enumerate(pipeline.stages):
+            self.stage_kv_blocks.labels(str(k), stage.spec.device).set(pool.blocks)
+            self.stage_kv_blocks_in_use.labels(str(k), stage.spec.device).set(used_blocks)
 
     def observe_memory(self, pipeline: Pipeline) -> None:
         for k, stage in enumerate(pipeline.stages):

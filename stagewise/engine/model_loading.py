@@ -144,7 +144,8 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
                on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
                cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
                join_timeout_s: float = 120.0, rejoin: bool = True, measure_links: bool = True,
-               max_seqs: int | None = 1, worker_secret_file: str | None = None) -> LoadedModel:
+               max_seqs: int | None = 1, worker_secret_file: str | None = None,
+               kv_tokens: int | None = None) -> LoadedModel:
     """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
 
     ``workers``: None runs every stage in this process; ``local`` spawns one worker process per
@@ -157,8 +158,9 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
 
     ``max_seqs``: sequences run at once (continuous batching), each with ``context`` positions of
     state on every stage, all charged by the planner; None (``auto``) takes the most of
-    :data:`AUTO_MAX_SEQS` that fit on as many devices as one sequence needs. Stages in worker
-    processes hold one sequence.
+    :data:`AUTO_MAX_SEQS` that fit on as many devices as one sequence needs; stages in worker
+    processes hold the same rows and KV pool. ``kv_tokens``: the KV pool every stage holds, in positions shared by
+    all sequences (rounded up to blocks); None: ``max_seqs × context`` (every sequence its whole context).
     """
     if model is None:
         model = str(ensure_demo_model())
@@ -170,7 +172,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         name = ""
     stages = parse_placement(placement)
     check_dtype(dtype)
-    check_worker_options(workers, max_seqs)  # before any store, socket or worker exists
+    check_worker_options(workers)  # before any store, socket or worker exists
     opened = open_model(model)
     pool, cluster, joins = None, None, None
     if workers is not None:
@@ -185,11 +187,9 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     topology = cluster.topology if cluster else resolve_device_spec(devices, ReservePolicy.parse(reserve))
     run_dtype = run_dtype_for(dtype, topology)
     spec = model_spec(opened, run_dtype)
-    if workers is not None:
-        max_seqs = 1  # checked above: stages in worker processes hold one sequence
     profile = Profile(context_tokens=context, batch=max_seqs or 1, prefill_chunk_tokens=prefill_chunk,
                       runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
-                      activation_dtype=_SPEC_DTYPE[run_dtype])
+                      activation_dtype=_SPEC_DTYPE[run_dtype], kv_tokens=kv_tokens)
     cert = plan(spec, topology, profile, objective=objective, stages=stages).require_fit()
     if max_seqs is None:  # auto: as many sequences as fit without more devices
         for count in AUTO_MAX_SEQS[:-1]:
@@ -211,10 +211,11 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
 
         path = model if model.startswith("random:") else str(Path(model).resolve())
         pipeline: Pipeline = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
-                                           join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs)
+                                           join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs,
+                                           batch=profile.batch, kv_blocks=profile.kv_pool_blocks)
     else:
         pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, profile.batch, context, links,
-                                  progress, timing=timing)
+                                  progress, timing=timing, kv_blocks=profile.kv_pool_blocks)
     if cuda_graphs:
         for stage in pipeline.stages:
             stage.enable_graphs(prefill_chunk)  # decode steps and full prefill chunks replay as CUDA graphs
@@ -234,6 +235,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS,
                    help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK_TOKENS}, as assess and plan assume)")
     p.add_argument("--reserve", default=None, help="per-device reserve policy (see `stagewise devices --help`)")
+    p.add_argument("--kv-tokens", type=int, default=None, metavar="N",
+                   help="KV cache pool per stage, in positions shared by all sequences (64-position blocks); "
+                        "a sequence that needs a block when none is free preempts the newest one (recomputed "
+                        "later). Default: every sequence slot its whole --context")
     p.add_argument("--workers", nargs="?", const="local", default=None, metavar="local|N@HOST:PORT",
                    help="run stages in worker processes: one per stage here (`local`, the default), or wait for N "
                         "`stagewise worker --join HOST:PORT` on any host (see docs/multihost.md)")
@@ -262,5 +267,6 @@ def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs
     options = dict(model=args.model, devices=args.devices, placement=args.placement, context=args.context,
                    dtype=args.dtype, prefill_chunk=args.prefill_chunk, reserve=args.reserve,
                    cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
-                   measure_links=args.measure_links, worker_secret_file=args.worker_secret_file)
+                   measure_links=args.measure_links, worker_secret_file=args.worker_secret_file,
+                   kv_tokens=args.kv_tokens)
     return load_with_progress(not quiet, **(options | kwargs))

@@ -49,7 +49,7 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
     t0 = time.perf_counter()
     lengths: list[int] = []
     counts: list[int] = []
-    max_context = batcher.max_context
+    max_context = batcher.sequence_tokens  # the context, or the KV pool when it is smaller
 
     def request(wanted: int) -> GenerationRequest:
         length = max(1, min(wanted, max_context - NEW_TOKENS))

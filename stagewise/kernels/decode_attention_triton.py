@@ -10,7 +10,9 @@ layer at a 1,024-key bucket on an H200) by two launches (the cache was written b
 - the combine kernel: merges a head's slices in index order, divides, applies the optional sigmoid
   output gate (Qwen3.5 / 3.6) and writes ``(B, 1, H*D)``, ready for ``o_proj``.
 
-Keys past a sequence's position are never read (the causal mask, taken from the positions tensor
+The cache is paged (:mod:`stagewise.models.block_table`): a split's key range is block-aligned
+(slices are multiples of ``BLOCK_KEYS``, a multiple of the block) and each tile of it is one block,
+found with one block-table load. Keys past a sequence's position are never read (the causal mask, taken from the positions tensor
 on the device, so a captured graph stays valid as positions advance). The slicing is a pure
 function of the attended length (``kv_length``, the graph's bucket): a staged run and a
 single-device run reduce in the same order and stay bit-identical.
@@ -31,9 +33,9 @@ TARGET_SLICES = 16  # slices per KV head: enough programs to keep the SMs readin
 
 @triton.jit
 def _split_kernel(
-    q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
+    q_ptr, kc_ptr, vc_ptr, table_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
     kv_heads, groups, dim, keys_per_slice, slices, sm_scale_log2,
-    stride_qb, stride_qh, stride_cb, stride_ch, stride_cl,
+    stride_qb, stride_qh, stride_cb, stride_ch, stride_cl, stride_tb,
     G_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
@@ -54,12 +56,13 @@ def _split_kernel(
     acc = tl.zeros((G_PAD, BLOCK_D), dtype=tl.float32)
     lo = s * keys_per_slice
     hi = tl.minimum(lo + keys_per_slice, valid)
-    base = b.to(tl.int64) * stride_cb + kvh.to(tl.int64) * stride_ch
+    head = kvh.to(tl.int64) * stride_ch
     offs_l = tl.arange(0, BLOCK_L)
-    for start in range(lo, hi, BLOCK_L):
+    for start in range(lo, hi, BLOCK_L):  # a tile is one block (BLOCK_L == block tokens; lo is block-aligned)
+        block = tl.load(table_ptr + b * stride_tb + start // BLOCK_L).to(tl.int64)  # one lookup per block
         keys = start + offs_l
         k_mask = keys < hi
-        ptrs = base + keys[:, None].to(tl.int64) * stride_cl + d[None, :]
+        ptrs = block * stride_cb + head + offs_l[:, None].to(tl.int64) * stride_cl + d[None, :]
         k = tl.load(kc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -115,16 +118,22 @@ def slicing(kv_length: int) -> tuple[int, int]:
     return per, triton.cdiv(kv_length, per)
 
 
-def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, positions: torch.Tensor,
-                     kv_length: int, gate: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of one token per sequence: ``q`` ``(B, 1, H, D)`` (D contiguous) over cache keys
-    ``0 .. positions[b]`` (``positions`` ``(B, 1)`` on the device; ``kv_length`` bounds them, as the
-    mask of the reference path does). Scale ``1/sqrt(D)``. Returns ``(B, 1, H*D)`` in ``q``'s dtype,
-    times ``sigmoid(gate)`` when ``gate`` ``(B, 1, H, D)`` (any batch/head strides) is given."""
+def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+                     positions: torch.Tensor, kv_length: int, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of one token per sequence: ``q`` ``(B, 1, H, D)`` (D contiguous) over the keys
+    ``0 .. positions[b]`` of sequence ``b`` (``positions`` ``(B, 1)`` on the device; ``kv_length`` bounds
+    them, as the mask of the reference path does) in the paged caches ``(blocks, kvH, block_tokens, D)``:
+    key ``p`` in block ``block_table[b, p // block_tokens]`` (``(B, blocks per row)`` int32), offset
+    ``p % block_tokens``; ``block_tokens`` a power of two in 16..BLOCK_KEYS. Scale ``1/sqrt(D)``. Returns
+    ``(B, 1, H*D)`` in ``q``'s dtype, times ``sigmoid(gate)`` when ``gate`` ``(B, 1, H, D)`` (any
+    batch/head strides) is given."""
     batch, steps, heads, dim = q.shape
-    kv_heads = key_cache.shape[1]
+    kv_heads, block_tokens = key_cache.shape[1], key_cache.shape[2]
     if steps != 1:
         raise ValueError("decode_attention takes one token per sequence")
+    if BLOCK_KEYS % block_tokens or block_tokens < 16 or block_table.stride(-1) != 1:
+        raise ValueError(f"decode_attention needs blocks of 16..{BLOCK_KEYS} positions dividing {BLOCK_KEYS} "
+                         f"and a row-contiguous block table, got {block_tokens}")
     if q.stride(-1) != 1:
         q = q.contiguous()
     groups = heads // kv_heads
@@ -138,10 +147,11 @@ def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     block_d = triton.next_power_of_2(dim)
     with launch_device(q):
         _split_kernel[(batch * kv_heads, slices)](
-            q, key_cache, value_cache, pos, m, l_sum, acc,
+            q, key_cache, value_cache, block_table, pos, m, l_sum, acc,
             kv_heads, groups, dim, per, slices, 1.4426950408889634 / dim**0.5,
             q.stride(0), q.stride(2), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-            G_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_D=block_d, BLOCK_L=BLOCK_KEYS,
+            block_table.stride(0),
+            G_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_D=block_d, BLOCK_L=block_tokens,
             IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2, **dependent_launch(q),
         )
         if gate is not None and gate.stride(-1) != 1:

@@ -8,7 +8,8 @@ rest copied through. The angles are computed in the kernel as the reference comp
 tables, bit for bit, which the kernel tests check), rounded to the activation dtype; the rotation
 itself is float32 with one rounding. Reads q, k and v as ``(B, T, H, D)`` with arbitrary token/head
 strides (straight out of a fused q/k/v projection); writes the rotated queries as a contiguous
-``(B, T, H, D)`` tensor, the rotated keys and the values into the cache at each token's position.
+``(B, T, H, D)`` tensor, the rotated keys and the values into the paged cache at each token's
+position (through the block table: the slot mapping is one table load per key row).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 @triton.jit
 def _rope_store_kernel(
-    q_ptr, k_ptr, v_ptr, f_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr,
+    q_ptr, k_ptr, v_ptr, f_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr, table_ptr,
     steps, heads, dim, rotary_dim,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_cb, stride_ch, stride_cl,
-    BLOCK: tl.constexpr, GDC: tl.constexpr,
+    stride_cb, stride_ch, stride_cl, stride_tb,
+    BLOCK: tl.constexpr, BLOCK_TOKENS: tl.constexpr, GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
     row = tl.program_id(0)  # (sequence, token)
@@ -57,22 +58,27 @@ def _rope_store_kernel(
         x = tl.load(base + c, mask=mask, other=0.0).to(tl.float32)
         xp = tl.load(base + partner, mask=mask & rot, other=0.0).to(tl.float32)
         y = tl.where(rot, x * cos + sign * xp * sin, x)
-        dst = b.to(tl.int64) * stride_cb + g * stride_ch + pos * stride_cl + c
+        block = tl.load(table_ptr + b * stride_tb + pos // BLOCK_TOKENS).to(tl.int64)  # the slot mapping
+        dst = block * stride_cb + g * stride_ch + (pos % BLOCK_TOKENS) * stride_cl + c
         tl.store(kc_ptr + dst, y.to(kc_ptr.dtype.element_ty), mask=mask)
         v = tl.load(v_ptr + b * stride_vb + t * stride_vt + g * stride_vh + c, mask=mask, other=0.0)
         tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor,
-               positions: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> torch.Tensor:
+               positions: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               block_table: torch.Tensor) -> torch.Tensor:
     """Rotate ``q`` ``(B, T, H, D)`` and ``k`` ``(B, T, kvH, D)`` at ``positions`` ``(B, T)`` (on the
     device) by the angles ``position * inv_freq`` (float32 ``(rotary_dim // 2,)``), with cos/sin rounded
     to ``q``'s dtype as the reference's tables are; write the rotated keys and ``v`` ``(B, T, kvH, D)``
-    into the caches ``(B_max, kvH, L_max, D)`` at those positions. Any token/head strides, D
-    contiguous. Returns the rotated queries, a contiguous ``(B, T, H, D)`` tensor."""
+    into the paged caches ``(blocks, kvH, block_tokens, D)`` at those positions: position ``p`` of
+    sequence ``b`` in block ``block_table[b, p // block_tokens]`` (``block_table`` ``(B, blocks per row)``
+    int32, the step's rows), offset ``p % block_tokens``. Any token/head strides, D contiguous.
+    Returns the rotated queries, a contiguous ``(B, T, H, D)`` tensor."""
     batch, steps, heads, dim = q.shape
     kv_heads = k.shape[2]
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or key_cache.stride(-1) != 1:
+    if (q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or key_cache.stride(-1) != 1
+            or block_table.stride(-1) != 1):
         raise ValueError("rope_store needs the head dim contiguous")
     rotary_dim = 2 * inv_freq.shape[-1]
     if inv_freq.dtype != torch.float32 or not inv_freq.is_contiguous() or rotary_dim > dim:
@@ -83,9 +89,9 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torc
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     with launch_device(q):
         _rope_store_kernel[(batch * steps, heads + kv_heads)](
-            q, k, v, inv_freq, pos, out, key_cache, value_cache, steps, heads, dim, rotary_dim,
+            q, k, v, inv_freq, pos, out, key_cache, value_cache, block_table, steps, heads, dim, rotary_dim,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-            BLOCK=triton.next_power_of_2(dim), num_warps=1 if dim <= 256 else 2, **dependent_launch(q),
+            block_table.stride(0), BLOCK=triton.next_power_of_2(dim), BLOCK_TOKENS=key_cache.shape[2], num_warps=1 if dim <= 256 else 2, **dependent_launch(q),
         )
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.models.block_table import BlockTable
 from stagewise.models.layers.attention import Attention
 from stagewise.models.layers.gated_deltanet import GatedDeltaNet
 from stagewise.models.layers.moe import SparseMoE
@@ -38,10 +39,11 @@ class HybridBlock(nn.Module):
         self.mlp: nn.Module = (SparseMoE(config, shared_expert=True) if config.block_is_moe(index)
                                else SwiGLU(hidden, config.intermediate_size))
 
-    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> BlockState:
-        if self.is_linear:
+    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
+                  table: BlockTable | None = None) -> BlockState:
+        if self.is_linear:  # one fixed-size slot per row: no blocks
             return self.linear_attn.new_state(batch, max_context, dtype, device)
-        return self.self_attn.new_state(batch, max_context, dtype, device)
+        return self.self_attn.new_state(batch, max_context, dtype, device, table)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: BlockState) -> torch.Tensor:
         normed = self.input_layernorm(hidden)  # (B, T, H)

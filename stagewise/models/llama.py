@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stagewise.models.block_table import BlockTable
 from stagewise.models.layers.attention import Attention
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.swiglu import SwiGLU
@@ -23,8 +24,9 @@ class DecoderBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
-    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return self.self_attn.new_state(batch, max_context, dtype, device)
+    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
+                  table: BlockTable | None = None) -> KVCache:
+        return self.self_attn.new_state(batch, max_context, dtype, device, table)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: KVCache) -> torch.Tensor:
         hidden, normed = self.post_attention_layernorm.add_forward(

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from stagewise.models.block_table import BlockTable
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import inverse_frequencies
 from stagewise.models.state import BlockState
 from stagewise.models.step_context import StepContext
+from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 BlockFactory = Callable[[ModelConfig, int], nn.Module]
@@ -92,10 +94,13 @@ class StageModel(nn.Module):
         if self.model.embed_tokens is not None and self.lm_head is not None and self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # type: ignore[assignment]
 
-    def new_states(self, batch: int, max_context: int, dtype: torch.dtype,
-                   device: torch.device) -> dict[int, BlockState]:
-        """Fresh state for every block of this stage (KV caches, conv + recurrent state)."""
-        return {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device)  # type: ignore[operator]
+    def new_states(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
+                   table: BlockTable | None = None) -> dict[int, BlockState]:
+        """Fresh state for every block of this stage: KV pools over ``table`` (one table for the whole
+        stage; without one, an identity table of ``batch`` rows of ``max_context``), conv + recurrent state."""
+        if table is None:
+            table = BlockTable(batch, max_context, default_pool_blocks(batch, max_context), device)
+        return {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device, table)  # type: ignore[operator]
                 for i in self.block_indices}
 
     def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype,

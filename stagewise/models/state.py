@@ -3,7 +3,8 @@
 State is held in rows (sequence slots): a step runs a contiguous range of rows (``rows``, a
 ``slice``), and rows outside it are never read or written. State updates are explicit and
 transactional. A step writes *provisionally*:
-- a :class:`KVCache` writes keys/values at the step's absolute positions; positions past a
+- a :class:`KVCache` writes keys/values at the step's absolute positions (through the stage's
+  block table, :mod:`stagewise.models.block_table`); positions past a
   sequence's accepted length are ignored by the causal mask until the pipeline accepts them, so
   rollback needs no copy;
 - a :class:`RecurrentState` keeps two buffers and, per row, which one is published (its parity);
@@ -18,6 +19,8 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+
+from stagewise.models.block_table import BlockTable
 
 
 class BlockState(Protocol):
@@ -44,40 +47,43 @@ class BlockState(Protocol):
 
 
 class KVCache:
-    """Keys and values of one attention block: ``(B, kv_heads, max_context, head_dim)`` each."""
+    """Keys and values of one attention block, paged: ``(pool_blocks, kv_heads, block_tokens, head_dim)``
+    each, addressed through the stage's shared :class:`BlockTable` (position ``p`` of row ``r`` in block
+    ``table[r, p // block_tokens]``, offset ``p % block_tokens``)."""
 
-    def __init__(self, batch: int, kv_heads: int, max_context: int, head_dim: int, dtype: torch.dtype,
+    def __init__(self, table: BlockTable, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        shape = (batch, kv_heads, max_context, head_dim)
+        shape = (table.pool_blocks, kv_heads, table.block_tokens, head_dim)
         self.key = torch.zeros(shape, dtype=dtype, device=device)
         self.value = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_context = max_context
+        self.table = table
 
     def write(self, positions: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int | None,
               rows: slice) -> None:
-        """Store ``key``/``value`` ``(B, kvH, T, D)`` of cache ``rows`` at ``positions`` ``(B, T)``.
-
-        ``start`` is set when every sequence's positions are ``start .. start+T-1`` (the common
-        case), which allows a contiguous slice copy.
-        """
-        batch, _, steps, _ = key.shape
-        keys, values = self.key[rows], self.value[rows]
-        if start is not None:
-            keys[:, :, start : start + steps].copy_(key)
-            values[:, :, start : start + steps].copy_(value)
-            return
-        index = torch.arange(batch, device=key.device)[:, None].expand(batch, steps)
-        keys[index, :, positions] = key.transpose(1, 2)  # (B, T, kvH, D)
-        values[index, :, positions] = value.transpose(1, 2)
+        """Store ``key``/``value`` ``(B, kvH, T, D)`` of ``rows`` at ``positions`` ``(B, T)``, through the table
+        (``start``, the common first position when there is one, is not needed: every write scatters)."""
+        blocks, offsets = self.table.slots(positions, rows)  # (B, T) each
+        self.key[blocks, :, offsets] = key.transpose(1, 2)  # (B, T, kvH, D)
+        self.value[blocks, :, offsets] = value.transpose(1, 2)
 
     def view(self, rows: slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``rows``' first ``length`` positions: ``(B, kvH, length, D)``."""
-        return self.key[rows, :, :length], self.value[rows, :, :length]
+        """Keys and values of ``rows``' first ``length`` positions, gathered from their blocks:
+        ``(B, kvH, length, D)`` (a copy, laid out as a dense per-row cache would be)."""
+        blocks = self.table.row_blocks(rows, length)  # (B, nb)
+        return self._gather(self.key, blocks, length), self._gather(self.value, blocks, length)
+
+    @staticmethod
+    def _gather(pool: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
+        batch, nb = blocks.shape
+        _, kv_heads, block_tokens, dim = pool.shape
+        # one copy: gather along the block dim of a head-major view, so each head's positions come out
+        # consecutive; the result is (B, kvH, L, D) with D and L contiguous (batch and head strides swapped)
+        heads_first = pool.transpose(0, 1)  # (kvH, blocks, bt, D) view
+        paged = heads_first.index_select(1, blocks.reshape(-1))  # (kvH, B*nb, bt, D)
+        return paged.view(kv_heads, batch, nb * block_tokens, dim).transpose(0, 1)[:, :, :length]
 
     def move(self, src: int, dst: int, length: int) -> None:
-        if src != dst:
-            self.key[dst, :, :length].copy_(self.key[src, :, :length])
-            self.value[dst, :, :length].copy_(self.value[src, :, :length])
+        pass  # the stage moves the block-table row: the keys and values stay where they are
 
     def publish(self) -> None:
         pass  # acceptance is the pipeline's position bookkeeping
@@ -93,7 +99,11 @@ class KVCache:
         return 2 * self.key.numel() * self.key.element_size()  # key + value
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"key": self.key, "value": self.value}
+        """Every row's keys and values read through the table: ``(rows, kvH, blocks_per_row · bt, D)``."""
+        everything = slice(0, self.table.rows)
+        length = self.table.blocks_per_row * self.table.block_tokens
+        key, value = self.view(everything, length)
+        return {"key": key, "value": value}
 
 
 class RecurrentState:

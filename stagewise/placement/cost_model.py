@@ -21,7 +21,7 @@ from stagewise.spec.block_spec import BlockSpec, EndSpec
 from stagewise.spec.kernel_counts import block_prefill_ops
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
-from stagewise.spec.state_bytes import kv_cache_bytes
+from stagewise.spec.state_bytes import kv_context_bytes
 
 PS_PER_S = 10**12
 # Prefill, fitted on an H200 (bench/results, build J) against its measured rates (790 TFLOP/s bf16,
@@ -45,7 +45,7 @@ def _ps(seconds: float) -> int:
 
 def block_decode_ps(block: BlockSpec, device: DeviceInfo, profile: Profile) -> int:
     """Picoseconds block ``block`` adds to one decode step on ``device``."""
-    kv_read = kv_cache_bytes(block, profile)  # decode reads the whole cache
+    kv_read = kv_context_bytes(block, profile)  # decode reads the whole cache
     flops = profile.batch * (block.flops_per_token + block.attention_flops_per_position * profile.context_tokens)
     return _ps(
         (block.read_bytes_per_token + kv_read) / device.memory_bandwidth_bytes_per_s

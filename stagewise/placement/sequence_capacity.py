@@ -1,9 +1,12 @@
 """Sequence capacity: how many concurrent sequences of a given length a certified placement holds.
 
-Every sequence slot reserves its KV cache (and recurrent state) for the whole context on every
-stage, so capacity is per stage: the most ``batch`` whose charge (``stage_charge`` with that batch,
-the same accounting the certificate uses) stays within the stage's own device budget, with the
-blocks where the placement put them. The placement's capacity is its tightest stage's.
+KV lives in a pool of 64-position blocks on every stage (``spec/kv_pool.py``). By default the pool
+gives every sequence slot its whole context, so capacity is per stage: the most ``batch`` whose
+charge (``stage_charge`` with that batch, the same accounting the certificate uses) stays within
+the stage's own device budget, with the blocks where the placement put them. With a sized pool
+(``kv_tokens``) the pool is fixed: ``pool blocks // blocks per sequence`` sequences of a length fit
+at once (``limited_by`` = ``kv pool``), and never more than the stages' budgets allow. The
+placement's capacity is its tightest stage's.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from typing import Any
 
 from stagewise.placement.certified_placement import CertifiedPlacement
 from stagewise.spec.charge import stage_charge
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, SCRATCH_BLOCKS, blocks_for
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
 
 MAX_REPORTED_SEQUENCES = 4096  # Profile's batch limit
 REPORTED_CONTEXTS = (1024, 4096, 32768, 131072)
+POOL_LIMIT = "kv pool"  # limited_by when a sized pool, not a device budget, binds
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,19 @@ def _fits(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> str | 
 def sequence_capacity(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile,
                       context_tokens: int) -> SequenceCapacity:
     """The most concurrent sequences of ``context_tokens`` the placement's stages hold (binary search
-    over the batch; charges grow with it)."""
+    over the batch; charges grow with it), and with a sized pool no more than its blocks hold."""
     base = replace(profile, context_tokens=context_tokens, batch=1)
+    top = MAX_REPORTED_SEQUENCES
+    if profile.kv_tokens is not None:
+        top = min(top, profile.kv_pool_blocks // blocks_for(context_tokens))
+        if top == 0:
+            return SequenceCapacity(context_tokens, 0, POOL_LIMIT)
     limit = _fits(cert, spec, base)
     if limit is not None:
         return SequenceCapacity(context_tokens, 0, limit)
-    lo, hi = 1, MAX_REPORTED_SEQUENCES
+    lo, hi = 1, top
+    if profile.kv_tokens is not None and _fits(cert, spec, replace(base, batch=hi)) is None:
+        return SequenceCapacity(context_tokens, hi, POOL_LIMIT if hi < MAX_REPORTED_SEQUENCES else "")
     if _fits(cert, spec, replace(base, batch=hi)) is None:
         return SequenceCapacity(context_tokens, hi, "")
     while hi - lo > 1:  # lo fits, hi does not
@@ -67,6 +79,19 @@ def capacity_table(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) 
     """Capacity at the profile's context and at the usual lengths."""
     contexts = sorted({profile.context_tokens, *REPORTED_CONTEXTS})
     return tuple(sequence_capacity(cert, spec, profile, c) for c in contexts)
+
+
+def pool_report(profile: Profile) -> dict[str, Any]:
+    """The KV pool every stage holds under ``profile`` (JSON: ``kv_pool``)."""
+    return {"blocks": profile.kv_pool_blocks, "block_tokens": KV_BLOCK_TOKENS, "tokens": profile.kv_pool_tokens,
+            "scratch_blocks": SCRATCH_BLOCKS}
+
+
+def pool_line(profile: Profile) -> str:
+    """One line: ``KV pool per stage: 64 blocks of 64 positions (4,096 tokens, every slot its whole context)``."""
+    how = "--kv-tokens" if profile.kv_tokens is not None else "every slot its whole context"
+    return (f"KV pool per stage: {profile.kv_pool_blocks} blocks of {KV_BLOCK_TOKENS} positions "
+            f"({profile.kv_pool_tokens:,} tokens, {how})")
 
 
 def capacity_line(table: tuple[SequenceCapacity, ...], profile: Profile) -> str:

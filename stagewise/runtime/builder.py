@@ -19,8 +19,10 @@ StageProgress = Callable[[int, str, int], None]  # (stage index, tensor name, by
 
 def build_pipeline(config: ModelConfig, source: TensorSource, specs: Sequence[StageSpec], dtype: torch.dtype,
                    batch: int, max_context: int, link_kinds: Sequence[str | None] = (),
-                   progress: StageProgress | None = None, timing: bool = False) -> Pipeline:
-    """Load every stage (in order) and join them with channels chosen from ``link_kinds``."""
+                   progress: StageProgress | None = None, timing: bool = False,
+                   kv_blocks: int | None = None) -> Pipeline:
+    """Load every stage (in order) and join them with channels chosen from ``link_kinds``; every stage
+    holds a KV pool of ``kv_blocks`` blocks (default: ``batch`` whole contexts)."""
     if not specs:
         raise PlacementError("a placement needs at least one stage")
     expected = 0
@@ -35,7 +37,7 @@ def build_pipeline(config: ModelConfig, source: TensorSource, specs: Sequence[St
         for spec in specs:
             cb = (lambda name, n, k=spec.index: progress(k, name, n)) if progress else None
             stage = Stage.load(spec, config, source, dtype, cb)
-            stage.allocate_state(batch, max_context)
+            stage.allocate_state(batch, max_context, kv_blocks)
             stages.append(stage)
     except BaseException:
         for stage in stages:

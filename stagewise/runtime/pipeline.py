@@ -8,7 +8,7 @@ the pipeline stays usable, and a retry gives exactly the results of a run that n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from stagewise.models.stage_model import StageOutput
 from stagewise.runtime.channel import Channel
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.stage import Stage
+from stagewise.spec.kv_pool import KVPool
 
 _SPIN_CYCLES = 2_000_000  # ~1 ms of GPU clock: longer than the host takes to enqueue a handoff (100 us was not, at times)
 FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
@@ -105,9 +106,11 @@ class Pipeline:
         return pair, slot
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0) -> StageOutput:
+             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
+             eager: bool = False) -> StageOutput:
         """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish. The ``B``
         sequences are state rows ``first_row .. first_row + B - 1`` (sequence slots) on every stage.
+        ``eager``: never replay (or capture) a CUDA graph for this step (shapes not worth a graph).
 
         Raises :class:`StepCancelled` or :class:`StepFailed` after rolling every stage back.
         """
@@ -119,7 +122,7 @@ class Pipeline:
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
         shapes = [tuple(tokens.shape)] + [(batch, steps, self.hidden_size)] * (len(self.stages) - 1)
         kv_end = int(positions.max()) + 1
-        graphed = [stage.graphed(steps, all_logits) for stage in self.stages]
+        graphed = [stage.graphed(steps, all_logits) and not eager for stage in self.stages]
         try:
             # every stage's positions go first: their copies never wait behind the previous stage
             pos = [stage.put_positions(staged_pos, shapes[k], graphed[k], first_row)
@@ -138,7 +141,7 @@ class Pipeline:
                 if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
                     raise StepCancelled(f"step {step_id} cancelled before it started")
                 t0 = time.perf_counter()
-                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end)
+                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end, graph=graphed[k])
                 self._sync(stage.device)
                 timings.stage_s.append(time.perf_counter() - t0)
                 if k == len(self.stages) - 1:
@@ -193,8 +196,23 @@ class Pipeline:
         for stage in self.stages:
             stage.reset(slot)
 
+    @property
+    def kv_pool(self) -> KVPool | None:
+        """The KV pool every stage holds (same blocks, same table), or None when no stage holds one."""
+        table = next((s.block_table for s in self.stages if s.block_table is not None), None) if self.supports_rows else None
+        if table is None:
+            return None
+        return KVPool(table.num_blocks, table.block_tokens, table.blocks_per_row)
+
+    def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
+        """Row ``row``'s KV lives in blocks ``block_ids`` (position order) on every stage; the rest of its
+        block-table row points at the scratch block. In stream order with the steps (no host sync)."""
+        for stage in self.stages:
+            stage.set_blocks(row, block_ids)
+
     def move(self, src: int, dst: int, length: int) -> None:
-        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst`` on every stage."""
+        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst`` on every stage: its
+        block-table row moves (the KV stays in its blocks), recurrent state is copied."""
         for stage in self.stages:
             stage.move(src, dst, length)
 
@@ -202,6 +220,12 @@ class Pipeline:
         """Make ``rows`` steppable together: one published recurrent buffer for all of them, on every stage."""
         for stage in self.stages:
             stage.align(rows)
+
+    @property
+    def max_in_flight(self) -> int:
+        """Steps the pipeline overlaps (the batcher's default micro-batches): one per stage, each stage
+        running another micro-batch while the host launches ahead."""
+        return len(self.stages)
 
     @property
     def rows(self) -> int:

@@ -8,6 +8,12 @@ The coordinator (this object, rank 0) hosts the TCPStore. Each step is a two-pha
 2. all acknowledged success -> ``publish``; anything else (a failure, a lost worker, no answer
    within ``timeout_s``) -> ``rollback`` to every live worker, and a typed error.
 
+Row operations (``reset``, ``set_blocks``, ``move``, ``align``: continuous batching over the
+workers' state rows) are commands too, acknowledged by every worker: each worker checks one against
+its rows and KV pool before any stage changes, so a bad one changes nothing and fails with
+:class:`WorkerMessageRejected`; a lost worker fails it with :class:`WorkerLost`. One command is
+in flight at a time (a step returns once it is published), so the batcher runs one micro-batch.
+
 A lost worker (process exit, silent heartbeat, no answer in time) fails the request with
 :class:`WorkerLost` (HTTP 503) and leaves the pipeline *degraded*: requests are refused until a
 worker of the same rank rejoins (local workers are respawned automatically), reloads its stage and
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +61,7 @@ from stagewise.runtime.worker_messages import (
     tensor_from_bytes,
 )
 from stagewise.runtime.worker_pool import WorkerPool
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool, blocks_for, default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 OUTCOMES = ("all", "fail", "lost")
@@ -75,18 +83,20 @@ class RemoteBoundary:
 class DistributedPipeline(Pipeline):
     """Stages ``specs`` run by workers ``owners[k]`` (ranks >= 1) of ``pool``; see the module doc.
 
+    Every stage holds ``batch`` state rows of ``context`` positions over a KV pool of ``kv_blocks``
+    blocks (default: every row its whole context), as in-process stages would.
     ``timeout_s`` bounds one step (and every data-group operation); ``load_timeout_s`` bounds
     joining and loading. ``respawn``: restart lost local workers. ``rejoin=False``: a lost worker
     fails the pipeline for good (callers should exit with the message) instead of waiting.
     """
 
     device_tokens = False  # token ids travel to the workers from the host
-    supports_rows = False  # one sequence slot: workers step row 0 only (no continuous batching yet)
+    supports_rows = True  # workers hold ``batch`` state rows over one KV pool; row operations are commands
 
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
                  dtype: torch.dtype, batch: int, context: int, timeout_s: float = 30.0,
                  load_timeout_s: float = 600.0, respawn: bool = True, rejoin: bool = True,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, kv_blocks: int | None = None) -> None:
         stages: list[Stage] = [RemoteStage(s, config, dtype, r) for s, r in zip(specs, owners, strict=True)]
         self.backend = choose_backend([s.torch_device for s in specs])
         super().__init__(stages, [RemoteBoundary(f"distributed-{self.backend}") for _ in specs[1:]])
@@ -97,6 +107,7 @@ class DistributedPipeline(Pipeline):
         self.dtype = dtype
         self.batch = batch
         self.context = context
+        self.kv_blocks = kv_blocks or default_pool_blocks(batch, context)  # every stage's pool, in every worker
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.respawn = respawn
@@ -151,7 +162,7 @@ class DistributedPipeline(Pipeline):
             next_ = self.owners[last + 1] - 1 if last + 1 < len(self.specs) else -1
         return Assignment(self.model, dtype_name(self.dtype), self.batch, self.context, mine, self.gen, rank - 1,
                           self.pool.count, self.backend, prev, next_, first_seq, self.pool.count, self.timeout_s,
-                          self.cuda_graphs)
+                          self.cuda_graphs, kv_blocks=self.kv_blocks)
 
     def _regroup(self, fresh: dict[int, JoinReport]) -> dict[int, str]:
         """New generation: survivors rebuild the data group, ``fresh`` workers load and join it.
@@ -246,6 +257,19 @@ class DistributedPipeline(Pipeline):
     def degraded(self) -> bool:
         return bool(self._lost or self._failed or self._closed)
 
+    @property
+    def rows(self) -> int:
+        return self.batch
+
+    @property
+    def max_in_flight(self) -> int:
+        """One: a step returns once every worker acknowledged it and it is published."""
+        return 1
+
+    @property
+    def kv_pool(self) -> KVPool:
+        return KVPool(self.kv_blocks, KV_BLOCK_TOKENS, blocks_for(self.context))
+
     def _refuse(self) -> None:
         if self._closed:
             raise WorkerLost("the distributed pipeline is closed")
@@ -255,10 +279,10 @@ class DistributedPipeline(Pipeline):
             raise WorkerLost(self._message or f"workers {sorted(self._lost)} are lost; waiting for them to rejoin")
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0) -> StageOutput:
-        """As :meth:`Pipeline.step` (row 0 only); also raises :class:`WorkerLost` when a worker is lost."""
-        if first_row != 0:
-            raise StepFailed("stages in worker processes hold one sequence slot (row 0)")
+             all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
+             eager: bool = False) -> StageOutput:
+        """As :meth:`Pipeline.step` (workers decide their graphs themselves); also raises
+        :class:`WorkerLost` when a worker is lost."""
         self._refuse()
         with self._lock:
             self._refuse()
@@ -279,7 +303,7 @@ class DistributedPipeline(Pipeline):
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
-                                expected_acks=self.pool.count)
+                                first_row=first_row, expected_acks=self.pool.count)
             outcome, acks = self._collect(seq, self.timeout_s)
             ok = outcome == "all" and len(acks) == len(self.pool.members) and all(a.ok for a in acks.values())
             if ok and cancel is not None and cancel():
@@ -287,7 +311,7 @@ class DistributedPipeline(Pipeline):
                 raise StepCancelled(f"step {step_id} cancelled before it was published")
             if not ok:
                 self._command("rollback")
-                self._fail(step_id, outcome, acks)
+                self._fail(f"step {step_id}", outcome, acks, rolled_back=True)
             try:
                 out = self._outputs(seq)
             except WorkerMessageRejected as exc:
@@ -313,8 +337,10 @@ class DistributedPipeline(Pipeline):
                 timings.handoff_s.append(acks[rank].handoff_s)
         return timings
 
-    def _fail(self, step_id: int, outcome: str, acks: dict[int, Ack]) -> None:
-        """Classify a failed step and raise its typed error (the rollback is already sent)."""
+    def _fail(self, what: str, outcome: str, acks: dict[int, Ack], rolled_back: bool = False) -> None:
+        """Classify a failed command (``what``: ``step 7``, ``move 3 -> 1``) and raise its typed error
+        (a step's rollback is already sent: ``rolled_back``)."""
+        undone = " and was rolled back" if rolled_back else ""
         dead = self.pool.dead(self.pool.store)
         missing = [r for r in self.pool.members if r not in acks]
         if outcome == "timeout":
@@ -322,18 +348,18 @@ class DistributedPipeline(Pipeline):
                 dead.setdefault(rank, f"no answer within {self.timeout_s:g} s (hung)")
         if dead:
             self._lose(dead)
-            raise WorkerLost(f"step {step_id} rolled back: {self._message}")
+            raise WorkerLost(f"{what} {'rolled back' if rolled_back else 'failed'}: {self._message}")
         failures = [a for a in acks.values() if not a.ok]
         root = next((a for a in failures if not a.aborted), failures[0] if failures else None)
         if missing or any(not _is_typed(a.error_type) for a in failures):
             self._needs_regroup = True  # a communication error may have left the group unusable
         if root is None:
-            raise StepFailed(f"step {step_id} failed ({outcome}) and was rolled back")
+            raise StepFailed(f"{what} failed ({outcome}){undone}")
         cls = getattr(errors, root.error_type, None)
         where = f"worker {root.rank} (stages {self._stages_of(root.rank)})"
         if _is_typed(root.error_type) and isinstance(cls, type):
             raise cls(f"{where}: {root.error}")
-        raise StepFailed(f"step {step_id} failed on {where} and was rolled back: {root.error_type}: {root.error}")
+        raise StepFailed(f"{what} failed on {where}{undone}: {root.error_type}: {root.error}")
 
     def _lose(self, dead: dict[int, str]) -> None:
         """Mark ``dead`` lost: kill hung local processes, respawn them (or fail for good)."""
@@ -355,17 +381,41 @@ class DistributedPipeline(Pipeline):
                 self.respawns += 1
                 self.pool.spawn(rank)
 
-    def reset(self, slot: int) -> None:
-        """Start a new sequence in ``slot`` on every worker (refused while degraded)."""
-        self._refuse()
-        with self._lock:
-            self._refuse()
-            self._command("reset", slot=slot)
-
     def rollback(self) -> None:
         with self._lock:
             if not self._closed:
                 self._command("rollback")
+
+    # ----- row operations (continuous batching) --------------------------------------------------
+
+    def reset(self, slot: int) -> None:
+        """Start a new sequence in ``slot`` on every worker (refused while degraded)."""
+        self._rearrange(f"reset of row {slot}", "reset", slot=slot)
+
+    def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
+        """As :meth:`Pipeline.set_blocks`, on every worker's stages."""
+        self._rearrange(f"set_blocks of row {row}", "set_blocks", slot=row, blocks=[int(b) for b in block_ids])
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """As :meth:`Pipeline.move`, on every worker's stages."""
+        self._rearrange(f"move {src} -> {dst}", "move", src=src, dst=dst, length=length)
+
+    def align(self, rows: slice) -> None:
+        """As :meth:`Pipeline.align`, on every worker's stages."""
+        first, stop = rows.start or 0, rows.stop
+        self._rearrange(f"align of rows {first}..{stop - 1}", "align", first_row=first, rows=stop - first)
+
+    def _rearrange(self, what: str, op: str, **fields: Any) -> None:
+        """Send row operation ``op`` to every worker and wait for all to acknowledge it. Raises the
+        workers' typed error (:class:`WorkerMessageRejected`: refused by every worker, nothing changed),
+        :class:`WorkerLost` (the pipeline is degraded) or :class:`StepFailed`."""
+        self._refuse()
+        with self._lock:
+            self._refuse()
+            seq = self._command(op, expected_acks=self.pool.count, **fields)
+            outcome, acks = self._collect(seq, self.timeout_s)
+            if outcome != "all" or len(acks) != len(self.pool.members) or not all(a.ok for a in acks.values()):
+                self._fail(what, outcome, acks)
 
     # ----- health and recovery -------------------------------------------------------------------
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from stagewise.models.block_table import BlockTable
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.state import BlockState, RecurrentState
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.runtime.step_graphs import StepGraphs
+from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.stage_loader import load_stage
 from stagewise.weights.tensor_source import TensorSource, resident_bytes
@@ -92,6 +94,7 @@ class Stage:
         self.graphs: StepGraphs | None = None  # CUDA-graph steps, enabled by enable_graphs()
         self.max_context = 0
         self.batch = 0  # sequence slots (state rows)
+        self.block_table: BlockTable | None = None  # where each row's KV lives, shared by the attention blocks
 
     @staticmethod
     def load(spec: StageSpec, config: ModelConfig, source: TensorSource, dtype: torch.dtype,
@@ -106,14 +109,24 @@ class Stage:
         model.eval()
         return Stage(spec, model, ledger, dtype)
 
-    def allocate_state(self, batch: int, max_context: int) -> None:
-        """Charge, then allocate, the KV / conv / recurrent state of every block."""
-        planned = self.model.new_states(batch, max_context, self.dtype, torch.device("meta"))
+    def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
+        """Charge, then allocate, the state of every block: the KV pools of ``kv_blocks`` blocks (default:
+        every row's whole context) over one block table of ``batch`` rows, conv / recurrent state per row."""
+        blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
+        meta = torch.device("meta")
+        planned = self.model.new_states(batch, max_context, self.dtype, meta, BlockTable(batch, max_context, blocks, meta))
         nbytes = sum(s.nbytes for s in planned.values())
-        self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}")
-        self.states = self.model.new_states(batch, max_context, self.dtype, self.device)
+        self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}, {blocks} KV blocks")
+        self.block_table = BlockTable(batch, max_context, blocks, self.device)
+        self.states = self.model.new_states(batch, max_context, self.dtype, self.device, self.block_table)
         self.max_context = max_context
         self.batch = batch
+
+    def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
+        """Row ``row``'s KV lives in blocks ``block_ids`` (position order) of this stage's pools."""
+        assert self.block_table is not None, "allocate_state first"
+        with self._device_context():
+            self.block_table.set_row(row, block_ids)
 
     def enable_graphs(self, prefill_tokens: int | None = None) -> bool:
         """Replay decode steps, and prefill chunks of exactly ``prefill_tokens`` tokens, as CUDA graphs
@@ -156,13 +169,14 @@ class Stage:
         return slot
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
-            all_logits: bool, first_row: int = 0, kv_end: int | None = None) -> StageOutput:
+            all_logits: bool, first_row: int = 0, kv_end: int | None = None, graph: bool = True) -> StageOutput:
         """Run one step: ``inputs`` token ids ``(B, T)`` (entry) or an activation ``(B, T, H)``, on this device
         or another (copied in), at ``positions`` ``(B, T)`` on this device, for state rows ``first_row ..``;
-        ``kv_end``: the largest position + 1 (needed to replay a graph; known to the host)."""
+        ``kv_end``: the largest position + 1 (needed to replay a graph; known to the host); ``graph``
+        False: run eagerly even where a graph would be replayed."""
         if kv_end is None and start is not None:
             kv_end = start + int(inputs.shape[1])
-        if kv_end is not None and self.graphed(inputs.shape[1], all_logits):
+        if graph and kv_end is not None and self.graphed(inputs.shape[1], all_logits):
             assert self.graphs is not None
             return self.graphs.run(inputs, positions, kv_end, first_row)
         if inputs.device != self.device:
@@ -189,8 +203,11 @@ class Stage:
             state.reset(slot)
 
     def move(self, src: int, dst: int, length: int) -> None:
-        """Copy sequence row ``src`` (its first ``length`` positions) into row ``dst`` of every block's state."""
+        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst``: the block-table row
+        moves (``src`` keeps no blocks), recurrent state is copied."""
         with self._device_context():
+            if self.block_table is not None:
+                self.block_table.move(src, dst)
             for state in self.states.values():
                 state.move(src, dst, length)
 
@@ -205,6 +222,7 @@ class Stage:
         """Free the stage's device memory."""
         self.graphs = None
         self.states = {}
+        self.block_table = None
         self.model = None  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -12,7 +12,9 @@ graph of one (first row, shape) reads the same static input and positions buffer
 directly (the positions from pinned host memory ahead of time, the previous stage's activation by
 its channel, the sampled token by the sampler) with no copy inside the step. Only one-token steps and
 steps of exactly ``prefill_tokens`` (the generator's chunk) are captured: a prompt's shorter last
-chunk runs eagerly, so odd lengths never multiply the graphs. Single-device and staged pipelines
+chunk runs eagerly, so odd lengths never multiply the graphs. The stage's KV block table is
+read by the graphs at its fixed address: the batcher changes which blocks a row owns between steps,
+in place, and a replay reads the current table (no recapture, no host sync). Single-device and staged pipelines
 capture the same graphs for the same shapes, so their results stay bit-identical.
 """
 

@@ -8,7 +8,8 @@
 2. waits for its :class:`Assignment`, loads only its stages straight to their devices, joins the
    data process group and acknowledges (``ack/{first_seq - 1}/{rank}``);
 3. reads every :class:`Command` in sequence: ``run`` leaves state provisional and acknowledges;
-   ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision); ``regroup``
+   ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision); ``reset``,
+   ``set_blocks``, ``move`` and ``align`` rearrange state rows and acknowledge; ``regroup``
    rebuilds the data group after another worker was replaced; ``exit`` leaves.
 
 It exits when the coordinator's store disappears (a heartbeat thread notices within seconds),
@@ -39,6 +40,7 @@ from stagewise.runtime.distributed_group import join_group, leave_group
 from stagewise.runtime.link_probe import LinkProbe, probe_key, probe_report_key, run_probe
 from stagewise.runtime.sealed_store import SESSION_KEY, SealedStore
 from stagewise.runtime.worker_messages import (
+    ROW_OPS,
     Ack,
     Assignment,
     Command,
@@ -217,8 +219,13 @@ class Worker:
             segment.publish()
         elif cmd.op == "rollback":
             segment.rollback()
-        elif cmd.op == "reset":
-            segment.reset(cmd.slot)
+        elif cmd.op in ROW_OPS:
+            try:
+                segment.rearrange(cmd)
+                ack = Ack(self.rank, True)
+            except Exception as exc:
+                ack = self._failure(exc)
+            self._ack(cmd.seq, ack, cmd.expected_acks)
         elif cmd.op == "regroup":
             try:
                 self._join(cmd.gen)

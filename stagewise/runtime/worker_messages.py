@@ -40,7 +40,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 MAX_RANK = 4096
 MAX_INT = 2**62
-OPS = ("run", "publish", "rollback", "reset", "regroup", "exit")
+OPS = ("run", "publish", "rollback", "reset", "set_blocks", "move", "align", "regroup", "exit")
+ROW_OPS = ("reset", "set_blocks", "move", "align")  # rearrange state rows; acknowledged like run
+MAX_BLOCKS = 2**31 - 1  # a KV block id
+MAX_INT_LIST = 2**20  # block ids of one row
 BACKENDS = ("gloo", "nccl")
 MAX_TEXT = 64 * 1024  # an error message, a host name...
 
@@ -194,6 +197,7 @@ class Assignment:
     timeout_s: float
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs on GPU stages
     refused: str = ""  # non-empty: the coordinator will not use this worker (the message says why)
+    kv_blocks: int = 0  # usable KV blocks of every stage's pool; 0: every one of ``batch`` rows its whole context
 
     def to_json(self) -> str:
         raw = asdict(self)
@@ -222,7 +226,7 @@ class Assignment:
             _int(raw, "prev_rank", what, -1, world - 1), _int(raw, "next_rank", what, -1, world - 1),
             _int(raw, "first_seq", what, 1, MAX_INT), _int(raw, "expected_acks", what, 0, MAX_RANK),
             _float(raw.get("timeout_s"), "timeout_s", what, 1e-3), _bool(raw, "cuda_graphs", what, True),
-            _str(raw, "refused", what, ""))
+            _str(raw, "refused", what, ""), _int(raw, "kv_blocks", what, 0, MAX_BLOCKS, 0))
 
 
 @dataclass(frozen=True)
@@ -230,9 +234,12 @@ class Command:
     """One coordinator command; ``members`` maps each rank to the incarnation the coordinator
     trusts (a worker not listed, or listed with another incarnation, has been replaced and exits).
 
-    ``op``: ``run`` (step ``step_id`` over ``tokens``/``positions``), ``publish``, ``rollback``,
-    ``reset`` (``slot``), ``regroup`` (rebuild the data group as generation ``gen``), ``exit``.
-    Only ``run`` and ``regroup`` are acknowledged, by ``expected_acks`` workers.
+    ``op``: ``run`` (step ``step_id`` over ``tokens``/``positions`` ``(B, T)`` in state rows
+    ``first_row ..``), ``publish``, ``rollback``, the row operations of :data:`ROW_OPS` — ``reset``
+    (row ``slot``), ``set_blocks`` (row ``slot``'s KV in ``blocks``), ``move`` (row ``src``'s first
+    ``length`` positions to row ``dst``), ``align`` (rows ``first_row .. first_row + rows - 1``) —
+    ``regroup`` (rebuild the data group as generation ``gen``), ``exit``. ``run``, the row
+    operations and ``regroup`` are acknowledged, by ``expected_acks`` workers.
     """
 
     seq: int
@@ -246,6 +253,12 @@ class Command:
     slot: int = 0
     gen: int = 0
     expected_acks: int = 0
+    first_row: int = 0
+    rows: int = 0
+    blocks: list[int] = field(default_factory=list)
+    src: int = 0
+    dst: int = 0
+    length: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -276,10 +289,21 @@ class Command:
             raise WorkerMessageRejected(f"{what}: tokens and positions differ in shape")
         if op == "run" and (not tokens or len({len(r) for r in tokens}) != 1 or not tokens[0]):
             raise WorkerMessageRejected(f"{what}: a run needs a non-empty rectangle of tokens")
+        blocks = raw.get("blocks", [])
+        if not isinstance(blocks, list) or len(blocks) > MAX_INT_LIST:
+            raise WorkerMessageRejected(f"{what}: blocks must be a list of at most {MAX_INT_LIST} block ids")
+        for b in blocks:
+            if type(b) is not int or not 0 <= b <= MAX_BLOCKS:
+                raise WorkerMessageRejected(f"{what}: blocks holds {b!r}, not a block id"[:300])
+        rows = _int(raw, "rows", what, 0, MAX_RANK, 0)
+        if op == "align" and rows < 1:
+            raise WorkerMessageRejected(f"{what}: an align needs at least one row")
         return Command(got, op, checked, _int(raw, "step_id", what, 0, MAX_INT, 0), tokens, positions,
                        _opt_int(raw, "start", what, 0, 2**31 - 1), _bool(raw, "all_logits", what, False),
                        _int(raw, "slot", what, 0, MAX_RANK, 0), _int(raw, "gen", what, 0, MAX_INT, 0),
-                       _int(raw, "expected_acks", what, 0, MAX_RANK, 0))
+                       _int(raw, "expected_acks", what, 0, MAX_RANK, 0), _int(raw, "first_row", what, 0, MAX_RANK, 0),
+                       rows, blocks, _int(raw, "src", what, 0, MAX_RANK, 0), _int(raw, "dst", what, 0, MAX_RANK, 0),
+                       _int(raw, "length", what, 0, 2**31 - 1, 0))
 
 
 @dataclass(frozen=True)

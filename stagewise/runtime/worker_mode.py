@@ -44,13 +44,9 @@ class WorkerMode:
         return LOOPBACK if self.local or self.host in ("0.0.0.0", "::") else self.host
 
 
-def check_worker_options(workers: str | None, max_seqs: int | None) -> WorkerMode | None:
-    """The parsed ``--workers`` (None without it); :class:`ConfigError` for ``--max-seqs`` above 1
-    with workers (stages in worker processes hold one sequence). Call before opening anything."""
+def check_worker_options(workers: str | None) -> WorkerMode | None:
+    """The parsed ``--workers`` (None without it; :class:`ConfigError` when malformed). Call before
+    opening anything."""
     if workers is None:
         return None
-    mode = WorkerMode.parse(workers)
-    if max_seqs is not None and max_seqs > 1:
-        raise ConfigError(f"--max-seqs {max_seqs} needs in-process stages: stages in worker processes hold one "
-                          "sequence (use --max-seqs 1 or drop --workers)")
-    return mode
+    return WorkerMode.parse(workers)

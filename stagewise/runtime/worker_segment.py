@@ -3,7 +3,9 @@
 A segment runs one step as the in-process :class:`Pipeline` would over its stages — receive the
 activation (or take the tokens at the entry), run each stage, hand over in-process between them,
 send the activation on (or keep the exit's output) — and leaves every stage's state provisional
-until the coordinator says publish or rollback.
+until the coordinator says publish or rollback. It rearranges state rows on command as the
+in-process pipeline does (reset, KV blocks, moves, alignment), each checked against its stages'
+rows and KV pool before any stage changes.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class WorkerSegment:
         try:
             for spec in assignment.stages:
                 stage = Stage.load(spec, config, source, dtype)
-                stage.allocate_state(assignment.batch, assignment.context)
+                stage.allocate_state(assignment.batch, assignment.context, assignment.kv_blocks or None)
                 if assignment.cuda_graphs:
                     stage.enable_graphs()  # a no-op off CUDA
                 stages.append(stage)
@@ -100,7 +102,9 @@ class WorkerSegment:
             out: StageOutput | None = None
             for k, stage in enumerate(self.stages):
                 t0 = time.perf_counter()
-                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits)
+                # NOTE: no kv_end for per-row positions (batched decode): those steps run eagerly, since
+                # the coordinator does not pad batches to graph buckets (a graph per batch size otherwise)
+                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits, cmd.first_row)
                 stage_s.append(time.perf_counter() - t0)
                 if k + 1 < len(self.stages):
                     received = self.local[k].send(Handoff(cmd.step_id, positions, out.hidden))
@@ -127,8 +131,40 @@ class WorkerSegment:
             raise WorkerMessageRejected(f"step {cmd.step_id}: a token id is outside the vocabulary ({self.vocab_size})")
         if self.context and any(p >= self.context for row in cmd.positions for p in row):
             raise WorkerMessageRejected(f"step {cmd.step_id}: a position is outside the context ({self.context})")
-        if self.batch and len(cmd.positions) > self.batch:
-            raise WorkerMessageRejected(f"step {cmd.step_id}: {len(cmd.positions)} rows for {self.batch} slots")
+        if self.batch and cmd.first_row + len(cmd.positions) > self.batch:
+            raise WorkerMessageRejected(f"step {cmd.step_id}: rows {cmd.first_row}..{cmd.first_row + len(cmd.positions) - 1} "
+                                        f"for {self.batch} slots")
+
+    def rearrange(self, cmd: Command) -> None:
+        """Apply row operation ``cmd`` (``reset``, ``set_blocks``, ``move``, ``align``) to every stage,
+        after checking it against the rows and the KV pool (:class:`WorkerMessageRejected`: no stage changed)."""
+        if not self.stages:
+            return
+        self.check_rows(cmd)
+        for stage in self.stages:
+            if cmd.op == "reset":
+                stage.reset(cmd.slot)
+            elif cmd.op == "set_blocks":
+                stage.set_blocks(cmd.slot, cmd.blocks)
+            elif cmd.op == "move":
+                stage.move(cmd.src, cmd.dst, cmd.length)
+            elif cmd.op == "align":
+                stage.align(slice(cmd.first_row, cmd.first_row + cmd.rows))
+
+    def check_rows(self, cmd: Command) -> None:
+        """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows this segment holds,
+        positions inside the context and block ids of its pool (no more than a row holds)."""
+        table = self.stages[0].block_table
+        assert table is not None, "allocate_state first"
+        rows = {"reset": [cmd.slot], "set_blocks": [cmd.slot], "move": [cmd.src, cmd.dst],
+                "align": [cmd.first_row, cmd.first_row + cmd.rows - 1]}[cmd.op]
+        if any(r >= self.batch for r in rows):
+            raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {self.batch} slots")
+        if cmd.op == "move" and cmd.length > self.context:
+            raise WorkerMessageRejected(f"move: {cmd.length} positions, outside the context ({self.context})")
+        if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
+            raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
+                                        f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")
 
     def publish(self) -> None:
         for stage in self.stages:

@@ -108,7 +108,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             reserve=settings.reserve, cuda_graphs=settings.cuda_graphs, workers=settings.workers,
             worker_timeout_s=settings.worker_timeout_s, worker_secret_file=settings.worker_secret_file,
             measure_links=settings.measure_links,
-            max_seqs=settings.max_seqs)
+            max_seqs=settings.max_seqs, kv_tokens=settings.kv_tokens)
     except BaseException as exc:
         state.set_failed(exc)
         server.should_exit = True
@@ -117,8 +117,10 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         if model.tokenizer is None and (settings.model or "").startswith("random:"):
             model = with_demo_tokenizer(model)  # random weights come without a tokenizer
         engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
+        pool = model.pipeline.kv_pool
+        pool_text = f", a KV pool of {pool.tokens} positions (--kv-tokens)" if pool is not None else ""
         console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
-                      f"{model.max_context} positions each (--max-seqs, --context)")
+                      f"{model.max_context} positions each (--max-seqs, --context){pool_text}")
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
             done = engine.warm_up()

@@ -37,6 +37,7 @@ class ServeSettings:
     measure_links: bool = True  # time the links between joined workers before planning
     warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
     max_seqs: int | None = None  # sequences decoded together; None: auto (the most that fit, up to 8)
+    kv_tokens: int | None = None  # KV pool positions per stage; None: every sequence slot its whole context
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); "*" for any; () = off
 
     def __post_init__(self) -> None:
@@ -50,7 +51,9 @@ class ServeSettings:
             raise ConfigError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
         if self.max_seqs is not None and not 1 <= self.max_seqs <= 4096:
             raise ConfigError(f"--max-seqs must be in [1, 4096] or auto, got {self.max_seqs}")
-        check_worker_options(self.workers, self.max_seqs)  # refused before the HTTP socket or a store opens
+        check_worker_options(self.workers)  # a malformed --workers: refused before the HTTP socket or a store opens
+        if self.kv_tokens is not None and self.kv_tokens < 1:
+            raise ConfigError(f"--kv-tokens must be >= 1, got {self.kv_tokens}")
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s must be >= 0, got {self.grace_s}")
         if self.max_body_bytes < 1024:

@@ -7,10 +7,12 @@ from typing import Any
 
 from stagewise.errors import ConfigError
 from stagewise.spec.formats import activation_bytes
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, blocks_for, default_pool_blocks
 
 DEFAULT_CONTEXT_TOKENS = 4096  # assess / plan default; run may ask for more
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 MAX_CONTEXT_TOKENS = 1 << 24
+MAX_KV_TOKENS = 1 << 36
 # cuBLAS workspaces and CUDA-graph memory pools a stage holds on an accelerator, beyond its own
 # tensors: measured on an H200 as the prefill peak above the resident tensors minus the modelled
 # activations (~100-140 MB; bench/results/gpu_exact_2xh200.json)
@@ -21,13 +23,16 @@ ACCELERATOR_RUNTIME_WORKSPACE_BYTES = 160 << 20
 class Profile:
     """Serving profile: ``batch`` sequences of up to ``context_tokens`` positions each, prompts
     ingested ``prefill_chunk_tokens`` at a time, activations / KV / conv state in
-    ``activation_dtype``; each stage also holds ``runtime_workspace_bytes`` for the device runtime."""
+    ``activation_dtype``; each stage also holds ``runtime_workspace_bytes`` for the device runtime.
+    ``kv_tokens``: the KV pool's size in positions, shared by all sequences (rounded up to whole
+    blocks); None gives every sequence its whole context (``batch × context``, rounded up per sequence)."""
 
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     batch: int = 1
     prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS
     activation_dtype: str = "bf16"
     runtime_workspace_bytes: int = 0  # per stage; ACCELERATOR_RUNTIME_WORKSPACE_BYTES on GPUs
+    kv_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name, top in (("context_tokens", MAX_CONTEXT_TOKENS), ("batch", 4096), ("prefill_chunk_tokens", 1 << 20)):
@@ -35,6 +40,9 @@ class Profile:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ConfigError(f"profile: {name} must be an integer in 1..{top}, got {value!r}")
         activation_bytes(self.activation_dtype)
+        if self.kv_tokens is not None and (isinstance(self.kv_tokens, bool) or not isinstance(self.kv_tokens, int)
+                                           or not 1 <= self.kv_tokens <= MAX_KV_TOKENS):
+            raise ConfigError(f"profile: kv_tokens must be an integer in 1..{MAX_KV_TOKENS}, got {self.kv_tokens!r}")
         if isinstance(self.runtime_workspace_bytes, bool) or not 0 <= self.runtime_workspace_bytes < 1 << 40:
             raise ConfigError(f"profile: runtime_workspace_bytes must be in [0, 1 TiB), got {self.runtime_workspace_bytes!r}")
 
@@ -48,6 +56,17 @@ class Profile:
         """Tokens one step carries at most: a prefill chunk of one sequence, or one decode token of
         each of ``batch`` sequences (the batcher never prefills two sequences in one step)."""
         return max(self.chunk_tokens, self.batch)
+
+    @property
+    def kv_pool_blocks(self) -> int:
+        """Usable KV blocks of ``KV_BLOCK_TOKENS`` positions in every stage's pool."""
+        if self.kv_tokens is None:
+            return default_pool_blocks(self.batch, self.context_tokens)
+        return blocks_for(self.kv_tokens)
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        return self.kv_pool_blocks * KV_BLOCK_TOKENS
 
     @property
     def activation_bytes(self) -> int:

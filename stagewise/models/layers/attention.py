@@ -1,4 +1,4 @@
-"""Grouped-query attention over a preallocated KV cache.
+"""Grouped-query attention over a paged KV cache (the stage's block pool, read through its block table).
 
 Options cover the families we run: per-head q/k RMSNorm (Qwen3, hybrids), partial rotary
 embedding and a sigmoid output gate packed with the query projection (Qwen3-Next / Qwen3.5).
@@ -10,12 +10,14 @@ import torch
 from torch import nn
 
 from stagewise.kernels.triton_launch import use_triton
+from stagewise.models.block_table import BlockTable
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import apply_rotary
 from stagewise.models.state import KVCache
 from stagewise.models.step_context import StepContext
+from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 
@@ -53,8 +55,13 @@ class Attention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.q_proj.out_features, kv, kv], dim=-1)
         return q, k, v
 
-    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return KVCache(batch, self.kv_heads, max_context, self.head_dim, dtype, device)
+    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
+                  table: BlockTable | None = None) -> KVCache:
+        """This block's KV pool over ``table`` (the stage's); without one, its own identity table of
+        ``batch`` rows of ``max_context`` positions."""
+        if table is None:
+            table = BlockTable(batch, max_context, default_pool_blocks(batch, max_context), device)
+        return KVCache(table, self.kv_heads, self.head_dim, dtype, device)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         batch, steps, _ = x.shape
@@ -73,10 +80,11 @@ class Attention(nn.Module):
             from stagewise.kernels.decode_attention_triton import decode_attention
             from stagewise.kernels.rope_store_triton import rope_store
 
-            keys, values = cache.key[ctx.rows], cache.value[ctx.rows]  # this step's rows of the cache
-            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, keys, values)  # (B, T, H, D); cache written
-            if steps == 1:  # decode: split-K attention over the cache (+ gate), no mask tensor
-                return self.o_proj(decode_attention(q, keys, values, ctx.positions, ctx.kv_length, gate_heads))
+            table = cache.table.table[ctx.rows]  # (B, blocks per row): this step's rows of the block table
+            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table)  # (B, T, H, D)
+            if steps == 1:  # decode: paged split-K attention over the pool (+ gate), no mask tensor
+                return self.o_proj(decode_attention(q, cache.key, cache.value, table, ctx.positions,
+                                                    ctx.kv_length, gate_heads))
             q = q.transpose(1, 2)  # (B, H, T, D)
         else:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
