@@ -5,8 +5,8 @@
 
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
 GEMV); ``experts=BN,BK,WARPS,STAGES`` (both MoE decode GEMMs' tiles), ``gate_up=…`` / ``down=…`` (one
-of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``oldexperts`` (the MoE
-experts of batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
+of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``densedecode`` (dense Q8_0
+matmuls of 17-64 rows through the decode kernel); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def apply(variant: str) -> None:
             tiles = _tiles(spec)
             grouped.DECODE_Q8_0 = dataclasses.replace(cfg, gate_up=tiles) if name == "gate_up" else \
                 dataclasses.replace(cfg, down=tiles)
+        elif part == "densedecode":
+            q8_gemm.DECODE_KERNEL = True
         elif part == "oldexperts":
             grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
         elif part.startswith("dense="):
