@@ -5,7 +5,8 @@
 
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
 GEMV); ``experts=BN,BK,WARPS,STAGES`` (both MoE decode GEMMs' tiles), ``gate_up=…`` / ``down=…`` (one
-of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``densedecode`` (dense Q8_0
+of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``nopack`` (one prompt per
+prefill step: no packed prefill); ``densedecode`` (dense Q8_0
 matmuls of 17-64 rows through the decode kernel); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import stagewise.engine.staging_area as staging
 import stagewise.kernels.moe_grouped_triton as grouped
 import stagewise.kernels.q8_0_gemm as q8_gemm
 import stagewise.weights.quant.q8_0 as q8
@@ -43,6 +45,8 @@ def apply(variant: str) -> None:
             tiles = _tiles(spec)
             grouped.DECODE_Q8_0 = dataclasses.replace(cfg, gate_up=tiles) if name == "gate_up" else \
                 dataclasses.replace(cfg, down=tiles)
+        elif part == "nopack":  # one prompt per prefill step, as before packed prefill
+            staging.StagingArea.accepts = lambda self, left: not self.members  # type: ignore[method-assign]
         elif part == "densedecode":
             q8_gemm.DECODE_KERNEL = True
         elif part == "oldexperts":

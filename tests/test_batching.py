@@ -63,7 +63,7 @@ def _run(batcher: Batcher, requests: list[GenerationRequest],
 
 @pytest.fixture(scope="module", params=PRESETS)
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[LoadedModel, LoadedModel]]:
-    single = load_model(request.param, None, "single", 96, max_seqs=4, prefill_chunk=16)
+    single = load_model(request.param, "cpu:1x4GiB", "single", 96, max_seqs=4, prefill_chunk=16)  # CPU, as staged
     staged = load_model(request.param, "cpu:2x2GiB", "pipeline:2", 96, max_seqs=4, prefill_chunk=16)
     yield single, staged
     single.close()

@@ -92,7 +92,7 @@ def _run(batcher: Batcher, requests: list[GenerationRequest], check: bool = Fals
 def _load(preset: str, staged: bool = False, kv_tokens: int | None = POOL_TOKENS) -> LoadedModel:
     if staged:
         return load_model(preset, "cpu:2x2GiB", "pipeline:2", CONTEXT, max_seqs=4, prefill_chunk=32, kv_tokens=kv_tokens)
-    return load_model(preset, None, "single", CONTEXT, max_seqs=4, prefill_chunk=32, kv_tokens=kv_tokens)
+    return load_model(preset, "cpu:1x4GiB", "single", CONTEXT, max_seqs=4, prefill_chunk=32, kv_tokens=kv_tokens)  # CPU, as staged
 
 
 @pytest.fixture(scope="module", params=["random:tiny-llama", "random:tiny-qwen3.5"])
