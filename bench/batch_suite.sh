@@ -10,9 +10,10 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 stamp GPU kernel and paged-KV tests
 timeout 130 python3 -m pytest -q -x -p no:cacheprovider tests/test_paged_kv.py tests/test_triton_kernels.py \
   > "$OUT/gpu_tests.txt" 2>&1; tail -2 "$OUT/gpu_tests.txt"
-stamp batched vs alone, two stages on one GPU vs one, preemption
+stamp batched vs alone, two stages on two GPUs vs one when there are two, preemption
+STAGED=$(python3 -c "import torch; print('--staged cuda:0,cuda:1' if torch.cuda.device_count() > 1 else '')")
 timeout 80 python3 bench/batch_check.py random:tiny-llama random:tiny-qwen3.6 random:tiny-qwen3-moe --streams 8 --gen 32 \
-  --devices cuda:0 --staged cuda:0@20GB,cuda:0@20GB --json "$OUT/batch_check_h200.json" | cut -c1-300
+  --devices cuda:0 $STAGED --json "$OUT/batch_check_h200.json" | cut -c1-300
 timeout 50 python3 bench/batch_check.py random:tiny-llama random:tiny-qwen3.6 --streams 8 --gen 32 --devices cuda:0 \
   --kv-tokens 640 --json "$OUT/batch_check_preempt_h200.json" | cut -c1-300
 stamp qwen3-30b concurrency
