@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.moe_grouped import _quantize  # the same random Q8_0 weights as the prefill bench
 from stagewise.kernels.moe_align import moe_align
 from stagewise.kernels.moe_align_triton import moe_align_fused
 from stagewise.kernels.moe_decode_triton import decode_gemm
@@ -37,20 +38,12 @@ from stagewise.kernels.moe_grouped_triton import (
     grouped_swiglu_experts,
 )
 from stagewise.kernels.silu_mul_triton import silu_mul
-from stagewise.weights.quant.q8_0 import Q8_0Weight
 
 MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "qwen3.6-35b-a3b": (256, 8, 2048, 512)}  # E, K, H, I
 _T = GemmTiles
 SWEEP = [_T(n, k, w, s) for n in (64, 128, 256) for k in (128, 256, 512) for w in (2, 4, 8) for s in (2, 3)
          if n * k <= 65536 and not (n == 256 and w == 2)]
 SMALL_SWEEP = [_T(n, 128, w, s) for n in (16, 32, 64) for w in (1, 2) for s in (2, 3, 4)]  # small programs
-
-
-def _quantize(w: torch.Tensor) -> Q8_0Weight:
-    blocks = w.float().unflatten(-1, (-1, 32))
-    scale = (blocks.abs().amax(-1).clamp(min=1e-8) / 127.0).to(torch.float16)
-    qs = torch.round(blocks / scale.float()[..., None]).clamp(-127, 127).to(torch.int8).flatten(-2)
-    return Q8_0Weight(qs.contiguous(), scale.contiguous())
 
 
 def _graph_ms(fn: Callable[[], Any], replays: int = 20) -> float:
