@@ -3,15 +3,12 @@ requests run together through the batcher."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from stagewise.engine.batcher import Batcher, Sequence
-from stagewise.engine.generator import GenerationRequest, Generator, TokenEvent
+from stagewise.engine.generator import GenerationRequest, Generator
 from stagewise.engine.sampling import SamplingParams
-from stagewise.errors import StagewiseError
 from stagewise.runtime.pipeline import Pipeline
 
 PROMPT = [(i * 13 + 5) % 150 for i in range(21)]
@@ -69,8 +66,6 @@ def greedy_tokens(pipeline: Pipeline, max_context: int, n: int = 8) -> list[int]
     return [event.sample.token for event in gen.stream(request)]
 
 
-Run = list[list[tuple[int, float]]]  # per request: (token, log-probability) in order
-TokenHook = Callable[[int, int], None]  # (request index, tokens it has so far) -> may kill a worker
 
 
 def batch_requests(vocab: int, lengths: list[int], budgets: list[int], seed: int = 0) -> list[GenerationRequest]:
@@ -78,33 +73,6 @@ def batch_requests(vocab: int, lengths: list[int], budgets: list[int], seed: int
     gen = torch.Generator().manual_seed(seed)
     prompts = [tuple(torch.randint(0, vocab, (n,), generator=gen).tolist()) for n in lengths]
     return [GenerationRequest(p, n, SamplingParams(temperature=0.0)) for p, n in zip(prompts, budgets, strict=True)]
-
-
-def run_batch(batcher: Batcher, requests: list[GenerationRequest],
-              on_token: TokenHook | None = None) -> tuple[Run, list[StagewiseError | None]]:
-    """Every request through ``batcher`` at once (as many in flight as it has rows); tokens and errors."""
-    out: Run = [[] for _ in requests]
-    errors: list[StagewiseError | None] = [None] * len(requests)
-
-    def sink(i: int) -> Callable[[TokenEvent], bool]:
-        def take(event: TokenEvent) -> bool:
-            out[i].append((event.sample.token, event.sample.logprob))
-            if on_token is not None:
-                on_token(i, len(out[i]))
-            return True
-        return take
-
-    def failed(i: int) -> Callable[[StagewiseError], None]:
-        def record(error: StagewiseError) -> None:
-            errors[i] = error
-        return record
-
-    for i, request in enumerate(requests):
-        batcher.add(Sequence(request, sink(i), failed(i), lambda: False))
-    while batcher.active:
-        batcher.iterate()
-    batcher.drain()
-    return out, errors
 
 
 def identity_blocks(pipeline: Pipeline) -> None:

@@ -4,24 +4,24 @@ between batch 1 and batch N, seeded sampling independent of the batch, cancellat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from stagewise.engine.batcher import Batcher, Sequence, batch_bucket
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.batcher import Batcher, batch_bucket
+from stagewise.engine.generator import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import StagewiseError, StepCancelled
+from tests.batch_runs import Run, run_batch
 from tests.hf_models import make_hf_model
 
 GREEDY = SamplingParams(temperature=0.0)
 PRESETS = ["random:tiny-llama", "random:tiny-qwen3.6", "random:tiny-qwen3-moe"]
-Run = list[list[tuple[int, float]]]
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[tuple[int, ...]]:
@@ -31,34 +31,9 @@ def _prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[tuple[int, .
 
 def _run(batcher: Batcher, requests: list[GenerationRequest],
          cancel_after: dict[int, int] | None = None) -> tuple[Run, list[StagewiseError | None]]:
-    out: Run = [[] for _ in requests]
-    errors: list[StagewiseError | None] = [None] * len(requests)
-    cancel_after = cancel_after or {}
-
-    def sink(i: int) -> Callable[[TokenEvent], bool]:
-        def on_token(event: TokenEvent) -> bool:
-            out[i].append((event.sample.token, event.sample.logprob))
-            return True
-        return on_token
-
-    def failed(i: int) -> Callable[[StagewiseError], None]:
-        def on_error(error: StagewiseError) -> None:
-            errors[i] = error
-        return on_error
-
-    def stop(i: int) -> Callable[[], bool]:
-        limit = cancel_after.get(i)
-
-        def cancelled() -> bool:
-            return limit is not None and len(out[i]) >= limit
-        return cancelled
-
-    for i, request in enumerate(requests):
-        batcher.add(Sequence(request, sink(i), failed(i), stop(i)))
-    while batcher.active:
-        batcher.iterate()
-    batcher.drain()
-    return out, errors
+    """``run_batch``; request ``i`` is cancelled once it has ``cancel_after[i]`` tokens."""
+    limits = cancel_after or {}
+    return run_batch(batcher, requests, cancelled=lambda i, n: i in limits and n >= limits[i])
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -233,24 +208,13 @@ def test_cancelling_a_prompt_while_prefilled_with_others(pair: tuple[LoadedModel
     full, _ = _run(batcher, requests)
     polls = {"n": 0}
 
-    def cancel_second() -> bool:  # asked once per prefill step while it stages: cancelled at the second
+    def cancel_second(i: int, _: int) -> bool:  # request 1, asked once per step while it stages: at the second
+        if i != 1:
+            return False
         polls["n"] += 1
         return polls["n"] >= 2
 
-    out: Run = [[] for _ in requests]
-    errors: list[StagewiseError | None] = [None] * len(requests)
-    for i, request in enumerate(requests):
-        def on_token(event: TokenEvent, i: int = i) -> bool:
-            out[i].append((event.sample.token, event.sample.logprob))
-            return True
-
-        def on_error(error: StagewiseError, i: int = i) -> None:
-            errors[i] = error
-
-        batcher.add(Sequence(request, on_token, on_error, cancel_second if i == 1 else (lambda: False)))
-    while batcher.active:
-        batcher.iterate()
-    batcher.drain()
+    out, errors = run_batch(batcher, requests, cancelled=cancel_second)
     assert isinstance(errors[1], StepCancelled) and out[1] == []
     for i in (0, 2, 3):
         _assert_close(out[i], full[i])

@@ -18,8 +18,9 @@ from stagewise.runtime.distributed_start import open_pool, start_workers
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
+from tests.batch_runs import run_batch
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
-from tests.multiprocess_helpers import assert_same, batch_requests, greedy_tokens, run_batch, step_trace
+from tests.multiprocess_helpers import assert_same, batch_requests, greedy_tokens, step_trace
 from tests.staged import load_pipeline, specs_for_cuts
 
 CONTEXT = 64

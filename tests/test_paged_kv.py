@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +17,19 @@ from hypothesis import strategies as st
 
 from stagewise.engine.batcher import Batcher, Sequence
 from stagewise.engine.block_allocator import BlockAllocator, OutOfBlocks
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generator import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.models.state import KVCache
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool
+from tests.batch_runs import Run, run_batch
 from tests.staged import run_trace
 
 GREEDY = SamplingParams(temperature=0.0)
 CONTEXT = 256  # four 64-position blocks per sequence slot
 POOL_TOKENS = 5 * KV_BLOCK_TOKENS  # five blocks for four slots: not every sequence at once
-Run = list[list[tuple[int, float]]]
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[tuple[int, ...]]:
@@ -62,28 +62,8 @@ def _check_blocks(batcher: Batcher) -> None:
 
 
 def _run(batcher: Batcher, requests: list[GenerationRequest], check: bool = False) -> tuple[Run, list[StagewiseError | None]]:
-    out: Run = [[] for _ in requests]
-    errors: list[StagewiseError | None] = [None] * len(requests)
-
-    def sink(i: int) -> Callable[[TokenEvent], bool]:
-        def on_token(event: TokenEvent) -> bool:
-            assert event.index == len(out[i])  # never a token twice, never one skipped
-            out[i].append((event.sample.token, event.sample.logprob))
-            return True
-        return on_token
-
-    def failed(i: int) -> Callable[[StagewiseError], None]:
-        def on_error(error: StagewiseError) -> None:
-            errors[i] = error
-        return on_error
-
-    for i, request in enumerate(requests):
-        batcher.add(Sequence(request, sink(i), failed(i), lambda: False))
-    while batcher.active:
-        batcher.iterate()
-        if check:
-            _check_blocks(batcher)
-    batcher.drain()
+    """``run_batch``, checking the blocks after every iteration (``check``) and that all are back at the end."""
+    out, errors = run_batch(batcher, requests, each_iteration=(lambda: _check_blocks(batcher)) if check else None)
     if batcher.allocator is not None:
         assert batcher.allocator.used_blocks == 0  # every block back when the sequences end
     return out, errors
