@@ -25,9 +25,6 @@ timeout 120 $B random:llama-3.1-8b --devices cuda:0 --placement single --concurr
 stamp llama single stream
 timeout 45 $B random:llama-3.1-8b --devices cuda:0 --placement single --prompt 512 --gen 128 --repeats 3 --json \
   > "$OUT/bench_llama8b_1gpu_batching_build.json"
-stamp qwen3-30b dense decode kernel A/B
-timeout 60 python3 bench/moe_variant.py densedecode -m stagewise bench random:qwen3-30b-a3b@q8_0 --devices cuda:0 \
-  --placement single --concurrency 32,64 --prompt 128 --gen 128 --repeats 1 --json > "$OUT/concurrency_qwen3_30b_q8_densedecode.json"
 stamp done
 for f in "$OUT"/concurrency_*.json; do
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-1]); [print(l['streams'], round(l['decode_tokens_per_s']), round(l['aggregate_tokens_per_s']), round(l['ttft_s_max'], 3)) for l in r.get('levels', [])]" "$f" || tail -c 600 "$f"

@@ -6,8 +6,7 @@
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
 GEMV); ``experts=BN,BK,WARPS,STAGES`` (both MoE decode GEMMs' tiles), ``gate_up=…`` / ``down=…`` (one
 of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``nopack`` (one prompt per
-prefill step: no packed prefill); ``densedecode`` (dense Q8_0
-matmuls of 17-64 rows through the decode kernel); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
+prefill step: no packed prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
 """
 
 from __future__ import annotations
@@ -47,8 +46,6 @@ def apply(variant: str) -> None:
                 dataclasses.replace(cfg, down=tiles)
         elif part == "nopack":  # one prompt per prefill step, as before packed prefill
             staging.StagingArea.accepts = lambda self, left: not self.members  # type: ignore[method-assign]
-        elif part == "densedecode":
-            q8_gemm.DECODE_KERNEL = True
         elif part == "oldexperts":
             grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
         elif part.startswith("dense="):

@@ -25,10 +25,6 @@ from stagewise.kernels.moe_grouped_triton import (
 
 DECODE_ROWS = 64
 TILES_DECODE_DENSE = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=4)
-# batched decode through the decode kernel (moe_decode_triton: int8 straight into the dot, 16-row blocks)
-# instead of the grouped GEMM; an A/B switch (bench/moe_variant.py densedecode) until measured faster
-DECODE_KERNEL = False
-TILES_DECODE_KERNEL = GemmTiles(block_n=32, block_k=128, num_warps=1, num_stages=2)
 
 
 @functools.lru_cache(maxsize=64)
@@ -59,13 +55,7 @@ def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
-    stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
-    if DECODE_KERNEL and a.device.type == "cuda" and rows <= DECODE_ROWS and in_features % TILES_DECODE_KERNEL.block_k == 0:
-        from stagewise.kernels.moe_decode_triton import decode_gemm
-
-        align = _identity_alignment(rows, 16, a.device)
-        y = decode_gemm(a, stack, align, 1, TILES_DECODE_KERNEL, gather_rows=False)
-        return y.reshape(*x.shape[:-1], out_features)
     block_m, tiles = _tiles(rows, a.device)
+    stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
     y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)
