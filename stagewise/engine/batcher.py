@@ -135,7 +135,7 @@ class Batcher:
         self.graphs = any(getattr(stage, "graphs", None) is not None for stage in pipeline.stages)
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
-        self.area = StagingArea(prefill_chunk)  # prefilling in, or ready to join from, the staging rows
+        self.area: StagingArea[Sequence] = StagingArea(prefill_chunk)  # prefilling in, or ready to join from, the staging rows
         self._area_aligned = True  # the staging rows share one recurrent buffer (else align before a step)
         self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
         self.in_flight: deque[_InFlight] = deque()
@@ -172,7 +172,7 @@ class Batcher:
     @property
     def staging(self) -> list[Sequence]:
         """The sequences in the staging rows, bottom first."""
-        return self.area.members  # type: ignore[return-value]
+        return self.area.members
 
     @property
     def active(self) -> int:
@@ -467,7 +467,6 @@ class Batcher:
         live: list[Sequence] = [s for s in rows if s is not None]
         assert all(s.row == i for i, s in enumerate(live))
         for ready in self.area.finished():  # the bottom staging rows, in order: each moves down or stays
-            assert isinstance(ready, Sequence)
             self.staging.remove(ready)
             dst = len(live)
             if ready.row != dst:

@@ -16,7 +16,7 @@ row: preempting it keeps the rows contiguous. Pure bookkeeping: the batcher move
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 class Prefilling(Protocol):
@@ -29,18 +29,21 @@ class Prefilling(Protocol):
     def prefilled(self) -> int: ...
 
 
+S = TypeVar("S", bound=Prefilling)
+
+
 def tokens_left(seq: Prefilling) -> int:
     """Prompt tokens ``seq`` has still to prefill."""
     return len(seq.ids) - seq.prefilled
 
 
 @dataclass
-class StagingArea:
+class StagingArea(Generic[S]):
     """Members in row order from ``first`` (bottom: fewest tokens left); ``budget_tokens`` per step."""
 
     budget_tokens: int
     first: int = 0
-    members: list[Prefilling] = field(default_factory=list)
+    members: list[S] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.budget_tokens < 1:
@@ -73,14 +76,14 @@ class StagingArea:
         after = (count + 1) * min(tokens_left(self.members[0]), self.budget_tokens // (count + 1))
         return after > now
 
-    def add(self, seq: Prefilling) -> int:
+    def add(self, seq: S) -> int:
         """Put ``seq`` at the top; returns its row."""
         if not self.accepts(tokens_left(seq)):
             raise ValueError("the sequence would break the staging rows' order or shrink the step")
         self.members.append(seq)
         return self.end - 1
 
-    def finished(self) -> list[Prefilling]:
+    def finished(self) -> list[S]:
         """The bottom members with nothing left to prefill (they join the decoding rows)."""
         done = []
         for seq in self.members:
