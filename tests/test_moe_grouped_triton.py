@@ -5,12 +5,16 @@ Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from stagewise.kernels.moe_align import align_capacity, moe_align
+from stagewise.kernels.moe_decode_triton import DecodeTiles
 from stagewise.kernels.moe_grouped_triton import (
     INTERPRETER,
     GemmTiles,
@@ -18,6 +22,7 @@ from stagewise.kernels.moe_grouped_triton import (
     grouped_gemm,
     grouped_swiglu_experts,
 )
+from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.models.layers.experts import Experts
 from stagewise.weights.quant.q8_0 import Q8_0Weight
 
@@ -234,10 +239,16 @@ def _block_scaled_reference(a: torch.Tensor, weight: Q8_0Weight, top_index: torc
     return out * top_weight.reshape(-1, 1).float() if top_weight is not None else out
 
 
+DECODE_VARIANTS = [DecodeTiles(32, 64, 4, 1), DecodeTiles(16, 128, 4, 1), DecodeTiles(32, 32, 4, 1, swap=True),
+                   DecodeTiles(16, 32, 4, 1, split_k=3), DecodeTiles(32, 32, 4, 1, split_k=2, swap=True)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("gather_rows", [True, False], ids=["gather", "per_slot"])
 def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: torch.dtype) -> None:
-    from stagewise.kernels.moe_decode_triton import decode_gemm
+    """Every shape of the work (plain, swapped, split K, both) against the float32 block-scaled reference;
+    split K's per-tile counters are zero again after each launch."""
+    from stagewise.kernels.moe_decode_triton import _tile_counters, decode_gemm
 
     torch.manual_seed(2)
     tokens, n_out, k_in = 9, 48, 128  # n_out not a multiple of BLOCK_N 32
@@ -247,19 +258,39 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
     weight = weight.to(DEVICE)
     a = torch.randn(tokens if gather_rows else tokens * K, k_in).to(DEVICE, dtype)
     align = moe_align(top_index, E, block_m=16)
-    for tiles, route in ((GemmTiles(32, 64, 4, 1), top_weight), (GemmTiles(16, 128, 4, 1), None)):
+    for i, tiles in enumerate(DECODE_VARIANTS):
+        route = top_weight if i % 2 == 0 else None
         got = decode_gemm(a, weight, align, K, tiles, gather_rows=gather_rows, top_weight=route)
         ref = _block_scaled_reference(a, weight, top_index, gather_rows, route)
         assert got.shape == (tokens * K, n_out) and got.dtype == dtype
         tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's rounding
-        torch.testing.assert_close(got.float(), ref, rtol=tol, atol=tol)
+        torch.testing.assert_close(got.float(), ref, rtol=tol, atol=tol, msg=functools.partial("{}: {}".format, tiles))
+        assert torch.equal(decode_gemm(a, weight, align, K, tiles, gather_rows=gather_rows, top_weight=route), got)
+        assert not _tile_counters(a.device, 1).any()
     with pytest.raises(ValueError, match="K step"):
-        decode_gemm(a, weight, align, K, GemmTiles(32, 96, 4, 1), gather_rows=gather_rows)
+        decode_gemm(a, weight, align, K, DecodeTiles(32, 96, 4, 1), gather_rows=gather_rows)
+
+
+@pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:], ids=["swap", "split", "swap_split"])
+def test_decode_gemm_glu_equals_gemm_then_silu_mul(tiles: DecodeTiles) -> None:
+    """The fused gate/up GEMM with SiLU·up equals the plain decode GEMM followed by ``silu_mul`` (torch.equal)."""
+    from stagewise.kernels.moe_decode_triton import decode_gemm, decode_gemm_glu
+
+    torch.manual_seed(3)
+    tokens, inter, k_in = 7, 64, 64  # whole tiles: the up rows sit where the gate rows do in their tiles
+    top_index = _routing(tokens, E, K, seed=8)
+    weight = _quantize(torch.randn(E, 2 * inter, k_in) * 0.1).to(DEVICE)
+    a = torch.randn(tokens, k_in).to(DEVICE)
+    align = moe_align(top_index, E, block_m=16)
+    fused = decode_gemm_glu(a, weight, align, K, tiles, gather_rows=True)
+    plain = silu_mul(decode_gemm(a, weight, align, K, tiles, gather_rows=True))
+    assert fused.shape == (tokens * K, inter)
+    assert torch.equal(fused, plain)
 
 
 def test_decode_config_matches_loop() -> None:
-    """The batched-decode experts (decode GEMM + combine, residual added) agree with the per-expert loop."""
-    from stagewise.kernels.moe_grouped_triton import DECODE_Q8_0
+    """The batched-decode experts (decode GEMMs + combine, residual added) agree with the per-expert loop."""
+    from stagewise.kernels.moe_grouped_triton import DECODE_Q8_0, DecodeConfig
 
     ex = _experts(True, 64, torch.float32)
     tokens = 12
@@ -267,24 +298,27 @@ def test_decode_config_matches_loop() -> None:
     residual = torch.randn(tokens, H).to(DEVICE)
     top_index = _routing(tokens, E, K, seed=13)
     top_weight = torch.softmax(torch.randn(tokens, K), dim=-1).to(DEVICE)
-    small = GroupedConfig(16, GemmTiles(32, 32, 4, 1), GemmTiles(32, 64, 4, 1), decode=True)
-    assert DECODE_Q8_0.decode and DECODE_Q8_0.block_m == 16
+    assert DECODE_Q8_0.block_m == 16
     with torch.no_grad():
         gate_up, down = _stacks(ex)
-        got = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, small, residual=residual)
         plain = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, INTERPRETER, residual=residual)
-    assert got.shape == (tokens, H)
-    torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)
+        for tiles in (DecodeTiles(32, 32, 4, 1), DecodeTiles(32, 32, 4, 1, split_k=2, swap=True)):
+            small = DecodeConfig(16, tiles, dataclasses.replace(tiles, block_k=64))
+            got = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, small, residual=residual)
+            assert got.shape == (tokens, H)
+            torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [17, 32, 64])
-def test_q8_0_gemm_batched_decode_rows(rows: int) -> None:
-    """17-64 rows (a batched decode step's dense Q8_0 matmuls) agree with the block-scaled reference."""
-    from stagewise.kernels.q8_0_gemm import q8_0_gemm
+@pytest.mark.parametrize(("rows", "in_features"), [(17, 256), (32, 256), (64, 256), (33, 2048)])
+def test_q8_0_gemm_batched_decode_rows(rows: int, in_features: int) -> None:
+    """17-64 rows (a batched decode step's dense Q8_0 matmuls) agree with the block-scaled reference;
+    with 2,048 inputs K is split (a 96-output matrix has 2 tiles)."""
+    from stagewise.kernels.q8_0_gemm import decode_tiles, q8_0_gemm
 
     torch.manual_seed(4)
-    weight = _quantize(torch.randn(1, 96, 256) * 0.1).to(DEVICE)
-    x = torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16)
+    assert decode_tiles(33, 96, 2048)[1].split_k == 8 and decode_tiles(33, 96, 2048)[0] == 64
+    weight = _quantize(torch.randn(1, 96, in_features) * 0.1).to(DEVICE)
+    x = torch.randn(rows, in_features, device=DEVICE, dtype=torch.bfloat16)
     got = q8_0_gemm(x, weight.qs[0], weight.scales[0])
     ref = _block_scaled_reference(x, weight, torch.zeros(rows, 1, dtype=torch.long, device=DEVICE), True, None)
     torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)

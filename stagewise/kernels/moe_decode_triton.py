@@ -1,4 +1,4 @@
-"""Grouped Q8_0 expert GEMM for batched decode: a few routed tokens per expert, weights read once.
+"""Q8_0 GEMM for a few rows per weight: batched-decode experts and dense projections of 17-64 rows.
 
 Contract as :func:`~stagewise.kernels.moe_grouped_triton.grouped_gemm` (``out[s] = A[row(s)] @
 W[expert(s)].T`` over the alignment's blocks, optionally times the slot's routing weight), for a
@@ -7,36 +7,110 @@ enter ``tl.dot`` as they are (exact in bf16/f16: ``|q| <= 128``), and the block'
 multiplies that partial dot in float32 — the Q8_0 GEMV's order (sum the block, then scale), not the
 prefill GEMM's (dequantize each value, round it to the activation dtype, then dot).
 
-Why: with ``BLOCK_M = 16`` rows and ~2 tokens per expert the prefill kernel spends per weight value
-an int8 -> float32 conversion, a multiply and a float32 -> bf16 conversion (in its SASS: I2F, FMUL,
-F2FP), and loads its ``(BK, BN)`` tiles one byte at a time (K is the stored inner dimension). Here the
-weights are loaded as ``(BN, 32)`` tiles along K (vector loads), an int8 becomes a bf16 by byte
-permutes, and the scale costs one multiply per output per block instead of per weight.
+Shapes of the work (:class:`DecodeTiles`):
+
+- ``swap``: the weight tile ``(BN, 32)`` is the dot's left operand and the routed rows its right one
+  (``W @ A.T``): the int8 tile is used as it is stored (K innermost), and the few rows per expert
+  fill the dot's narrow side instead of padding its tall one.
+- ``split_k``: the K steps are shared by ``split_k`` programs per output tile, each writing a float32
+  partial; the last of them to finish (an acquire/release counter per tile, reset by that program)
+  sums the partials in split order 0, 1, ... — the same order whichever program is last, so the
+  result is deterministic. More programs keep more loads in flight when there are few output tiles
+  (a dense 2048 x 4096 projection has 64).
+- ``glu`` (:func:`decode_gemm_glu`): the program computes the gate rows and the matching up rows of a
+  fused gate/up weight and stores ``silu(gate) * up``, each rounded to the activation dtype first,
+  exactly as :func:`~stagewise.kernels.silu_mul_triton.silu_mul` computes it from the stored pair.
+
+Every program waits for its predecessor before it reads the alignment (dependent launch).
+
+Counters live in one int32 buffer per (device, stream), zero between launches (each tile's last
+program resets its counter), so launches on one stream — and a CUDA graph replayed on the stream it
+was captured on — never share a counter while one is in flight.
 """
 
 from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
-from stagewise.kernels.moe_grouped_triton import GemmTiles, Q8_0Stack
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
+
+if TYPE_CHECKING:
+    from stagewise.kernels.moe_grouped_triton import Q8_0Stack
+
+QBLOCK = 32
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Tiles of one decode GEMM: ``block_n`` outputs per program, ``block_k`` per K step (a multiple of
+    32 dividing ``in``), ``split_k`` programs per output tile, ``swap``: weights as the dot's left side."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+    swap: bool = False
+
+
+@triton.jit
+def _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
+                SWAP: tl.constexpr, ROUTE_WEIGHT: tl.constexpr):
+    """Store ``acc`` (``(BN, BM)`` when ``SWAP`` else ``(BM, BN)``), times the slot's routing weight."""
+    if SWAP:
+        if ROUTE_WEIGHT:
+            acc = acc * tl.load(route_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        ptrs = out_ptr + slots[None, :].to(tl.int64) * stride_om + offs_n[:, None] * stride_on
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[None, :] & n_ok[:, None])
+    else:
+        if ROUTE_WEIGHT:
+            acc = acc * tl.load(route_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        ptrs = out_ptr + slots[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_on
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _silu_mul_tile(gate, up, dtype: tl.constexpr):
+    """``silu(g) * u`` of the float32 accumulators, each rounded to ``dtype`` first (as stored and reloaded)."""
+    g = gate.to(dtype).to(tl.float32)
+    u = up.to(dtype).to(tl.float32)
+    return g * tl.sigmoid(g) * u
+
+
+@triton.jit
+def _partial_offsets(slots, offs_n, N, SWAP: tl.constexpr):
+    """Offsets of a tile's float32 partial in a ``(num_slots, N)`` plane."""
+    if SWAP:
+        return slots[None, :].to(tl.int64) * N + offs_n[:, None]
+    return slots[:, None].to(tl.int64) * N + offs_n[None, :]
 
 
 @triton.jit
 def _decode_gemm_kernel(
-    a_ptr, q_ptr, s_ptr, out_ptr, route_ptr,
+    a_ptr, q_ptr, s_ptr, out_ptr, route_ptr, part_ptr, lock_ptr,
     sorted_ptr, block_expert_ptr, valid_ptr,
-    N, K, num_slots, top_k,
+    N, K, num_slots, top_k, up_offset,
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
-    GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+    GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
-    pid_m = tl.program_id(0) // tl.cdiv(N, BLOCK_N)
-    pid_n = tl.program_id(0) % tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    pid_k = pid % SPLIT_K  # the K splits of one tile are neighbours: they share the tile's rows
+    tile = pid // SPLIT_K
+    pid_n = tile % n_tiles
+    pid_m = tile // n_tiles
+    wait_for_predecessor(GDC)  # the alignment and the activations come from earlier kernels
     if pid_m >= tl.load(valid_ptr):
         return  # a padding block past every expert's run
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -47,60 +121,157 @@ def _decode_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, 32)  # one Q8_0 block
-    groups = tl.arange(0, GROUPS)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak  # (BM, 32)
-    # NOTE: (BN, 32) tiles, K innermost as stored: the loads are vectors, not single bytes
-    q_ptrs = q_ptr + expert * stride_qe + offs_n[:, None].to(tl.int64) * stride_qn + offs_k[None, :] * stride_qk
-    s_ptrs = s_ptr + expert * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + groups[None, :] * stride_sk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K // (32 * GROUPS)):  # K is a whole number of K steps (checked by the caller)
-        scales = tl.load(s_ptrs, mask=n_ok[:, None], other=0.0).to(tl.float32)  # (BN, G) this step's scales
+    steps = K // (32 * GROUPS)  # K is a whole number of K steps (checked by the caller)
+    per_split = tl.cdiv(steps, SPLIT_K)
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, steps)
+    k0 = first * 32 * GROUPS
+    q_rows = q_ptr + expert * stride_qe + offs_n.to(tl.int64) * stride_qn  # (BN,)
+    s_rows = s_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn + first * GROUPS * stride_sk  # (BN,)
+    if SWAP:
+        a_ptrs = a_ptr + rows[None, :] * stride_am + (k0 + offs_k[:, None]) * stride_ak  # (32, BM)
+        q_ptrs = q_rows[:, None] + (k0 + offs_k[None, :]) * stride_qk  # (BN, 32)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        a_ptrs = a_ptr + rows[:, None] * stride_am + (k0 + offs_k[None, :]) * stride_ak  # (BM, 32)
+        q_ptrs = q_rows[:, None] + (k0 + offs_k[None, :]) * stride_qk  # (BN, 32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up_q = up_offset * stride_qn
+    up_s = up_offset * stride_sn
+    for _ in range(first, last):
         for g in tl.static_range(GROUPS):
-            a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[:, None], other=0.0)  # (BM, 32)
-            q = tl.load(q_ptrs + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
-            s = tl.sum(tl.where(groups[None, :] == g, scales, 0.0), axis=1)  # (BN,) block g's scales
-            if BF16:
-                part = tl.dot(a, tl.trans(q.to(tl.bfloat16)))  # (BM, BN) float32; int8 is exact in bf16
-            else:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
-                part = tl.dot(a.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
-            acc += part * s[None, :]
+            if SWAP:
+                a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[None, :], other=0.0)  # (32, BM)
+            else:
+                a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[:, None], other=0.0)  # (BM, 32)
+            if not BF16:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
+                a = a.to(tl.float32)
+            for half in tl.static_range(2 if GLU else 1):
+                q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
+                s = tl.load(s_rows + half * up_s + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
+                if BF16:
+                    w = q.to(tl.bfloat16)  # int8 is exact in bf16
+                    if SWAP:
+                        part = tl.dot(w, a) * s[:, None]  # (BN, BM)
+                    else:
+                        part = tl.dot(a, tl.trans(w)) * s[None, :]  # (BM, BN)
+                else:
+                    w = q.to(tl.float32)
+                    if SWAP:
+                        part = tl.dot(w, a, input_precision="ieee") * s[:, None]
+                    else:
+                        part = tl.dot(a, tl.trans(w), input_precision="ieee") * s[None, :]
+                if half == 0:
+                    acc += part
+                else:
+                    acc_up += part
         a_ptrs += 32 * GROUPS * stride_ak
         q_ptrs += 32 * GROUPS * stride_qk
-        s_ptrs += GROUPS * stride_sk
-    if ROUTE_WEIGHT:
-        route = tl.load(route_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)  # (BM,)
-        acc = acc * route[:, None]
-    out_ptrs = out_ptr + slots[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+        s_rows += GROUPS * stride_sk
+    if SPLIT_K > 1:
+        plane = num_slots * N
+        offs = _partial_offsets(slots, offs_n, N, SWAP)
+        mask = (row_ok[None, :] & n_ok[:, None]) if SWAP else (row_ok[:, None] & n_ok[None, :])
+        tl.store(part_ptr + pid_k * plane + offs, acc, mask=mask)
+        if GLU:
+            tl.store(part_ptr + (SPLIT_K + pid_k) * plane + offs, acc_up, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        done = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+        if done == SPLIT_K - 1:  # the last program of this tile: sum the partials in split order
+            tl.debug_barrier()
+            acc = tl.zeros(acc.shape, dtype=tl.float32)
+            acc_up = tl.zeros(acc.shape, dtype=tl.float32)
+            for j in tl.static_range(SPLIT_K):
+                acc += tl.load(part_ptr + j * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    acc_up += tl.load(part_ptr + (SPLIT_K + j) * plane + offs, mask=mask, other=0.0,
+                                      cache_modifier=".cg")
+            tl.store(lock_ptr + tile, 0)  # zero again for the next launch on this stream
+            if GLU:
+                acc = _silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
+            _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
+                        SWAP, ROUTE_WEIGHT)
+    else:
+        if GLU:
+            acc = _silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
+        _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on, SWAP, ROUTE_WEIGHT)
 
 
-def decode_gemm(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: GemmTiles, *,
-                gather_rows: bool, top_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-slot ``(S, out)`` rows of ``A[row(s)] @ W[expert(s)].T`` for a Q8_0 stack (module doc);
-    ``tiles.block_k`` is the K step (a multiple of 32 dividing ``in``)."""
+_LOCK_ENTRIES = 1 << 16
+_locks: dict[tuple[str, int], list[torch.Tensor]] = {}
+_locks_guard = threading.Lock()
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The zeroed int32 counters of the current stream on ``device`` (module note), at least ``tiles`` long.
+
+    Buffers are never freed: a CUDA graph may hold a replaced one's address."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    with _locks_guard:
+        held = _locks.setdefault(key, [])
+        if not held or held[-1].numel() < tiles:
+            held.append(torch.zeros(max(_LOCK_ENTRIES, tiles), dtype=torch.int32, device=device))
+        return held[-1]
+
+
+def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles,
+            n_out: int, up_offset: int, *, gather_rows: bool, glu: bool,
+            top_weight: torch.Tensor | None) -> torch.Tensor:
     qs, scales = weight.qs, weight.scales
-    _, n_out, k_in = qs.shape
+    k_in = qs.shape[2]
     if a.shape[-1] != k_in:
         raise ValueError(f"activations have {a.shape[-1]} features, the experts take {k_in}")
-    if tiles.block_k % 32 or k_in % tiles.block_k:
-        raise ValueError(f"the K step {tiles.block_k} must be a multiple of 32 dividing {k_in}")
+    if tiles.block_k % QBLOCK or k_in % tiles.block_k:
+        raise ValueError(f"the K step {tiles.block_k} must be a multiple of {QBLOCK} dividing {k_in}")
+    if tiles.split_k < 1:
+        raise ValueError(f"split_k must be at least 1, got {tiles.split_k}")
     num_slots = align.num_slots
     out = torch.empty((num_slots, n_out), dtype=a.dtype, device=a.device)  # (S, out)
     num_blocks = align.block_expert.numel()
     if num_slots == 0 or num_blocks == 0:
         return out
     route = top_weight.reshape(-1).contiguous() if top_weight is not None else out
-    grid = (num_blocks * triton.cdiv(n_out, tiles.block_n),)
+    n_tiles = triton.cdiv(n_out, tiles.block_n)
+    split = tiles.split_k
+    if split > 1:
+        planes = split * (2 if glu else 1)
+        partials = torch.empty((planes, num_slots, n_out), dtype=torch.float32, device=a.device)
+        counters = _tile_counters(a.device, num_blocks * n_tiles)
+    else:
+        partials, counters = out, align.num_valid_blocks  # unused
+    grid = (num_blocks * n_tiles * split,)
     with launch_device(a):
         _decode_gemm_kernel[grid](
-            a, qs, scales, out, route,
+            a, qs, scales, out, route, partials, counters,
             align.sorted_slots, align.block_expert, align.num_valid_blocks,
-            n_out, k_in, num_slots, top_k,
+            n_out, k_in, num_slots, top_k, up_offset,
             a.stride(0), a.stride(1), qs.stride(0), qs.stride(1), qs.stride(2),
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
-            BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16,
-            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // 32,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
+            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
     return out
+
+
+def decode_gemm(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles, *,
+                gather_rows: bool, top_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-slot ``(S, out)`` rows of ``A[row(s)] @ W[expert(s)].T`` for a Q8_0 stack (module doc)."""
+    return _launch(a, weight, align, top_k, tiles, weight.qs.shape[1], 0, gather_rows=gather_rows, glu=False,
+                   top_weight=top_weight)
+
+
+def decode_gemm_glu(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles, *,
+                    gather_rows: bool) -> torch.Tensor:
+    """Per-slot ``(S, I)`` rows of ``silu(A[row(s)] @ G.T) * (A[row(s)] @ U.T)`` for a fused ``(E, 2I, in)``
+    gate/up stack (gate rows then up rows): :func:`decode_gemm` followed by ``silu_mul``, in one launch and
+    bit for bit the same (module doc)."""
+    two_i = weight.qs.shape[1]
+    if two_i % 2:
+        raise ValueError(f"a fused gate/up weight has an even number of rows, got {two_i}")
+    return _launch(a, weight, align, top_k, tiles, two_i // 2, two_i // 2, gather_rows=gather_rows, glu=True,
+                   top_weight=None)

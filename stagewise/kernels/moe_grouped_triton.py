@@ -33,6 +33,7 @@ import triton.language as tl
 
 from stagewise.kernels.moe_align import MoeAlignment, moe_align
 from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
+from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm, decode_gemm_glu
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import launch_device
 
@@ -142,14 +143,22 @@ class GemmTiles:
 
 @dataclass(frozen=True)
 class GroupedConfig:
-    """``block_m`` (shared: one alignment feeds both GEMMs) and the tiles of each GEMM; ``decode``: Q8_0
-    experts through :mod:`stagewise.kernels.moe_decode_triton` (scale after each block's dot) and the
-    slots summed by the decode path's combine."""
+    """``block_m`` (shared: one alignment feeds both GEMMs) and the tiles of each grouped GEMM."""
 
     block_m: int
     gate_up: GemmTiles
     down: GemmTiles
-    decode: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Batched-decode experts of Q8_0 stacks: ``block_m``-row blocks through
+    :mod:`stagewise.kernels.moe_decode_triton` (scale after each block's dot, SiLU·up fused into the
+    gate_up GEMM) and the slots summed by the decode path's combine."""
+
+    block_m: int
+    gate_up: DecodeTiles
+    down: DecodeTiles
 
 
 # H200 defaults, from `bench/moe_grouped.py --sweep` (Qwen3-30B-A3B and Qwen3.6-35B-A3B experts, 512 and
@@ -166,13 +175,13 @@ TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
 # the decode kernel's tiles (moe_decode_triton), fastest of `bench/moe_decode.py --sweep broad` and `--sweep small` on an
 # H200 at 32 tokens of Qwen3-30B-A3B: small programs (one warp, two stages) keep the most loads in flight
 # (moe_decode_small_sweep_h200.json: 2.85 / 2.79 TB/s gate_up / down vs 2.54 / 2.55 for the 16-row grouped GEMM)
-DECODE_Q8_0 = GroupedConfig(16, GemmTiles(32, 128, 1, 2), GemmTiles(32, 128, 1, 2), decode=True)
+DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 1, 2), DecodeTiles(32, 128, 1, 2))
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
 
 
 def default_config(num_slots: int, num_experts: int, device: torch.device,
-                   gate_up_q8_0: bool = False) -> GroupedConfig:
+                   gate_up_q8_0: bool = False, down_q8_0: bool = False) -> GroupedConfig | DecodeConfig:
     """Tiles for ``num_slots`` routed slots over ``num_experts``: a function of the shapes, the gate_up
     weight's format and the device kind only (never of the routing).
 
@@ -182,7 +191,7 @@ def default_config(num_slots: int, num_experts: int, device: torch.device,
         return INTERPRETER
     if num_slots >= 64 * num_experts:
         return GroupedConfig(128, TILES_128, TILES_128)
-    if gate_up_q8_0 and num_slots <= 4 * num_experts:
+    if gate_up_q8_0 and down_q8_0 and num_slots <= 4 * num_experts:
         return DECODE_Q8_0
     return GroupedConfig(64, TILES_64_Q8_0_GATE_UP if gate_up_q8_0 else TILES_64, TILES_64)
 
@@ -236,7 +245,7 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
 
 def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                            gate_up: ExpertWeight, down: ExpertWeight,
-                           config: GroupedConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+                           config: GroupedConfig | DecodeConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)`` in ``x``'s dtype, plus
     ``residual`` ``(N, H)`` when given (with the rounding of a separate add).
 
@@ -250,17 +259,19 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
         raise ValueError(f"x {tuple(x.shape)} does not match {tokens} tokens of {hidden} features")
     if tokens == 0:
         return x.new_zeros((0, hidden))
-    cfg = config or default_config(tokens * top_k, experts, x.device, not isinstance(gate_up, torch.Tensor))
+    cfg = config or default_config(tokens * top_k, experts, x.device, isinstance(gate_up, Q8_0Stack),
+                                   isinstance(down, Q8_0Stack))
     if tokens * top_k <= MAX_FUSED_SLOTS:
         align = moe_align_fused(top_index, experts, cfg.block_m)  # one launch (batched decode)
     else:
         align = moe_align(top_index, experts, cfg.block_m)
-    if cfg.decode and isinstance(gate_up, Q8_0Stack) and isinstance(down, Q8_0Stack):
-        from stagewise.kernels.moe_decode_triton import decode_gemm
+    if isinstance(cfg, DecodeConfig):
+        if not (isinstance(gate_up, Q8_0Stack) and isinstance(down, Q8_0Stack)):
+            raise ValueError("the decode experts' kernels take Q8_0 stacks only")
         from stagewise.kernels.moe_route_triton import combine
 
-        h = decode_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot
-        y = decode_gemm(silu_mul(h), down, align, top_k, cfg.down, gather_rows=False)  # (S, H)
+        act = decode_gemm_glu(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, I) silu(gate)*up
+        y = decode_gemm(act, down, align, top_k, cfg.down, gather_rows=False)  # (S, H)
         return combine(y, top_weight, x.dtype, residual)  # weighted sum over K (+ residual), one launch
     h = grouped_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot
     act = silu_mul(h)  # (S, I) silu(gate) * up, one launch

@@ -1,19 +1,24 @@
-"""Q8_0 matmul for many tokens (prefill) in one Triton launch: the grouped GEMM with a single "expert".
+"""Q8_0 matmul for many tokens in one Triton launch: the grouped GEMM (prefill) or the few-rows decode
+GEMM (17-64 rows: a batched decode step), each with a single "expert".
 
 The reference path (:meth:`Q8_0Weight._tiled_matmul`) dequantizes bounded tiles of the weight to
 float32, casts them and calls the device's GEMM: ~6 launches and ~6 bytes of traffic per weight
 element. Here :func:`~stagewise.kernels.moe_grouped_triton.grouped_gemm` reads the int8 values and
 f16 scales once and dequantizes each tile in registers (as ``Q8_0Weight`` does) before ``tl.dot``.
 The alignment of ``M`` rows to one expert is the identity, built once per ``(M, block, device)``.
+Up to :data:`DECODE_ROWS` rows, :func:`~stagewise.kernels.moe_decode_triton.decode_gemm` reads each
+weight tile once for all rows (the rows on the dot's narrow side) and splits K over several programs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
 from stagewise.kernels.moe_align import MoeAlignment
+from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm
 from stagewise.kernels.moe_grouped_triton import (
     INTERPRETER,
     TILES_64_Q8_0_GATE_UP,
@@ -23,8 +28,9 @@ from stagewise.kernels.moe_grouped_triton import (
     grouped_gemm,
 )
 
-DECODE_ROWS = 64
-TILES_DECODE_DENSE = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=4)
+DECODE_ROWS = 64  # up to this many rows (a batched decode step): the few-rows kernel, every row in one block
+DENSE_DECODE_TILES = DecodeTiles(block_n=64, block_k=256, num_warps=2, num_stages=3, swap=True)
+DENSE_DECODE_PROGRAMS = 1024  # split K until a launch has about this many programs (loads in flight)
 
 
 @functools.lru_cache(maxsize=64)
@@ -39,12 +45,25 @@ def _identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAli
 
 
 def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
-    """``(block_m, tiles)``: a function of the row count and device kind only (deterministic)."""
+    """``(block_m, tiles)`` of the prefill GEMM: a function of the row count and device kind only."""
     if device.type != "cuda":
         return INTERPRETER.block_m, INTERPRETER.gate_up
-    if rows <= DECODE_ROWS:  # a batched decode step: 16-row blocks, narrow tiles (enough programs to read fast)
-        return 16, TILES_DECODE_DENSE
     return (128, TILES_128) if rows >= 1024 else (64, TILES_64_Q8_0_GATE_UP)
+
+
+def decode_tiles(rows: int, out_features: int, in_features: int) -> tuple[int, DecodeTiles]:
+    """``(block_m, tiles)`` of the few-rows kernel for ``rows <= DECODE_ROWS``: every row in one block,
+    K split until about :data:`DENSE_DECODE_PROGRAMS` programs run. A function of the shapes only, so
+    every stage reduces in the same order."""
+    block_m = max(16, 1 << (rows - 1).bit_length())
+    tiles = DENSE_DECODE_TILES
+    block_k = next(k for k in (tiles.block_k, 128, 64, 32) if in_features % k == 0)
+    n_tiles = -(-out_features // tiles.block_n)
+    steps = in_features // block_k
+    split = 1
+    while n_tiles * split * 2 <= DENSE_DECODE_PROGRAMS and split * 2 <= steps:
+        split *= 2
+    return block_m, dataclasses.replace(tiles, block_k=block_k, split_k=split)
 
 
 def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -55,7 +74,11 @@ def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
-    block_m, tiles = _tiles(rows, a.device)
     stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
-    y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
+    if rows <= DECODE_ROWS:  # a batched decode step
+        block_m, small = decode_tiles(rows, out_features, in_features)
+        y = decode_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, small, gather_rows=False)
+    else:
+        block_m, tiles = _tiles(rows, a.device)
+        y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)
