@@ -316,7 +316,7 @@ def test_q8_0_gemm_batched_decode_rows(rows: int, in_features: int) -> None:
     from stagewise.kernels.q8_0_gemm import decode_tiles, q8_0_gemm
 
     torch.manual_seed(4)
-    assert decode_tiles(33, 96, 2048)[1].split_k == 8 and decode_tiles(33, 96, 2048)[0] == 64
+    assert decode_tiles(33, 96, 2048)[1].split_k > 1 and decode_tiles(33, 96, 2048)[0] == 64
     weight = _quantize(torch.randn(1, 96, in_features) * 0.1).to(DEVICE)
     x = torch.randn(rows, in_features, device=DEVICE, dtype=torch.bfloat16)
     got = q8_0_gemm(x, weight.qs[0], weight.scales[0])

@@ -86,11 +86,21 @@ def _silu_mul_tile(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _partial_offsets(slots, offs_n, N, SWAP: tl.constexpr):
-    """Offsets of a tile's float32 partial in a ``(num_slots, N)`` plane."""
-    if SWAP:
-        return slots[None, :].to(tl.int64) * N + offs_n[:, None]
-    return slots[:, None].to(tl.int64) * N + offs_n[None, :]
+def _block_dot(a, q, SWAP: tl.constexpr, BF16: tl.constexpr):
+    """One Q8_0 block's dot, float32: ``q (BN, 32) @ a (32, BM)`` when ``SWAP`` else ``a (BM, 32) @ q.T``."""
+    if BF16:
+        w = q.to(tl.bfloat16)  # int8 is exact in bf16
+        if SWAP:
+            part = tl.dot(w, a)
+        else:
+            part = tl.dot(a, tl.trans(w))
+    else:  # float32 activations (the interpreter holds bf16 as raw uint16: float32 there too)
+        w = q.to(tl.float32)
+        if SWAP:
+            part = tl.dot(w, a, input_precision="ieee")
+        else:
+            part = tl.dot(a, tl.trans(w), input_precision="ieee")
+    return part
 
 
 @triton.jit
@@ -101,7 +111,7 @@ def _decode_gemm_kernel(
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, ABLATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -140,9 +150,23 @@ def _decode_gemm_kernel(
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up_q = up_offset * stride_qn
     up_s = up_offset * stride_sn
-    for _ in range(first, last):
+    if PREFETCH:  # one group per iteration; the next group's scales load while this group's dot runs
+        s_next = tl.load(s_rows, mask=n_ok, other=0.0)
+        s_next_up = s_next
+        if GLU:
+            s_next_up = tl.load(s_rows + up_s, mask=n_ok, other=0.0)
+    for step in range(first, last):
+        if PREFETCH:
+            s_cur = s_next.to(tl.float32)
+            s_cur_up = s_next_up.to(tl.float32)
+            ahead = tl.where(step + 1 < last, stride_sk, 0)  # the last group re-reads its own scales
+            s_next = tl.load(s_rows + ahead, mask=n_ok, other=0.0)
+            if GLU:
+                s_next_up = tl.load(s_rows + up_s + ahead, mask=n_ok, other=0.0)
         for g in tl.static_range(GROUPS):
-            if SWAP:
+            if ABLATE >= 2:
+                a = tl.full((32, BLOCK_M) if SWAP else (BLOCK_M, 32), 1.0, a_ptr.dtype.element_ty)
+            elif SWAP:
                 a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[None, :], other=0.0)  # (32, BM)
             else:
                 a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[:, None], other=0.0)  # (BM, 32)
@@ -150,19 +174,17 @@ def _decode_gemm_kernel(
                 a = a.to(tl.float32)
             for half in tl.static_range(2 if GLU else 1):
                 q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
-                s = tl.load(s_rows + half * up_s + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
-                if BF16:
-                    w = q.to(tl.bfloat16)  # int8 is exact in bf16
-                    if SWAP:
-                        part = tl.dot(w, a) * s[:, None]  # (BN, BM)
-                    else:
-                        part = tl.dot(a, tl.trans(w)) * s[None, :]  # (BM, BN)
+                if ABLATE >= 1:
+                    s = tl.full((BLOCK_N,), 1.0, tl.float32)
+                elif PREFETCH:
+                    s = s_cur if half == 0 else s_cur_up
                 else:
-                    w = q.to(tl.float32)
-                    if SWAP:
-                        part = tl.dot(w, a, input_precision="ieee") * s[:, None]
-                    else:
-                        part = tl.dot(a, tl.trans(w), input_precision="ieee") * s[None, :]
+                    s = tl.load(s_rows + half * up_s + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
+                part = _block_dot(a, q, SWAP, BF16)
+                if SWAP:
+                    part = part * s[:, None]  # (BN, BM)
+                else:
+                    part = part * s[None, :]  # (BM, BN)
                 if half == 0:
                     acc += part
                 else:
@@ -172,8 +194,12 @@ def _decode_gemm_kernel(
         s_rows += GROUPS * stride_sk
     if SPLIT_K > 1:
         plane = num_slots * N
-        offs = _partial_offsets(slots, offs_n, N, SWAP)
-        mask = (row_ok[None, :] & n_ok[:, None]) if SWAP else (row_ok[:, None] & n_ok[None, :])
+        if SWAP:  # the tile's float32 partial in a (num_slots, N) plane
+            offs = slots[None, :].to(tl.int64) * N + offs_n[:, None]
+            mask = row_ok[None, :] & n_ok[:, None]
+        else:
+            offs = slots[:, None].to(tl.int64) * N + offs_n[None, :]
+            mask = row_ok[:, None] & n_ok[None, :]
         tl.store(part_ptr + pid_k * plane + offs, acc, mask=mask)
         if GLU:
             tl.store(part_ptr + (SPLIT_K + pid_k) * plane + offs, acc_up, mask=mask)
@@ -198,6 +224,8 @@ def _decode_gemm_kernel(
             acc = _silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
         _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on, SWAP, ROUTE_WEIGHT)
 
+
+ABLATE = 0  # bench only (bench/q8_0_decode_sweep.py): 1 = unit scales, 2 = also unit activations
 
 _LOCK_ENTRIES = 1 << 16
 _locks: dict[tuple[str, int], list[torch.Tensor]] = {}
@@ -252,6 +280,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
             BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
+            PREFETCH=tiles.block_k == QBLOCK, ABLATE=ABLATE,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )

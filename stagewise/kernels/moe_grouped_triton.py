@@ -159,6 +159,7 @@ class DecodeConfig:
     block_m: int
     gate_up: DecodeTiles
     down: DecodeTiles
+    fuse_silu: bool = True  # SiLU·up in the gate_up GEMM's epilogue (else a separate silu_mul launch)
 
 
 # H200 defaults, from `bench/moe_grouped.py --sweep` (Qwen3-30B-A3B and Qwen3.6-35B-A3B experts, 512 and
@@ -175,7 +176,8 @@ TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
 # the decode kernel's tiles (moe_decode_triton), fastest of `bench/moe_decode.py --sweep broad` and `--sweep small` on an
 # H200 at 32 tokens of Qwen3-30B-A3B: small programs (one warp, two stages) keep the most loads in flight
 # (moe_decode_small_sweep_h200.json: 2.85 / 2.79 TB/s gate_up / down vs 2.54 / 2.55 for the 16-row grouped GEMM)
-DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 1, 2), DecodeTiles(32, 128, 1, 2))
+DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 2, 2, swap=True), DecodeTiles(32, 128, 2, 2, swap=True),
+                           fuse_silu=False)
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
 
@@ -270,7 +272,10 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
             raise ValueError("the decode experts' kernels take Q8_0 stacks only")
         from stagewise.kernels.moe_route_triton import combine
 
-        act = decode_gemm_glu(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, I) silu(gate)*up
+        if cfg.fuse_silu:
+            act = decode_gemm_glu(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, I) silu(gate)*up
+        else:
+            act = silu_mul(decode_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True))
         y = decode_gemm(act, down, align, top_k, cfg.down, gather_rows=False)  # (S, H)
         return combine(y, top_weight, x.dtype, residual)  # weighted sum over K (+ residual), one launch
     h = grouped_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot

@@ -29,8 +29,8 @@ from stagewise.kernels.moe_grouped_triton import (
 )
 
 DECODE_ROWS = 64  # up to this many rows (a batched decode step): the few-rows kernel, every row in one block
-DENSE_DECODE_TILES = DecodeTiles(block_n=64, block_k=256, num_warps=2, num_stages=3, swap=True)
-DENSE_DECODE_PROGRAMS = 1024  # split K until a launch has about this many programs (loads in flight)
+DENSE_DECODE_TILES = DecodeTiles(block_n=32, block_k=128, num_warps=2, num_stages=3, swap=True)
+DENSE_DECODE_PROGRAMS = 512  # split K until a launch has about this many programs (loads in flight)
 
 
 @functools.lru_cache(maxsize=64)
