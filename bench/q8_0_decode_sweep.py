@@ -163,7 +163,7 @@ def _jobs(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
             for rows in tokens_list:
                 jobs.append(("dense", (name, rows), (16, GemmTiles(32, 256, 4, 4))))
                 jobs += [("dense", (name, rows), (rows, v[1])) for v in dense_variants()
-                         if (v[1].split_k <= 2 and v[1].block_n >= 32) if name == "head" else v[1].block_n <= 32]
+                         if ((v[1].split_k <= 2 and v[1].block_n >= 32) if name == "head" else v[1].block_n <= 32)]
     return jobs
 
 
