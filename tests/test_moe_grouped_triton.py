@@ -210,7 +210,8 @@ def test_config_block_sizes_agree() -> None:
     assert empty.shape == (0, H)
 
 
-@pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(32, 128, 8, 16), (5, 8, 2, 4), (40, 8, 2, 16),
+@pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(32, 128, 8, 16), (128, 128, 8, 16), (9, 60, 4, 16),
+                                                                 (5, 8, 2, 4), (40, 8, 2, 16),
                                                                  (1, 8, 1, 16), (7, 4, 4, 1), (100, 16, 3, 8)])
 def test_fused_align_equals_torch(tokens: int, experts: int, k: int, block_m: int) -> None:
     """The one-launch alignment gives the torch alignment's entries exactly (padding, order, blocks)."""
@@ -240,7 +241,9 @@ def _block_scaled_reference(a: torch.Tensor, weight: Q8_0Weight, top_index: torc
 
 
 DECODE_VARIANTS = [DecodeTiles(32, 64, 4, 1), DecodeTiles(16, 128, 4, 1), DecodeTiles(32, 32, 4, 1, swap=True),
-                   DecodeTiles(16, 32, 4, 1, split_k=3), DecodeTiles(32, 32, 4, 1, split_k=2, swap=True)]
+                   DecodeTiles(16, 32, 4, 1, split_k=3), DecodeTiles(32, 32, 4, 1, split_k=2, swap=True),
+                   DecodeTiles(32, 64, 4, 1, swap=True, scale_tile=True),
+                   DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -271,7 +274,7 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
         decode_gemm(a, weight, align, K, DecodeTiles(32, 96, 4, 1), gather_rows=gather_rows)
 
 
-@pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:], ids=["swap", "split", "swap_split"])
+@pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:], ids=["swap", "split", "swap_split", "scale_tile", "tma"])
 def test_decode_gemm_glu_equals_gemm_then_silu_mul(tiles: DecodeTiles) -> None:
     """The fused gate/up GEMM with SiLU·up equals the plain decode GEMM followed by ``silu_mul`` (torch.equal)."""
     from stagewise.kernels.moe_decode_triton import decode_gemm, decode_gemm_glu

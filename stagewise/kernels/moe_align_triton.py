@@ -2,17 +2,18 @@
 
 Batched decode routes few slots (``S = N * K``, e.g. 32 sequences x 8 experts) per step, and the
 torch alignment is about fifteen small launches per MoE layer: at 48 layers that is ~700 launches
-of a step's ~2,000. One program computes the same three outputs, entry for entry:
+of a step's ~2,000. One launch computes the same three outputs, entry for entry, one program per
+``BLOCK_M`` block of the padded layout, each from all ``S`` slots held in registers (one load):
 
-1. per expert, its slot count (one-hot sums over chunks of slots), its whole ``BLOCK_M`` blocks and
-   where its padded run begins (a cumulative sum over experts);
-2. every slot's rank among the earlier slots of its expert (the one-hot's running sum), so its
-   padded position is ``run start + rank`` — the stable, ascending order of ``torch.sort``;
-3. the sentinel ``S`` in every position first, a barrier, then each slot at its position; each
-   block's expert is the number of runs ending at or before it (``searchsorted(right=True)``).
+1. per expert, its slot count (a histogram), its whole blocks and where its padded run begins (a
+   cumulative sum over experts); the block's owner is the number of runs ending at or before it
+   (``searchsorted(right=True)``), ``-1`` past the last run;
+2. every slot of the owner ranked among them in ascending slot order (a running sum): the block's
+   entry ``j`` is the slot of rank ``block * BLOCK_M - run start + j``, else the sentinel ``S``.
 
-Sizes are shape-only (the capacity is :func:`~stagewise.kernels.moe_align.align_capacity`), so the
-launch is CUDA-graph capturable and nothing is read back to the host.
+No program waits on another (the old single-program kernel was a chain of dependent phases: 16.7 us
+inside a graph). Sizes are shape-only (the capacity is :func:`~stagewise.kernels.moe_align.align_capacity`),
+so the launch is CUDA-graph capturable and nothing is read back to the host.
 """
 
 from __future__ import annotations
@@ -21,49 +22,40 @@ import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment, align_capacity
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 MAX_FUSED_SLOTS = 1024  # routed slots up to which the one-program alignment is used (batched decode)
-SLOT_CHUNK = 64  # slots per one-hot chunk: (experts, chunk) stays small in registers
 
 
 @triton.jit
-def _align_kernel(index_ptr, sorted_ptr, block_expert_ptr, valid_ptr, num_slots, num_experts, capacity, num_blocks,
-                  BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr, FILL: tl.constexpr,
-                  NB_CHUNK: tl.constexpr):
-    experts = tl.arange(0, E_P2)  # (E,)
-    lanes = tl.arange(0, CHUNK)  # (C,)
-    counts = tl.zeros((E_P2,), dtype=tl.int32)
-    for c0 in range(0, num_slots, CHUNK):
-        s = c0 + lanes
-        e = tl.load(index_ptr + s, mask=s < num_slots, other=-1).to(tl.int32)  # (C,)
-        hot = (e[None, :] == experts[:, None]).to(tl.int32)  # (E, C)
-        counts += tl.sum(hot, axis=1)
-    blocks = (counts + (BLOCK_M - 1)) // BLOCK_M  # (E,) whole blocks per expert
-    block_end = tl.cumsum(blocks, axis=0)  # (E,)
-    run_start = (block_end - blocks) * BLOCK_M  # (E,) first padded position of each expert's run
-    for p0 in range(0, capacity, FILL):  # every position the sentinel first
-        p = p0 + tl.arange(0, FILL)
-        tl.store(sorted_ptr + p, tl.full((FILL,), 0, tl.int32) + num_slots, mask=p < capacity)
-    tl.debug_barrier()  # NOTE: the fill must land before the slots overwrite it (one program: a CTA barrier)
-    seen = tl.zeros((E_P2,), dtype=tl.int32)  # slots of each expert in earlier chunks
-    for c0 in range(0, num_slots, CHUNK):
-        s = c0 + lanes
-        ok = s < num_slots
-        e = tl.load(index_ptr + s, mask=ok, other=-1).to(tl.int32)
-        hot = (e[None, :] == experts[:, None]).to(tl.int32)  # (E, C)
-        rank = tl.cumsum(hot, axis=1) - 1 + seen[:, None]  # (E, C) rank within the expert, where hot
-        dest = tl.sum(hot * (run_start[:, None] + rank), axis=0)  # (C,) the slot's padded position
-        tl.store(sorted_ptr + dest, s, mask=ok)
-        seen += tl.sum(hot, axis=1)
-    for b0 in range(0, num_blocks, NB_CHUNK):
-        b = b0 + tl.arange(0, NB_CHUNK)
-        ends = tl.where(experts[None, :] < num_experts, block_end[None, :], 1 << 30)  # (B, E)
-        owner = tl.sum((ends <= b[:, None]).to(tl.int32), axis=1)  # (B,) runs ending at or before b
-        owner = tl.where(owner < num_experts, owner, -1)
-        tl.store(block_expert_ptr + b, owner, mask=b < num_blocks)
-    tl.store(valid_ptr, tl.sum(blocks, axis=0))
+def _align_kernel(index_ptr, sorted_ptr, block_expert_ptr, valid_ptr, num_slots, num_experts,
+                  BLOCK_M: tl.constexpr, E_P2: tl.constexpr, S_P2: tl.constexpr, GDC: tl.constexpr):
+    wait_for_predecessor(GDC)  # the routing comes from the previous kernel
+    block = tl.program_id(0)
+    lanes = tl.arange(0, S_P2)  # (S,) every slot at once
+    ok = lanes < num_slots
+    e = tl.load(index_ptr + lanes, mask=ok, other=E_P2).to(tl.int32)  # padding -> a bin past every expert
+    experts = tl.arange(0, 2 * E_P2)  # (2E,) bins; those >= num_experts are ignored
+    counts = tl.histogram(e, 2 * E_P2)  # (2E,) slots per expert
+    counts = tl.where(experts < num_experts, counts, 0)
+    blocks = (counts + (BLOCK_M - 1)) // BLOCK_M  # (2E,) whole blocks per expert
+    block_end = tl.cumsum(blocks, axis=0)  # (2E,)
+    real = experts < num_experts
+    owner = tl.sum((real & (block_end <= block)).to(tl.int32), axis=0)  # runs ending at or before this block
+    owner_start = tl.sum(tl.where(experts == owner, (block_end - blocks) * BLOCK_M, 0), axis=0)  # its run's start
+    hot = ok & (e == owner)  # (S,) the owner's slots
+    rank = tl.cumsum(hot.to(tl.int32), axis=0) - 1  # (S,) rank among them: ascending slot order
+    first = block * BLOCK_M - owner_start  # rank of this block's first entry
+    j = tl.arange(0, BLOCK_M)
+    match = hot[None, :] & (rank[None, :] == first + j[:, None])  # (BM, S) at most one per row
+    found = tl.sum(match.to(tl.int32), axis=1)
+    slot = tl.sum(tl.where(match, lanes[None, :], 0), axis=1)
+    tl.store(sorted_ptr + block * BLOCK_M + j, tl.where(found > 0, slot, num_slots))  # padding: the sentinel
+    tl.store(block_expert_ptr + block, tl.where(owner < num_experts, owner, -1))
+    if block == 0:
+        tl.store(valid_ptr, tl.sum(blocks, axis=0))
 
 
 def moe_align_fused(top_index: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
@@ -87,7 +79,7 @@ def moe_align_fused(top_index: torch.Tensor, num_experts: int, block_m: int) -> 
         num_valid.zero_()
         return MoeAlignment(sorted_slots, block_expert, num_valid, 0, block_m)
     with launch_device(flat):
-        _align_kernel[(1,)](flat, sorted_slots, block_expert, num_valid, num_slots, num_experts, capacity, num_blocks,
-                            BLOCK_M=block_m, E_P2=triton.next_power_of_2(max(num_experts, 2)), CHUNK=SLOT_CHUNK,
-                            FILL=1024, NB_CHUNK=64, num_warps=8)
+        _align_kernel[(num_blocks,)](flat, sorted_slots, block_expert, num_valid, num_slots, num_experts,
+                                     BLOCK_M=block_m, E_P2=triton.next_power_of_2(max(num_experts, 2)),
+                                     S_P2=triton.next_power_of_2(num_slots), num_warps=4, **dependent_launch(flat))
     return MoeAlignment(sorted_slots, block_expert, num_valid, num_slots, block_m)

@@ -59,6 +59,8 @@ class DecodeTiles:
     num_stages: int
     split_k: int = 1
     swap: bool = False
+    scale_tile: bool = False  # a K step's scales in one (BN, G) load, not one load per 32-value group
+    tma: bool = False  # weight tiles by the tensor memory accelerator (Hopper) instead of per-thread loads
 
 
 @triton.jit
@@ -105,13 +107,14 @@ def _block_dot(a, q, SWAP: tl.constexpr, BF16: tl.constexpr):
 
 @triton.jit
 def _decode_gemm_kernel(
-    a_ptr, q_ptr, s_ptr, out_ptr, route_ptr, part_ptr, lock_ptr,
+    a_ptr, q_ptr, q_desc, s_ptr, out_ptr, route_ptr, part_ptr, lock_ptr,
     sorted_ptr, block_expert_ptr, valid_ptr,
-    N, K, num_slots, top_k, up_offset,
+    N, K, num_slots, top_k, up_offset, rows_per_expert,
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, ABLATE: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, SCALE_TILE: tl.constexpr,
+    TMA: tl.constexpr, ABLATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -155,7 +158,15 @@ def _decode_gemm_kernel(
         s_next_up = s_next
         if GLU:
             s_next_up = tl.load(s_rows + up_s, mask=n_ok, other=0.0)
+    tma_row = (expert * rows_per_expert + pid_n * BLOCK_N).to(tl.int32)  # TMA: the tile's first row, 2-D view
+    groups = tl.arange(0, GROUPS)
     for step in range(first, last):
+        if SCALE_TILE:  # this step's (BN, G) scales in one load; group g's column picked in registers
+            sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+            if GLU:
+                sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+            else:
+                sc_up = sc
         if PREFETCH:
             s_cur = s_next.to(tl.float32)
             s_cur_up = s_next_up.to(tl.float32)
@@ -173,9 +184,14 @@ def _decode_gemm_kernel(
             if not BF16:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
                 a = a.to(tl.float32)
             for half in tl.static_range(2 if GLU else 1):
-                q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
+                if TMA:
+                    q = q_desc.load([tma_row + half * up_offset, (step * GROUPS + g) * 32])  # (BN, 32) int8
+                else:
+                    q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
                 if ABLATE >= 1:
                     s = tl.full((BLOCK_N,), 1.0, tl.float32)
+                elif SCALE_TILE:
+                    s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
                 elif PREFETCH:
                     s = s_cur if half == 0 else s_cur_up
                 else:
@@ -271,16 +287,22 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
     else:
         partials, counters = out, align.num_valid_blocks  # unused
     grid = (num_blocks * n_tiles * split,)
+    q_desc: object = qs
+    if tiles.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        q_desc = TensorDescriptor.from_tensor(qs.reshape(-1, k_in), block_shape=[tiles.block_n, QBLOCK])
     with launch_device(a):
         _decode_gemm_kernel[grid](
-            a, qs, scales, out, route, partials, counters,
+            a, qs, q_desc, scales, out, route, partials, counters,
             align.sorted_slots, align.block_expert, align.num_valid_blocks,
-            n_out, k_in, num_slots, top_k, up_offset,
+            n_out, k_in, num_slots, top_k, up_offset, qs.shape[1],
             a.stride(0), a.stride(1), qs.stride(0), qs.stride(1), qs.stride(2),
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
             BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
-            PREFETCH=tiles.block_k == QBLOCK, ABLATE=ABLATE,
+            PREFETCH=tiles.block_k == QBLOCK and not tiles.scale_tile, SCALE_TILE=tiles.scale_tile, TMA=tiles.tma,
+            ABLATE=ABLATE,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )

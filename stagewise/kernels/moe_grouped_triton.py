@@ -176,7 +176,7 @@ TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
 # the decode kernel's tiles (moe_decode_triton), fastest of `bench/moe_decode.py --sweep broad` and `--sweep small` on an
 # H200 at 32 tokens of Qwen3-30B-A3B: small programs (one warp, two stages) keep the most loads in flight
 # (moe_decode_small_sweep_h200.json: 2.85 / 2.79 TB/s gate_up / down vs 2.54 / 2.55 for the 16-row grouped GEMM)
-DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 2, 2, swap=True), DecodeTiles(32, 128, 2, 2, swap=True),
+DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 1, 2, scale_tile=True), DecodeTiles(32, 128, 2, 2, swap=True),
                            fuse_silu=False)
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
