@@ -242,7 +242,7 @@ def _block_scaled_reference(a: torch.Tensor, weight: Q8_0Weight, top_index: torc
 
 DECODE_VARIANTS = [DecodeTiles(32, 64, 4, 1), DecodeTiles(16, 128, 4, 1), DecodeTiles(32, 32, 4, 1, swap=True),
                    DecodeTiles(16, 32, 4, 1, split_k=3), DecodeTiles(32, 32, 4, 1, split_k=2, swap=True),
-                   DecodeTiles(32, 64, 4, 1, swap=True, scale_tile=True),
+                   DecodeTiles(32, 64, 4, 1, swap=True, tma=True),
                    DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True)]
 
 
@@ -274,7 +274,7 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
         decode_gemm(a, weight, align, K, DecodeTiles(32, 96, 4, 1), gather_rows=gather_rows)
 
 
-@pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:], ids=["swap", "split", "swap_split", "scale_tile", "tma"])
+@pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:], ids=["swap", "split", "swap_split", "tma", "tma_split"])
 def test_decode_gemm_glu_equals_gemm_then_silu_mul(tiles: DecodeTiles) -> None:
     """The fused gate/up GEMM with SiLU·up equals the plain decode GEMM followed by ``silu_mul`` (torch.equal)."""
     from stagewise.kernels.moe_decode_triton import decode_gemm, decode_gemm_glu

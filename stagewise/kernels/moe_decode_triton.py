@@ -59,8 +59,7 @@ class DecodeTiles:
     num_stages: int
     split_k: int = 1
     swap: bool = False
-    scale_tile: bool = False  # a K step's scales in one (BN, G) load, not one load per 32-value group
-    tma: bool = False  # weight tiles by the tensor memory accelerator (Hopper) instead of per-thread loads
+    tma: bool = False  # weight tiles by the tensor memory accelerator where the device has one (module doc)
 
 
 @triton.jit
@@ -113,8 +112,7 @@ def _decode_gemm_kernel(
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, SCALE_TILE: tl.constexpr,
-    TMA: tl.constexpr, ABLATE: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -153,31 +151,18 @@ def _decode_gemm_kernel(
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up_q = up_offset * stride_qn
     up_s = up_offset * stride_sn
-    if PREFETCH:  # one group per iteration; the next group's scales load while this group's dot runs
-        s_next = tl.load(s_rows, mask=n_ok, other=0.0)
-        s_next_up = s_next
-        if GLU:
-            s_next_up = tl.load(s_rows + up_s, mask=n_ok, other=0.0)
     tma_row = (expert * rows_per_expert + pid_n * BLOCK_N).to(tl.int32)  # TMA: the tile's first row, 2-D view
     groups = tl.arange(0, GROUPS)
     for step in range(first, last):
-        if SCALE_TILE:  # this step's (BN, G) scales in one load; group g's column picked in registers
-            sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
-            if GLU:
-                sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
-            else:
-                sc_up = sc
-        if PREFETCH:
-            s_cur = s_next.to(tl.float32)
-            s_cur_up = s_next_up.to(tl.float32)
-            ahead = tl.where(step + 1 < last, stride_sk, 0)  # the last group re-reads its own scales
-            s_next = tl.load(s_rows + ahead, mask=n_ok, other=0.0)
-            if GLU:
-                s_next_up = tl.load(s_rows + up_s + ahead, mask=n_ok, other=0.0)
+        # this step's (BN, G) scales in one load (one load per group measured slower); group g's column is
+        # picked in registers
+        sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+        if GLU:
+            sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+        else:
+            sc_up = sc
         for g in tl.static_range(GROUPS):
-            if ABLATE >= 2:
-                a = tl.full((32, BLOCK_M) if SWAP else (BLOCK_M, 32), 1.0, a_ptr.dtype.element_ty)
-            elif SWAP:
+            if SWAP:
                 a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[None, :], other=0.0)  # (32, BM)
             else:
                 a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[:, None], other=0.0)  # (BM, 32)
@@ -188,14 +173,7 @@ def _decode_gemm_kernel(
                     q = q_desc.load([tma_row + half * up_offset, (step * GROUPS + g) * 32])  # (BN, 32) int8
                 else:
                     q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
-                if ABLATE >= 1:
-                    s = tl.full((BLOCK_N,), 1.0, tl.float32)
-                elif SCALE_TILE:
-                    s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
-                elif PREFETCH:
-                    s = s_cur if half == 0 else s_cur_up
-                else:
-                    s = tl.load(s_rows + half * up_s + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)  # (BN,)
+                s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
                 part = _block_dot(a, q, SWAP, BF16)
                 if SWAP:
                     part = part * s[:, None]  # (BN, BM)
@@ -241,8 +219,6 @@ def _decode_gemm_kernel(
         _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on, SWAP, ROUTE_WEIGHT)
 
 
-ABLATE = 0  # bench only (bench/q8_0_decode_sweep.py): 1 = unit scales, 2 = also unit activations
-
 _LOCK_ENTRIES = 1 << 16
 _locks: dict[tuple[str, int], list[torch.Tensor]] = {}
 _locks_guard = threading.Lock()
@@ -259,6 +235,13 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
         if not held or held[-1].numel() < tiles:
             held.append(torch.zeros(max(_LOCK_ENTRIES, tiles), dtype=torch.int32, device=device))
         return held[-1]
+
+
+def _has_tma(device: torch.device) -> bool:
+    """Hopper and later have the tensor memory accelerator; Triton's interpreter (CPU) runs descriptors too."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles,
@@ -288,7 +271,8 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
         partials, counters = out, align.num_valid_blocks  # unused
     grid = (num_blocks * n_tiles * split,)
     q_desc: object = qs
-    if tiles.tma:
+    tma = tiles.tma and _has_tma(a.device)
+    if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         q_desc = TensorDescriptor.from_tensor(qs.reshape(-1, k_in), block_shape=[tiles.block_n, QBLOCK])
@@ -301,8 +285,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
             BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
-            PREFETCH=tiles.block_k == QBLOCK and not tiles.scale_tile, SCALE_TILE=tiles.scale_tile, TMA=tiles.tma,
-            ABLATE=ABLATE,
+            TMA=tma,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )

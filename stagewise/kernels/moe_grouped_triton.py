@@ -173,11 +173,12 @@ TILES_128 = GemmTiles(block_n=128, block_k=64, num_warps=8, num_stages=3)
 # programs; `bench/moe_grouped.py --sweep --tokens 4,8,16,32,64` on an H200 (moe_decode_sweep_h200.json):
 # 32 tokens of Qwen3-30B-A3B 0.67 ms vs 0.93 ms with the 64-row prefill tiles (eager, launches included)
 TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
-# the decode kernel's tiles (moe_decode_triton), fastest of `bench/moe_decode.py --sweep broad` and `--sweep small` on an
-# H200 at 32 tokens of Qwen3-30B-A3B: small programs (one warp, two stages) keep the most loads in flight
-# (moe_decode_small_sweep_h200.json: 2.85 / 2.79 TB/s gate_up / down vs 2.54 / 2.55 for the 16-row grouped GEMM)
-DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 1, 2, scale_tile=True), DecodeTiles(32, 128, 2, 2, swap=True),
-                           fuse_silu=False)
+# the decode kernels' tiles (moe_decode_triton), fastest of `bench/q8_0_decode_sweep.py` on an H200 at 32 and 64
+# sequences of Qwen3-30B-A3B (q8_0_decode_sweep_h200.json): weights on the dot's tall side (swap), 64 rows a program,
+# weight tiles by TMA; gate_up with SiLU·up fused. 118.5 / 60.2 us (3.16 / 3.11 TB/s) at 32 sequences against
+# 137.9 / 68.3 us for the kernel of commit 6f85180 (+ silu_mul)
+DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(64, 128, 2, 2, swap=True, tma=True),
+                           DecodeTiles(64, 128, 2, 2, swap=True, tma=True))
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
 

@@ -29,8 +29,14 @@ from stagewise.kernels.moe_grouped_triton import (
 )
 
 DECODE_ROWS = 64  # up to this many rows (a batched decode step): the few-rows kernel, every row in one block
-DENSE_DECODE_TILES = DecodeTiles(block_n=32, block_k=128, num_warps=2, num_stages=3, swap=True)
-DENSE_DECODE_PROGRAMS = 512  # split K until a launch has about this many programs (loads in flight)
+# `bench/q8_0_decode_sweep.py` on an H200 (q8_0_decode_sweep_h200.json), Qwen3-30B-A3B's dense Q8_0 matmuls:
+# 32-output tiles with K split until a launch has 8 programs per row (q/k/v 5120x2048 at 32 rows: 12.1 us,
+# o 2048x4096: 10.3 us; 15.3 / 13.8 with the prefill GEMM's 16-row tiles); wide tiles, unsplit, for a head
+# (151936x2048: 147 us against 293)
+DENSE_DECODE_TILES = DecodeTiles(block_n=32, block_k=128, num_warps=2, num_stages=3, swap=True, tma=True)
+WIDE_DECODE_TILES = DecodeTiles(block_n=128, block_k=128, num_warps=4, num_stages=3, swap=True, tma=True)
+WIDE_OUTPUTS = 32768  # outputs from which a matrix has tiles enough without splitting K (an output head)
+DENSE_PROGRAMS_PER_ROW = 8
 
 
 @functools.lru_cache(maxsize=64)
@@ -53,15 +59,15 @@ def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
 
 def decode_tiles(rows: int, out_features: int, in_features: int) -> tuple[int, DecodeTiles]:
     """``(block_m, tiles)`` of the few-rows kernel for ``rows <= DECODE_ROWS``: every row in one block,
-    K split until about :data:`DENSE_DECODE_PROGRAMS` programs run. A function of the shapes only, so
-    every stage reduces in the same order."""
+    K split until a launch has :data:`DENSE_PROGRAMS_PER_ROW` programs per row. A function of the
+    shapes only, so every stage reduces in the same order."""
     block_m = max(16, 1 << (rows - 1).bit_length())
-    tiles = DENSE_DECODE_TILES
-    block_k = next(k for k in (tiles.block_k, 128, 64, 32) if in_features % k == 0)
+    tiles = WIDE_DECODE_TILES if out_features >= WIDE_OUTPUTS else DENSE_DECODE_TILES
+    block_k = next(k for k in (tiles.block_k, 64, 32) if in_features % k == 0)
     n_tiles = -(-out_features // tiles.block_n)
     steps = in_features // block_k
     split = 1
-    while n_tiles * split * 2 <= DENSE_DECODE_PROGRAMS and split * 2 <= steps:
+    while n_tiles * split < DENSE_PROGRAMS_PER_ROW * rows and split * 2 <= steps:
         split *= 2
     return block_m, dataclasses.replace(tiles, block_k=block_k, split_k=split)
 
