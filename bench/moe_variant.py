@@ -4,9 +4,11 @@
     python3 bench/moe_variant.py VARIANT -m stagewise bench random:qwen3-30b-a3b@q8_0 --concurrency 32 ...
 
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
-GEMV); ``experts=BN,BK,WARPS,STAGES`` (both MoE decode GEMMs' tiles), ``gate_up=…`` / ``down=…`` (one
-of them); ``dense=BN,BK,WARPS,STAGES`` (the dense Q8_0 decode tiles); ``nopack`` (one prompt per
-prefill step: no packed prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's 16-row blocks, as before the decode kernel).
+GEMV); ``experts=BN,BK,WARPS,STAGES[,SWAP,TMA]`` (both MoE decode GEMMs' tiles, SWAP and TMA 0/1),
+``gate_up=…`` / ``down=…`` (one of them); ``nofuse`` (SiLU·up as its own launch); ``dense=…`` (the
+dense 17-64-row Q8_0 tiles, K split as before); ``nopack`` (one prompt per prefill step: no packed
+prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
+16-row blocks, as before the decode kernel).
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import stagewise.engine.staging_area as staging
 import stagewise.kernels.moe_grouped_triton as grouped
 import stagewise.kernels.q8_0_gemm as q8_gemm
 import stagewise.weights.quant.q8_0 as q8
+from stagewise.kernels.moe_decode_triton import DecodeTiles
 
 
-def _tiles(spec: str) -> grouped.GemmTiles:
-    bn, bk, warps, stages = (int(v) for v in spec.split(","))
-    return grouped.GemmTiles(bn, bk, warps, stages)
+def _tiles(spec: str) -> DecodeTiles:
+    values = [int(v) for v in spec.split(",")]
+    bn, bk, warps, stages = values[:4]
+    swap, tma = (bool(v) for v in [*values[4:], 0, 0][:2])
+    return DecodeTiles(bn, bk, warps, stages, swap=swap, tma=tma)
 
 
 def apply(variant: str) -> None:
@@ -48,8 +53,10 @@ def apply(variant: str) -> None:
             staging.StagingArea.accepts = lambda self, left: not self.members  # type: ignore[method-assign]
         elif part == "oldexperts":
             grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
+        elif part == "nofuse":
+            grouped.DECODE_Q8_0 = dataclasses.replace(grouped.DECODE_Q8_0, fuse_silu=False)
         elif part.startswith("dense="):
-            q8_gemm.TILES_DECODE_DENSE = _tiles(part.split("=", 1)[1])
+            q8_gemm.DENSE_DECODE_TILES = _tiles(part.split("=", 1)[1])
         else:
             raise SystemExit(f"unknown variant {part!r}")
 
