@@ -2,7 +2,7 @@
 N-1 others (continuous batching) against the same request run alone, on the same loaded model.
 
     python3 bench/batch_check.py random:tiny-llama random:tiny-qwen3.6 --streams 8 --gen 32 \
-        [--staged cuda:0@40GB,cuda:0@40GB] [--kv-tokens N] [--json OUT]
+        [--staged cuda:0,cuda:1] [--kv-tokens N] [--json OUT]
 
 Prints, per model: requests whose tokens match alone exactly, the first divergence of the others,
 and the largest |log-probability difference| over the tokens both runs share. With ``--staged
