@@ -270,6 +270,10 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
         torch.testing.assert_close(got.float(), ref, rtol=tol, atol=tol, msg=functools.partial("{}: {}".format, tiles))
         assert torch.equal(decode_gemm(a, weight, align, K, tiles, gather_rows=gather_rows, top_weight=route), got)
         assert not _tile_counters(a.device, 1).any()
+    strided = Q8_0Weight(weight.qs.transpose(1, 2).contiguous().transpose(1, 2), weight.scales)  # not contiguous
+    got = decode_gemm(a, strided, align, K, DECODE_VARIANTS[-1], gather_rows=gather_rows)  # TMA asked: plain loads
+    torch.testing.assert_close(got.float(), _block_scaled_reference(a, weight, top_index, gather_rows, None),
+                               rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="K step"):
         decode_gemm(a, weight, align, K, DecodeTiles(32, 96, 4, 1), gather_rows=gather_rows)
 

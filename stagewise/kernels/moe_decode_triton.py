@@ -271,7 +271,8 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
         partials, counters = out, align.num_valid_blocks  # unused
     grid = (num_blocks * n_tiles * split,)
     q_desc: object = qs
-    tma = tiles.tma and _has_tma(a.device)
+    # TMA reads the stack as one (E * out, in) matrix: contiguous, 16-byte aligned (else per-thread loads)
+    tma = tiles.tma and _has_tma(a.device) and qs.is_contiguous() and qs.data_ptr() % 16 == 0
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
