@@ -5,7 +5,8 @@ expert geometries and N routed tokens (batched decode: 8-64 sequences), times wi
 (launch cost as in a decode step): the torch alignment vs the one-launch alignment, each expert GEMM
 (gate_up, down) per tile config with its weight bandwidth (bytes of the experts actually routed to),
 and the whole experts (old config vs new). Checks the decode path against the old one (allclose) and
-that a replay equals an eager call. Prints a table, writes JSON.
+that a replay equals an eager call. Prints a table, writes JSON. Tile sweeps of the decode kernels:
+``bench/q8_0_decode_sweep.py``.
 
     PYTHONPATH=. python3 bench/moe_decode.py --out bench/results/moe_decode_h200.json
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import sys
 from collections.abc import Callable
@@ -28,11 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.moe_grouped import _quantize  # the same random Q8_0 weights as the prefill bench
 from stagewise.kernels.moe_align import moe_align
 from stagewise.kernels.moe_align_triton import moe_align_fused
-from stagewise.kernels.moe_decode_triton import decode_gemm
 from stagewise.kernels.moe_grouped_triton import (
     DECODE_Q8_0,
     TILES_DECODE,
-    GemmTiles,
     GroupedConfig,
     grouped_gemm,
     grouped_swiglu_experts,
@@ -40,10 +38,6 @@ from stagewise.kernels.moe_grouped_triton import (
 from stagewise.kernels.silu_mul_triton import silu_mul
 
 MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "qwen3.6-35b-a3b": (256, 8, 2048, 512)}  # E, K, H, I
-_T = GemmTiles
-SWEEP = [_T(n, k, w, s) for n in (64, 128, 256) for k in (128, 256, 512) for w in (2, 4, 8) for s in (2, 3)
-         if n * k <= 65536 and not (n == 256 and w == 2)]
-SMALL_SWEEP = [_T(n, 128, w, s) for n in (16, 32, 64) for w in (1, 2) for s in (2, 3, 4)]  # small programs
 
 
 def _graph_ms(fn: Callable[[], Any], replays: int = 20) -> float:
@@ -70,7 +64,7 @@ def _graph_ms(fn: Callable[[], Any], replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _case(model: str, tokens: int, dev: torch.device, sweep: list[GemmTiles]) -> dict[str, Any]:
+def _case(model: str, tokens: int, dev: torch.device) -> dict[str, Any]:
     e, k, h, i = MODELS[model]
     torch.manual_seed(0)
     gate_up = _quantize(torch.randn(e, 2 * i, h, device=dev) * 0.02)
@@ -103,20 +97,6 @@ def _case(model: str, tokens: int, dev: torch.device, sweep: list[GemmTiles]) ->
         row["old_down_ms"] = _graph_ms(lambda: grouped_gemm(act, down, align, k, TILES_DECODE, gather_rows=False))
         row["old_gate_up_tb_s"] = bytes_gate_up / row["old_gate_up_ms"] / 1e9
         row["old_down_tb_s"] = bytes_down / row["old_down_ms"] / 1e9
-        if sweep:
-            for name, weight, a, gather, nbytes in (("gate_up", gate_up, x, True, bytes_gate_up),
-                                                    ("down", down, act, False, bytes_down)):
-                results: dict[str, Any] = {}
-                for tiles in sweep:
-                    try:
-                        ms = _graph_ms(functools.partial(decode_gemm, a, weight, align, k, tiles, gather_rows=gather))
-                    except Exception as exc:  # a config that does not compile is skipped
-                        results[repr(tiles)] = repr(exc)[:80]
-                        continue
-                    results[repr(tiles)] = {"ms": ms, "tb_s": nbytes / ms / 1e9}
-                best = min((v["ms"], key) for key, v in results.items() if isinstance(v, dict))
-                row[f"{name}_sweep"] = results
-                row[f"{name}_best"] = {"tiles": best[1], "ms": best[0], "tb_s": nbytes / best[0] / 1e9}
     return row
 
 
@@ -125,24 +105,18 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/moe_decode_h200.json")
     ap.add_argument("--tokens", default="16,32,64")
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--sweep", choices=("none", "broad", "small"), default="none",
-                    help="time every decode tile config of SWEEP (broad) or SMALL_SWEEP (small)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
     for model in args.models.split(","):
         for tokens in map(int, args.tokens.split(",")):
-            row = _case(model, tokens, dev, {"none": [], "broad": SWEEP, "small": SMALL_SWEEP}[args.sweep])
+            row = _case(model, tokens, dev)
             rows.append(row)
             print(f"{model:16s} N={tokens:3d} experts={row['experts_used']:3d} align torch/fused "
                   f"{row['align_torch_ms'] * 1e3:.1f}/{row['align_fused_ms'] * 1e3:.1f} us  experts old/new "
                   f"{row['experts_old_ms'] * 1e3:.1f}/{row['experts_new_ms'] * 1e3:.1f} us  old gate_up "
                   f"{row['old_gate_up_tb_s']:.2f} TB/s down {row['old_down_tb_s']:.2f} TB/s  rel diff "
                   f"{row['new_vs_old_rel']:.2e}", flush=True)
-            for name in ("gate_up", "down"):
-                if f"{name}_best" in row:
-                    best = row[f"{name}_best"]
-                    print(f"    best {name}: {best['tiles']} {best['ms'] * 1e3:.1f} us {best['tb_s']:.2f} TB/s", flush=True)
     out = {"command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
