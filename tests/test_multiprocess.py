@@ -49,6 +49,8 @@ def test_two_local_workers_through_load_model(model_dir: Path) -> None:
         assert health["status"] == "ok" and not health["degraded"] and health["backend"] == "gloo"
         assert [w["stages"] for w in health["workers"]] == [[0], [1]]
         assert all(c.measured_bytes > 0 for c in loaded.charge_checks())
+        # the coordinator knows each worker's state (on the meta device), as the state metrics read it
+        assert all(stage.ledger.charged.get("state", 0) > 0 and stage.states for stage in pipeline.stages)
         assert_same(reference, step_trace(pipeline))
         assert greedy_tokens(pipeline, CONTEXT) == ref_tokens
         assert len(pipeline.last_timings.stage_s) == 2 and len(pipeline.last_timings.handoff_s) == 1

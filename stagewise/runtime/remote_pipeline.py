@@ -108,6 +108,9 @@ class DistributedPipeline(Pipeline):
         self.batch = batch
         self.context = context
         self.kv_blocks = kv_blocks or default_pool_blocks(batch, context)  # every stage's pool, in every worker
+        for stage in stages:
+            assert isinstance(stage, RemoteStage)
+            stage.describe_state(batch, context, self.kv_blocks)  # shapes and bytes, for the metrics
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.respawn = respawn

@@ -3,16 +3,21 @@
 It is a :class:`Stage` whose model is built on the meta device (structure and config, no
 weights, no memory), so code that reads ``stage.spec``, ``stage.model.config`` or
 ``stage.charge_check()`` works unchanged; the measured bytes are the ones its worker reported
-after loading. Running, publishing and rolling back happen in the worker.
+after loading. Its state is described on the meta device too (:meth:`describe_state`: the shapes
+and bytes of the worker's KV pools and recurrent rows, charged to its ledger), so the state
+metrics read a worker's stage as they read a local one. Running, publishing and rolling back
+happen in the worker.
 """
 
 from __future__ import annotations
 
 import torch
 
+from stagewise.models.block_table import BlockTable
 from stagewise.models.registry import build_stage
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.runtime.stage import Stage, StageSpec
+from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 
@@ -27,6 +32,25 @@ class RemoteStage(Stage):
 
     def measured_bytes(self) -> int:
         return self.reported_bytes
+
+    def describe_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
+        """The worker's state as :meth:`Stage.allocate_state` makes it, on the meta device (no memory):
+        ``batch`` rows of ``max_context`` positions over ``kv_blocks`` KV blocks; charged to the ledger."""
+        blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
+        meta = torch.device("meta")
+        self.block_table = BlockTable(batch, max_context, blocks, meta)
+        self.states = self.model.new_states(batch, max_context, self.dtype, meta, self.block_table)
+        self.ledger.charge("state", sum(s.nbytes for s in self.states.values()),
+                           f"state for batch {batch} x context {max_context}, {blocks} KV blocks (in the worker)")
+        self.max_context = max_context
+        self.batch = batch
+
+    def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
+        raise RuntimeError(f"stage {self.spec.index}'s state lives in worker {self.rank}; describe_state() describes it")
+
+    def enable_graphs(self, prefill_tokens: int | None = None) -> bool:
+        """False: the worker captures its own graphs (``Assignment.cuda_graphs``)."""
+        return False
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool) -> None:  # type: ignore[override]
         raise RuntimeError(f"stage {self.spec.index} runs in worker {self.rank}; step the pipeline instead")
