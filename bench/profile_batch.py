@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 
 Run = list[list[tuple[int, float]]]  # per request: (token, log-probability) in order

@@ -15,12 +15,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.block_allocator import BlockAllocator, OutOfBlocks
 from stagewise.engine.generator import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.models.state import KVCache
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool
@@ -47,11 +48,11 @@ def _requests(vocab: int) -> list[GenerationRequest]:
 def _check_blocks(batcher: Batcher) -> None:
     """The allocator's invariants: live sequences own disjoint blocks, the allocator counts exactly
     those, and every live row's block-table row names them (then scratch) on every stage."""
-    assert batcher.allocator is not None and batcher.pool is not None
+    assert batcher.kv.allocator is not None and batcher.pool is not None
     live = [s for s in (*batcher.decoding, *batcher.staging) if s is not None and not s.done]
     owned = [b for s in live for b in s.blocks]
     assert len(owned) == len(set(owned)), "a block in two sequences"
-    assert len(owned) == batcher.allocator.used_blocks
+    assert len(owned) == batcher.kv.allocator.used_blocks
     assert all(s.row == -1 and not s.blocks for s in batcher.queue)
     for stage in batcher.pipeline.stages:
         table = stage.block_table
@@ -64,8 +65,8 @@ def _check_blocks(batcher: Batcher) -> None:
 def _run(batcher: Batcher, requests: list[GenerationRequest], check: bool = False) -> tuple[Run, list[StagewiseError | None]]:
     """``run_batch``, checking the blocks after every iteration (``check``) and that all are back at the end."""
     out, errors = run_batch(batcher, requests, each_iteration=(lambda: _check_blocks(batcher)) if check else None)
-    if batcher.allocator is not None:
-        assert batcher.allocator.used_blocks == 0  # every block back when the sequences end
+    if batcher.kv.allocator is not None:
+        assert batcher.kv.allocator.used_blocks == 0  # every block back when the sequences end
     return out, errors
 
 

@@ -15,11 +15,12 @@ import torch
 from openai import OpenAI
 from starlette.testclient import TestClient
 
-from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.engine import Engine
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import Sample, Sampler, SamplingParams
+from stagewise.engine.sequence import Sequence
 from stagewise.server.app import guarded_app
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState

@@ -23,7 +23,8 @@ sample otherwise (temperature, penalties, top log-probabilities) through their o
 :class:`Sampler` on the host, so a seeded request draws the same tokens in any batch.
 
 KV blocks (paged cache): a sequence holds the blocks of its positions, from the pipeline's one
-:class:`BlockAllocator`, and the pipeline's block tables name them. A sequence starts when its
+:class:`BlockAllocator`, and the pipeline's block tables name them (the bookkeeping:
+:class:`~stagewise.engine.sequence_blocks.SequenceBlocks`; the policy below is the batcher's). A sequence starts when its
 prompt's blocks are free; a decoding sequence takes its next block when it crosses a block boundary.
 When none is free, the newest admitted sequence (possibly the one asking) is preempted: everything
 in flight is collected, its blocks and row are freed and it goes back to the front of the queue. When
@@ -39,21 +40,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from stagewise.engine.block_allocator import BlockAllocator
 from stagewise.engine.generator import GenerationRequest, TokenEvent
-from stagewise.engine.sampling import Sample, Sampler
+from stagewise.engine.sampling import Sample
+from stagewise.engine.sequence import Sequence
+from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
 from stagewise.runtime.pipeline import Pipeline
-
-TokenSink = Callable[[TokenEvent], bool]  # False: end the sequence now (stop string, client gone)
-ErrorSink = Callable[[StagewiseError], None]
-CancelCheck = Callable[[], bool]
 
 
 def batch_bucket(size: int) -> int:
@@ -61,41 +58,6 @@ def batch_bucket(size: int) -> int:
     if size <= 8:
         return 1 << max(0, math.ceil(math.log2(max(size, 1))))
     return -(-size // 8) * 8
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request's life in the batcher: its row, what it has computed and sampled, its sinks."""
-
-    request: GenerationRequest
-    on_token: TokenSink
-    on_error: ErrorSink
-    cancelled: CancelCheck
-    sampler: Sampler = field(init=False)
-    row: int = -1
-    length: int = 0  # positions whose state is published (prompt then generated tokens)
-    generated: int = 0  # tokens sampled (and reported)
-    next_token: int = 0  # the last sampled token: the next decode step's input
-    tokens: list[int] = field(default_factory=list)  # the sampled tokens, in order (recomputed after a preemption)
-    ids: tuple[int, ...] = ()  # what the staging row prefills: the prompt, plus tokens[:-1] after a preemption
-    prefilled: int = 0  # of ``ids``, positions already run
-    blocks: list[int] = field(default_factory=list)  # KV blocks of its positions, in order
-    admitted: int = -1  # admission order (starts in the staging row); the largest is preempted first
-    preemptions: int = 0
-    budget: int = 0  # tokens it may generate
-    done: bool = False
-    errored: bool = False  # ended by an error or cancellation (its pending tokens are not reported)
-
-    def __post_init__(self) -> None:
-        self.sampler = Sampler(self.request.sampling)
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.request.prompt_ids)
-
-    @property
-    def device_greedy(self) -> bool:
-        return self.sampler.plain_greedy(self.request.top_logprobs)
 
 
 @dataclass(eq=False)
@@ -141,32 +103,16 @@ class Batcher:
         self.in_flight: deque[_InFlight] = deque()
         self._regroup_needed = False
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
-        self.pool = pipeline.kv_pool
-        self.allocator = BlockAllocator(self.pool) if self.pool is not None else None
+        self.kv = SequenceBlocks(pipeline, self.slots)  # the KV blocks of each sequence's positions
+        self.pool = self.kv.pool
         self.preemptions = 0  # sequences preempted (blocks ran out) since construction
         self._admissions = 0
-        self._clear_blocks()
-
-    def _clear_blocks(self) -> None:
-        """Every row without blocks (the pipeline's identity table is not the allocator's)."""
-        if self.pool is not None:
-            self.allocator = BlockAllocator(self.pool)
-            for row in range(self.slots):
-                self._unassign(row)
-
-    def _unassign(self, row: int) -> None:
-        """Point ``row``'s block-table row at the scratch block (padding steps in it write there)."""
-        try:
-            self.pipeline.set_blocks(row, [])
-        except StagewiseError:
-            # NOTE: a pipeline that refuses (a lost worker) keeps the stale row; harmless: a row is given
-            # its blocks before it is stepped or moved onto, and without graphs no step pads with it
-            pass
+        self.kv.clear()
 
     @property
     def sequence_tokens(self) -> int:
         """Positions one sequence may use: the context, and never more than the whole KV pool."""
-        return self.max_context if self.pool is None else min(self.max_context, self.pool.tokens)
+        return self.kv.sequence_tokens(self.max_context)
 
     # ----- admission ---------------------------------------------------------------------------
     @property
@@ -187,7 +133,7 @@ class Batcher:
     @property
     def used_blocks(self) -> int:
         """KV blocks held by live sequences (0 without a pool)."""
-        return self.allocator.used_blocks if self.allocator is not None else 0
+        return self.kv.used_blocks
 
     def rows_in_use(self) -> int:
         """State rows holding a live sequence."""
@@ -197,10 +143,7 @@ class Batcher:
         n = len(request.prompt_ids)
         if n >= self.max_context:
             raise ContextLengthExceeded(f"the prompt has {n} tokens; this model's context is {self.max_context} tokens")
-        if self.pool is not None and n >= self.pool.tokens:
-            need = -(-n // self.pool.block_tokens)
-            raise ContextLengthExceeded(f"the prompt has {n} tokens ({need} KV blocks of {self.pool.block_tokens}); "
-                                        f"the KV pool holds {self.pool.blocks} blocks ({self.pool.tokens} tokens, --kv-tokens)")
+        self.kv.check_prompt(n)
         bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
@@ -261,7 +204,7 @@ class Batcher:
         self.decoding, self.groups = [], []
         self.area = StagingArea(self.prefill_chunk)
         self._regroup_needed = False
-        self._clear_blocks()
+        self.kv.clear()
 
     # ----- sequences in and out ----------------------------------------------------------------
     @staticmethod
@@ -297,11 +240,7 @@ class Batcher:
         if first + len(self.staging) >= self.slots:
             return False
         ids = self._prefill_ids(seq)
-        if not self.area.accepts(len(ids)):
-            return False
-        if self.allocator is None:
-            return True
-        return self.allocator.blocks_for(len(ids)) <= self.allocator.free_blocks
+        return self.area.accepts(len(ids)) and self.kv.fits(len(ids))
 
     def _start_staging(self, seq: Sequence) -> None:
         seq.ids = self._prefill_ids(seq)
@@ -314,12 +253,10 @@ class Batcher:
         seq.length = 0
         seq.admitted = self._admissions
         self._admissions += 1
-        if self.allocator is not None:
-            seq.blocks = self.allocator.allocate(self.allocator.blocks_for(len(seq.ids)))
+        self.kv.assign_prompt(seq)
         try:
             self.pipeline.reset(row)
-            if self.allocator is not None:
-                self.pipeline.set_blocks(row, seq.blocks)
+            self.kv.name_blocks(seq)
         except StagewiseError as exc:  # stages in worker processes: a lost worker refuses it
             self._fail((seq,), exc)
 
@@ -333,10 +270,7 @@ class Batcher:
         elif 0 <= seq.row < len(self.decoding) and self.decoding[seq.row] is seq:
             self.decoding[seq.row] = None
             self._regroup_needed = True
-        if self.allocator is not None and seq.blocks:
-            self.allocator.release(seq.blocks)
-            seq.blocks = []
-            self._unassign(seq.row)
+        self.kv.release(seq)
 
     def _end(self, seq: Sequence) -> None:
         """``seq`` is finished: free its row and blocks (or drop it from the queue)."""
@@ -362,20 +296,18 @@ class Batcher:
     def _reserve_blocks(self, g: int) -> None:
         """Give every sequence of group ``g`` the block of its next position, preempting the newest
         sequences while none is free (see the module doc)."""
-        assert self.allocator is not None and self.pool is not None
         for seq in self._members(g):
-            if seq is None or seq.done or seq.row < 0 or seq.length < len(seq.blocks) * self.pool.block_tokens:
+            if seq is None or seq.done or seq.row < 0 or not self.kv.needs_block(seq):
                 continue  # gone, preempted above, or its next position is in a block it has
-            if self.allocator.free_blocks == 0:
+            if self.kv.exhausted:
                 self._drain()  # steps in flight may end sequences; nothing may move while they run
-            while self.allocator.free_blocks == 0 and not seq.done and seq.row >= 0:
+            while self.kv.exhausted and not seq.done and seq.row >= 0:
                 victim = self._newest()
                 assert victim is not None
                 self._preempt(victim)
             if seq.done or seq.row < 0:
                 continue  # it finished while draining, or was the newest itself
-            seq.blocks += self.allocator.allocate(1)
-            self.pipeline.set_blocks(seq.row, seq.blocks)
+            self.kv.grant_next(seq)
 
     def _cancel(self, seq: Sequence) -> None:
         self._end(seq)
@@ -521,7 +453,7 @@ class Batcher:
         for seq in self._members(g):
             if seq is not None and not seq.done and seq.cancelled():
                 self._cancel(seq)
-        if self.allocator is not None:
+        if self.pool is not None:
             self._reserve_blocks(g)
         rows = [s if s is not None and not s.done else None for s in self._members(g)] + [None] * (run - members)
         if not any(rows):

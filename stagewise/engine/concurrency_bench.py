@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
-from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 
 

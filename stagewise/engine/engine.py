@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.generator import Generator, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.metrics import EngineMetrics
@@ -20,6 +20,7 @@ from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_handle import OutputSink, RequestHandle
 from stagewise.engine.request_output import RequestOutput
 from stagewise.engine.scheduler import Batch, Scheduler
+from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_output import SequenceOutput
 from stagewise.engine.step_guard import StepGuard
 from stagewise.engine.warm_up import WarmUp, warm_up
@@ -125,7 +126,7 @@ class Engine:
         except Exception as exc:  # a bug must fail the running requests, not the server
             self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
         self.metrics.active_sequences.set(self.scheduler.running)
-        kv_blocks = self.batcher.used_blocks if self.batcher.allocator is not None else None
+        kv_blocks = self.batcher.used_blocks if self.batcher.pool is not None else None
         self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use(), kv_blocks)
         preempted, self._preemptions = self.batcher.preemptions - self._preemptions, self.batcher.preemptions
         self.metrics.observe_blocks(self.model.pipeline, self.batcher.used_blocks, preempted)

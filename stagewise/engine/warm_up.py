@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from stagewise.engine.batcher import Batcher, Sequence
+from stagewise.engine.batcher import Batcher
 from stagewise.engine.generator import GenerationRequest, Generator, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 
 SHORT_PROMPT_TOKENS = 8  # a chat turn's shapes: an eager prefill and decode at the smallest bucket
