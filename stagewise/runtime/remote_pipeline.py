@@ -61,7 +61,7 @@ from stagewise.runtime.worker_messages import (
     tensor_from_bytes,
 )
 from stagewise.runtime.worker_pool import WorkerPool
-from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool, blocks_for, default_pool_blocks
+from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 OUTCOMES = ("all", "fail", "lost")
@@ -97,7 +97,11 @@ class DistributedPipeline(Pipeline):
                  dtype: torch.dtype, batch: int, context: int, timeout_s: float = 30.0,
                  load_timeout_s: float = 600.0, respawn: bool = True, rejoin: bool = True,
                  cuda_graphs: bool = True, kv_blocks: int | None = None) -> None:
-        stages: list[Stage] = [RemoteStage(s, config, dtype, r) for s, r in zip(specs, owners, strict=True)]
+        remote = [RemoteStage(s, config, dtype, r) for s, r in zip(specs, owners, strict=True)]
+        self.kv_blocks = kv_blocks or default_pool_blocks(batch, context)  # every stage's pool, in every worker
+        for stage in remote:
+            stage.describe_state(batch, context, self.kv_blocks)  # shapes, bytes and the block table (kv_pool)
+        stages: list[Stage] = list(remote)
         self.backend = choose_backend([s.torch_device for s in specs])
         super().__init__(stages, [RemoteBoundary(f"distributed-{self.backend}") for _ in specs[1:]])
         self.pool = pool
@@ -107,10 +111,6 @@ class DistributedPipeline(Pipeline):
         self.dtype = dtype
         self.batch = batch
         self.context = context
-        self.kv_blocks = kv_blocks or default_pool_blocks(batch, context)  # every stage's pool, in every worker
-        for stage in stages:
-            assert isinstance(stage, RemoteStage)
-            stage.describe_state(batch, context, self.kv_blocks)  # shapes and bytes, for the metrics
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.respawn = respawn
@@ -268,10 +268,6 @@ class DistributedPipeline(Pipeline):
     def max_in_flight(self) -> int:
         """One: a step returns once every worker acknowledged it and it is published."""
         return 1
-
-    @property
-    def kv_pool(self) -> KVPool:
-        return KVPool(self.kv_blocks, KV_BLOCK_TOKENS, blocks_for(self.context))
 
     def _refuse(self) -> None:
         if self._closed:

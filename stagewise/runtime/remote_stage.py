@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from stagewise.models.block_table import BlockTable
 from stagewise.models.registry import build_stage
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.runtime.stage import Stage, StageSpec
-from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 
@@ -36,14 +34,7 @@ class RemoteStage(Stage):
     def describe_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
         """The worker's state as :meth:`Stage.allocate_state` makes it, on the meta device (no memory):
         ``batch`` rows of ``max_context`` positions over ``kv_blocks`` KV blocks; charged to the ledger."""
-        blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
-        meta = torch.device("meta")
-        self.block_table = BlockTable(batch, max_context, blocks, meta)
-        self.states = self.model.new_states(batch, max_context, self.dtype, meta, self.block_table)
-        self.ledger.charge("state", sum(s.nbytes for s in self.states.values()),
-                           f"state for batch {batch} x context {max_context}, {blocks} KV blocks (in the worker)")
-        self.max_context = max_context
-        self.batch = batch
+        self.block_table, self.states = self._charge_state(batch, max_context, kv_blocks)
 
     def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
         raise RuntimeError(f"stage {self.spec.index}'s state lives in worker {self.rank}; describe_state() describes it")

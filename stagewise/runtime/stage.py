@@ -112,15 +112,23 @@ class Stage:
     def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
         """Charge, then allocate, the state of every block: the KV pools of ``kv_blocks`` blocks (default:
         every row's whole context) over one block table of ``batch`` rows, conv / recurrent state per row."""
-        blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
-        meta = torch.device("meta")
-        planned = self.model.new_states(batch, max_context, self.dtype, meta, BlockTable(batch, max_context, blocks, meta))
-        nbytes = sum(s.nbytes for s in planned.values())
-        self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}, {blocks} KV blocks")
+        blocks = self._charge_state(batch, max_context, kv_blocks)[0].num_blocks
         self.block_table = BlockTable(batch, max_context, blocks, self.device)
         self.states = self.model.new_states(batch, max_context, self.dtype, self.device, self.block_table)
+
+    def _charge_state(self, batch: int, max_context: int,
+                      kv_blocks: int | None) -> tuple[BlockTable, dict[int, BlockState]]:
+        """The state :meth:`allocate_state` makes, built on the meta device (no memory) and charged to the
+        ledger: its block table and states. Records ``batch`` and ``max_context``."""
+        blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
+        meta = torch.device("meta")
+        table = BlockTable(batch, max_context, blocks, meta)
+        planned = self.model.new_states(batch, max_context, self.dtype, meta, table)
+        nbytes = sum(s.nbytes for s in planned.values())
+        self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}, {blocks} KV blocks")
         self.max_context = max_context
         self.batch = batch
+        return table, planned
 
     def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
         """Row ``row``'s KV lives in blocks ``block_ids`` (position order) of this stage's pools."""
