@@ -40,7 +40,7 @@ import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import dependent_launch, hopper_or_later, launch_device
 
 if TYPE_CHECKING:
     from stagewise.kernels.moe_grouped_triton import Q8_0Stack
@@ -139,14 +139,13 @@ def _decode_gemm_kernel(
     k0 = first * 32 * GROUPS
     q_rows = q_ptr + expert * stride_qe + offs_n.to(tl.int64) * stride_qn  # (BN,)
     s_rows = s_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn + first * GROUPS * stride_sk  # (BN,)
+    q_ptrs = q_rows[:, None] + (k0 + offs_k[None, :]) * stride_qk  # (BN, 32)
     if SWAP:
         a_ptrs = a_ptr + rows[None, :] * stride_am + (k0 + offs_k[:, None]) * stride_ak  # (32, BM)
-        q_ptrs = q_rows[:, None] + (k0 + offs_k[None, :]) * stride_qk  # (BN, 32)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         a_ptrs = a_ptr + rows[:, None] * stride_am + (k0 + offs_k[None, :]) * stride_ak  # (BM, 32)
-        q_ptrs = q_rows[:, None] + (k0 + offs_k[None, :]) * stride_qk  # (BN, 32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up_q = up_offset * stride_qn
@@ -237,13 +236,6 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
         return held[-1]
 
 
-def _has_tma(device: torch.device) -> bool:
-    """Hopper and later have the tensor memory accelerator; Triton's interpreter (CPU) runs descriptors too."""
-    if device.type != "cuda":
-        return True
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles,
             n_out: int, up_offset: int, *, gather_rows: bool, glu: bool,
             top_weight: torch.Tensor | None) -> torch.Tensor:
@@ -272,7 +264,9 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
     grid = (num_blocks * n_tiles * split,)
     q_desc: object = qs
     # TMA reads the stack as one (E * out, in) matrix: contiguous, 16-byte aligned (else per-thread loads)
-    tma = tiles.tma and _has_tma(a.device) and qs.is_contiguous() and qs.data_ptr() % 16 == 0
+    # (Hopper and later have it; Triton's interpreter runs descriptors on the host too)
+    has_tma = a.device.type != "cuda" or hopper_or_later(a.device)
+    tma = tiles.tma and has_tma and qs.is_contiguous() and qs.data_ptr() % 16 == 0
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -93,8 +93,14 @@ def _triton_launches_pdl() -> bool:
 
 
 @functools.cache
-def _device_has_pdl(index: int) -> bool:
+def _hopper_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def hopper_or_later(device: torch.device) -> bool:
+    """Whether CUDA ``device`` is Hopper or later (dependent launch, the tensor memory accelerator);
+    asked of the driver once per device."""
+    return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def pdl_enabled() -> bool:
@@ -112,6 +118,6 @@ def dependent_launch(t: torch.Tensor) -> dict[str, Any]:
     older GPUs), which launches exactly as before."""
     if t.device.type != "cuda" or not pdl_enabled() or not _triton_launches_pdl():
         return {"GDC": False}
-    if not _device_has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device()):
+    if not hopper_or_later(t.device):
         return {"GDC": False}
     return {"GDC": True, "launch_pdl": True}
