@@ -51,6 +51,7 @@ from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
 from stagewise.runtime.pipeline import Pipeline
+from stagewise.spec.kv_pool import KVPool
 
 
 def batch_bucket(size: int) -> int:
@@ -104,10 +105,14 @@ class Batcher:
         self._regroup_needed = False
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.kv = SequenceBlocks(pipeline, self.slots)  # the KV blocks of each sequence's positions
-        self.pool = self.kv.pool
         self.preemptions = 0  # sequences preempted (blocks ran out) since construction
         self._admissions = 0
         self.kv.clear()
+
+    @property
+    def pool(self) -> KVPool | None:
+        """The pipeline's KV pool (None: every row keeps its whole context)."""
+        return self.kv.pool
 
     @property
     def sequence_tokens(self) -> int:
