@@ -38,7 +38,7 @@ from bench.moe_decode import _graph_ms
 from bench.moe_grouped import _quantize
 from stagewise.kernels.moe_align_triton import moe_align_fused
 from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm, decode_gemm_glu
-from stagewise.kernels.moe_grouped_triton import DECODE_Q8_0, GemmTiles, grouped_gemm
+from stagewise.kernels.moe_grouped_triton import DECODE_Q8_0, GemmTiles, Q8_0Tensors, grouped_gemm
 from stagewise.kernels.q8_0_gemm import _identity_alignment
 from stagewise.kernels.silu_mul_triton import silu_mul
 
@@ -132,16 +132,10 @@ class Dense:
 
     def run(self, block_m: int, tiles: Any) -> Callable[[], torch.Tensor]:
         align = _identity_alignment(self.rows, block_m, self.x.device)
-        weight = _quantize_view(self.qs, self.scales)
+        weight = Q8_0Tensors(self.qs, self.scales)
         if isinstance(tiles, GemmTiles):  # the path that served 17-64 rows before
             return functools.partial(grouped_gemm, self.x, weight, align, 1, tiles, gather_rows=False)
         return functools.partial(decode_gemm, self.x, weight, align, 1, tiles, gather_rows=False)
-
-
-def _quantize_view(qs: torch.Tensor, scales: torch.Tensor) -> Any:
-    from stagewise.kernels.moe_grouped_triton import Q8_0Tensors
-
-    return Q8_0Tensors(qs, scales)
 
 
 def _jobs(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
