@@ -26,7 +26,7 @@ from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment, align_capacity
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
-MAX_FUSED_SLOTS = 1024  # routed slots up to which the one-program alignment is used (batched decode)
+MAX_FUSED_SLOTS = 1024  # routed slots up to which the one-launch alignment is used (all held in registers)
 
 
 @triton.jit
@@ -38,11 +38,10 @@ def _align_kernel(index_ptr, sorted_ptr, block_expert_ptr, valid_ptr, num_slots,
     ok = lanes < num_slots
     e = tl.load(index_ptr + lanes, mask=ok, other=E_P2).to(tl.int32)  # padding -> a bin past every expert
     experts = tl.arange(0, 2 * E_P2)  # (2E,) bins; those >= num_experts are ignored
-    counts = tl.histogram(e, 2 * E_P2)  # (2E,) slots per expert
-    counts = tl.where(experts < num_experts, counts, 0)
+    real = experts < num_experts
+    counts = tl.where(real, tl.histogram(e, 2 * E_P2), 0)  # (2E,) slots per expert
     blocks = (counts + (BLOCK_M - 1)) // BLOCK_M  # (2E,) whole blocks per expert
     block_end = tl.cumsum(blocks, axis=0)  # (2E,)
-    real = experts < num_experts
     owner = tl.sum((real & (block_end <= block)).to(tl.int32), axis=0)  # runs ending at or before this block
     owner_start = tl.sum(tl.where(experts == owner, (block_end - blocks) * BLOCK_M, 0), axis=0)  # its run's start
     hot = ok & (e == owner)  # (S,) the owner's slots
