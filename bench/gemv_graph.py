@@ -28,9 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
-from stagewise.kernels.moe_grouped_triton import Q8_0Tensors
 from stagewise.kernels.triton_launch import dependent_launch
-from stagewise.weights.quant.q8_0 import Q8_0Weight
 from stagewise.weights.quant.q8_0_gemv_triton import config_for as q8_config_for
 from stagewise.weights.quant.q8_0_gemv_triton import gathered_config_for, q8_0_gemv
 
@@ -47,10 +45,6 @@ BASE = [(1, 2048, 4, 3), (1, 1024, 4, 3), (2, 1024, 4, 4), (4, 512, 4, 3), (8, 5
         (16, 256, 4, 3), (4, 1024, 8, 3), (8, 1024, 8, 3), (16, 512, 8, 3), (2, 2048, 8, 3), (4, 256, 2, 4),
         (32, 256, 8, 3), (2, 512, 2, 4)]
 CANDIDATES = BASE
-# experts in panels (weights/quant/q8_0_layout): a program of BN rows reads BN x 32 contiguous bytes per block
-PANEL_CANDIDATES = [*BASE, (16, 128, 2, 3), (16, 128, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3),
-                           (32, 64, 2, 3), (16, 64, 2, 4), (64, 32, 2, 3), (8, 256, 4, 3), (16, 256, 2, 3),
-                           (32, 256, 4, 3), (64, 256, 8, 3), (16, 512, 4, 3), (32, 512, 8, 3)]
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
 
 
@@ -108,15 +102,13 @@ def _sweep(label: str, nbytes: int, fns: dict[str, Callable[[int], torch.Tensor]
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/gemv_graph_h200.json")
-    ap.add_argument("--gathered-only", action="store_true", help="only the routed experts' GEMVs")
-    ap.add_argument("--panels", action="store_true", help="also the routed experts stored in panels (Q8_0Weight.to_panels)")
     args = ap.parse_args()
     dev = torch.device("cuda:0")
     torch.cuda.set_device(dev)
     report: dict[str, object] = {"command": "python3 " + " ".join(sys.argv), "device": torch.cuda.get_device_name(dev),
                                  "date": datetime.datetime.now(datetime.UTC).isoformat(), "rows": []}
     rows: list[dict[str, object]] = []
-    for label, (n, k) in ({} if args.gathered_only else DENSE).items():
+    for label, (n, k) in DENSE.items():
         nbytes = n * k * 2
         copies = max(4, min(64, ROTATE_BYTES // nbytes))
         ws = [(torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16) for _ in range(copies)]
@@ -128,14 +120,14 @@ def main() -> int:
             fns[str(cfg)] = lambda i, ws=ws, x=x, cfg=cfg: gemv(x, ws[i], config=cfg)
         rows.append(_sweep(f"dense {label} {n}x{k}", nbytes, fns, ref, copies, str(dense_config_for(n, k, dependent_launch(x)["GDC"]) or "cublas")))
         del ws
-    for label, (n, k) in ({} if args.gathered_only else Q8).items():
+    for label, (n, k) in Q8.items():
         nbytes = n * k + n * k // 32 * 2
         copies = max(4, min(64, ROTATE_BYTES // nbytes))
         qs = [torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8) for _ in range(copies)]
         sc = [(torch.rand(n, k // 32, device=dev) * 1e-3).to(torch.float16) for _ in range(copies)]
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
         ref = x.double() @ (qs[0].double() * sc[0].double().repeat_interleave(32, dim=1)).T
-        fns = {str(cfg): (lambda i, qs=qs, sc=sc, x=x, cfg=cfg: q8_0_gemv(x, Q8_0Tensors(qs[i], sc[i]), config=cfg))
+        fns = {str(cfg): (lambda i, qs=qs, sc=sc, x=x, cfg=cfg: q8_0_gemv(x, qs[i], sc[i], config=cfg))
                for cfg in CANDIDATES}
         rows.append(_sweep(f"q8_0 {label} {n}x{k}", nbytes, fns, ref, copies, str(q8_config_for(n, k))))
         del qs, sc
@@ -150,16 +142,9 @@ def main() -> int:
         x = torch.randn(m // rep, k, device=dev, dtype=torch.bfloat16)
         dq = qs_all[idx[0]].double() * sc_all[idx[0]].double().repeat_interleave(32, dim=2)
         ref = torch.einsum("mnk,mk->mn", dq, x.double().repeat_interleave(rep, dim=0))
-        for layout in ("row_major", "panels") if args.panels else ("row_major",):
-            weight = Q8_0Weight(qs_all.clone(), sc_all.clone())
-            if layout == "panels":
-                weight = weight.to_panels()
-            fns = {str(cfg): (lambda i, idx=idx, x=x, cfg=cfg, rep=rep, w=weight:
-                              q8_0_gemv(x, w, idx[i], config=cfg, x_repeat=rep))
-                   for cfg in (PANEL_CANDIDATES if layout == "panels" else CANDIDATES)}
-            name = f"q8_0 gathered {label} 8x{n}x{k}" + (" panels" if layout == "panels" else "")
-            rows.append(_sweep(name, nbytes, fns, ref, copies, str(gathered_config_for(k, layout == "panels"))))
-            del weight
+        fns = {str(cfg): (lambda i, idx=idx, x=x, cfg=cfg, rep=rep, q=qs_all, s=sc_all:
+                          q8_0_gemv(x, q, s, idx[i], config=cfg, x_repeat=rep)) for cfg in CANDIDATES}
+        rows.append(_sweep(f"q8_0 gathered {label} 8x{n}x{k}", nbytes, fns, ref, copies, str(gathered_config_for(k))))
         del qs_all, sc_all
     report["rows"] = rows
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

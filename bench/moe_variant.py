@@ -8,8 +8,7 @@ GEMV); ``experts=BN,BK,WARPS,STAGES[,SWAP,TMA]`` (both MoE decode GEMMs' tiles, 
 ``gate_up=…`` / ``down=…`` (one of them); ``nofuse`` (SiLU·up as its own launch); ``dense=…`` (the
 dense 17-64-row Q8_0 tiles, K split as before); ``nopack`` (one prompt per prefill step: no packed
 prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
-16-row blocks, as before the decode kernel); ``rowmajor`` (expert stacks stay row-major, as before the
-panel layout); ``gathered=BN,BK,WARPS,STAGES`` (the GEMV tiles of experts in panels, 1-8 tokens).
+16-row blocks, as before the decode kernel).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import stagewise.engine.staging_area as staging
 import stagewise.kernels.moe_grouped_triton as grouped
 import stagewise.kernels.q8_0_gemm as q8_gemm
 import stagewise.weights.quant.q8_0 as q8
-import stagewise.weights.quant.q8_0_gemv_triton as q8_gemv
 from stagewise.kernels.moe_decode_triton import DecodeTiles
 
 
@@ -57,11 +55,6 @@ def apply(variant: str) -> None:
             grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
         elif part == "nofuse":
             grouped.DECODE_Q8_0 = dataclasses.replace(grouped.DECODE_Q8_0, fuse_silu=False)
-        elif part == "rowmajor":
-            q8.Q8_0Weight.can_make_panels = lambda self: False  # type: ignore[method-assign]
-        elif part.startswith("gathered="):
-            bn, bk, warps, stages = (int(v) for v in part.split("=", 1)[1].split(","))
-            q8_gemv.PANEL_GATHER_CONFIG = q8_gemv.PANEL_GATHER_SHORT_CONFIG = (bn, bk, warps, stages)
         elif part.startswith("dense="):
             q8_gemm.DENSE_DECODE_TILES = _tiles(part.split("=", 1)[1])
         else:

@@ -57,8 +57,8 @@ def main() -> int:
         nbytes = q.nbytes
         row = {"shape": label, "bytes": nbytes, "configs": {}}
         for cfg in CONFIGS:
-            y = q8_0_gemv(x, q, config=cfg)
-            ms = triton.testing.do_bench(lambda cfg=cfg, x=x, q=q: q8_0_gemv(x, q, config=cfg), return_mode="median")
+            y = q8_0_gemv(x, q.qs, q.scales, config=cfg)
+            ms = triton.testing.do_bench(lambda cfg=cfg, x=x, q=q: q8_0_gemv(x, q.qs, q.scales, config=cfg), return_mode="median")
             row["configs"][str(cfg)] = {"rel_err": _rel(y, ref), "us": ms * 1e3, "GBps": nbytes / (ms * 1e-3) / 1e9}
         ms = triton.testing.do_bench(lambda x=x, q=q: q8_0_matmul(x, q.qs, q.scales), return_mode="median")
         row["tl_dot_kernel"] = {"rel_err": _rel(q8_0_matmul(x, q.qs, q.scales), ref), "us": ms * 1e3,

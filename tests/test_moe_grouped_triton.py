@@ -326,6 +326,6 @@ def test_q8_0_gemm_batched_decode_rows(rows: int, in_features: int) -> None:
     assert decode_tiles(33, 96, 2048)[1].split_k > 1 and decode_tiles(33, 96, 2048)[0] == 64
     weight = _quantize(torch.randn(1, 96, in_features) * 0.1).to(DEVICE)
     x = torch.randn(rows, in_features, device=DEVICE, dtype=torch.bfloat16)
-    got = q8_0_gemm(x, weight.expert(0))
+    got = q8_0_gemm(x, weight.qs[0], weight.scales[0])
     ref = _block_scaled_reference(x, weight, torch.zeros(rows, 1, dtype=torch.long, device=DEVICE), True, None)
     torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)

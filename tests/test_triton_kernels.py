@@ -337,12 +337,11 @@ def test_q8_0_gemm_matches_dequantized_matmul() -> None:
     weight = Q8_0Weight(qs, scales)
     x = torch.randn(2, 37, 96, device=DEVICE)  # 74 rows: several blocks and a ragged last one
     want = x @ weight.dequantize(torch.float32).T
-    torch.testing.assert_close(q8_0_gemm(x, weight), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(q8_0_gemm(x, qs, scales), want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("k", [96, 128])  # a ragged last K step, and K steps that divide evenly
 def test_q8_0_gemv_dense_and_gathered(k: int) -> None:
-    from stagewise.kernels.moe_grouped_triton import Q8_0Tensors
     from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
 
     torch.manual_seed(8)
@@ -351,10 +350,10 @@ def test_q8_0_gemv_dense_and_gathered(k: int) -> None:
     dense = [(qs[e].float().view(40, -1, 32) * scales[e].float()[..., None]).view(40, k) for e in range(3)]
     x = torch.randn(2, k, device=DEVICE)
     config = (4, 64, 2, 2)  # several K steps: the first tile is read before the wait, the rest in the loop
-    torch.testing.assert_close(q8_0_gemv(x, Q8_0Tensors(qs[1], scales[1]), config=config), x @ dense[1].T, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(q8_0_gemv(x, qs[1], scales[1], config=config), x @ dense[1].T, atol=1e-4, rtol=1e-4)
     index = torch.tensor([2, 0, 1, 1], device=DEVICE)  # two routed experts per token
     want = torch.stack([dense[int(e)] @ x[i // 2] for i, e in enumerate(index)])
-    torch.testing.assert_close(q8_0_gemv(x, Q8_0Tensors(qs, scales), index, config=config, x_repeat=2), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(q8_0_gemv(x, qs, scales, index, config=config, x_repeat=2), want, atol=1e-4, rtol=1e-4)
 
 
 def test_delta_rule_chunk_scan_kernel_matches_the_torch_loop() -> None:

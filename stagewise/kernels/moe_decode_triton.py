@@ -40,7 +40,6 @@ import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
-from stagewise.kernels.q8_0_address import row_offsets
 from stagewise.kernels.triton_launch import dependent_launch, hopper_or_later, launch_device
 
 if TYPE_CHECKING:
@@ -110,10 +109,10 @@ def _decode_gemm_kernel(
     a_ptr, q_ptr, q_desc, s_ptr, out_ptr, route_ptr, part_ptr, lock_ptr,
     sorted_ptr, block_expert_ptr, valid_ptr,
     N, K, num_slots, top_k, up_offset, rows_per_expert,
-    stride_am, stride_ak, q_expert, q_row_tile, q_row, q_block, q_element,
-    s_expert, s_row_tile, s_row, s_block, stride_om, stride_on,
+    stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
+    stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, TMA_PANELS: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -138,13 +137,9 @@ def _decode_gemm_kernel(
     first = pid_k * per_split
     last = tl.minimum(first + per_split, steps)
     k0 = first * 32 * GROUPS
-    q_rows = q_ptr + expert * q_expert + row_offsets(offs_n, q_row_tile, q_row)  # (BN,)
-    q_rows_up = q_ptr + expert * q_expert + row_offsets(offs_n + up_offset, q_row_tile, q_row)  # GLU: the up rows
-    s_base = s_ptr + expert * s_expert + first * GROUPS * s_block
-    s_rows = s_base + row_offsets(offs_n, s_row_tile, s_row)  # (BN,)
-    s_rows_up = s_base + row_offsets(offs_n + up_offset, s_row_tile, s_row)
-    q_ptrs = q_rows[:, None] + first * GROUPS * q_block + offs_k[None, :] * q_element  # (BN, 32)
-    q_ptrs_up = q_rows_up[:, None] + first * GROUPS * q_block + offs_k[None, :] * q_element
+    q_rows = q_ptr + expert * stride_qe + offs_n.to(tl.int64) * stride_qn  # (BN,)
+    s_rows = s_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn + first * GROUPS * stride_sk  # (BN,)
+    q_ptrs = q_rows[:, None] + (k0 + offs_k[None, :]) * stride_qk  # (BN, 32)
     if SWAP:
         a_ptrs = a_ptr + rows[None, :] * stride_am + (k0 + offs_k[:, None]) * stride_ak  # (32, BM)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -153,23 +148,16 @@ def _decode_gemm_kernel(
         a_ptrs = a_ptr + rows[:, None] * stride_am + (k0 + offs_k[None, :]) * stride_ak  # (BM, 32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # TMA reads the values as a 2-D matrix: row-major (E * out, in), the tile's first row; panels (E * in / 32 * out,
-    # 32), panel (expert, block) starting at row (expert * in / 32 + block) * out
-    n0 = pid_n * BLOCK_N
-    if TMA_PANELS:
-        tma_row = (expert * (K // 32) * rows_per_expert + n0).to(tl.int32)
-        tma_step = rows_per_expert  # rows from one block's panel to the next
-    else:
-        tma_row = (expert * rows_per_expert + n0).to(tl.int32)
-        tma_step = 0
-    tma_row_up = tma_row + up_offset
+    up_q = up_offset * stride_qn
+    up_s = up_offset * stride_sn
+    tma_row = (expert * rows_per_expert + pid_n * BLOCK_N).to(tl.int32)  # TMA: the tile's first row, 2-D view
     groups = tl.arange(0, GROUPS)
     for step in range(first, last):
         # this step's (BN, G) scales in one load (one load per group measured slower); group g's column is
         # picked in registers
-        sc = tl.load(s_rows[:, None] + groups[None, :] * s_block, mask=n_ok[:, None], other=0.0)
+        sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
         if GLU:
-            sc_up = tl.load(s_rows_up[:, None] + groups[None, :] * s_block, mask=n_ok[:, None], other=0.0)
+            sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
         else:
             sc_up = sc
         for g in tl.static_range(GROUPS):
@@ -180,12 +168,10 @@ def _decode_gemm_kernel(
             if not BF16:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
                 a = a.to(tl.float32)
             for half in tl.static_range(2 if GLU else 1):
-                if TMA_PANELS:
-                    q = q_desc.load([(tma_row if half == 0 else tma_row_up) + (step * GROUPS + g) * tma_step, 0])
-                elif TMA:
-                    q = q_desc.load([tma_row if half == 0 else tma_row_up, (step * GROUPS + g) * 32])  # (BN, 32) int8
+                if TMA:
+                    q = q_desc.load([tma_row + half * up_offset, (step * GROUPS + g) * 32])  # (BN, 32) int8
                 else:
-                    q = tl.load((q_ptrs if half == 0 else q_ptrs_up) + g * q_block, mask=n_ok[:, None], other=0)
+                    q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
                 s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
                 part = _block_dot(a, q, SWAP, BF16)
                 if SWAP:
@@ -197,10 +183,8 @@ def _decode_gemm_kernel(
                 else:
                     acc_up += part
         a_ptrs += 32 * GROUPS * stride_ak
-        q_ptrs += GROUPS * q_block
-        q_ptrs_up += GROUPS * q_block
-        s_rows += GROUPS * s_block
-        s_rows_up += GROUPS * s_block
+        q_ptrs += 32 * GROUPS * stride_qk
+        s_rows += GROUPS * stride_sk
     if SPLIT_K > 1:
         plane = num_slots * N
         if SWAP:  # the tile's float32 partial in a (num_slots, N) plane
@@ -255,8 +239,8 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
 def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles,
             n_out: int, up_offset: int, *, gather_rows: bool, glu: bool,
             top_weight: torch.Tensor | None) -> torch.Tensor:
-    qs, scales, layout = weight.qs, weight.scales, weight.layout
-    _, rows_per_expert, k_in = weight.shape
+    qs, scales = weight.qs, weight.scales
+    k_in = qs.shape[2]
     if a.shape[-1] != k_in:
         raise ValueError(f"activations have {a.shape[-1]} features, the experts take {k_in}")
     if tiles.block_k % QBLOCK or k_in % tiles.block_k:
@@ -279,25 +263,24 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
         partials, counters = out, align.num_valid_blocks  # unused
     grid = (num_blocks * n_tiles * split,)
     q_desc: object = qs
-    # TMA (Hopper and later; Triton's interpreter runs descriptors on the host too) needs contiguous, 16-byte
-    # aligned values (else per-thread loads)
+    # TMA reads the stack as one (E * out, in) matrix: contiguous, 16-byte aligned (else per-thread loads)
+    # (Hopper and later have it; Triton's interpreter runs descriptors on the host too)
     has_tma = a.device.type != "cuda" or hopper_or_later(a.device)
     tma = tiles.tma and has_tma and qs.is_contiguous() and qs.data_ptr() % 16 == 0
-    tma_panels = tma and layout.panels
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        matrix = qs.reshape(-1, QBLOCK) if tma_panels else qs.reshape(-1, k_in)
-        q_desc = TensorDescriptor.from_tensor(matrix, block_shape=[tiles.block_n, QBLOCK])
+        q_desc = TensorDescriptor.from_tensor(qs.reshape(-1, k_in), block_shape=[tiles.block_n, QBLOCK])
     with launch_device(a):
         _decode_gemm_kernel[grid](
             a, qs, q_desc, scales, out, route, partials, counters,
             align.sorted_slots, align.block_expert, align.num_valid_blocks,
-            n_out, k_in, num_slots, top_k, up_offset, rows_per_expert,
-            a.stride(0), a.stride(1), *layout.value_strides, *layout.scale_strides, out.stride(0), out.stride(1),
+            n_out, k_in, num_slots, top_k, up_offset, qs.shape[1],
+            a.stride(0), a.stride(1), qs.stride(0), qs.stride(1), qs.stride(2),
+            scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
             BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
-            TMA=tma, TMA_PANELS=tma_panels,
+            TMA=tma,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
@@ -307,7 +290,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
 def decode_gemm(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles, *,
                 gather_rows: bool, top_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Per-slot ``(S, out)`` rows of ``A[row(s)] @ W[expert(s)].T`` for a Q8_0 stack (module doc)."""
-    return _launch(a, weight, align, top_k, tiles, weight.shape[1], 0, gather_rows=gather_rows, glu=False,
+    return _launch(a, weight, align, top_k, tiles, weight.qs.shape[1], 0, gather_rows=gather_rows, glu=False,
                    top_weight=top_weight)
 
 
@@ -316,7 +299,7 @@ def decode_gemm_glu(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top
     """Per-slot ``(S, I)`` rows of ``silu(A[row(s)] @ G.T) * (A[row(s)] @ U.T)`` for a fused ``(E, 2I, in)``
     gate/up stack (gate rows then up rows): :func:`decode_gemm` followed by ``silu_mul``, in one launch and
     bit for bit the same (module doc)."""
-    two_i = weight.shape[1]
+    two_i = weight.qs.shape[1]
     if two_i % 2:
         raise ValueError(f"a fused gate/up weight has an even number of rows, got {two_i}")
     return _launch(a, weight, align, top_k, tiles, two_i // 2, two_i // 2, gather_rows=gather_rows, glu=True,

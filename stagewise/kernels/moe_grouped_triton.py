@@ -8,9 +8,8 @@ slots (``slot = token * K + k``) into ``BLOCK_M``-row blocks of one expert each,
 
 where ``row(s) = s // K`` when ``gather_rows`` (A is the tokens' ``x (N, in)``) and ``row(s) = s``
 otherwise (A is already per slot, ``(S, in)``). ``W`` is a dense stack ``(E, out, in)`` (bf16 / f16 /
-f32) or Q8_0 (int8 values and f16 scales of logical shape ``(E, out, in)``, row-major or in panels as its
-:class:`~stagewise.weights.quant.q8_0_layout.Q8_0Layout` says; value = ``qs * scale`` of its
-32-element block). One program owns ``BLOCK_M`` sorted slots x ``BLOCK_N`` outputs;
+f32) or Q8_0 (``qs`` int8 ``(E, out, in)`` + ``scales`` f16 ``(E, out, in / 32)``; value = ``qs *
+scale`` of its 32-element block). One program owns ``BLOCK_M`` sorted slots x ``BLOCK_N`` outputs;
 it dequantizes each weight tile in registers exactly as :class:`~stagewise.weights.quant.q8_0.Q8_0Weight`
 does (``(qs * scale)`` in float32, rounded to the activation dtype), feeds ``tl.dot`` and accumulates
 in float32. Programs past the valid blocks return at once; rows of padding slots are never written.
@@ -35,18 +34,16 @@ import triton.language as tl
 from stagewise.kernels.moe_align import MoeAlignment, moe_align
 from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
 from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm, decode_gemm_glu
-from stagewise.kernels.q8_0_address import column_offsets, row_offsets
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import launch_device
-from stagewise.weights.quant.q8_0_layout import Q8_0Layout, row_major_layout
 
 QBLOCK = 32  # elements per Q8_0 block: BLOCK_K must be a multiple of it
 
 
 @runtime_checkable
 class Q8_0Stack(Protocol):
-    """What the kernels read of a Q8_0 stack or matrix (``Q8_0Weight`` is one): int8 ``qs`` and f16 ``scales``
-    of logical ``shape`` ``(E, out, in)`` (or ``(out, in)``), addressed through ``layout``."""
+    """What the kernel reads of a Q8_0 stack (``Q8_0Weight`` is one): int8 ``qs`` ``(E, out, in)`` and f16
+    ``scales`` ``(E, out, in / 32)``."""
 
     @property
     def qs(self) -> torch.Tensor: ...
@@ -54,26 +51,12 @@ class Q8_0Stack(Protocol):
     @property
     def scales(self) -> torch.Tensor: ...
 
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-
-    @property
-    def layout(self) -> Q8_0Layout: ...
-
 
 class Q8_0Tensors(NamedTuple):
-    """A row-major Q8_0 stack as bare tensors: ``qs`` ``(…, out, in)``, ``scales`` ``(…, out, in / 32)``."""
+    """A Q8_0 stack as bare tensors."""
 
     qs: torch.Tensor
     scales: torch.Tensor
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.qs.shape)
-
-    @property
-    def layout(self) -> Q8_0Layout:
-        return row_major_layout(self.qs, self.scales)
 
 
 ExpertWeight = torch.Tensor | Q8_0Stack  # (E, out, in) dense, or the Q8_0 stack
@@ -84,8 +67,8 @@ def _grouped_gemm_kernel(
     a_ptr, w_ptr, s_ptr, out_ptr, route_ptr,
     sorted_ptr, block_expert_ptr, valid_ptr,
     N, K, num_slots, top_k, num_blocks,
-    stride_am, stride_ak, w_expert, w_row_tile, w_row, w_block, w_element,
-    s_expert, s_row_tile, s_row, s_block, stride_om, stride_on,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk,
+    stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, Q8_0: tl.constexpr, EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -112,9 +95,8 @@ def _grouped_gemm_kernel(
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak  # (BM, BK)
-    w_ptrs = (w_ptr + expert * w_expert + row_offsets(offs_n, w_row_tile, w_row)[None, :]
-              + column_offsets(offs_k, w_block, w_element)[:, None])  # (BK, BN)
-    s_rows = s_ptr + expert * s_expert + row_offsets(offs_n, s_row_tile, s_row)[None, :]  # (1, BN): this K step's 1st block
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
+    s_row = s_ptr + expert * stride_se + offs_n[None, :].to(tl.int64) * stride_sn  # (1, BN): this K step's 1st block
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
@@ -129,7 +111,7 @@ def _grouped_gemm_kernel(
             # (measured 1.4-1.6x faster on an H200 than gathering a (BK, BN) tile of scale addresses)
             groups = tl.arange(0, BLOCK_K // 32)
             g_ok = groups < (K - k0 * BLOCK_K + 31) // 32
-            sg = tl.load(s_rows + groups[:, None] * s_block, mask=g_ok[:, None] & n_ok[None, :], other=0.0)
+            sg = tl.load(s_row + groups[:, None] * stride_sk, mask=g_ok[:, None] & n_ok[None, :], other=0.0)
             s = tl.reshape(tl.broadcast_to(sg[:, None, :], (BLOCK_K // 32, 32, BLOCK_N)), (BLOCK_K, BLOCK_N))
             w = (w.to(tl.float32) * s.to(tl.float32)).to(a.dtype)  # as Q8_0Weight dequantizes
         else:
@@ -139,8 +121,8 @@ def _grouped_gemm_kernel(
         else:
             acc = tl.dot(a, w, acc, input_precision="ieee")
         a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += (BLOCK_K // 32) * w_block  # BLOCK_K is a whole number of 32-value blocks
-        s_rows += (BLOCK_K // 32) * s_block
+        w_ptrs += BLOCK_K * stride_wk
+        s_row += (BLOCK_K // 32) * stride_sk
     if ROUTE_WEIGHT:
         route = tl.load(route_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)  # (BM,)
         acc = acc * route[:, None]
@@ -217,17 +199,12 @@ def default_config(num_slots: int, num_experts: int, device: torch.device,
     return GroupedConfig(64, TILES_64_Q8_0_GATE_UP if gate_up_q8_0 else TILES_64, TILES_64)
 
 
-def _stack(weight: ExpertWeight) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int, int], Q8_0Layout]:
-    """``(values, scales, (E, out, in), layout)``: a dense stack has no scales; its layout is its strides."""
+def _stack(weight: ExpertWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(values, scales)``: a dense stack has no scales."""
     if isinstance(weight, torch.Tensor):
-        values = weight
-        e, n, k = values.shape
-        strides = values.stride()
-        layout = Q8_0Layout(strides[0], 64 * strides[1], strides[1], 32 * strides[2], strides[2], 0, 0, 0, 0)
-        return values, None, (e, n, k), layout
+        return weight, None
     if isinstance(weight, Q8_0Stack):
-        e, n, k = weight.shape
-        return weight.qs, weight.scales, (e, n, k), weight.layout
+        return weight.qs, weight.scales
     raise TypeError(f"grouped MoE GEMM takes a dense tensor or a Q8_0 stack, not {type(weight).__name__}")
 
 
@@ -239,7 +216,8 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
     ``a``: ``(N, in)`` when ``gather_rows`` (row ``s // top_k``), else ``(S, in)`` (row ``s``).
     ``top_weight`` ``(N, K)``, if given, scales row ``s`` by ``top_weight.flatten()[s]``.
     """
-    values, scales, (_, n_out, k_in), layout = _stack(weight)
+    values, scales = _stack(weight)
+    _, n_out, k_in = values.shape
     if a.shape[-1] != k_in:
         raise ValueError(f"activations have {a.shape[-1]} features, the experts take {k_in}")
     if scales is not None and tiles.block_k % QBLOCK:
@@ -251,13 +229,15 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
         return out
     route = top_weight.reshape(-1).contiguous() if top_weight is not None else out  # (S,), unused if None
     s_ptr = scales if scales is not None else values  # unused for a dense stack
+    s_strides = scales.stride() if scales is not None else (0, 0, 0)
     grid = (num_blocks * triton.cdiv(n_out, tiles.block_n),)
     with launch_device(a):
         _grouped_gemm_kernel[grid](
             a, values, s_ptr, out, route,
             align.sorted_slots, align.block_expert, align.num_valid_blocks,
             n_out, k_in, num_slots, top_k, num_blocks,
-            a.stride(0), a.stride(1), *layout.value_strides, *layout.scale_strides, out.stride(0), out.stride(1),
+            a.stride(0), a.stride(1), values.stride(0), values.stride(1), values.stride(2),
+            s_strides[0], s_strides[1], s_strides[2], out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, Q8_0=scales is not None,
             EVEN_K=k_in % tiles.block_k == 0, UPCAST=a.device.type != "cuda",  # off CUDA: the interpreter
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
@@ -276,7 +256,8 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
     up rows) and ``down`` ``(E, H, I)``, each dense or Q8_0. No host synchronization.
     """
     tokens, top_k = top_index.shape
-    _, _, (experts, _, hidden), _ = _stack(gate_up)
+    gate_up_values, _ = _stack(gate_up)
+    experts, _, hidden = gate_up_values.shape
     if x.shape != (tokens, hidden):
         raise ValueError(f"x {tuple(x.shape)} does not match {tokens} tokens of {hidden} features")
     if tokens == 0:

@@ -24,10 +24,9 @@ from stagewise.kernels.moe_grouped_triton import (
     TILES_64_Q8_0_GATE_UP,
     TILES_128,
     GemmTiles,
-    Q8_0Stack,
+    Q8_0Tensors,
     grouped_gemm,
 )
-from stagewise.weights.quant.q8_0_layout import Q8_0Layout
 
 DECODE_ROWS = 64  # up to this many rows (a batched decode step): the few-rows kernel, every row in one block
 # `bench/q8_0_decode_sweep.py` on an H200 (q8_0_decode_sweep_h200.json), Qwen3-30B-A3B's dense Q8_0 matmuls:
@@ -38,16 +37,6 @@ DENSE_DECODE_TILES = DecodeTiles(block_n=32, block_k=128, num_warps=2, num_stage
 WIDE_DECODE_TILES = DecodeTiles(block_n=128, block_k=128, num_warps=4, num_stages=3, swap=True, tma=True)
 WIDE_OUTPUTS = 32768  # outputs from which a matrix has tiles enough without splitting K (an output head)
 DENSE_PROGRAMS_PER_ROW = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class _OneExpert:
-    """A 2-D Q8_0 weight read as a stack of one expert (its layout's expert stride is 0)."""
-
-    qs: torch.Tensor
-    scales: torch.Tensor
-    shape: tuple[int, int, int]
-    layout: Q8_0Layout
 
 
 @functools.lru_cache(maxsize=64)
@@ -83,14 +72,15 @@ def decode_tiles(rows: int, out_features: int, in_features: int) -> tuple[int, D
     return block_m, dataclasses.replace(tiles, block_k=block_k, split_k=split)
 
 
-def q8_0_gemm(x: torch.Tensor, weight: Q8_0Stack) -> torch.Tensor:
-    """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D Q8_0 ``weight`` ``(out, in)`` (any layout)."""
-    out_features, in_features = weight.shape
+def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D Q8_0 weight: int8 ``qs`` ``(out, in)``,
+    f16 ``scales`` ``(out, in / 32)``."""
+    out_features, in_features = qs.shape
     a = x.reshape(-1, in_features)
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
-    stack = _OneExpert(weight.qs, weight.scales, (1, out_features, in_features), weight.layout)
+    stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
     if rows <= DECODE_ROWS:  # a batched decode step
         block_m, small = decode_tiles(rows, out_features, in_features)
         y = decode_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, small, gather_rows=False)

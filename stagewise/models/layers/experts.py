@@ -5,9 +5,7 @@ Parameters (checkpoint names under ``mlp.experts.``):
 - ``down_proj`` ``(E, H, I)``.
 Checkpoints that store per-expert matrices (``mlp.experts.<e>.gate_proj.weight`` …) are stacked
 into this layout by :mod:`stagewise.weights.expert_stacking`. Either weight may instead be resident
-packed (:class:`~stagewise.models.layers.quantized_experts.QuantizedExperts`); a Q8_0 stack bound for
-the Triton kernels is reordered into block-column panels as it arrives (:meth:`Q8_0Weight.to_panels`,
-in place).
+packed (:class:`~stagewise.models.layers.quantized_experts.QuantizedExperts`).
 
 Paths (chosen by the slot count and :func:`~stagewise.kernels.triton_launch.use_triton` only):
 at most ``GATHER_MAX_SLOTS`` routed slots (decode) gather the routed experts; more slots on the
@@ -51,8 +49,6 @@ class Experts(nn.Module):
         if want is not None and tuple(qweight.shape) != want:
             raise ValueError(f"quantized {name} shape {tuple(qweight.shape)} != {want}")
         setattr(self, name, None)  # drop the dense parameter: no dequantized copy is kept
-        if isinstance(qweight, Q8_0Weight) and use_triton(qweight.qs) and qweight.can_make_panels():
-            qweight = qweight.to_panels()  # the decode kernels' programs then read neighbouring runs (q8_0_layout)
         self.quantized[name] = qweight
 
     def quantized_weights(self) -> list[QuantizedExperts]:
