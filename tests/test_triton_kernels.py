@@ -82,6 +82,36 @@ def test_rope_store_rotates_q_and_k_and_fills_the_cache(rotary_dim: int) -> None
     assert not keys.permute(0, 2, 1, 3)[~written].any() and not values.permute(0, 2, 1, 3)[~written].any()
 
 
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["plain", "zero_centered"])
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+def test_rope_store_with_qk_norm_equals_norms_then_rope_store(zero_centered: bool, dtype: torch.dtype) -> None:
+    """The per-head q/k RMSNorm inside rope_store gives what rms_norm followed by rope_store gives (the
+    float32 sum of squares may be added in another order: within one rounding of the dtype)."""
+    from stagewise.kernels.rope_store_triton import QKNorm
+
+    torch.manual_seed(9)
+    heads, kv_heads, dim, rotary_dim = 4, 2, 64, 16  # partial rotary: the norm covers every channel
+    packed = torch.randn(2, 3, (heads + 2 * kv_heads) * dim, device=DEVICE).to(dtype)
+    q, k, v = (t.reshape(2, 3, -1, dim) for t in packed.split([heads * dim, kv_heads * dim, kv_heads * dim], -1))
+    positions = torch.tensor([[0, 1, 2], [17, 18, 19]], device=DEVICE)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=DEVICE).float() / rotary_dim))
+    table = torch.tensor([[1, 0], [2, 3]], dtype=torch.int32, device=DEVICE)
+    q_weight, k_weight = (torch.randn(dim, device=DEVICE).to(dtype) for _ in range(2))
+    norm = QKNorm(q_weight, k_weight, 1e-6, zero_centered)
+    caches = [(torch.zeros(4, kv_heads, 16, dim, device=DEVICE, dtype=dtype),
+               torch.zeros(4, kv_heads, 16, dim, device=DEVICE, dtype=dtype)) for _ in range(2)]
+    fused = rope_store(q, k, v, inv_freq, positions, *caches[0], table, norm)
+    qn, kn = rms_norm(q, q_weight, 1e-6, zero_centered), rms_norm(k, k_weight, 1e-6, zero_centered)
+    split = rope_store(qn, kn, v, inv_freq, positions, *caches[1], table)
+    tol = TOL if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(fused, split, **tol)
+    torch.testing.assert_close(caches[0][0], caches[1][0], **tol)
+    assert torch.equal(caches[0][1], caches[1][1])  # values are stored as they are
+    assert torch.equal(rope_store(q, k, v, inv_freq, positions, *caches[0], table, norm), fused)  # deterministic
+    with pytest.raises(ValueError, match="channels"):
+        rope_store(q, k, v, inv_freq, positions, *caches[0], table, QKNorm(q_weight[:32], k_weight, 1e-6))
+
+
 def test_rope_store_angles_round_like_the_reference_tables() -> None:
     """Far positions (large angles) in half precision: the kernel's cos/sin, rounded to the activation
     dtype, rotate as the reference's half-precision tables do."""

@@ -74,19 +74,22 @@ class Attention(nn.Module):
             q = q_out.reshape(batch, steps, self.heads, self.head_dim)
         k = k_out.reshape(batch, steps, self.kv_heads, self.head_dim)
         v = v_out.reshape(batch, steps, self.kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         if use_triton(q):
             from stagewise.kernels.decode_attention_triton import decode_attention
-            from stagewise.kernels.rope_store_triton import rope_store
+            from stagewise.kernels.rope_store_triton import QKNorm, rope_store
 
+            norm = None
+            if self.q_norm is not None and self.k_norm is not None:  # normalized in the same launch
+                norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered)
             table = cache.table.table[ctx.rows]  # (B, blocks per row): this step's rows of the block table
-            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table)  # (B, T, H, D)
+            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm)  # (B, T, H, D)
             if steps == 1:  # decode: paged split-K attention over the pool (+ gate), no mask tensor
                 return self.o_proj(decode_attention(q, cache.key, cache.value, table, ctx.positions,
                                                     ctx.kv_length, gate_heads))
             q = q.transpose(1, 2)  # (B, H, T, D)
         else:
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
             cos, sin = ctx.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
