@@ -8,6 +8,9 @@ the ~118 experts routed by 32 sequences, each program 64 rows of one expert, tim
 (``bench/moe_decode._graph_ms``), beside a device-to-device copy of the same bytes.
 
     PYTHONPATH=. python3 bench/q8_0_layout_probe.py --out bench/results/q8_0_layout_probe_h200.json
+
+Outcome (docs/performance.md): the tiled and a panel layout, built into the kernels at commit 7782c1e, made
+the real decode GEMM slower than row-major; the loads alone do not predict it.
 """
 
 from __future__ import annotations
