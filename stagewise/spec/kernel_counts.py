@@ -13,10 +13,9 @@ from __future__ import annotations
 from stagewise.spec.model_config import ModelConfig
 
 # mixer, with both norms and the attention's residual add (the MLP's last launch adds the other):
-# norm, q/k/v, rotary q and k + cache write, attention over key slices, slice combine (with the
-# hybrids' sigmoid output gate), output, add + norm
+# norm, q/k/v, rotary q and k (after their per-head RMSNorm where the model has one) + cache write,
+# attention over key slices, slice combine (with the hybrids' sigmoid output gate), output, add + norm
 ATTENTION_KERNELS = 7
-QK_NORM_KERNELS = 2  # per-head RMSNorm of q and k (Qwen3, hybrids)
 # Gated DeltaNet: norm, fused input projection, conv step, delta step, gated norm, output, add + norm
 LINEAR_ATTENTION_KERNELS = 7
 # MLP
@@ -33,8 +32,6 @@ def block_kernels(c: ModelConfig, index: int) -> int:
         mixer = LINEAR_ATTENTION_KERNELS
     else:
         mixer = ATTENTION_KERNELS
-        if c.architecture != "llama":
-            mixer += QK_NORM_KERNELS
     if c.block_is_moe(index):
         mlp = MOE_KERNELS + (SHARED_EXPERT_KERNELS if c.shared_expert_intermediate_size else 0)
     else:
