@@ -52,6 +52,10 @@ def expert_variants(broad: bool) -> list[DecodeTiles]:
     out = [DECODE_Q8_0.gate_up, DECODE_Q8_0.down]
     out += [D(128, 128, 4, st, 1, True, True) for st in (2, 3)] + [D(64, 128, 2, 3, 1, True, True)]
     out += [D(64, k, w, 1, 1, True, True) for k, w in ((128, 2), (256, 2), (64, 2), (128, 1), (128, 4))]  # one stage
+    # narrower K steps (less shared memory a program: more programs resident, fewer waves)
+    out += [D(n, k, w, st, 1, True, True) for n, k, w, st in ((64, 64, 2, 2), (64, 64, 2, 3), (64, 64, 1, 2), (64, 64, 1, 3),
+                                                          (64, 32, 2, 3), (64, 32, 2, 4), (64, 32, 1, 4), (32, 64, 1, 2),
+                                                          (32, 64, 1, 3), (32, 128, 1, 2), (64, 64, 4, 2))]
     if broad:
         shapes = [(32, 1, 2, False), (32, 2, 2, False), (32, 1, 2, True), (32, 2, 2, True), (32, 2, 3, True),
                   (16, 1, 2, True), (16, 1, 3, True), (64, 2, 2, True), (64, 4, 2, True)]

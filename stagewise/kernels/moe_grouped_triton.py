@@ -174,11 +174,12 @@ TILES_128 = GemmTiles(block_n=128, block_k=64, num_warps=8, num_stages=3)
 # 32 tokens of Qwen3-30B-A3B 0.67 ms vs 0.93 ms with the 64-row prefill tiles (eager, launches included)
 TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
 # the decode kernels' tiles (moe_decode_triton), fastest of `bench/q8_0_decode_sweep.py` on an H200 at 32 and 64
-# sequences of Qwen3-30B-A3B (q8_0_decode_sweep_h200.json): weights on the dot's tall side (swap), 64 rows a program,
-# weight tiles by TMA; gate_up with SiLU·up fused. 118.5 / 60.2 us (3.16 / 3.11 TB/s) at 32 sequences against
-# 137.9 / 68.3 us for the kernel of commit 6f85180 (+ silu_mul)
+# sequences of Qwen3-30B-A3B (q8_0_decode_sweep_h200.json, q8_0_decode_narrow_k_h200.json): weights on the dot's tall
+# side (swap), 64 rows a program, weight tiles by TMA; gate_up with SiLU·up fused, 128-wide K steps; down (K = 768)
+# 64-wide K steps in three stages. 119.8 / 56.2 us (3.12 / 3.33 TB/s) at 32 sequences against 137.9 / 68.3 us for the
+# kernel of commit 6f85180 (+ silu_mul); down with gate_up's tiles 61.9
 DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(64, 128, 2, 2, swap=True, tma=True),
-                           DecodeTiles(64, 128, 2, 2, swap=True, tma=True))
+                           DecodeTiles(64, 64, 2, 3, swap=True, tma=True))
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
 
