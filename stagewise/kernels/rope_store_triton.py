@@ -32,8 +32,8 @@ from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 @dataclass(frozen=True)
 class QKNorm:
-    """The per-head RMSNorm of queries and keys: weights ``(D,)``, ``eps``, and whether the weights are stored
-    as offsets from 1 (zero-centred)."""
+    """The per-head RMSNorm of queries and keys (two norms built alike): weights ``(D,)``, their shared ``eps``,
+    and whether the weights are stored as offsets from 1 (zero-centred)."""
 
     q_weight: torch.Tensor
     k_weight: torch.Tensor
@@ -113,9 +113,10 @@ def _rope_store_kernel(
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor,
                positions: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                block_table: torch.Tensor, norm: QKNorm | None = None) -> torch.Tensor:
-    """With ``norm``, first normalize each head of ``q`` and ``k`` (module doc). Rotate ``q`` ``(B, T, H, D)`` and ``k`` ``(B, T, kvH, D)`` at ``positions`` ``(B, T)`` (on the
-    device) by the angles ``position * inv_freq`` (float32 ``(rotary_dim // 2,)``), with cos/sin rounded
-    to ``q``'s dtype as the reference's tables are; write the rotated keys and ``v`` ``(B, T, kvH, D)``
+    """With ``norm``, first normalize each head of ``q`` and ``k`` (module doc). Rotate ``q`` ``(B, T, H, D)``
+    and ``k`` ``(B, T, kvH, D)`` at ``positions`` ``(B, T)`` (on the device) by the angles ``position *
+    inv_freq`` (float32 ``(rotary_dim // 2,)``), with cos/sin rounded to ``q``'s dtype as the reference's
+    tables are; write the rotated keys and ``v`` ``(B, T, kvH, D)``
     into the paged caches ``(blocks, kvH, block_tokens, D)`` at those positions: position ``p`` of
     sequence ``b`` in block ``block_table[b, p // block_tokens]`` (``block_table`` ``(B, blocks per row)``
     int32, the step's rows), offset ``p % block_tokens``. Any token/head strides, D contiguous.
