@@ -56,6 +56,9 @@ def expert_variants(broad: bool) -> list[DecodeTiles]:
     out += [D(n, k, w, st, 1, True, True) for n, k, w, st in ((64, 64, 2, 2), (64, 64, 2, 3), (64, 64, 1, 2), (64, 64, 1, 3),
                                                           (64, 32, 2, 3), (64, 32, 2, 4), (64, 32, 1, 4), (32, 64, 1, 2),
                                                           (32, 64, 1, 3), (32, 128, 1, 2), (64, 64, 4, 2))]
+    # K split over 2-4 programs a tile: more, smaller programs (the last wave less empty)
+    out += [D(64, 128, 2, 2, split, True, True) for split in (2, 3, 4)]
+    out += [D(64, 64, 2, 3, split, True, True) for split in (2, 3)]
     if broad:
         shapes = [(32, 1, 2, False), (32, 2, 2, False), (32, 1, 2, True), (32, 2, 2, True), (32, 2, 3, True),
                   (16, 1, 2, True), (16, 1, 3, True), (64, 2, 2, True), (64, 4, 2, True)]
