@@ -66,11 +66,15 @@ def expert_variants(broad: bool) -> list[DecodeTiles]:
     return list(dict.fromkeys(out))
 
 
-def dense_variants(broad: bool) -> list[tuple[int, DecodeTiles]]:
-    """(block_m, tiles): every row in one block (tokens on the dot's narrow side), K split."""
+def dense_variants(broad: bool, deep: bool = False) -> list[tuple[int, DecodeTiles]]:
+    """(block_m, tiles): every row in one block (tokens on the dot's narrow side), K split; ``deep``: more
+    pipeline stages and wider K steps (more loads in flight a program)."""
     shapes = [(32, 128, 2, 3), (128, 128, 4, 3)]
     if broad:
         shapes += [(16, 32, 1, 3), (32, 32, 1, 3), (64, 32, 2, 4), (64, 128, 2, 3)]
+    if deep:
+        shapes += [(32, 128, 2, 4), (32, 128, 2, 5), (32, 128, 2, 6), (32, 256, 2, 3), (32, 256, 2, 4),
+                   (64, 128, 4, 3), (64, 128, 4, 4), (16, 128, 1, 4), (16, 128, 1, 6), (32, 64, 1, 6)]
     return [(0, D(n, k, w, st, split, True, tma)) for n, k, w, st in shapes for split in (1, 2, 4, 8)
             for tma in (False, True)]
 
@@ -152,6 +156,8 @@ def _jobs(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
     tokens_list = [int(t) for t in args.tokens.split(",")]
     for model in args.models.split(","):
         for tokens in tokens_list:
+            if not args.experts:
+                break
             sweep = expert_variants(args.broad) if (model == "qwen3-30b-a3b" or args.full) else []
             for kind in ("gate_up", "down"):
                 jobs.append(("expert", (model, tokens, kind + "_previous"), GemmTiles(32, 128, 1, 2)))
@@ -161,8 +167,8 @@ def _jobs(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
         for name in DENSE:
             for rows in tokens_list:
                 jobs.append(("dense", (name, rows), (16, GemmTiles(32, 256, 4, 4))))
-                jobs += [("dense", (name, rows), (rows, v[1])) for v in dense_variants(args.broad)
-                         if ((v[1].split_k <= 2 and v[1].block_n >= 64) if name == "head" else v[1].block_n <= 32)]
+                jobs += [("dense", (name, rows), (rows, v[1])) for v in dense_variants(args.broad, args.deep)
+                         if ((v[1].split_k <= 2 and v[1].block_n >= 64) if name == "head" else v[1].block_n <= 64)]
     return jobs
 
 
@@ -225,6 +231,8 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(EXPERT_MODELS))
     ap.add_argument("--full", action="store_true", help="sweep every expert model (default: Qwen3-30B-A3B only)")
     ap.add_argument("--no-dense", dest="dense", action="store_false")
+    ap.add_argument("--no-experts", dest="experts", action="store_false")
+    ap.add_argument("--deep", action="store_true", help="dense tiles with more stages and wider K steps too")
     ap.add_argument("--broad", action="store_true", help="the whole neighbourhood of the chosen tiles (~600 variants)")
     ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     args = ap.parse_args()

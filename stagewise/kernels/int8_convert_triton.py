@@ -18,25 +18,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_INT8X4_TO_BF16X4: tl.constexpr = tl.constexpr("""
+_INT8X4_TO_F16X4: tl.constexpr = tl.constexpr("""
 {
-.reg .b32 u, f0, f1, f2, f3;
+.reg .b32 u, bias;
 xor.b32 u, $2, 0x80808080;
-prmt.b32 f0, u, 0x4B000000, 0x7440;
-prmt.b32 f1, u, 0x4B000000, 0x7441;
-prmt.b32 f2, u, 0x4B000000, 0x7442;
-prmt.b32 f3, u, 0x4B000000, 0x7443;
-sub.f32 f0, f0, 0f4B000080;
-sub.f32 f1, f1, 0f4B000080;
-sub.f32 f2, f2, 0f4B000080;
-sub.f32 f3, f3, 0f4B000080;
-prmt.b32 $0, f0, f1, 0x7632;
-prmt.b32 $1, f2, f3, 0x7632;
+mov.b32 bias, 0x64806480;
+prmt.b32 $0, u, 0x64646464, 0x5140;
+prmt.b32 $1, u, 0x64646464, 0x7362;
+sub.f16x2 $0, $0, bias;
+sub.f16x2 $1, $1, bias;
 }
 """)
 
 
 @triton.jit
-def int8_to_bf16(q):
-    """``q.to(tl.bfloat16)`` for an int8 tensor whose per-thread element count is a multiple of 4 (module doc)."""
-    return tl.inline_asm_elementwise(_INT8X4_TO_BF16X4, "=r,=r,r", [q], dtype=tl.bfloat16, is_pure=True, pack=4)
+def int8_to_f16(q):
+    """``q.to(tl.float16)`` for an int8 tensor whose per-thread element count is a multiple of 4: each byte
+    ``q + 128`` under the float16 exponent of 1024, minus 1152 (5 instructions per 4 values)."""
+    return tl.inline_asm_elementwise(_INT8X4_TO_F16X4, "=r,=r,r", [q], dtype=tl.float16, is_pure=True, pack=4)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.int8_convert_triton import int8_to_bf16
+from stagewise.kernels.int8_convert_triton import int8_to_f16
 from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.triton_launch import dependent_launch, hopper_or_later, launch_device
 
@@ -95,7 +95,7 @@ def _block_dot(a, q, SWAP: tl.constexpr, BF16: tl.constexpr, ASM_CVT: tl.constex
     """One Q8_0 block's dot, float32: ``q (BN, 32) @ a (32, BM)`` when ``SWAP`` else ``a (BM, 32) @ q.T``."""
     if BF16:
         if ASM_CVT:
-            w = int8_to_bf16(q)  # the same values without the conversion unit
+            w = int8_to_f16(q)  # activations converted to f16 by the caller
         else:
             w = q.to(tl.bfloat16)  # int8 is exact in bf16
         if SWAP:
@@ -174,6 +174,8 @@ def _decode_gemm_kernel(
                 a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[:, None], other=0.0)  # (BM, 32)
             if not BF16:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
                 a = a.to(tl.float32)
+            elif ASM_CVT:
+                a = a.to(tl.float16)
             for half in tl.static_range(2 if GLU else 1):
                 if TMA:
                     q = q_desc.load([tma_row + half * up_offset, (step * GROUPS + g) * 32])  # (BN, 32) int8
