@@ -7,8 +7,7 @@ VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 
 GEMV); ``experts=BN,BK,WARPS,STAGES[,SWAP,TMA[,SPLIT_K]]`` (both MoE decode GEMMs' tiles, SWAP and TMA 0/1),
 ``gate_up=…`` / ``down=…`` (one of them); ``nofuse`` (SiLU·up as its own launch); ``dense=…`` (the
 dense 17-64-row Q8_0 tiles, K split as before); ``nopack`` (one prompt per prefill step: no packed
-prefill); ``cvt=native`` (int8 weights to bf16 by
-``q.to(tl.bfloat16)`` in the decode GEMM, not by the magic-number conversion); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
+prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
 16-row blocks, as before the decode kernel).
 """
 
@@ -22,7 +21,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import stagewise.engine.staging_area as staging
-import stagewise.kernels.moe_decode_triton as decode
 import stagewise.kernels.moe_grouped_triton as grouped
 import stagewise.kernels.q8_0_gemm as q8_gemm
 import stagewise.weights.quant.q8_0 as q8
@@ -56,8 +54,6 @@ def apply(variant: str) -> None:
             staging.StagingArea.accepts = lambda self, left: not self.members  # type: ignore[method-assign]
         elif part == "oldexperts":
             grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
-        elif part == "cvt=native":  # int8 -> bf16 by the conversion unit, as before the magic-number conversion
-            decode.ASM_INT8_CONVERSION = False
         elif part == "nofuse":
             grouped.DECODE_Q8_0 = dataclasses.replace(grouped.DECODE_Q8_0, fuse_silu=False)
         elif part.startswith("dense="):

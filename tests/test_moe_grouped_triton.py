@@ -329,31 +329,3 @@ def test_q8_0_gemm_batched_decode_rows(rows: int, in_features: int) -> None:
     got = q8_0_gemm(x, weight.qs[0], weight.scales[0])
     ref = _block_scaled_reference(x, weight, torch.zeros(rows, 1, dtype=torch.long, device=DEVICE), True, None)
     torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)
-
-
-@pytest.mark.skipif(DEVICE.type != "cuda" or torch.version.cuda is None, reason="PTX inline assembly: NVIDIA GPUs")
-@pytest.mark.parametrize("tiles", [DecodeTiles(64, 128, 2, 2, swap=True, tma=True), DECODE_VARIANTS[3]],
-                         ids=["swap_tma", "split"])
-def test_decode_gemm_magic_int8_conversion_equals_the_conversion_unit(tiles: DecodeTiles,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """int8 -> bf16 by integer and float adds (kernels/int8_convert_triton.py) gives the decode GEMM's exact
-    output of ``q.to(bf16)``: every int8 value, -128 and 127 included, plain and fused gate/up."""
-    import stagewise.kernels.moe_decode_triton as decode
-
-    torch.manual_seed(4)
-    tokens, inter, k_in = 21, 128, 256
-    top_index = _routing(tokens, E, K, seed=9)
-    weight = _quantize(torch.randn(E, 2 * inter, k_in) * 0.1).to(DEVICE)
-    every = torch.arange(-128, 128, dtype=torch.int8, device=DEVICE)  # every value in each expert's first rows
-    weight.qs[:, 0] = every
-    weight.qs[:, 1] = every.flip(0)
-    a = torch.randn(tokens, k_in).to(DEVICE, torch.bfloat16)
-    align = moe_align(top_index, E, block_m=16)
-    runs = []
-    for magic in (True, False):
-        monkeypatch.setattr(decode, "ASM_INT8_CONVERSION", magic)
-        runs.append((decode.decode_gemm(a, weight, align, K, tiles, gather_rows=True),
-                     decode.decode_gemm_glu(a, weight, align, K, tiles, gather_rows=True)))
-    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-    torch.testing.assert_close(runs[0][0].float(), _block_scaled_reference(a, weight, top_index, True, None),
-                               rtol=1e-2, atol=1e-2)

@@ -39,7 +39,6 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.int8_convert_triton import int8_to_f16
 from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.triton_launch import dependent_launch, hopper_or_later, launch_device
 
@@ -47,9 +46,6 @@ if TYPE_CHECKING:
     from stagewise.kernels.moe_grouped_triton import Q8_0Stack
 
 QBLOCK = 32
-# int8 weights become bf16 by integer and float adds (kernels/int8_convert_triton.py), not the conversion unit;
-# False: ``q.to(tl.bfloat16)`` (an A/B switch: bench/moe_variant.py ``cvt``)
-ASM_INT8_CONVERSION = True
 
 
 @dataclass(frozen=True)
@@ -91,13 +87,10 @@ def _silu_mul_tile(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _block_dot(a, q, SWAP: tl.constexpr, BF16: tl.constexpr, ASM_CVT: tl.constexpr):
+def _block_dot(a, q, SWAP: tl.constexpr, BF16: tl.constexpr):
     """One Q8_0 block's dot, float32: ``q (BN, 32) @ a (32, BM)`` when ``SWAP`` else ``a (BM, 32) @ q.T``."""
     if BF16:
-        if ASM_CVT:
-            w = int8_to_f16(q)  # activations converted to f16 by the caller
-        else:
-            w = q.to(tl.bfloat16)  # int8 is exact in bf16
+        w = q.to(tl.bfloat16)  # int8 is exact in bf16
         if SWAP:
             part = tl.dot(w, a)
         else:
@@ -119,7 +112,7 @@ def _decode_gemm_kernel(
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, ASM_CVT: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -174,15 +167,13 @@ def _decode_gemm_kernel(
                 a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[:, None], other=0.0)  # (BM, 32)
             if not BF16:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
                 a = a.to(tl.float32)
-            elif ASM_CVT:
-                a = a.to(tl.float16)
             for half in tl.static_range(2 if GLU else 1):
                 if TMA:
                     q = q_desc.load([tma_row + half * up_offset, (step * GROUPS + g) * 32])  # (BN, 32) int8
                 else:
                     q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
                 s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
-                part = _block_dot(a, q, SWAP, BF16, ASM_CVT)
+                part = _block_dot(a, q, SWAP, BF16)
                 if SWAP:
                     part = part * s[:, None]  # (BN, BM)
                 else:
@@ -280,7 +271,6 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         q_desc = TensorDescriptor.from_tensor(qs.reshape(-1, k_in), block_shape=[tiles.block_n, QBLOCK])
-    bf16 = a.device.type == "cuda" and a.dtype == torch.bfloat16
     with launch_device(a):
         _decode_gemm_kernel[grid](
             a, qs, q_desc, scales, out, route, partials, counters,
@@ -289,8 +279,8 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
             a.stride(0), a.stride(1), qs.stride(0), qs.stride(1), qs.stride(2),
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
-            BF16=bf16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split, TMA=tma,
-            ASM_CVT=bf16 and ASM_INT8_CONVERSION and torch.version.cuda is not None,
+            BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
+            TMA=tma,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
