@@ -19,6 +19,7 @@ from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
 from tests.batch_runs import run_batch
+from tests.hf_hybrid_models import make_hf_hybrid_model
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
 from tests.multiprocess_helpers import assert_same, batch_requests, greedy_tokens, step_trace
 from tests.staged import load_pipeline, specs_for_cuts
@@ -61,9 +62,10 @@ def test_two_local_workers_through_load_model(model_dir: Path) -> None:
 
 
 def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -> None:
-    """``--workers local --max-seqs 4 --kv-tokens 256``: requests run together through the workers give
-    each request the tokens and log-probabilities of the same batched run on one device in this
-    process, exactly; with the pool too small for all of them, sequences are preempted the same way."""
+    """``--workers local --max-seqs 4 --kv-tokens 256``: requests run together through the workers (two
+    micro-batches in flight, one per worker) give each request the tokens and log-probabilities of
+    the same batched run on one device in this process, exactly; with the pool too small for all of
+    them, sequences are preempted the same way."""
     args = dict(devices="cpu:2x1GiB", context=BATCH_CONTEXT, dtype="float32", max_seqs=4, prefill_chunk=16,
                 kv_tokens=256)  # 4 blocks of 64 positions for 4 rows of up to 3 blocks
     single = load_model(str(model_dir), placement="single", **args)  # type: ignore[arg-type]
@@ -71,12 +73,14 @@ def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -
     vocab = single.config.vocab_size
     together = batch_requests(vocab, [5, 30, 11, 3, 20, 9], [6, 4, 8, 5, 3, 6])  # 6 requests, 4 rows, 1 block each
     crowded = batch_requests(vocab, [40, 70, 10, 60], [30, 10, 60, 10], seed=1)  # crossing blocks: preemption
+    # the workers' schedule: two micro-batches, each step's tokens collected before its group's next launch
+    single.pipeline.deferred_results = roomy.pipeline.deferred_results = True
     try:
-        reference = Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=1)  # the workers' schedule
+        reference = Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2)
         want_together, _ = run_batch(reference, together)
         want_crowded, _ = run_batch(reference, crowded)
         assert reference.preemptions > 0
-        unpreempted, _ = run_batch(Batcher(roomy.pipeline, BATCH_CONTEXT, 16, micro_batches=1), crowded)
+        unpreempted, _ = run_batch(Batcher(roomy.pipeline, BATCH_CONTEXT, 16, micro_batches=2), crowded)
         assert [[t for t, _ in r] for r in want_crowded] == [[t for t, _ in r] for r in unpreempted]
     finally:
         single.close()
@@ -86,15 +90,40 @@ def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -
     try:
         pipeline = loaded.pipeline
         assert isinstance(pipeline, DistributedPipeline)
-        assert pipeline.rows == 4 and pipeline.kv_pool.blocks == 4 and pipeline.max_in_flight == 1
+        assert pipeline.rows == 4 and pipeline.kv_pool.blocks == 4 and pipeline.max_in_flight == 2
         batcher = Batcher(pipeline, BATCH_CONTEXT, 16)
-        assert batcher.micro_batches == 1
+        assert batcher.micro_batches == 2  # one micro-batch per worker in flight
         got, errors = run_batch(batcher, together)
         assert errors == [None] * len(together)
         assert got == want_together  # tokens and log-probabilities, exactly
         got, errors = run_batch(batcher, crowded)
         assert errors == [None] * len(crowded)
         assert got == want_crowded and batcher.preemptions == reference.preemptions
+    finally:
+        loaded.close()
+
+
+def test_hybrid_model_micro_batches_through_workers_equal_single_device(tmp_path: Path) -> None:
+    """Gated-DeltaNet layers (double-buffered recurrent rows) through two workers with two micro-batches
+    in flight, each published apart: every request's tokens and log-probabilities equal the same
+    schedule on one device in this process."""
+    make_hf_hybrid_model("qwen3_5-default-pattern", tmp_path, seed=7)
+    args = dict(devices="cpu:2x1GiB", context=BATCH_CONTEXT, dtype="float32", max_seqs=4, prefill_chunk=16)
+    single = load_model(str(tmp_path), placement="single", **args)  # type: ignore[arg-type]
+    single.pipeline.deferred_results = True  # the workers' schedule (see above)
+    requests = batch_requests(single.config.vocab_size, [7, 19, 4, 12, 9], [9, 5, 8, 6, 7], seed=3)
+    try:
+        want, _ = run_batch(Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2), requests)
+    finally:
+        single.close()
+    loaded = load_model(str(tmp_path), workers="local", placement="pipeline:2", worker_timeout_s=20,
+                        **args)  # type: ignore[arg-type]
+    try:
+        batcher = Batcher(loaded.pipeline, BATCH_CONTEXT, 16)
+        assert batcher.micro_batches == 2
+        got, errors = run_batch(batcher, requests)
+        assert errors == [None] * len(requests)
+        assert got == want
     finally:
         loaded.close()
 

@@ -18,11 +18,13 @@ import torch
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.model_loading import load_model
-from stagewise.errors import StagewiseError, WorkerLost, WorkerNotJoined
+from stagewise.errors import StagewiseError, WorkerLost, WorkerMessageRejected, WorkerNotJoined
+from stagewise.runtime.builder import build_pipeline
 from stagewise.runtime.distributed_start import open_pool, start_workers
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
+from stagewise.weights.safetensors_source import SafetensorsSource
 from tests.batch_runs import Run, run_batch
 from tests.hf_models import QWEN3_CONFIGS, make_hf_model
 from tests.multiprocess_helpers import (
@@ -60,7 +62,8 @@ def batch_reference(model_dir: Path) -> Run:
     single = load_model(str(model_dir), placement="single", context=CONTEXT, dtype="float32", max_seqs=ROWS)
     try:
         requests = batch_requests(single.config.vocab_size, BATCH_LENGTHS, BATCH_BUDGETS)
-        out, _ = run_batch(Batcher(single.pipeline, CONTEXT, 8, micro_batches=1), requests)
+        single.pipeline.deferred_results = True  # the workers' schedule: tokens collected before the next launch
+        out, _ = run_batch(Batcher(single.pipeline, CONTEXT, 8, micro_batches=2), requests)
         return out
     finally:
         single.close()
@@ -140,6 +143,33 @@ def test_failure_inside_a_worker_rolls_back(pipeline: DistributedPipeline, refer
         pipeline.step(torch.tensor([[3]]), torch.tensor([[CONTEXT + 5]]), start=CONTEXT + 5)
     assert not pipeline.degraded
     assert_same(reference, step_trace(pipeline))
+
+
+def test_a_failed_micro_batch_rolls_back_alone(pipeline: DistributedPipeline, model_dir: Path) -> None:
+    """Two steps in flight over disjoint rows (the batcher's micro-batches); the later one is refused by
+    the workers: it fails with its typed error when collected (first), the earlier one is published and
+    its row decodes on bit-identical to one process."""
+    config = ModelConfig.from_path(model_dir)
+    single = build_pipeline(config, SafetensorsSource(model_dir), specs_for_cuts(config, []), torch.float32, ROWS,
+                            CONTEXT)
+    assert pipeline.max_in_flight == 2
+    prompt = torch.tensor([[7, 1, 30, 2, 9]])
+    for pipe in (single, pipeline):
+        pipe.reset(0)
+        pipe.reset(2)
+    want = [single.step(prompt, torch.arange(5)[None], start=0, first_row=0).logits]
+    first = pipeline.submit(prompt, torch.arange(5)[None], start=0, first_row=0)
+    refused = pipeline.submit(torch.tensor([[3]]), torch.tensor([[CONTEXT + 5]]), start=CONTEXT + 5, first_row=2)
+    with pytest.raises(WorkerMessageRejected, match="outside the context"):
+        refused.result()
+    got = [first.result().logits]
+    token, pos = int(want[0][0, -1].argmax()), 5
+    for _ in range(3):
+        want.append(single.step(torch.tensor([[token]]), torch.tensor([[pos]]), start=pos).logits)
+        got.append(pipeline.submit(torch.tensor([[token]]), torch.tensor([[pos]]), start=pos).result().logits)
+        token, pos = int(want[-1][0, -1].argmax()), pos + 1
+    assert all(w is not None and g is not None and torch.equal(w, g) for w, g in zip(want, got, strict=True))
+    assert not pipeline.degraded
 
 
 def test_rejoin_disabled_refuses_with_a_clear_message(model_dir: Path) -> None:

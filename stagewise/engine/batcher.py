@@ -15,8 +15,10 @@ steps, then join the decoding rows. An iteration:
 
 With N stages there are N groups, and up to N steps are in flight: while stage k runs group i,
 stage k+1 runs group i-1 (vLLM's pipeline-parallel batch queue). On one stage there is one group
-and a step's tokens are collected before the next is launched; so it is with stages in worker
-processes, whose pipeline has one command in flight (``Pipeline.max_in_flight``). A group's size is rounded up to a
+and a step's tokens are collected before the next is launched. With stages in N worker processes
+there are N groups too (``Pipeline.max_in_flight``): a step is sent (:meth:`Pipeline.submit`) and
+published when its tokens are collected, so its failure reaches its sequences then; a prefill
+chunk is collected before the next chunk of the same rows is sent. A group's size is rounded up to a
 graph bucket (:func:`batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
 sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
 sample otherwise (temperature, penalties, top log-probabilities) through their own
@@ -50,7 +52,7 @@ from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
-from stagewise.runtime.pipeline import Pipeline
+from stagewise.runtime.pipeline import Pipeline, StepHandle
 from stagewise.spec.kv_pool import KVPool
 
 
@@ -73,6 +75,7 @@ class _InFlight:
     group: int = -1  # decode group index; -1 for a prefill chunk
     final: bool = True  # prefill: the prompt's last chunk (its logits give the first token)
     sample_rows: tuple[bool, ...] | None = None  # prefill: the rows whose first token this step samples
+    handle: StepHandle | None = None  # a step whose output (and failure) comes when it is collected
 
 
 class Batcher:
@@ -83,8 +86,7 @@ class Batcher:
         max_context: positions per sequence slot.
         prefill_chunk: prompt tokens per prefill step.
         micro_batches: decode groups in flight (default: ``pipeline.max_in_flight``: one per stage in
-            process, one with stages in worker processes, which run one command at a time; more
-            groups there only split the decode step into smaller sequential steps).
+            process, one per worker with stages in worker processes).
     """
 
     def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
@@ -200,7 +202,13 @@ class Batcher:
         self._report()
 
     def fail_all(self, error: StagewiseError) -> None:
-        """End every sequence with ``error`` (after a bug in the batcher itself) and forget the steps in flight."""
+        """End every sequence with ``error`` (after a bug in the batcher itself) and forget the steps in flight
+        (steps not yet published are rolled back)."""
+        if any(item.handle is not None for item in self.in_flight):
+            try:
+                self.pipeline.rollback()
+            except Exception:
+                pass  # the pipeline is failing too; its next step says how
         self.in_flight.clear()
         self._events.clear()
         live = [*self.queue, *self.staging, *(s for s in self.decoding if s)]
@@ -357,6 +365,12 @@ class Batcher:
             self._cancel(seq)
         if not self.staging or self._regroup_needed:
             return  # a member left from between the others: the rows close up first
+        if self.pipeline.deferred_results:  # the previous chunk's rows: published before the next chunk runs
+            for item in [item for item in self.in_flight if item.group == -1]:
+                self.in_flight.remove(item)
+                self._retire(item)
+            if not self.staging or self._regroup_needed:
+                return  # it failed, or it ended a member
         members = list(self.staging)
         steps = self.area.step_tokens()
         if len(members) > 1 and not self._area_aligned:
@@ -371,7 +385,7 @@ class Batcher:
         # prompt starts in: packed steps and other rows run eagerly, so their shapes capture nothing
         eager = len(members) > 1 or self.area.first not in (0, self.slots - 1)
         try:
-            out = self.pipeline.step(tokens, positions, start=common, first_row=self.area.first, eager=eager)
+            handle = self.pipeline.submit(tokens, positions, start=common, first_row=self.area.first, eager=eager)
         except StagewiseError as exc:
             self._fail(tuple(members), exc)
             return
@@ -381,7 +395,11 @@ class Batcher:
         # a recomputed sequence (preempted) already has its next token: nothing to sample
         sample_rows = tuple(seq.prefilled >= len(seq.ids) and not seq.tokens for seq in members)
         final = any(seq.prefilled >= len(seq.ids) for seq in members)
-        logits = out.logits if any(sample_rows) else None
+        if self.pipeline.deferred_results:
+            self.in_flight.append(_InFlight(tuple(members), None, None, final=final, sample_rows=sample_rows,
+                                            handle=handle))
+            return
+        logits = handle.result().logits if any(sample_rows) else None
         self.in_flight.append(_InFlight(tuple(members), logits, None, final=final, sample_rows=sample_rows))
 
     # ----- decode -------------------------------------------------------------------------------
@@ -469,15 +487,18 @@ class Batcher:
             tokens = torch.tensor([[s.next_token if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
         positions = torch.tensor([[s.length if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
         try:
-            out = self.pipeline.step(tokens, positions, start=None, first_row=first)
+            handle = self.pipeline.submit(tokens, positions, start=None, first_row=first)
         except StagewiseError as exc:
             self._fail(tuple(rows), exc)
             return
         for seq in rows:
             if seq is not None:
                 seq.length += 1
-        assert out.logits is not None
-        logits = out.logits  # (P, 1, V)
+        if self.pipeline.deferred_results:
+            self.in_flight.append(_InFlight(tuple(rows), None, None, group=g, handle=handle))
+            return
+        logits = handle.result().logits  # (P, 1, V)
+        assert logits is not None
         pairs, ready, greedy = None, None, None
         if any(s is not None and s.device_greedy for s in rows):
             greedy, pairs, ready = _greedy_pairs(logits[:, -1])
@@ -499,7 +520,27 @@ class Batcher:
         while self.in_flight:
             self._retire(self.in_flight.popleft())
 
+    def _settle(self, item: _InFlight) -> bool:
+        """Read a deferred step's output into ``item`` (publishing it); False when it failed (its
+        sequences are failed with its typed error)."""
+        assert item.handle is not None
+        try:
+            out = item.handle.result()
+        except StagewiseError as exc:
+            self._fail(item.rows, exc)
+            return False
+        item.handle = None
+        if item.sample_rows is not None and not any(item.sample_rows):
+            return True  # a prefill chunk with nothing to sample
+        item.logits = out.logits
+        assert item.logits is not None
+        if item.group >= 0 and any(s is not None and s.device_greedy for s in item.rows):
+            _, item.pairs, item.ready = _greedy_pairs(item.logits[:, -1])
+        return True
+
     def _retire(self, item: _InFlight) -> None:
+        if item.handle is not None and not self._settle(item):
+            return
         if item.logits is None:
             return  # prefill chunks before the prompts' last: nothing to sample
         if item.ready is not None:

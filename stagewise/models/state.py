@@ -11,6 +11,9 @@ transactional. A step writes *provisionally*:
   a step reads its rows' published buffer and writes the other one; :meth:`RecurrentState.publish`
   flips the written rows' parity, :meth:`RecurrentState.rollback` discards the write. Rows of one
   step share a parity (the engine keeps a batch's rows in step and aligns rows that join it).
+  Steps over disjoint rows may be provisional at once (pipelined micro-batches in worker
+  processes): ``publish(rows)`` / ``rollback(rows)`` settle the writes of the step that ran ``rows``
+  only; without ``rows`` they settle every provisional write.
 Nothing is hidden in module attributes: blocks receive their state as an argument.
 """
 
@@ -26,9 +29,13 @@ from stagewise.models.block_table import BlockTable
 class BlockState(Protocol):
     """What the pipeline needs from any block's state."""
 
-    def publish(self) -> None: ...
+    def publish(self, rows: slice | None = None) -> None:
+        """Accept the provisional writes to ``rows`` (every provisional write when None)."""
+        ...
 
-    def rollback(self) -> None: ...
+    def rollback(self, rows: slice | None = None) -> None:
+        """Discard the provisional writes to ``rows`` (every provisional write when None)."""
+        ...
 
     def reset(self, slot: int) -> None:
         """Forget sequence ``slot`` (a new request starts there)."""
@@ -85,10 +92,10 @@ class KVCache:
     def move(self, src: int, dst: int, length: int) -> None:
         pass  # the stage moves the block-table row: the keys and values stay where they are
 
-    def publish(self) -> None:
+    def publish(self, rows: slice | None = None) -> None:
         pass  # acceptance is the pipeline's position bookkeeping
 
-    def rollback(self) -> None:
+    def rollback(self, rows: slice | None = None) -> None:
         pass  # provisional positions are masked until accepted
 
     def reset(self, slot: int) -> None:
@@ -116,7 +123,7 @@ class RecurrentState:
         rows = {shape[0] for shape, _ in shapes.values()}
         assert len(rows) == 1, "every tensor of a recurrent state has one row per sequence"
         self.parity = [0] * rows.pop()  # per row: the index of its published buffer
-        self._written: slice | None = None  # rows written provisionally by the current step
+        self._written: list[slice] = []  # rows written provisionally, one slice per step not yet settled
 
     def active(self, rows: slice) -> int:
         """The published buffer of ``rows`` (they must share it)."""
@@ -135,21 +142,38 @@ class RecurrentState:
 
     def provisional(self, name: str, rows: slice) -> torch.Tensor:
         """The provisional buffer of ``rows``, for a kernel to write in place (marks them written)."""
-        self._written = rows
+        self.mark_written(rows)
         return self.buffers[name][1 - self.active(rows)][rows]
 
     def mark_written(self, rows: slice) -> None:
-        """A replayed CUDA graph wrote ``rows``' provisional buffer (no Python ran to note it)."""
-        self._written = rows
+        """``rows``' provisional buffer is (being) written by a step (a replayed CUDA graph: no Python ran
+        to note it). A row written by another step not yet settled is a bug: :class:`RuntimeError`."""
+        if rows in self._written:
+            return  # another tensor of the same step
+        lo, hi, _ = rows.indices(len(self.parity))
+        for other in self._written:
+            other_lo, other_hi, _ = other.indices(len(self.parity))
+            if lo < other_hi and other_lo < hi:
+                raise RuntimeError(f"rows {rows.start}..{rows.stop - 1} written while a step over rows "
+                                   f"{other.start}..{other.stop - 1} is not settled")
+        self._written.append(rows)
 
-    def publish(self) -> None:
-        if self._written is not None:
-            for row in range(*self._written.indices(len(self.parity))):
+    def _settle(self, rows: slice | None) -> list[slice]:
+        """Remove and return the provisional writes to ``rows`` (all of them when None)."""
+        if rows is None:
+            settled, self._written = self._written, []
+            return settled
+        settled = [w for w in self._written if w == rows]
+        self._written = [w for w in self._written if w != rows]
+        return settled
+
+    def publish(self, rows: slice | None = None) -> None:
+        for written in self._settle(rows):
+            for row in range(*written.indices(len(self.parity))):
                 self.parity[row] = 1 - self.parity[row]
-            self._written = None
 
-    def rollback(self) -> None:
-        self._written = None
+    def rollback(self, rows: slice | None = None) -> None:
+        self._settle(rows)
 
     def move(self, src: int, dst: int, length: int) -> None:
         if src == dst:

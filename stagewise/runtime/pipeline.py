@@ -38,10 +38,28 @@ class StepTimings:
     handoff_device_s: list[float] = field(default_factory=list)
 
 
+class StepHandle:
+    """A launched step: :meth:`result` gives its output once every stage completed and it is published,
+    or raises the step's typed error (it was rolled back). An in-process pipeline's step is settled
+    when launched (its GPU work runs on in stream order); one whose stages run in worker processes
+    is settled when its result is asked for (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`)."""
+
+    def __init__(self, output: StageOutput | None = None, error: StagewiseError | None = None) -> None:
+        self._output = output
+        self._error = error
+
+    def result(self) -> StageOutput:
+        if self._error is not None:
+            raise self._error
+        assert self._output is not None
+        return self._output
+
+
 class Pipeline:
     """Ordered stages joined by one channel per boundary. One device is a one-stage pipeline."""
 
     device_tokens = True  # step() takes token ids that live on a device (no host round trip)
+    deferred_results = False  # submit() settles a step when launched, not when its result is read
     supports_rows = True  # step() runs any rows; move() and align() rearrange them (continuous batching)
 
     def __init__(self, stages: list[Stage], channels: list[Channel], timing: bool = False) -> None:
@@ -186,6 +204,14 @@ class Pipeline:
         self.last_timings = timings
         assert out is not None
         return out
+
+    def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
+               all_logits: bool = False, first_row: int = 0, eager: bool = False) -> StepHandle:
+        """Launch a step as :meth:`step` does; its output (or typed error) comes from the handle. Up to
+        :attr:`max_in_flight` steps over disjoint rows may be launched before their results are read;
+        a step over rows of an unsettled one waits for it. Here the step is settled at once: its
+        failure raises from this call, as :meth:`step`'s does."""
+        return StepHandle(self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager))
 
     def rollback(self) -> None:
         for stage in self.stages:

@@ -8,11 +8,18 @@ The coordinator (this object, rank 0) hosts the TCPStore. Each step is a two-pha
 2. all acknowledged success -> ``publish``; anything else (a failure, a lost worker, no answer
    within ``timeout_s``) -> ``rollback`` to every live worker, and a typed error.
 
+Micro-batches: :meth:`DistributedPipeline.submit` sends a step's ``run`` and returns; its handle
+collects, publishes or rolls back when its result is read. Every worker executes the commands in
+order, so with one micro-batch per worker in flight (:attr:`max_in_flight`) worker k runs step i
+while worker k+1 runs step i-1. Each worker keeps the provisional state of every unsettled step
+apart (by step id and rows), so publishing or rolling back one never touches another; a step (or
+row operation) over rows of an unsettled step settles that one first. A failed step is rolled back
+alone; a lost worker rolls back every step in flight and fails each with :class:`WorkerLost`.
+
 Row operations (``reset``, ``set_blocks``, ``move``, ``align``: continuous batching over the
 workers' state rows) are commands too, acknowledged by every worker: each worker checks one against
 its rows and KV pool before any stage changes, so a bad one changes nothing and fails with
-:class:`WorkerMessageRejected`; a lost worker fails it with :class:`WorkerLost`. One command is
-in flight at a time (a step returns once it is published), so the batcher runs one micro-batch.
+:class:`WorkerMessageRejected`; a lost worker fails it with :class:`WorkerLost`.
 
 A lost worker (process exit, silent heartbeat, no answer in time) fails the request with
 :class:`WorkerLost` (HTTP 503) and leaves the pipeline *degraded*: requests are refused until a
@@ -43,7 +50,7 @@ from stagewise.errors import (
 from stagewise.models.stage_model import StageOutput
 from stagewise.runtime.distributed_group import choose_backend
 from stagewise.runtime.handoff import Handoff
-from stagewise.runtime.pipeline import CancelCheck, Pipeline, StepTimings
+from stagewise.runtime.pipeline import CancelCheck, Pipeline, StepHandle, StepTimings
 from stagewise.runtime.remote_stage import RemoteStage
 from stagewise.runtime.stage import Stage, StageSpec
 from stagewise.runtime.worker_messages import (
@@ -91,6 +98,7 @@ class DistributedPipeline(Pipeline):
     """
 
     device_tokens = False  # token ids travel to the workers from the host
+    deferred_results = True  # a step is published (or rolled back) when its result is read
     supports_rows = True  # workers hold ``batch`` state rows over one KV pool; row operations are commands
 
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
@@ -122,6 +130,7 @@ class DistributedPipeline(Pipeline):
         self._seq = 0
         self._cleaned = 1
         self._lock = threading.RLock()
+        self._pending: dict[int, _RemoteStep] = {}  # seq of a run not yet settled -> its handle
         self._inflight: int | None = None
         self._lost: dict[int, str] = {}
         self._failed = ""
@@ -266,8 +275,9 @@ class DistributedPipeline(Pipeline):
 
     @property
     def max_in_flight(self) -> int:
-        """One: a step returns once every worker acknowledged it and it is published."""
-        return 1
+        """One step per worker that runs stages: while worker k runs micro-batch i, worker k+1 runs i-1
+        (each worker executes its commands in order; steps over disjoint rows are settled apart)."""
+        return len({self.owners[s.index] for s in self.specs})
 
     def _refuse(self) -> None:
         if self._closed:
@@ -281,13 +291,32 @@ class DistributedPipeline(Pipeline):
              all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
              eager: bool = False) -> StageOutput:
         """As :meth:`Pipeline.step` (workers decide their graphs themselves); also raises
-        :class:`WorkerLost` when a worker is lost."""
+        :class:`WorkerLost` when a worker is lost. Waits for the step: :meth:`submit` does not."""
+        return self._submit(tokens, positions, start, all_logits, first_row, cancel).result()
+
+    def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
+               all_logits: bool = False, first_row: int = 0, eager: bool = False) -> StepHandle:
+        """Send the step's ``run`` to every worker and return at once; the handle's ``result()`` waits
+        for the acknowledgements, then publishes the step (or rolls it back and raises its typed
+        error). A step over rows of an unsettled one settles that one first (module doc)."""
+        return self._submit(tokens, positions, start, all_logits, first_row, None)
+
+    def _submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool,
+                first_row: int, cancel: CancelCheck | None) -> _RemoteStep:
         self._refuse()
         with self._lock:
+            rows = range(first_row, first_row + int(positions.shape[0]))
+            for earlier in [h for h in self._pending.values() if _overlap(h.rows, rows)]:
+                self._settle(earlier)
+                if earlier.error is not None:  # its sequences failed: nothing may build on its rows
+                    raise StepFailed(f"step {earlier.step_id} over rows {rows.start}..{rows.stop - 1} failed "
+                                     f"before this one could start ({earlier.error})")
             self._refuse()
-            if self._needs_regroup and (problems := self._regroup({})):
-                self._lose(problems)
-                raise WorkerLost(f"the data group could not be rebuilt: {self._message}")
+            if self._needs_regroup:
+                self._settle_all()
+                if problems := self._regroup({}):
+                    self._lose(problems)
+                    raise WorkerLost(f"the data group could not be rebuilt: {self._message}")
             self.step_id += 1
             step_id = self.step_id
             try:
@@ -303,24 +332,58 @@ class DistributedPipeline(Pipeline):
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
                                 first_row=first_row, expected_acks=self.pool.count)
-            outcome, acks = self._collect(seq, self.timeout_s)
-            ok = outcome == "all" and len(acks) == len(self.pool.members) and all(a.ok for a in acks.values())
-            if ok and cancel is not None and cancel():
-                self._command("rollback")
-                raise StepCancelled(f"step {step_id} cancelled before it was published")
-            if not ok:
-                self._command("rollback")
-                self._fail(f"step {step_id}", outcome, acks, rolled_back=True)
+            handle = _RemoteStep(self, seq, step_id, rows, cancel)
+            self._pending[seq] = handle
+            return handle
+
+    def _settle(self, handle: _RemoteStep) -> None:
+        """Wait for ``handle``'s acknowledgements; publish it, or roll it back and keep its typed error
+        (a lost worker fails every unsettled step: all are rolled back)."""
+        with self._lock:
+            if handle.settled:
+                return
             try:
-                out = self._outputs(seq)
-            except WorkerMessageRejected as exc:
-                self._command("rollback")
-                raise StepFailed(f"step {step_id} rolled back: {exc}") from None
-            self._command("publish")
-            self.last_timings = self._timings(acks)
-            if seq - self._cleaned >= CLEANUP_EVERY:
-                self._cleanup(seq)
-            return out
+                handle.output = self._finish(handle)
+            except StagewiseError as exc:
+                handle.error = exc
+            finally:
+                handle.settled = True
+                self._pending.pop(handle.seq, None)
+            if self._pending and self.degraded:  # the others cannot complete either: rolled back with it
+                for other in list(self._pending.values()):
+                    other.error = WorkerLost(f"step {other.step_id} rolled back: {self._failed or self._message}")
+                    other.settled = True
+                self._pending.clear()
+            if not self._pending and handle.seq - self._cleaned >= CLEANUP_EVERY:
+                self._cleanup(handle.seq)
+
+    def _settle_all(self) -> None:
+        for handle in sorted(self._pending.values(), key=lambda h: h.seq):
+            self._settle(handle)
+
+    def _finish(self, handle: _RemoteStep) -> StageOutput:
+        """Collect step ``handle``; publish it and return its output, or roll it back and raise."""
+        step_id = handle.step_id
+        if self.degraded:
+            self._command("rollback")
+            raise WorkerLost(f"step {step_id} rolled back: {self._failed or self._message or 'closed'}")
+        outcome, acks = self._collect(handle.seq, self.timeout_s)
+        ok = outcome == "all" and len(acks) == len(self.pool.members) and all(a.ok for a in acks.values())
+        if ok and handle.cancel is not None and handle.cancel():
+            self._command("rollback", step_id=step_id)
+            raise StepCancelled(f"step {step_id} cancelled before it was published")
+        if not ok:
+            lost = outcome in ("lost", "timeout") or bool(self.pool.dead(self.pool.store))
+            self._command("rollback", step_id=0 if lost else step_id)  # a lost worker: every step in flight
+            self._fail(f"step {step_id}", outcome, acks, rolled_back=True)
+        try:
+            out = self._outputs(handle.seq)
+        except WorkerMessageRejected as exc:
+            self._command("rollback", step_id=step_id)
+            raise StepFailed(f"step {step_id} rolled back: {exc}") from None
+        self._command("publish", step_id=step_id)
+        self.last_timings = self._timings(acks)
+        return out
 
     def _outputs(self, seq: int) -> StageOutput:
         store = self.pool.store
@@ -381,7 +444,12 @@ class DistributedPipeline(Pipeline):
                 self.pool.spawn(rank)
 
     def rollback(self) -> None:
+        """Roll back every step not yet settled (their handles raise :class:`StepFailed`)."""
         with self._lock:
+            for handle in self._pending.values():
+                handle.error = StepFailed(f"step {handle.step_id} rolled back")
+                handle.settled = True
+            self._pending.clear()
             if not self._closed:
                 self._command("rollback")
 
@@ -410,6 +478,9 @@ class DistributedPipeline(Pipeline):
         :class:`WorkerLost` (the pipeline is degraded) or :class:`StepFailed`."""
         self._refuse()
         with self._lock:
+            touched = _op_rows(op, fields)
+            for handle in [h for h in self._pending.values() if _overlap(h.rows, touched)]:
+                self._settle(handle)  # its outcome stays with its handle
             self._refuse()
             seq = self._command(op, expected_acks=self.pool.count, **fields)
             outcome, acks = self._collect(seq, self.timeout_s)
@@ -489,12 +560,53 @@ class DistributedPipeline(Pipeline):
             return
         with self._lock:
             self._closed = True
+            for handle in self._pending.values():
+                handle.error = WorkerLost("the distributed pipeline is closed")
+                handle.settled = True
+            self._pending.clear()
             try:
                 seq = self._next_seq()
                 self._send(Command(seq, "exit", self.pool.incarnations()))
             except Exception:
                 pass
             self.pool.close()
+
+
+class _RemoteStep(StepHandle):
+    """A step sent to the workers; settled (published or rolled back) when its result is asked for."""
+
+    def __init__(self, pipeline: DistributedPipeline, seq: int, step_id: int, rows: range,
+                 cancel: CancelCheck | None) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.seq = seq
+        self.step_id = step_id
+        self.rows = rows
+        self.cancel = cancel
+        self.settled = False
+        self.output: StageOutput | None = None
+        self.error: StagewiseError | None = None
+
+    def result(self) -> StageOutput:
+        self.pipeline._settle(self)
+        if self.error is not None:
+            raise self.error
+        assert self.output is not None
+        return self.output
+
+
+def _overlap(a: range, b: range) -> bool:
+    return a.start < b.stop and b.start < a.stop
+
+
+def _op_rows(op: str, fields: dict[str, Any]) -> range:
+    """The rows a row operation touches (the span of ``move``'s two rows)."""
+    if op == "move":
+        lo, hi = sorted((fields["src"], fields["dst"]))
+        return range(lo, hi + 1)
+    if op == "align":
+        return range(fields["first_row"], fields["first_row"] + fields["rows"])
+    return range(fields["slot"], fields["slot"] + 1)
 
 
 def _describe(problems: dict[int, str]) -> str:

@@ -46,10 +46,10 @@ class RemoteStage(Stage):
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool) -> None:  # type: ignore[override]
         raise RuntimeError(f"stage {self.spec.index} runs in worker {self.rank}; step the pipeline instead")
 
-    def publish(self) -> None:  # the worker publishes on the coordinator's command
+    def publish(self, rows: slice | None = None) -> None:  # the worker publishes on the coordinator's command
         pass
 
-    def rollback(self) -> None:
+    def rollback(self, rows: slice | None = None) -> None:
         pass
 
     def reset(self, slot: int) -> None:

@@ -198,13 +198,15 @@ class Stage:
     def _device_context(self) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    def publish(self) -> None:
+    def publish(self, rows: slice | None = None) -> None:
+        """Accept the provisional state of the step that ran ``rows`` (of every step not settled: None)."""
         for state in self.states.values():
-            state.publish()
+            state.publish(rows)
 
-    def rollback(self) -> None:
+    def rollback(self, rows: slice | None = None) -> None:
+        """Discard the provisional state of the step that ran ``rows`` (of every step not settled: None)."""
         for state in self.states.values():
-            state.rollback()
+            state.rollback(rows)
 
     def reset(self, slot: int) -> None:
         for state in self.states.values():

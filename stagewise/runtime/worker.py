@@ -8,7 +8,8 @@
 2. waits for its :class:`Assignment`, loads only its stages straight to their devices, joins the
    data process group and acknowledges (``ack/{first_seq - 1}/{rank}``);
 3. reads every :class:`Command` in sequence: ``run`` leaves state provisional and acknowledges;
-   ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision); ``reset``,
+   ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision), for one step
+   (``step_id``: several micro-batches may be in flight) or for all (``step_id`` 0); ``reset``,
    ``set_blocks``, ``move`` and ``align`` rearrange state rows and acknowledge; ``regroup``
    rebuilds the data group after another worker was replaced; ``exit`` leaves.
 
@@ -216,9 +217,9 @@ class Worker:
                 ack = self._failure(exc)
             self._ack(cmd.seq, ack, cmd.expected_acks)
         elif cmd.op == "publish":
-            segment.publish()
+            segment.publish(cmd.step_id)
         elif cmd.op == "rollback":
-            segment.rollback()
+            segment.rollback(cmd.step_id)
         elif cmd.op in ROW_OPS:
             try:
                 segment.rearrange(cmd)

@@ -3,7 +3,9 @@
 A segment runs one step as the in-process :class:`Pipeline` would over its stages — receive the
 activation (or take the tokens at the entry), run each stage, hand over in-process between them,
 send the activation on (or keep the exit's output) — and leaves every stage's state provisional
-until the coordinator says publish or rollback. It rearranges state rows on command as the
+until the coordinator says publish or rollback. Several steps over disjoint rows may be
+provisional at once (the coordinator keeps one micro-batch per worker in flight); each is settled
+by its step id, for the rows it ran. It rearranges state rows on command as the
 in-process pipeline does (reset, KV blocks, moves, alignment), each checked against its stages'
 rows and KV pool before any stage changes.
 """
@@ -55,6 +57,7 @@ class WorkerSegment:
         self.context = context
         self.batch = batch
         self.local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
+        self.pending: dict[int, slice] = {}  # step id -> the rows it ran, until published or rolled back
 
     @staticmethod
     def load(assignment: Assignment, opener: Opener) -> WorkerSegment:
@@ -90,6 +93,12 @@ class WorkerSegment:
             return SegmentResult(None, [], 0.0)  # a worker the placement left without a stage
         self.check(cmd)
         positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T)
+        rows = slice(cmd.first_row, cmd.first_row + len(cmd.positions))
+        for step, other in self.pending.items():
+            if rows.start < other.stop and other.start < rows.stop:
+                raise WorkerMessageRejected(f"step {cmd.step_id}: rows {rows.start}..{rows.stop - 1} overlap step "
+                                            f"{step}'s, not yet published or rolled back")
+        self.pending[cmd.step_id] = rows  # settled by publish / rollback, also after a failure
         sent = False
         try:
             handoff_s = 0.0
@@ -166,13 +175,24 @@ class WorkerSegment:
             raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
                                         f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")
 
-    def publish(self) -> None:
-        for stage in self.stages:
-            stage.publish()
+    def publish(self, step_id: int = 0) -> None:
+        """Accept step ``step_id``'s state (0: every step not settled)."""
+        for rows in self._settle(step_id):
+            for stage in self.stages:
+                stage.publish(rows)
 
-    def rollback(self) -> None:
-        for stage in self.stages:
-            stage.rollback()
+    def rollback(self, step_id: int = 0) -> None:
+        """Discard step ``step_id``'s state (0: every step not settled)."""
+        for rows in self._settle(step_id):
+            for stage in self.stages:
+                stage.rollback(rows)
+
+    def _settle(self, step_id: int) -> list[slice | None]:
+        if step_id == 0:
+            self.pending.clear()
+            return [None]
+        rows = self.pending.pop(step_id, None)
+        return [rows] if rows is not None else []  # a step never run here (rejected before it): nothing
 
     def reset(self, slot: int) -> None:
         for stage in self.stages:
