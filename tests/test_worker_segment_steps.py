@@ -105,3 +105,13 @@ def test_recurrent_rows_of_an_unsettled_step_are_not_written_again() -> None:
     assert state.parity == [1, 1, 0, 0]
     assert torch.equal(state.read("h", slice(0, 2)), torch.ones(2, 2))
     assert torch.equal(state.read("h", slice(2, 4)), torch.zeros(2, 2))  # rolled back: never published
+
+
+def test_local_workers_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each local worker gets its share of this process's cores (``OMP_NUM_THREADS``), at least one."""
+    from stagewise.runtime import worker_pool
+
+    monkeypatch.setattr(worker_pool.os, "sched_getaffinity", lambda _pid: set(range(16)), raising=False)
+    assert worker_pool.local_worker_threads(2) == 8
+    assert worker_pool.local_worker_threads(3) == 5
+    assert worker_pool.local_worker_threads(32) == 1

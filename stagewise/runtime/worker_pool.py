@@ -34,7 +34,13 @@ from stagewise.runtime.worker_messages import JoinReport, heartbeat_key, join_ke
 from stagewise.runtime.worker_mode import WorkerMode
 from stagewise.runtime.worker_secret import SECRET_ENV, new_secret
 
-__all__ = ["WorkerMode", "WorkerPool"]
+__all__ = ["WorkerMode", "WorkerPool", "local_worker_threads"]
+
+
+def local_worker_threads(workers: int) -> int:
+    """CPU threads for each of ``workers`` local worker processes: this process's cores, shared."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, workers))
 
 
 class WorkerPool:
@@ -94,6 +100,9 @@ class WorkerPool:
         for key, value in WORKER_ENV.items():
             env.setdefault(key, value)
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        # local workers share this host's cores: each its share (as many workers compute at once as
+        # micro-batches are in flight; more threads than cores would leave every one of them waiting)
+        env.setdefault("OMP_NUM_THREADS", str(local_worker_threads(self.count)))
         if "lo" in {name for _, name in socket.if_nameindex()}:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the data group's sockets stay on loopback too
         env[SECRET_ENV] = self.secret.decode()
