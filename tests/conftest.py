@@ -1,4 +1,5 @@
-"""Test-session setup: without a GPU, Triton kernels run through Triton's interpreter on the host."""
+"""Test-session setup: without a GPU, Triton kernels run through Triton's interpreter on the host; worker
+processes use this process's CPU thread count."""
 
 from __future__ import annotations
 
@@ -9,3 +10,8 @@ import torch
 if not torch.cuda.is_available():
     # NOTE: must precede the first import of a kernel module (@triton.jit reads it at decoration)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# worker processes compute with this process's thread count: CPU float results can depend on it, and the
+# multiprocess tests compare workers with this process bit for bit (a local worker otherwise takes its
+# share of the cores: runtime/worker_pool.py)
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))

@@ -97,7 +97,7 @@ class Batcher:
         self.vocab_size = pipeline.stages[0].model.config.vocab_size
         self.slots = pipeline.rows
         self.micro_batches = max(1, micro_batches or pipeline.max_in_flight)
-        self.graphs = any(getattr(stage, "graphs", None) is not None for stage in pipeline.stages)
+        self.graphs = pipeline.step_graphs
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
         self.area: StagingArea[Sequence] = StagingArea(prefill_chunk)  # prefilling in, or ready to join from, the staging rows

@@ -248,6 +248,11 @@ class Pipeline:
             stage.align(rows)
 
     @property
+    def step_graphs(self) -> bool:
+        """Whether steps replay CUDA graphs (the batcher then pads decode groups to graph buckets)."""
+        return any(getattr(stage, "graphs", None) is not None for stage in self.stages)
+
+    @property
     def max_in_flight(self) -> int:
         """Steps the pipeline overlaps (the batcher's default micro-batches): one per stage, each stage
         running another micro-batch while the host launches ahead."""

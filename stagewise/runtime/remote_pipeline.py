@@ -274,6 +274,11 @@ class DistributedPipeline(Pipeline):
         return self.batch
 
     @property
+    def step_graphs(self) -> bool:
+        """Whether the workers replay CUDA graphs (``cuda_graphs`` and a stage on a CUDA device)."""
+        return self.cuda_graphs and any(torch.device(s.torch_device).type == "cuda" for s in self.specs)
+
+    @property
     def max_in_flight(self) -> int:
         """One step per worker that runs stages: while worker k runs micro-batch i, worker k+1 runs i-1
         (each worker executes its commands in order; steps over disjoint rows are settled apart)."""
@@ -292,17 +297,17 @@ class DistributedPipeline(Pipeline):
              eager: bool = False) -> StageOutput:
         """As :meth:`Pipeline.step` (workers decide their graphs themselves); also raises
         :class:`WorkerLost` when a worker is lost. Waits for the step: :meth:`submit` does not."""
-        return self._submit(tokens, positions, start, all_logits, first_row, cancel).result()
+        return self._submit(tokens, positions, start, all_logits, first_row, cancel, eager).result()
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
                all_logits: bool = False, first_row: int = 0, eager: bool = False) -> StepHandle:
         """Send the step's ``run`` to every worker and return at once; the handle's ``result()`` waits
         for the acknowledgements, then publishes the step (or rolls it back and raises its typed
         error). A step over rows of an unsettled one settles that one first (module doc)."""
-        return self._submit(tokens, positions, start, all_logits, first_row, None)
+        return self._submit(tokens, positions, start, all_logits, first_row, None, eager)
 
     def _submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool,
-                first_row: int, cancel: CancelCheck | None) -> _RemoteStep:
+                first_row: int, cancel: CancelCheck | None, eager: bool) -> _RemoteStep:
         self._refuse()
         with self._lock:
             rows = range(first_row, first_row + int(positions.shape[0]))
@@ -331,7 +336,7 @@ class DistributedPipeline(Pipeline):
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
-                                first_row=first_row, expected_acks=self.pool.count)
+                                first_row=first_row, expected_acks=self.pool.count, eager=eager)
             handle = _RemoteStep(self, seq, step_id, rows, cancel)
             self._pending[seq] = handle
             return handle

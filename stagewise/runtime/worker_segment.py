@@ -109,11 +109,13 @@ class WorkerSegment:
                 handoff_s = self.inbound.last_transfer_s
             stage_s: list[float] = []
             out: StageOutput | None = None
+            kv_end = max(max(row) for row in cmd.positions) + 1  # as the in-process pipeline: graphs replay
             for k, stage in enumerate(self.stages):
                 t0 = time.perf_counter()
-                # NOTE: no kv_end for per-row positions (batched decode): those steps run eagerly, since
-                # the coordinator does not pad batches to graph buckets (a graph per batch size otherwise)
-                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits, cmd.first_row)
+                # batched decode (per-row positions) replays graphs too: the batcher pads its groups to
+                # graph buckets (Pipeline.step_graphs), so few graphs are captured
+                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits, cmd.first_row,
+                                kv_end=kv_end, graph=not cmd.eager)
                 stage_s.append(time.perf_counter() - t0)
                 if k + 1 < len(self.stages):
                     received = self.local[k].send(Handoff(cmd.step_id, positions, out.hidden))
