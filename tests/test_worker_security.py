@@ -38,6 +38,7 @@ from stagewise.runtime.worker_messages import (
     JoinReport,
     cmd_key,
     join_key,
+    out_key,
     tensor_from_bytes,
     tensor_to_bytes,
 )
@@ -322,3 +323,33 @@ def test_health_reports_a_killed_worker(loaded: LoadedModel) -> None:
     assert body["status"] == "failed"
     assert f"worker 2 (pid {victim['pid']}" in body["message"] and "stages [1]" in body["message"]
     assert [w["alive"] for w in body["workers"]] == [True, False]
+
+
+def test_outputs_over_a_store_message_travel_in_signed_parts(pool: WorkerPool) -> None:
+    """An exit's logits for many rows exceed a TCPStore message (8 MiB): the value goes in parts, each
+    signed under its own key, joined and checked on reading; a forged part is refused; deleting the key
+    deletes its parts."""
+    from stagewise.runtime.sealed_store import PART_BYTES
+
+    raw = _stranger(pool)
+    worker = SealedStore(raw, pool.secret, pool.session, "worker 1")
+    coordinator = SealedStore(raw, pool.secret, pool.session, "coordinator")
+    logits = torch.randn(40, 128_256, dtype=torch.bfloat16)  # 10.3 MB
+    with pytest.raises(Exception):  # noqa: B017  # one store message cannot hold it (the store drops that client)
+        _stranger(pool).set("out/7/logits-whole", tensor_to_bytes(logits))
+    worker.set(out_key(7, "logits"), tensor_to_bytes(logits))
+    parts = -(-len(tensor_to_bytes(logits)) // PART_BYTES)
+    assert parts == 3 and raw.check([f"out/7/logits#{i}" for i in range(parts)])
+    assert torch.equal(coordinator.read(out_key(7, "logits"), tensor_from_bytes), logits)
+    stolen = bytes(raw.get("out/7/logits#1"))
+    raw.set("out/7/logits#1", stolen[:-1] + bytes([stolen[-1] ^ 1]))  # one bit of one part
+    with pytest.raises(WorkerMessageRejected, match=r"logits#1.*bad signature"):
+        coordinator.read(out_key(7, "logits"), tensor_from_bytes)
+    raw.set("out/7/logits#1", raw.get("out/7/logits#0"))  # a part moved to another index
+    with pytest.raises(WorkerMessageRejected, match="bad signature"):
+        coordinator.read(out_key(7, "logits"), tensor_from_bytes)
+    coordinator.delete_key(out_key(7, "logits"), parts=True)
+    assert not raw.check([out_key(7, "logits")]) and not any(raw.check([f"out/7/logits#{i}"]) for i in range(parts))
+    worker.set(out_key(8, "logits"), tensor_to_bytes(logits))  # never read: the parts are found and deleted
+    coordinator.delete_key(out_key(8, "logits"), parts=True)
+    assert not any(raw.check([f"out/8/logits#{i}"]) for i in range(parts))

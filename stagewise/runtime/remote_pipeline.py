@@ -131,6 +131,7 @@ class DistributedPipeline(Pipeline):
         self._cleaned = 1
         self._lock = threading.RLock()
         self._pending: dict[int, _RemoteStep] = {}  # seq of a run not yet settled -> its handle
+        self._runs: set[int] = set()  # seqs of runs whose outputs are not deleted yet
         self._inflight: int | None = None
         self._lost: dict[int, str] = {}
         self._failed = ""
@@ -258,9 +259,12 @@ class DistributedPipeline(Pipeline):
         """Delete the keys of every command before ``upto`` (all workers have read them)."""
         store = self.pool.store
         for seq in range(self._cleaned, upto):
-            for key in (cmd_key(seq), count_key(seq), done_key(seq), out_key(seq, "hidden"), out_key(seq, "logits"),
-                        *(ack_key(seq, r) for r in self.pool.members)):
+            for key in (cmd_key(seq), count_key(seq), done_key(seq), *(ack_key(seq, r) for r in self.pool.members)):
                 store.delete_key(key)
+            if seq in self._runs:  # only a run has outputs, which may be in parts (SealedStore)
+                self._runs.discard(seq)
+                for name in ("hidden", "logits"):
+                    store.delete_key(out_key(seq, name), parts=True)
         self._cleaned = max(self._cleaned, upto)
 
     # ----- steps ---------------------------------------------------------------------------------
@@ -339,6 +343,7 @@ class DistributedPipeline(Pipeline):
                                 first_row=first_row, expected_acks=self.pool.count, eager=eager)
             handle = _RemoteStep(self, seq, step_id, rows, cancel)
             self._pending[seq] = handle
+            self._runs.add(seq)
             return handle
 
     def _settle(self, handle: _RemoteStep) -> None:

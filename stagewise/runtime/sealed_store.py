@@ -9,6 +9,11 @@ another (each command, acknowledgement and output has a key of its own: ``cmd/{s
 :meth:`SealedStore.get` raises :class:`WorkerMessageRejected` for an unsigned, forged or
 oversized value and logs one line per rejected value.
 
+A payload over :data:`PART_BYTES` (an exit's logits or features for many rows: a TCPStore message
+holds at most 8 MiB) is written as parts ``{key}#0 ..``, each signed under its own key, then the
+key itself holds a signed index (part count and total bytes); :meth:`SealedStore.get` joins them
+and checks the total, and :meth:`SealedStore.delete_key` deletes them with their key.
+
 Counters (``store.add``: acknowledgement counts, heartbeats) and the process group's own
 rendezvous keys cannot be signed: a stranger who reaches the store can delay or disturb (a
 denial of service), not command. Values are authenticated, not encrypted.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -31,6 +37,8 @@ MAGIC = b"SWS1"
 MAC_BYTES = 32
 MAX_MESSAGE_BYTES = 1 << 30  # the largest value read at all (an exit's logits for a long prefill chunk)
 SESSION_KEY = "session"  # the pool's nonce (hex), written raw by the coordinator once
+PART_BYTES = 4 << 20  # larger payloads go in parts (a TCPStore message is at most 8 MiB)
+PARTS = b"SWSPARTS"  # the payload of a key whose value is in parts: PARTS + {"parts": n, "bytes": total}
 T = TypeVar("T")
 
 
@@ -49,6 +57,7 @@ class SealedStore:
         self.who = who
         self._log = log
         self._reported: set[tuple[str, bytes]] = set()
+        self._parts: dict[str, int] = {}  # key -> parts written or read under it (deleted with it)
 
     def _mac(self, key: str, payload: bytes) -> bytes:
         msg = b"stagewise-worker-v1\0" + self._session + b"\0" + key.encode() + b"\0" + payload
@@ -84,16 +93,41 @@ class SealedStore:
     # ----- the store surface ---------------------------------------------------------------------
 
     def set(self, key: str, value: str | bytes) -> None:
-        self.raw.set(key, self.seal(key, value))  # type: ignore[arg-type]  # the store takes bytes too
+        payload = value.encode() if isinstance(value, str) else bytes(value)
+        if len(payload) > PART_BYTES:
+            count = -(-len(payload) // PART_BYTES)
+            for i in range(count):
+                part = f"{key}#{i}"
+                self.raw.set(part, self.seal(part, payload[i * PART_BYTES : (i + 1) * PART_BYTES]))  # type: ignore[arg-type]
+            payload = PARTS + json.dumps({"parts": count, "bytes": len(payload)}).encode()
+        self.raw.set(key, self.seal(key, payload))  # type: ignore[arg-type]  # the store takes bytes too
 
     def get(self, key: str) -> bytes:
-        return self.unseal(key, bytes(self.raw.get(key)))
+        blob = bytes(self.raw.get(key))
+        return self._joined(key, blob, self.unseal(key, blob))
+
+    def _joined(self, key: str, blob: bytes, payload: bytes) -> bytes:
+        """``payload`` itself, or the parts it indexes joined (each verified under its own key)."""
+        if not payload.startswith(PARTS):
+            return payload
+        try:
+            index = json.loads(payload[len(PARTS):])
+            count, total = int(index["parts"]), int(index["bytes"])
+        except (ValueError, KeyError, TypeError):
+            self.reject(key, blob, "malformed part index")
+        if not 0 < count <= MAX_MESSAGE_BYTES // PART_BYTES + 1 or not 0 < total <= MAX_MESSAGE_BYTES:
+            self.reject(key, blob, f"{count} parts of {total} bytes (limit {MAX_MESSAGE_BYTES})")
+        self._parts[key] = count
+        joined = b"".join(self.unseal(f"{key}#{i}", bytes(self.raw.get(f"{key}#{i}"))) for i in range(count))
+        if len(joined) != total:
+            self.reject(key, blob, f"parts hold {len(joined)} bytes, the index says {total}")
+        return joined
 
     def read(self, key: str, parse: Callable[[bytes], T]) -> T:
         """``parse`` of the verified payload at ``key``; a payload ``parse`` rejects (it raises
         :class:`WorkerMessageRejected`) is logged like a bad signature."""
         blob = bytes(self.raw.get(key))
-        payload = self.unseal(key, blob)
+        payload = self._joined(key, blob, self.unseal(key, blob))
         try:
             return parse(payload)
         except WorkerMessageRejected as exc:
@@ -109,5 +143,16 @@ class SealedStore:
     def add(self, key: str, amount: int) -> int:
         return int(self.raw.add(key, amount))
 
-    def delete_key(self, key: str) -> bool:
+    def delete_key(self, key: str, parts: bool = False) -> bool:
+        """Delete ``key``; ``parts``: a key that may hold a value in parts deletes them too (those this
+        side read, else as many as are there)."""
+        known = self._parts.pop(key, None)
+        if parts:
+            if known is not None:
+                for i in range(known):
+                    self.raw.delete_key(f"{key}#{i}")
+            else:  # never read (a step rolled back after its exit wrote): look
+                i = 0
+                while self.raw.delete_key(f"{key}#{i}"):
+                    i += 1
         return bool(self.raw.delete_key(key))
