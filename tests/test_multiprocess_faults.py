@@ -21,6 +21,7 @@ from stagewise.engine.model_loading import load_model
 from stagewise.errors import StagewiseError, WorkerLost, WorkerMessageRejected, WorkerNotJoined
 from stagewise.runtime.builder import build_pipeline
 from stagewise.runtime.distributed_start import open_pool, start_workers
+from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_config import ModelConfig
@@ -169,6 +170,11 @@ def test_a_failed_micro_batch_rolls_back_alone(pipeline: DistributedPipeline, mo
         got.append(pipeline.submit(torch.tensor([[token]]), torch.tensor([[pos]]), start=pos).result().logits)
         token, pos = int(want[-1][0, -1].argmax()), pos + 1
     assert all(w is not None and g is not None and torch.equal(w, g) for w, g in zip(want, got, strict=True))
+    # greedy rows only: the exit worker sends each row's (token, log-probability), not the logits
+    logits = single.step(torch.tensor([[token]]), torch.tensor([[pos]]), start=pos).logits
+    out = pipeline.submit(torch.tensor([[token]]), torch.tensor([[pos]]), start=pos, greedy=True).result()
+    assert logits is not None and out.logits is None and out.pairs is not None
+    assert torch.equal(out.pairs, greedy_pairs(logits[:, -1])[1])
     assert not pipeline.degraded
 
 

@@ -52,6 +52,7 @@ from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
+from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.pipeline import Pipeline, StepHandle
 from stagewise.spec.kv_pool import KVPool
 
@@ -486,8 +487,9 @@ class Batcher:
         else:
             tokens = torch.tensor([[s.next_token if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
         positions = torch.tensor([[s.length if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
+        all_greedy = all(s is None or s.device_greedy for s in rows)  # two numbers a row suffice
         try:
-            handle = self.pipeline.submit(tokens, positions, start=None, first_row=first)
+            handle = self.pipeline.submit(tokens, positions, start=None, first_row=first, greedy=all_greedy)
         except StagewiseError as exc:
             self._fail(tuple(rows), exc)
             return
@@ -532,6 +534,9 @@ class Batcher:
         item.handle = None
         if item.sample_rows is not None and not any(item.sample_rows):
             return True  # a prefill chunk with nothing to sample
+        if out.pairs is not None:  # the exit computed every row's greedy pair (all rows greedy)
+            item.pairs = out.pairs
+            return True
         item.logits = out.logits
         assert item.logits is not None
         if item.group >= 0 and any(s is not None and s.device_greedy for s in item.rows):
@@ -541,7 +546,7 @@ class Batcher:
     def _retire(self, item: _InFlight) -> None:
         if item.handle is not None and not self._settle(item):
             return
-        if item.logits is None:
+        if item.logits is None and item.pairs is None:
             return  # prefill chunks before the prompts' last: nothing to sample
         if item.ready is not None:
             item.ready.synchronize()  # type: ignore[attr-defined]
@@ -553,6 +558,7 @@ class Batcher:
                 if host_pairs is not None and seq.device_greedy:
                     sample = seq.sampler.accept(*host_pairs[i])
                 else:
+                    assert item.logits is not None  # a step with pairs only has every row greedy
                     sample = seq.sampler.sample(item.logits[i, -1], seq.request.top_logprobs)
             except StagewiseError as exc:
                 self._fail((seq,), exc)
@@ -567,10 +573,7 @@ def _greedy_pairs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, obj
     """Greedy token and its log-probability for every row of ``logits`` ``(P, V)`` on their device; the
     ``(P, 2)`` result is copied to the host on a side stream. Returns the tokens ``(P, 1)`` on the
     device, the host tensor and the event its copy completes at (None: already on the host)."""
-    values, tokens = torch.max(logits, dim=-1)  # (P,) first maximum, as torch.argmax
-    logprobs = values - torch.logsumexp(logits, dim=-1)
-    pairs = torch.stack([tokens.to(torch.float32), logprobs], dim=-1)  # (P, 2)
-    device_tokens = tokens[:, None]  # (P, 1)
+    device_tokens, pairs = greedy_pairs(logits)  # (P, 1), (P, 2)
     if pairs.device.type != "cuda":
         return device_tokens, pairs, None
     host = torch.empty(pairs.shape, dtype=pairs.dtype, pin_memory=True)

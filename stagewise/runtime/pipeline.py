@@ -206,11 +206,13 @@ class Pipeline:
         return out
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-               all_logits: bool = False, first_row: int = 0, eager: bool = False) -> StepHandle:
+               all_logits: bool = False, first_row: int = 0, eager: bool = False,
+               greedy: bool = False) -> StepHandle:
         """Launch a step as :meth:`step` does; its output (or typed error) comes from the handle. Up to
         :attr:`max_in_flight` steps over disjoint rows may be launched before their results are read;
-        a step over rows of an unsettled one waits for it. Here the step is settled at once: its
-        failure raises from this call, as :meth:`step`'s does."""
+        a step over rows of an unsettled one waits for it. ``greedy``: the caller needs only each
+        row's greedy token and log-probability (a pipeline may then return ``pairs`` for the logits).
+        Here the step is settled at once: its failure raises from this call, as :meth:`step`'s does."""
         return StepHandle(self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager))
 
     def rollback(self) -> None:

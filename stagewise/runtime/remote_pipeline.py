@@ -263,7 +263,7 @@ class DistributedPipeline(Pipeline):
                 store.delete_key(key)
             if seq in self._runs:  # only a run has outputs, which may be in parts (SealedStore)
                 self._runs.discard(seq)
-                for name in ("hidden", "logits"):
+                for name in ("hidden", "logits", "pairs"):
                     store.delete_key(out_key(seq, name), parts=True)
         self._cleaned = max(self._cleaned, upto)
 
@@ -301,17 +301,19 @@ class DistributedPipeline(Pipeline):
              eager: bool = False) -> StageOutput:
         """As :meth:`Pipeline.step` (workers decide their graphs themselves); also raises
         :class:`WorkerLost` when a worker is lost. Waits for the step: :meth:`submit` does not."""
-        return self._submit(tokens, positions, start, all_logits, first_row, cancel, eager).result()
+        return self._submit(tokens, positions, start, all_logits, first_row, cancel, eager, False).result()
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
-               all_logits: bool = False, first_row: int = 0, eager: bool = False) -> StepHandle:
+               all_logits: bool = False, first_row: int = 0, eager: bool = False,
+               greedy: bool = False) -> StepHandle:
         """Send the step's ``run`` to every worker and return at once; the handle's ``result()`` waits
         for the acknowledgements, then publishes the step (or rolls it back and raises its typed
-        error). A step over rows of an unsettled one settles that one first (module doc)."""
-        return self._submit(tokens, positions, start, all_logits, first_row, None, eager)
+        error). A step over rows of an unsettled one settles that one first (module doc). ``greedy``:
+        the exit worker sends each row's greedy pair, not the logits."""
+        return self._submit(tokens, positions, start, all_logits, first_row, None, eager, greedy)
 
     def _submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool,
-                first_row: int, cancel: CancelCheck | None, eager: bool) -> _RemoteStep:
+                first_row: int, cancel: CancelCheck | None, eager: bool, greedy: bool) -> _RemoteStep:
         self._refuse()
         with self._lock:
             rows = range(first_row, first_row + int(positions.shape[0]))
@@ -340,7 +342,8 @@ class DistributedPipeline(Pipeline):
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
-                                first_row=first_row, expected_acks=self.pool.count, eager=eager)
+                                first_row=first_row, expected_acks=self.pool.count, eager=eager,
+                                greedy=greedy and not all_logits)
             handle = _RemoteStep(self, seq, step_id, rows, cancel)
             self._pending[seq] = handle
             self._runs.add(seq)
@@ -399,7 +402,9 @@ class DistributedPipeline(Pipeline):
         store = self.pool.store
         hidden = store.read(out_key(seq, "hidden"), tensor_from_bytes)
         logits = store.read(out_key(seq, "logits"), tensor_from_bytes) if store.check([out_key(seq, "logits")]) else None
-        return StageOutput(hidden, logits)
+        pairs = store.read(out_key(seq, "pairs"), tensor_from_bytes) if logits is None and \
+            store.check([out_key(seq, "pairs")]) else None
+        return StageOutput(hidden, logits, pairs)
 
     def _timings(self, acks: dict[int, Ack]) -> StepTimings:
         timings = StepTimings()

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from stagewise.errors import StagewiseError, WorkerMessageRejected, WorkerNotJoined
 from stagewise.runtime.distributed_channel import UpstreamAborted
 from stagewise.runtime.distributed_group import join_group, leave_group
+from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.link_probe import LinkProbe, probe_key, probe_report_key, run_probe
 from stagewise.runtime.sealed_store import SESSION_KEY, SealedStore
 from stagewise.runtime.worker_messages import (
@@ -210,8 +211,11 @@ class Worker:
                 result = segment.run(cmd)
                 if result.output is not None:
                     self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))
-                    if result.output.logits is not None:
-                        self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(result.output.logits))
+                    logits = result.output.logits
+                    if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are
+                        self.store.set(out_key(cmd.seq, "pairs"), tensor_to_bytes(greedy_pairs(logits[:, -1])[1]))
+                    elif logits is not None:
+                        self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(logits))
                 ack = Ack(self.rank, True, stage_s=result.stage_s, handoff_s=result.handoff_s)
             except Exception as exc:
                 ack = self._failure(exc)

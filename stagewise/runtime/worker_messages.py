@@ -260,6 +260,7 @@ class Command:
     dst: int = 0
     length: int = 0
     eager: bool = False  # run: never replay (or capture) a CUDA graph for this step
+    greedy: bool = False  # run: the exit sends each row's greedy (token, log-probability), not the logits
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -304,7 +305,8 @@ class Command:
                        _int(raw, "slot", what, 0, MAX_RANK, 0), _int(raw, "gen", what, 0, MAX_INT, 0),
                        _int(raw, "expected_acks", what, 0, MAX_RANK, 0), _int(raw, "first_row", what, 0, MAX_RANK, 0),
                        rows, blocks, _int(raw, "src", what, 0, MAX_RANK, 0), _int(raw, "dst", what, 0, MAX_RANK, 0),
-                       _int(raw, "length", what, 0, 2**31 - 1, 0), _bool(raw, "eager", what, False))
+                       _int(raw, "length", what, 0, 2**31 - 1, 0), _bool(raw, "eager", what, False),
+                       _bool(raw, "greedy", what, False))
 
 
 @dataclass(frozen=True)
