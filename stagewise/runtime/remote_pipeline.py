@@ -367,8 +367,11 @@ class DistributedPipeline(Pipeline):
                     other.error = WorkerLost(f"step {other.step_id} rolled back: {self._failed or self._message}")
                     other.settled = True
                 self._pending.clear()
-            if not self._pending and handle.seq - self._cleaned >= CLEANUP_EVERY:
-                self._cleanup(handle.seq)
+            # every worker acknowledged this run, so read every command before it; runs still pending
+            # keep their outputs
+            upto = min([handle.seq, *self._pending])
+            if upto - self._cleaned >= CLEANUP_EVERY:
+                self._cleanup(upto)
 
     def _settle_all(self) -> None:
         for handle in sorted(self._pending.values(), key=lambda h: h.seq):
