@@ -183,6 +183,8 @@ def test_forged_or_tampered_messages_are_rejected(pool: WorkerPool) -> None:
     {"first_row": -1}, {"first_row": 5000}, {"op": "set_blocks", "blocks": [-1]}, {"op": "set_blocks", "blocks": "0"},
     {"op": "set_blocks", "blocks": [True]}, {"op": "move", "src": "1"}, {"op": "move", "dst": 1.5},
     {"op": "move", "length": -3}, {"op": "align", "rows": 0}, {"op": "align", "rows": 4097}, {"op": "resize"},
+    {"publish": [0]}, {"publish": ["3"]}, {"publish": 3}, {"publish": [True]}, {"publish": list(range(1, 5000))},
+    {"eager": "yes"}, {"greedy": 1},
 ])
 def test_malformed_commands_are_rejected(change: dict[str, object]) -> None:
     raw = json.loads(Command(7, "run", {1: INCARNATION}, step_id=1, tokens=[[5]], positions=[[0]]).to_json())

@@ -31,7 +31,8 @@ class StageOutput:
     """``hidden``: the activation handed to the next stage ``(B, T, H)``, or at the exit the final
     normed features of the positions with logits; ``logits`` ``(B, T', V)`` float32 at the exit;
     ``pairs`` ``(B, 2)``: each row's greedy token and log-probability instead of the logits, where the
-    step was asked for only those (a distributed pipeline's exit worker computes them)."""
+    step was asked for only those (a distributed pipeline's exit worker computes them; ``hidden`` is
+    then empty)."""
 
     hidden: torch.Tensor
     logits: torch.Tensor | None

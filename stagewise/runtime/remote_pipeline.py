@@ -131,7 +131,8 @@ class DistributedPipeline(Pipeline):
         self._cleaned = 1
         self._lock = threading.RLock()
         self._pending: dict[int, _RemoteStep] = {}  # seq of a run not yet settled -> its handle
-        self._runs: set[int] = set()  # seqs of runs whose outputs are not deleted yet
+        self._runs: dict[int, tuple[str, ...] | None] = {}  # run seq -> its output names read (None: unread)
+        self._to_publish: list[int] = []  # steps published here, told to the workers with the next command
         self._inflight: int | None = None
         self._lost: dict[int, str] = {}
         self._failed = ""
@@ -222,8 +223,11 @@ class DistributedPipeline(Pipeline):
         self.pool.store.set(cmd_key(cmd.seq), cmd.to_json())
 
     def _command(self, op: str, **fields: Any) -> int:
+        """Send ``op`` to every member; the steps published since the last command ride along (workers
+        publish them first: no command of their own, and every later command sees them published)."""
         seq = self._next_seq()
-        self._send(Command(seq, op, self._members(), **fields))
+        publish, self._to_publish = self._to_publish, []
+        self._send(Command(seq, op, self._members(), publish=publish, **fields))
         return seq
 
     def _collect(self, seq: int, timeout_s: float) -> tuple[str, dict[int, Ack]]:
@@ -262,8 +266,7 @@ class DistributedPipeline(Pipeline):
             for key in (cmd_key(seq), count_key(seq), done_key(seq), *(ack_key(seq, r) for r in self.pool.members)):
                 store.delete_key(key)
             if seq in self._runs:  # only a run has outputs, which may be in parts (SealedStore)
-                self._runs.discard(seq)
-                for name in ("hidden", "logits", "pairs"):
+                for name in self._runs.pop(seq) or ("hidden", "logits", "pairs"):  # unread: whichever are there
                     store.delete_key(out_key(seq, name), parts=True)
         self._cleaned = max(self._cleaned, upto)
 
@@ -344,9 +347,9 @@ class DistributedPipeline(Pipeline):
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
                                 first_row=first_row, expected_acks=self.pool.count, eager=eager,
                                 greedy=greedy and not all_logits)
-            handle = _RemoteStep(self, seq, step_id, rows, cancel)
+            handle = _RemoteStep(self, seq, step_id, rows, cancel, greedy and not all_logits)
             self._pending[seq] = handle
-            self._runs.add(seq)
+            self._runs[seq] = None
             return handle
 
     def _settle(self, handle: _RemoteStep) -> None:
@@ -393,21 +396,26 @@ class DistributedPipeline(Pipeline):
             self._command("rollback", step_id=0 if lost else step_id)  # a lost worker: every step in flight
             self._fail(f"step {step_id}", outcome, acks, rolled_back=True)
         try:
-            out = self._outputs(handle.seq)
+            out = self._outputs(handle.seq, handle.greedy)
         except WorkerMessageRejected as exc:
             self._command("rollback", step_id=step_id)
             raise StepFailed(f"step {step_id} rolled back: {exc}") from None
-        self._command("publish", step_id=step_id)
+        self._to_publish.append(step_id)  # told to the workers with the next command (_command)
         self.last_timings = self._timings(acks)
         return out
 
-    def _outputs(self, seq: int) -> StageOutput:
+    def _outputs(self, seq: int, greedy: bool) -> StageOutput:
+        """The exit's output of run ``seq``: a greedy step's pairs only (its features stay in the worker:
+        ``hidden`` is empty), else the features and, where the step has them, the logits."""
         store = self.pool.store
+        if greedy:
+            pairs = store.read(out_key(seq, "pairs"), tensor_from_bytes)
+            self._runs[seq] = ("pairs",)
+            return StageOutput(torch.empty(0), None, pairs)
         hidden = store.read(out_key(seq, "hidden"), tensor_from_bytes)
         logits = store.read(out_key(seq, "logits"), tensor_from_bytes) if store.check([out_key(seq, "logits")]) else None
-        pairs = store.read(out_key(seq, "pairs"), tensor_from_bytes) if logits is None and \
-            store.check([out_key(seq, "pairs")]) else None
-        return StageOutput(hidden, logits, pairs)
+        self._runs[seq] = ("hidden", "logits") if logits is not None else ("hidden",)
+        return StageOutput(hidden, logits)
 
     def _timings(self, acks: dict[int, Ack]) -> StepTimings:
         timings = StepTimings()
@@ -594,8 +602,9 @@ class _RemoteStep(StepHandle):
     """A step sent to the workers; settled (published or rolled back) when its result is asked for."""
 
     def __init__(self, pipeline: DistributedPipeline, seq: int, step_id: int, rows: range,
-                 cancel: CancelCheck | None) -> None:
+                 cancel: CancelCheck | None, greedy: bool) -> None:
         super().__init__()
+        self.greedy = greedy  # the exit sends each row's greedy pair only
         self.pipeline = pipeline
         self.seq = seq
         self.step_id = step_id

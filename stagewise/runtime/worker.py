@@ -9,7 +9,8 @@
    data process group and acknowledges (``ack/{first_seq - 1}/{rank}``);
 3. reads every :class:`Command` in sequence: ``run`` leaves state provisional and acknowledges;
    ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision), for one step
-   (``step_id``: several micro-batches may be in flight) or for all (``step_id`` 0); ``reset``,
+   (``step_id``: several micro-batches may be in flight) or for all (``step_id`` 0); a publish
+   decided since the coordinator's last command rides on its next one (``publish``: settled first); ``reset``,
    ``set_blocks``, ``move`` and ``align`` rearrange state rows and acknowledge; ``regroup``
    rebuilds the data group after another worker was replaced; ``exit`` leaves.
 
@@ -206,16 +207,19 @@ class Worker:
     def _execute(self, cmd: Command) -> None:
         segment = self.segment
         assert segment is not None
+        for step_id in cmd.publish:  # published by the coordinator since its last command
+            segment.publish(step_id)
         if cmd.op == "run":
             try:
                 result = segment.run(cmd)
                 if result.output is not None:
-                    self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))
                     logits = result.output.logits
                     if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are
                         self.store.set(out_key(cmd.seq, "pairs"), tensor_to_bytes(greedy_pairs(logits[:, -1])[1]))
-                    elif logits is not None:
-                        self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(logits))
+                    else:
+                        self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))
+                        if logits is not None:
+                            self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(logits))
                 ack = Ack(self.rank, True, stage_s=result.stage_s, handoff_s=result.handoff_s)
             except Exception as exc:
                 ack = self._failure(exc)

@@ -261,6 +261,7 @@ class Command:
     length: int = 0
     eager: bool = False  # run: never replay (or capture) a CUDA graph for this step
     greedy: bool = False  # run: the exit sends each row's greedy (token, log-probability), not the logits
+    publish: list[int] = field(default_factory=list)  # any op: steps to publish first (decided since the last command)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -297,6 +298,11 @@ class Command:
         for b in blocks:
             if type(b) is not int or not 0 <= b <= MAX_BLOCKS:
                 raise WorkerMessageRejected(f"{what}: blocks holds {b!r}, not a block id"[:300])
+        publish = raw.get("publish", [])
+        if not isinstance(publish, list) or len(publish) > MAX_RANK:
+            raise WorkerMessageRejected(f"{what}: publish must be a list of at most {MAX_RANK} step ids")
+        if any(type(p) is not int or not 1 <= p <= MAX_INT for p in publish):
+            raise WorkerMessageRejected(f"{what}: publish holds {publish[:4]!r}..., not step ids"[:300])
         rows = _int(raw, "rows", what, 0, MAX_RANK, 0)
         if op == "align" and rows < 1:
             raise WorkerMessageRejected(f"{what}: an align needs at least one row")
@@ -306,7 +312,7 @@ class Command:
                        _int(raw, "expected_acks", what, 0, MAX_RANK, 0), _int(raw, "first_row", what, 0, MAX_RANK, 0),
                        rows, blocks, _int(raw, "src", what, 0, MAX_RANK, 0), _int(raw, "dst", what, 0, MAX_RANK, 0),
                        _int(raw, "length", what, 0, 2**31 - 1, 0), _bool(raw, "eager", what, False),
-                       _bool(raw, "greedy", what, False))
+                       _bool(raw, "greedy", what, False), publish)
 
 
 @dataclass(frozen=True)
