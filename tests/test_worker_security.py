@@ -200,6 +200,11 @@ def test_malformed_acks_assignments_and_tensors_are_rejected() -> None:
         Ack.from_json(json.dumps({"rank": 1, "ok": "yes"}))
     with pytest.raises(WorkerMessageRejected):
         Ack.from_json(json.dumps({"rank": 1, "ok": True, "stage_s": [float("nan")]}))  # NaN: not a time
+    pairs = [[17.0, -0.25], [3.0, float("-inf")]]  # a greedy run's pairs, exactly as sent (float32 values)
+    assert Ack.from_json(Ack(1, True, pairs=pairs).to_json()).pairs == pairs
+    for bad in ([[1.5, 0.0]], [[-1.0, 0.0]], [["3", 0.0]], [[3.0]], [[3.0, "x"]], "pairs", [[3, 0.0]]):
+        with pytest.raises(WorkerMessageRejected, match="pairs"):
+            Ack.from_json(json.dumps({"rank": 1, "ok": True, "pairs": bad}))
     good = Assignment("m", "float32", 1, 8, (), 0, 0, 2, "gloo", -1, 1, 1, 2, 5.0)
     assert Assignment.from_json(good.to_json()) == good
     for change in ({"dtype": "int8"}, {"data_rank": 2}, {"next_rank": 7}, {"backend": "mpi"}, {"timeout_s": -1}):

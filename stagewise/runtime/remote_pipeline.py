@@ -266,7 +266,8 @@ class DistributedPipeline(Pipeline):
             for key in (cmd_key(seq), count_key(seq), done_key(seq), *(ack_key(seq, r) for r in self.pool.members)):
                 store.delete_key(key)
             if seq in self._runs:  # only a run has outputs, which may be in parts (SealedStore)
-                for name in self._runs.pop(seq) or ("hidden", "logits", "pairs"):  # unread: whichever are there
+                names = self._runs.pop(seq)
+                for name in ("hidden", "logits") if names is None else names:  # unread: whichever are there
                     store.delete_key(out_key(seq, name), parts=True)
         self._cleaned = max(self._cleaned, upto)
 
@@ -396,7 +397,7 @@ class DistributedPipeline(Pipeline):
             self._command("rollback", step_id=0 if lost else step_id)  # a lost worker: every step in flight
             self._fail(f"step {step_id}", outcome, acks, rolled_back=True)
         try:
-            out = self._outputs(handle.seq, handle.greedy)
+            out = self._outputs(handle.seq, handle.greedy, acks)
         except WorkerMessageRejected as exc:
             self._command("rollback", step_id=step_id)
             raise StepFailed(f"step {step_id} rolled back: {exc}") from None
@@ -404,14 +405,17 @@ class DistributedPipeline(Pipeline):
         self.last_timings = self._timings(acks)
         return out
 
-    def _outputs(self, seq: int, greedy: bool) -> StageOutput:
-        """The exit's output of run ``seq``: a greedy step's pairs only (its features stay in the worker:
-        ``hidden`` is empty), else the features and, where the step has them, the logits."""
+    def _outputs(self, seq: int, greedy: bool, acks: dict[int, Ack]) -> StageOutput:
+        """The exit's output of run ``seq``: a greedy step's pairs only, from the exit worker's
+        acknowledgement (its features stay in the worker: ``hidden`` is empty), else the features and,
+        where the step has them, the logits."""
         store = self.pool.store
         if greedy:
-            pairs = store.read(out_key(seq, "pairs"), tensor_from_bytes)
-            self._runs[seq] = ("pairs",)
-            return StageOutput(torch.empty(0), None, pairs)
+            self._runs[seq] = ()
+            pairs = acks[self.owners[-1]].pairs
+            if not pairs:
+                raise WorkerMessageRejected(f"run {seq}: the exit worker sent no greedy pairs")
+            return StageOutput(torch.empty(0), None, torch.tensor(pairs, dtype=torch.float32))
         hidden = store.read(out_key(seq, "hidden"), tensor_from_bytes)
         logits = store.read(out_key(seq, "logits"), tensor_from_bytes) if store.check([out_key(seq, "logits")]) else None
         self._runs[seq] = ("hidden", "logits") if logits is not None else ("hidden",)

@@ -212,15 +212,16 @@ class Worker:
         if cmd.op == "run":
             try:
                 result = segment.run(cmd)
+                pairs: list[list[float]] = []
                 if result.output is not None:
                     logits = result.output.logits
-                    if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are
-                        self.store.set(out_key(cmd.seq, "pairs"), tensor_to_bytes(greedy_pairs(logits[:, -1])[1]))
+                    if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are,
+                        pairs = greedy_pairs(logits[:, -1])[1].cpu().tolist()  # sent in the acknowledgement
                     else:
                         self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))
                         if logits is not None:
                             self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(logits))
-                ack = Ack(self.rank, True, stage_s=result.stage_s, handoff_s=result.handoff_s)
+                ack = Ack(self.rank, True, stage_s=result.stage_s, handoff_s=result.handoff_s, pairs=pairs)
             except Exception as exc:
                 ack = self._failure(exc)
             self._ack(cmd.seq, ack, cmd.expected_acks)

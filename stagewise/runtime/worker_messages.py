@@ -321,6 +321,7 @@ class Ack:
 
     ``error_type`` names the exception class; ``aborted`` means an upstream worker failed first.
     ``stage_s`` is compute time per owned stage, ``handoff_s`` the inbound transfer (header to checked activation), s.
+    ``pairs``: the exit's greedy ``(token, log-probability)`` per row, for a ``run`` asked for those only.
     """
 
     rank: int
@@ -331,6 +332,7 @@ class Ack:
     stage_s: list[float] = field(default_factory=list)
     handoff_s: float = 0.0
     measured_bytes: list[int] = field(default_factory=list)
+    pairs: list[list[float]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -353,9 +355,16 @@ class Ack:
         for v in sizes:
             if type(v) is not int or not 0 <= v <= MAX_INT:
                 raise WorkerMessageRejected(f"{what}: measured_bytes holds {v!r}"[:300])
+        pairs = raw.get("pairs", [])
+        if not isinstance(pairs, list) or len(pairs) > MAX_RANK:
+            raise WorkerMessageRejected(f"{what}: pairs must be a list of at most {MAX_RANK} rows")
+        for pair in pairs:  # a token id, then any log-probability (a broken model's may be NaN)
+            if not isinstance(pair, list) or len(pair) != 2 or type(pair[0]) is not float or \
+                    not (pair[0].is_integer() and 0 <= pair[0] < 2**31) or type(pair[1]) not in (int, float):
+                raise WorkerMessageRejected(f"{what}: pairs holds {pair!r}, not (token, log-probability)"[:300])
         return Ack(got, _bool(raw, "ok", what), _str(raw, "error", what, ""), error_type,
                    _bool(raw, "aborted", what, False), [_float(v, "stage_s", what) for v in stage_s],
-                   _float(raw.get("handoff_s", 0.0), "handoff_s", what), sizes)
+                   _float(raw.get("handoff_s", 0.0), "handoff_s", what), sizes, pairs)
 
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
