@@ -45,14 +45,14 @@ class StepHandle:
     is settled when its result is asked for (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`)."""
 
     def __init__(self, output: StageOutput | None = None, error: StagewiseError | None = None) -> None:
-        self._output = output
-        self._error = error
+        self.output = output
+        self.error = error
 
     def result(self) -> StageOutput:
-        if self._error is not None:
-            raise self._error
-        assert self._output is not None
-        return self._output
+        if self.error is not None:
+            raise self.error
+        assert self.output is not None
+        return self.output
 
 
 class Pipeline:

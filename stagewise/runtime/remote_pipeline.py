@@ -615,15 +615,10 @@ class _RemoteStep(StepHandle):
         self.rows = rows
         self.cancel = cancel
         self.settled = False
-        self.output: StageOutput | None = None
-        self.error: StagewiseError | None = None
 
     def result(self) -> StageOutput:
         self.pipeline._settle(self)
-        if self.error is not None:
-            raise self.error
-        assert self.output is not None
-        return self.output
+        return super().result()
 
 
 def _overlap(a: range, b: range) -> bool:
