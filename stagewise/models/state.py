@@ -26,6 +26,11 @@ import torch
 from stagewise.models.block_table import BlockTable
 
 
+def rows_overlap(a: slice | range, b: slice | range) -> bool:
+    """Whether two spans of state rows (explicit bounds, step 1) share a row."""
+    return a.start < b.stop and b.start < a.stop
+
+
 class BlockState(Protocol):
     """What the pipeline needs from any block's state."""
 
@@ -150,10 +155,9 @@ class RecurrentState:
         to note it). A row written by another step not yet settled is a bug: :class:`RuntimeError`."""
         if rows in self._written:
             return  # another tensor of the same step
-        lo, hi, _ = rows.indices(len(self.parity))
+        span = range(*rows.indices(len(self.parity)))
         for other in self._written:
-            other_lo, other_hi, _ = other.indices(len(self.parity))
-            if lo < other_hi and other_lo < hi:
+            if rows_overlap(span, range(*other.indices(len(self.parity)))):
                 raise RuntimeError(f"rows {rows.start}..{rows.stop - 1} written while a step over rows "
                                    f"{other.start}..{other.stop - 1} is not settled")
         self._written.append(rows)

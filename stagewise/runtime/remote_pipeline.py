@@ -48,6 +48,7 @@ from stagewise.errors import (
     WorkerNotJoined,
 )
 from stagewise.models.stage_model import StageOutput
+from stagewise.models.state import rows_overlap
 from stagewise.runtime.distributed_group import choose_backend
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.pipeline import CancelCheck, Pipeline, StepHandle, StepTimings
@@ -321,7 +322,7 @@ class DistributedPipeline(Pipeline):
         self._refuse()
         with self._lock:
             rows = range(first_row, first_row + int(positions.shape[0]))
-            for earlier in [h for h in self._pending.values() if _overlap(h.rows, rows)]:
+            for earlier in [h for h in self._pending.values() if rows_overlap(h.rows, rows)]:
                 self._settle(earlier)
                 if earlier.error is not None:  # its sequences failed: nothing may build on its rows
                     raise StepFailed(f"step {earlier.step_id} over rows {rows.start}..{rows.stop - 1} failed "
@@ -508,8 +509,9 @@ class DistributedPipeline(Pipeline):
         :class:`WorkerLost` (the pipeline is degraded) or :class:`StepFailed`."""
         self._refuse()
         with self._lock:
-            touched = _op_rows(op, fields)
-            for handle in [h for h in self._pending.values() if _overlap(h.rows, touched)]:
+            named = Command(0, op, {}, **fields).named_rows()
+            touched = range(min(named), max(named) + 1)  # a move's span: both its rows
+            for handle in [h for h in self._pending.values() if rows_overlap(h.rows, touched)]:
                 self._settle(handle)  # its outcome stays with its handle
             self._refuse()
             seq = self._command(op, expected_acks=self.pool.count, **fields)
@@ -619,20 +621,6 @@ class _RemoteStep(StepHandle):
     def result(self) -> StageOutput:
         self.pipeline._settle(self)
         return super().result()
-
-
-def _overlap(a: range, b: range) -> bool:
-    return a.start < b.stop and b.start < a.stop
-
-
-def _op_rows(op: str, fields: dict[str, Any]) -> range:
-    """The rows a row operation touches (the span of ``move``'s two rows)."""
-    if op == "move":
-        lo, hi = sorted((fields["src"], fields["dst"]))
-        return range(lo, hi + 1)
-    if op == "align":
-        return range(fields["first_row"], fields["first_row"] + fields["rows"])
-    return range(fields["slot"], fields["slot"] + 1)
 
 
 def _describe(problems: dict[int, str]) -> str:

@@ -266,6 +266,12 @@ class Command:
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
+    def named_rows(self) -> list[int]:
+        """The rows a row operation names: the row it resets or gives blocks, a move's source and
+        destination, an align's first and last."""
+        return {"reset": [self.slot], "set_blocks": [self.slot], "move": [self.src, self.dst],
+                "align": [self.first_row, self.first_row + self.rows - 1]}[self.op]
+
     @staticmethod
     def from_json(text: str | bytes, seq: int | None = None) -> Command:
         """Parse and check a command; ``seq``: the number it must carry (the key it was read at)."""

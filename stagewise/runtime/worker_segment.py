@@ -21,6 +21,7 @@ import torch
 
 from stagewise.errors import WorkerMessageRejected
 from stagewise.models.stage_model import StageOutput
+from stagewise.models.state import rows_overlap
 from stagewise.runtime.channel import Channel, channel_for
 from stagewise.runtime.distributed_channel import DistributedChannel
 from stagewise.runtime.distributed_group import wire_device
@@ -95,7 +96,7 @@ class WorkerSegment:
         positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T)
         rows = slice(cmd.first_row, cmd.first_row + len(cmd.positions))
         for step, other in self.pending.items():
-            if rows.start < other.stop and other.start < rows.stop:
+            if rows_overlap(rows, other):
                 raise WorkerMessageRejected(f"step {cmd.step_id}: rows {rows.start}..{rows.stop - 1} overlap step "
                                             f"{step}'s, not yet published or rolled back")
         self.pending[cmd.step_id] = rows  # settled by publish / rollback, also after a failure
@@ -167,8 +168,7 @@ class WorkerSegment:
         positions inside the context and block ids of its pool (no more than a row holds)."""
         table = self.stages[0].block_table
         assert table is not None, "allocate_state first"
-        rows = {"reset": [cmd.slot], "set_blocks": [cmd.slot], "move": [cmd.src, cmd.dst],
-                "align": [cmd.first_row, cmd.first_row + cmd.rows - 1]}[cmd.op]
+        rows = cmd.named_rows()
         if any(r >= self.batch for r in rows):
             raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {self.batch} slots")
         if cmd.op == "move" and cmd.length > self.context:
