@@ -57,7 +57,7 @@ class SealedStore:
         self.who = who
         self._log = log
         self._reported: set[tuple[str, bytes]] = set()
-        self._parts: dict[str, int] = {}  # key -> parts written or read under it (deleted with it)
+        self._parts: dict[str, int] = {}  # key -> parts read under it (deleted with it)
 
     def _mac(self, key: str, payload: bytes) -> bytes:
         msg = b"stagewise-worker-v1\0" + self._session + b"\0" + key.encode() + b"\0" + payload
