@@ -44,9 +44,9 @@ class StepHandle:
     when launched (its GPU work runs on in stream order); one whose stages run in worker processes
     is settled when its result is asked for (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`)."""
 
-    def __init__(self, output: StageOutput | None = None, error: StagewiseError | None = None) -> None:
+    def __init__(self, output: StageOutput | None = None) -> None:
         self.output = output
-        self.error = error
+        self.error: StagewiseError | None = None
 
     def result(self) -> StageOutput:
         if self.error is not None:
