@@ -243,7 +243,9 @@ def _block_scaled_reference(a: torch.Tensor, weight: Q8_0Weight, top_index: torc
 DECODE_VARIANTS = [DecodeTiles(32, 64, 4, 1), DecodeTiles(16, 128, 4, 1), DecodeTiles(32, 32, 4, 1, swap=True),
                    DecodeTiles(16, 32, 4, 1, split_k=3), DecodeTiles(32, 32, 4, 1, split_k=2, swap=True),
                    DecodeTiles(32, 64, 4, 1, swap=True, tma=True),
-                   DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True)]
+                   DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True),
+                   DecodeTiles(32, 128, 4, 1, swap=True, tma=True, wide=True),
+                   DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True, wide=True, group_scales=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -278,13 +280,14 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
         decode_gemm(a, weight, align, K, DecodeTiles(32, 96, 4, 1), gather_rows=gather_rows)
 
 
-@pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:], ids=["swap", "split", "swap_split", "tma", "tma_split"])
+@pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:],
+                         ids=["swap", "split", "swap_split", "tma", "tma_split", "wide", "wide_split_group_scales"])
 def test_decode_gemm_glu_equals_gemm_then_silu_mul(tiles: DecodeTiles) -> None:
     """The fused gate/up GEMM with SiLU·up equals the plain decode GEMM followed by ``silu_mul`` (torch.equal)."""
     from stagewise.kernels.moe_decode_triton import decode_gemm, decode_gemm_glu
 
     torch.manual_seed(3)
-    tokens, inter, k_in = 7, 64, 64  # whole tiles: the up rows sit where the gate rows do in their tiles
+    tokens, inter, k_in = 7, 64, 128  # whole tiles: the up rows sit where the gate rows do in their tiles
     top_index = _routing(tokens, E, K, seed=8)
     weight = _quantize(torch.randn(E, 2 * inter, k_in) * 0.1).to(DEVICE)
     a = torch.randn(tokens, k_in).to(DEVICE)

@@ -60,6 +60,8 @@ class DecodeTiles:
     split_k: int = 1
     swap: bool = False
     tma: bool = False  # weight tiles by the tensor memory accelerator where the device has one (module doc)
+    wide: bool = False  # TMA: one (block_n, block_k) box a K step instead of one (block_n, 32) box a block
+    group_scales: bool = False  # one (block_n,) scale load a block instead of one (block_n, G) load a K step
 
 
 @triton.jit
@@ -105,6 +107,27 @@ def _block_dot(a, q, SWAP: tl.constexpr, BF16: tl.constexpr):
 
 
 @triton.jit
+def _halves(t, BN: tl.constexpr, W: tl.constexpr):
+    """``(BN, 2W)`` -> its columns ``[0, W)`` and ``[W, 2W)``."""
+    return tl.split(tl.permute(tl.reshape(t, (BN, 2, W)), (0, 2, 1)))
+
+
+@triton.jit
+def _group(t, g: tl.constexpr, BN: tl.constexpr, GROUPS: tl.constexpr):
+    """Columns ``[32 g, 32 g + 32)`` of a ``(BN, 32 GROUPS)`` tile (``GROUPS`` 1, 2 or 4)."""
+    if GROUPS == 1:
+        out = t
+    elif GROUPS == 2:
+        lo, hi = _halves(t, BN, 32)
+        out = lo if g == 0 else hi
+    else:
+        lo, hi = _halves(t, BN, 64)
+        a, b = _halves(lo if g < 2 else hi, BN, 32)
+        out = a if g % 2 == 0 else b
+    return out
+
+
+@triton.jit
 def _decode_gemm_kernel(
     a_ptr, q_ptr, q_desc, s_ptr, out_ptr, route_ptr, part_ptr, lock_ptr,
     sorted_ptr, block_expert_ptr, valid_ptr,
@@ -112,7 +135,7 @@ def _decode_gemm_kernel(
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, WIDE: tl.constexpr, GROUP_SCALES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -155,11 +178,20 @@ def _decode_gemm_kernel(
     for step in range(first, last):
         # this step's (BN, G) scales in one load (one load per group measured slower); group g's column is
         # picked in registers
-        sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
-        if GLU:
-            sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+        if GROUP_SCALES:
+            sc = 0.0
+            sc_up = 0.0
         else:
-            sc_up = sc
+            sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+            if GLU:
+                sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+            else:
+                sc_up = sc
+        if WIDE:  # one TMA box per K step (and half): its groups are views of it
+            q_step = q_desc.load([tma_row, step * GROUPS * 32])  # (BN, 32 G) int8
+            q_step_up = q_step
+            if GLU:
+                q_step_up = q_desc.load([tma_row + up_offset, step * GROUPS * 32])
         for g in tl.static_range(GROUPS):
             if SWAP:
                 a = tl.load(a_ptrs + g * 32 * stride_ak, mask=row_ok[None, :], other=0.0)  # (32, BM)
@@ -168,11 +200,16 @@ def _decode_gemm_kernel(
             if not BF16:  # NOTE: the interpreter holds bf16 as raw uint16: float32 there
                 a = a.to(tl.float32)
             for half in tl.static_range(2 if GLU else 1):
-                if TMA:
+                if WIDE:
+                    q = _group(q_step if half == 0 else q_step_up, g, BLOCK_N, GROUPS)
+                elif TMA:
                     q = q_desc.load([tma_row + half * up_offset, (step * GROUPS + g) * 32])  # (BN, 32) int8
                 else:
                     q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
-                s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
+                if GROUP_SCALES:
+                    s = tl.load(s_rows + half * up_s + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+                else:
+                    s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
                 part = _block_dot(a, q, SWAP, BF16)
                 if SWAP:
                     part = part * s[:, None]  # (BN, BM)
@@ -245,6 +282,8 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
         raise ValueError(f"activations have {a.shape[-1]} features, the experts take {k_in}")
     if tiles.block_k % QBLOCK or k_in % tiles.block_k:
         raise ValueError(f"the K step {tiles.block_k} must be a multiple of {QBLOCK} dividing {k_in}")
+    if tiles.wide and tiles.block_k // QBLOCK not in (1, 2, 4):
+        raise ValueError(f"a wide TMA box takes a K step of 32, 64 or 128, got {tiles.block_k}")
     if tiles.split_k < 1:
         raise ValueError(f"split_k must be at least 1, got {tiles.split_k}")
     num_slots = align.num_slots
@@ -270,7 +309,8 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        q_desc = TensorDescriptor.from_tensor(qs.reshape(-1, k_in), block_shape=[tiles.block_n, QBLOCK])
+        box_k = tiles.block_k if tiles.wide else QBLOCK
+        q_desc = TensorDescriptor.from_tensor(qs.reshape(-1, k_in), block_shape=[tiles.block_n, box_k])
     with launch_device(a):
         _decode_gemm_kernel[grid](
             a, qs, q_desc, scales, out, route, partials, counters,
@@ -280,7 +320,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
             BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
-            TMA=tma,
+            TMA=tma, WIDE=tma and tiles.wide, GROUP_SCALES=tiles.group_scales,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
