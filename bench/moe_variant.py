@@ -4,7 +4,7 @@
     python3 bench/moe_variant.py VARIANT -m stagewise bench random:qwen3-30b-a3b@q8_0 --concurrency 32 ...
 
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
-GEMV); ``experts=BN,BK,WARPS,STAGES[,SWAP,TMA[,SPLIT_K[,WIDE,GROUP_SCALES]]]`` (both MoE decode GEMMs' tiles, flags 0/1),
+GEMV); ``experts=BN,BK,WARPS,STAGES[,SWAP,TMA[,SPLIT_K[,WIDE]]]`` (both MoE decode GEMMs' tiles, flags 0/1),
 ``gate_up=…`` / ``down=…`` (one of them); ``nofuse`` (SiLU·up as its own launch); ``dense=…`` (the
 dense 17-64-row Q8_0 tiles, K split as before); ``nopack`` (one prompt per prefill step: no packed
 prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
@@ -32,8 +32,8 @@ def _tiles(spec: str) -> DecodeTiles:
     bn, bk, warps, stages = values[:4]
     swap, tma = (bool(v) for v in [*values[4:], 0, 0][:2])
     split = values[6] if len(values) > 6 else 1
-    wide, group_scales = (bool(v) for v in [*values[7:], 0, 0][:2])
-    return DecodeTiles(bn, bk, warps, stages, split_k=split, swap=swap, tma=tma, wide=wide, group_scales=group_scales)
+    wide = bool(values[7]) if len(values) > 7 else False
+    return DecodeTiles(bn, bk, warps, stages, split_k=split, swap=swap, tma=tma, wide=wide)
 
 
 def apply(variant: str) -> None:

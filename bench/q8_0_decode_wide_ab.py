@@ -1,4 +1,13 @@
-"""A/B: wide TMA boxes (one box a K step) and per-group scale loads in the decode GEMM, same process."""
+"""A/B of the decode GEMM's TMA boxes on the GPU, same process: one ``(BN, block_k)`` box a K step (``wide``)
+against one ``(BN, 32)`` box a 32-column group, for Qwen3-30B-A3B's experts and dense projections; every
+variant's output is compared with the first one's (``torch.equal``: same arithmetic, same bits).
+
+    python3 bench/q8_0_decode_wide_ab.py                 # -> $OUT/ab_wide_h200.json, best_variant.txt
+    AB_SECOND=1 python3 bench/q8_0_decode_wide_ab.py     # wide boxes around the chosen tiles
+
+The first results (q8_0_decode_wide_tma_h200.json) also timed per-group scale loads (``gs``), a kernel
+switch of commit 98d1c3b since removed (slower).
+"""
 import dataclasses
 import json
 import os
@@ -8,10 +17,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.moe_decode import _graph_ms  # noqa: E402
-from bench.q8_0_decode_sweep import Dense, Expert  # noqa: E402
-from stagewise.kernels.moe_decode_triton import DecodeTiles as D  # noqa: E402
-from stagewise.kernels.q8_0_gemm import decode_tiles  # noqa: E402
+from bench.moe_decode import _graph_ms
+from bench.q8_0_decode_sweep import Dense, Expert
+from stagewise.kernels.moe_decode_triton import DecodeTiles as D
+from stagewise.kernels.q8_0_gemm import decode_tiles
 
 dev = torch.device("cuda")
 rows = []
@@ -32,8 +41,6 @@ def run(case, kind, label, fn, nbytes, base_out):
 def vary(base: D):
     yield "base", base
     yield "wide", dataclasses.replace(base, wide=True)
-    yield "gs", dataclasses.replace(base, group_scales=True)
-    yield "wide+gs", dataclasses.replace(base, wide=True, group_scales=True)
 
 
 best = {}
@@ -60,7 +67,7 @@ for tokens in ((32, 64) if not SECOND else (32,)):
         for label, t in variants:
             try:
                 out = run(f"experts/{tokens}", kind, f"{label} {t}", ex.run(kind, t), nbytes, base_out)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 print("FAILED", kind, label, t, repr(e)[:300], flush=True)
                 continue
             if base_out is None:
@@ -84,13 +91,13 @@ for tokens in ((32, 64) if not SECOND else (32,)):
 
 def spec(t: D) -> str:
     return ",".join(str(int(v)) for v in (t.block_n, t.block_k, t.num_warps, t.num_stages, t.swap, t.tma, t.split_k,
-                                           t.wide, t.group_scales))
+                                           t.wide))
 
 
 out_dir = Path(os.environ.get("OUT", "/tmp"))
 variant = f"gate_up={spec(best['gate_up'][1])}+down={spec(best['down'][1])}"
 dq = best.get("qkv", (0, D(32, 128, 2, 3)))[1]
-if dq.wide or dq.group_scales:
+if dq.wide:
     variant += f"+dense={spec(dataclasses.replace(dq, split_k=1))}"
 print("BEST", {k: (v[0], str(v[1])) for k, v in best.items()}, variant, flush=True)
 (out_dir / "best_variant.txt").write_text(variant)

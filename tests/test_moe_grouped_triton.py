@@ -245,7 +245,7 @@ DECODE_VARIANTS = [DecodeTiles(32, 64, 4, 1), DecodeTiles(16, 128, 4, 1), Decode
                    DecodeTiles(32, 64, 4, 1, swap=True, tma=True),
                    DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True),
                    DecodeTiles(32, 128, 4, 1, swap=True, tma=True, wide=True),
-                   DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True, wide=True, group_scales=True)]
+                   DecodeTiles(16, 64, 4, 1, split_k=2, swap=True, tma=True, wide=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -281,7 +281,7 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
 
 
 @pytest.mark.parametrize("tiles", DECODE_VARIANTS[2:],
-                         ids=["swap", "split", "swap_split", "tma", "tma_split", "wide", "wide_split_group_scales"])
+                         ids=["swap", "split", "swap_split", "tma", "tma_split", "wide", "wide_split"])
 def test_decode_gemm_glu_equals_gemm_then_silu_mul(tiles: DecodeTiles) -> None:
     """The fused gate/up GEMM with SiLU·up equals the plain decode GEMM followed by ``silu_mul`` (torch.equal)."""
     from stagewise.kernels.moe_decode_triton import decode_gemm, decode_gemm_glu

@@ -20,6 +20,11 @@ Shapes of the work (:class:`DecodeTiles`):
 - ``glu`` (:func:`decode_gemm_glu`): the program computes the gate rows and the matching up rows of a
   fused gate/up weight and stores ``silu(gate) * up``, each rounded to the activation dtype first,
   exactly as :func:`~stagewise.kernels.silu_mul_triton.silu_mul` computes it from the stored pair.
+- ``tma``: the weight tiles come by the tensor memory accelerator (Hopper and later), reading the stack
+  as one ``(E * out, in)`` matrix; ``wide``: one ``(BN, block_k)`` box a K step (and half), whose
+  32-column groups are views of it, instead of one ``(BN, 32)`` box a group. Each box row is then a
+  ``block_k``-byte run, not 32 bytes: on an H200 the experts' GEMMs read 3.5-3.6 TB/s instead of
+  3.2-3.4 (``bench/q8_0_decode_wide_ab.py``). The arithmetic is the same: results are bit-identical.
 
 Every program waits for its predecessor before it reads the alignment (dependent launch).
 
@@ -60,8 +65,7 @@ class DecodeTiles:
     split_k: int = 1
     swap: bool = False
     tma: bool = False  # weight tiles by the tensor memory accelerator where the device has one (module doc)
-    wide: bool = False  # TMA: one (block_n, block_k) box a K step instead of one (block_n, 32) box a block
-    group_scales: bool = False  # one (block_n,) scale load a block instead of one (block_n, G) load a K step
+    wide: bool = False  # TMA: one (block_n, block_k) box a K step, not one (block_n, 32) box a block (module doc)
 
 
 @triton.jit
@@ -135,7 +139,7 @@ def _decode_gemm_kernel(
     stride_am, stride_ak, stride_qe, stride_qn, stride_qk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, BF16: tl.constexpr, GLU: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, WIDE: tl.constexpr, GROUP_SCALES: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -178,15 +182,11 @@ def _decode_gemm_kernel(
     for step in range(first, last):
         # this step's (BN, G) scales in one load (one load per group measured slower); group g's column is
         # picked in registers
-        if GROUP_SCALES:
-            sc = 0.0
-            sc_up = 0.0
+        sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
+        if GLU:
+            sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
         else:
-            sc = tl.load(s_rows[:, None] + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
-            if GLU:
-                sc_up = tl.load(s_rows[:, None] + up_s + groups[None, :] * stride_sk, mask=n_ok[:, None], other=0.0)
-            else:
-                sc_up = sc
+            sc_up = sc
         if WIDE:  # one TMA box per K step (and half): its groups are views of it
             q_step = q_desc.load([tma_row, step * GROUPS * 32])  # (BN, 32 G) int8
             q_step_up = q_step
@@ -206,10 +206,7 @@ def _decode_gemm_kernel(
                     q = q_desc.load([tma_row + half * up_offset, (step * GROUPS + g) * 32])  # (BN, 32) int8
                 else:
                     q = tl.load(q_ptrs + half * up_q + g * 32 * stride_qk, mask=n_ok[:, None], other=0)  # (BN, 32) int8
-                if GROUP_SCALES:
-                    s = tl.load(s_rows + half * up_s + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
-                else:
-                    s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
+                s = tl.sum(tl.where(groups[None, :] == g, sc if half == 0 else sc_up, 0.0), axis=1).to(tl.float32)
                 part = _block_dot(a, q, SWAP, BF16)
                 if SWAP:
                     part = part * s[:, None]  # (BN, BM)
@@ -320,7 +317,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
             scales.stride(0), scales.stride(1), scales.stride(2), out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None,
             BF16=a.device.type == "cuda" and a.dtype == torch.bfloat16, GLU=glu, SWAP=tiles.swap, SPLIT_K=split,
-            TMA=tma, WIDE=tma and tiles.wide, GROUP_SCALES=tiles.group_scales,
+            TMA=tma, WIDE=tma and tiles.wide,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, GROUPS=tiles.block_k // QBLOCK,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )

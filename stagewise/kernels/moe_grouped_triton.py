@@ -173,13 +173,13 @@ TILES_128 = GemmTiles(block_n=128, block_k=64, num_warps=8, num_stages=3)
 # programs; `bench/moe_grouped.py --sweep --tokens 4,8,16,32,64` on an H200 (moe_decode_sweep_h200.json):
 # 32 tokens of Qwen3-30B-A3B 0.67 ms vs 0.93 ms with the 64-row prefill tiles (eager, launches included)
 TILES_DECODE = GemmTiles(block_n=64, block_k=128, num_warps=2, num_stages=4)
-# the decode kernels' tiles (moe_decode_triton), fastest of `bench/q8_0_decode_sweep.py` on an H200 at 32 and 64
-# sequences of Qwen3-30B-A3B (q8_0_decode_sweep_h200.json, q8_0_decode_narrow_k_h200.json): weights on the dot's tall
-# side (swap), 64 rows a program, weight tiles by TMA; gate_up with SiLU·up fused, 128-wide K steps; down (K = 768)
-# 64-wide K steps in three stages. 119.8 / 56.2 us (3.12 / 3.33 TB/s) at 32 sequences against 137.9 / 68.3 us for the
-# kernel of commit 6f85180 (+ silu_mul); down with gate_up's tiles 61.9
-DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(64, 128, 2, 2, swap=True, tma=True),
-                           DecodeTiles(64, 64, 2, 3, swap=True, tma=True))
+# the decode kernels' tiles (moe_decode_triton), fastest of `bench/q8_0_decode_sweep.py` and `bench/q8_0_decode_wide_ab.py`
+# on an H200 at 32 sequences of Qwen3-30B-A3B (q8_0_decode_wide_tma2_h200.json): weights on the dot's tall side (swap),
+# by TMA in one box a K step (wide); gate_up with SiLU·up fused, 32 rows a program, 128-wide K steps in three stages;
+# down (K = 768) 64 rows, 64-wide K steps in three stages. 103.9 / 51.3 us (3.6 / 3.6 TB/s) against 118.3 / 55.5 us with
+# one box a 32-column group (the tiles before: 64 rows for gate_up, two stages)
+DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 2, 3, swap=True, tma=True, wide=True),
+                           DecodeTiles(64, 64, 2, 3, swap=True, tma=True, wide=True))
 # small tiles for Triton's interpreter (tests on CPU)
 INTERPRETER = GroupedConfig(16, GemmTiles(32, 32, 4, 1, 2), GemmTiles(32, 32, 4, 1, 2))
 
