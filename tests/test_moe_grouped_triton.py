@@ -227,36 +227,6 @@ def test_fused_align_equals_torch(tokens: int, experts: int, k: int, block_m: in
         assert (got.num_slots, got.block_m) == (want.num_slots, want.block_m)
 
 
-@pytest.mark.parametrize(("tokens", "experts", "k", "block_m", "normalize"),
-                         [(32, 128, 8, 16, True), (5, 8, 2, 16, False), (3, 12, 3, 4, True), (64, 16, 8, 16, False)])
-def test_route_and_align_equals_route_then_align(tokens: int, experts: int, k: int, block_m: int,
-                                                 normalize: bool) -> None:
-    """One launch routes and aligns as ``route`` then ``moe_align_fused``: indices and alignment exactly,
-    weights to the last bits (the softmax sums over a row of a 2-D tile there); ties of the logits too."""
-    from stagewise.kernels.moe_align_triton import moe_align_fused, route_and_align
-    from stagewise.kernels.moe_route_triton import route
-
-    g = torch.Generator().manual_seed(tokens * experts + k)
-    logits = torch.randn(tokens, experts, generator=g)
-    logits[0, : k + 1] = 0.5  # a tie across the k-th place: the lowest index wins, as in `route`
-    for dtype in (torch.float32, torch.bfloat16):
-        x = logits.to(DEVICE, dtype)
-        want_index, want_weight = route(x, k, normalize)
-        index, weight, align = route_and_align(x, k, normalize, block_m)
-        assert index.dtype == torch.int32 and weight.dtype == dtype
-        assert torch.equal(index, want_index)
-        torch.testing.assert_close(weight.float(), want_weight.float(), rtol=1e-6, atol=1e-7)
-        want = moe_align_fused(want_index, experts, block_m)
-        assert torch.equal(align.sorted_slots, want.sorted_slots)
-        assert torch.equal(align.block_expert, want.block_expert)
-        assert torch.equal(align.num_valid_blocks, want.num_valid_blocks)
-        assert (align.num_slots, align.block_m) == (want.num_slots, want.block_m)
-    with pytest.raises(ValueError, match="slots"):
-        route_and_align(logits[:0].to(DEVICE), k, normalize, block_m)
-    with pytest.raises(ValueError, match="top_k"):
-        route_and_align(logits.to(DEVICE), experts + 1, normalize, block_m)
-
-
 def _block_scaled_reference(a: torch.Tensor, weight: Q8_0Weight, top_index: torch.Tensor, gather_rows: bool,
                             top_weight: torch.Tensor | None) -> torch.Tensor:
     """float32: each 32-value block's dot with the int8 values, times its scale (the decode kernel's order)."""
@@ -362,37 +332,3 @@ def test_q8_0_gemm_batched_decode_rows(rows: int, in_features: int) -> None:
     got = q8_0_gemm(x, weight.qs[0], weight.scales[0])
     ref = _block_scaled_reference(x, weight, torch.zeros(rows, 1, dtype=torch.long, device=DEVICE), True, None)
     torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)
-
-
-@pytest.mark.parametrize("shared", [False, True], ids=["qwen3_moe", "shared_expert"])
-def test_sparse_moe_routes_and_aligns_in_one_launch(shared: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A MoE layer past the gathered path's slots routes and aligns in one launch (``route_and_align``) and
-    gives the torch path's output; the torch path computes no alignment."""
-    import types
-
-    from stagewise.kernels.triton_launch import kernels_on_host, use_triton
-    from stagewise.models.layers.moe import SparseMoE
-
-    config = types.SimpleNamespace(hidden_size=H, num_experts=E, num_experts_per_tok=4, moe_intermediate_size=32,
-                                   norm_topk_prob=True, shared_expert_intermediate_size=48)
-    torch.manual_seed(11)
-    moe = SparseMoE(config, shared_expert=shared).to(DEVICE)  # type: ignore[arg-type]
-    for p in moe.parameters():
-        p.data.normal_(0, 0.2)
-    x = torch.randn(20, H, device=DEVICE)  # 80 slots: more than the gathered path takes
-    residual = torch.randn(20, H, device=DEVICE)
-    with kernels_on_host():
-        assert use_triton(x)
-        top_index, top_weight, align = moe.route(x)
-        assert align is not None and align.num_slots == 80
-        torch.testing.assert_close(align.sorted_slots, moe_align(top_index, E, align.block_m).sorted_slots)
-        got = moe(x, residual)
-    monkeypatch.setenv("STAGEWISE_KERNELS", "torch")
-    index_ref, _, none = moe.route(x)
-    want = moe(x, residual)
-    assert none is None and torch.equal(top_index.long(), index_ref.long())
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="alignment"):  # an alignment in other blocks than the config's
-        grouped_swiglu_experts(x, top_index, top_weight, moe.experts.gate_up_proj, moe.experts.down_proj, INTERPRETER,
-                               align=moe_align(top_index, E, align.block_m * 2))
-

@@ -249,15 +249,12 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
 
 def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                            gate_up: ExpertWeight, down: ExpertWeight,
-                           config: GroupedConfig | DecodeConfig | None = None, residual: torch.Tensor | None = None,
-                           align: MoeAlignment | None = None) -> torch.Tensor:
+                           config: GroupedConfig | DecodeConfig | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)`` in ``x``'s dtype, plus
     ``residual`` ``(N, H)`` when given (with the rounding of a separate add).
 
     ``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``; ``gate_up`` ``(E, 2I, H)`` (gate rows then
-    up rows) and ``down`` ``(E, H, I)``, each dense or Q8_0. No host synchronization. ``align``: the
-    slots' alignment when the router computed it (:func:`~stagewise.kernels.moe_align_triton.route_and_align`),
-    in the chosen config's blocks.
+    up rows) and ``down`` ``(E, H, I)``, each dense or Q8_0. No host synchronization.
     """
     tokens, top_k = top_index.shape
     gate_up_values, _ = _stack(gate_up)
@@ -268,11 +265,7 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
         return x.new_zeros((0, hidden))
     cfg = config or default_config(tokens * top_k, experts, x.device, isinstance(gate_up, Q8_0Stack),
                                    isinstance(down, Q8_0Stack))
-    if align is not None:  # computed with the routing (route_and_align)
-        if (align.block_m, align.num_slots) != (cfg.block_m, tokens * top_k):
-            raise ValueError(f"the alignment of {align.num_slots} slots in {align.block_m}-row blocks does not match "
-                             f"{tokens * top_k} slots in {cfg.block_m}-row blocks")
-    elif tokens * top_k <= MAX_FUSED_SLOTS:
+    if tokens * top_k <= MAX_FUSED_SLOTS:
         align = moe_align_fused(top_index, experts, cfg.block_m)  # one launch (batched decode)
     else:
         align = moe_align(top_index, experts, cfg.block_m)

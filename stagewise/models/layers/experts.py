@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.quantized_experts import QuantizedExperts
 from stagewise.weights.quant.q8_0 import Q8_0Weight
@@ -63,36 +62,18 @@ class Experts(nn.Module):
         return nn.functional.linear(x, weight[expert])
 
     def forward(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
-                residual: torch.Tensor | None = None, align: MoeAlignment | None = None) -> torch.Tensor:
-        """``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``: each token's experts and weights;
-        ``align``: their alignment when the router computed it (:meth:`fused_alignment_block`).
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``: each token's experts and weights.
 
         Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``, plus ``residual``
         ``(N, H)`` when given (added by the decode path's last launch, else by a separate add).
         """
         if top_index.numel() <= GATHER_MAX_SLOTS:
             return self._gathered(x, top_index, top_weight, residual)
-        return self._routed(x, top_index, top_weight, residual, align)
-
-    def fused_alignment_block(self, x: torch.Tensor, num_slots: int) -> int | None:
-        """The block size of the alignment that the grouped Triton path computes in one launch for
-        ``num_slots`` routed slots of activations ``x`` (batched decode), so that the router can compute it
-        with the routing (:func:`~stagewise.kernels.moe_align_triton.route_and_align`); None where another
-        path serves those slots."""
-        from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS
-
-        if not GATHER_MAX_SLOTS < num_slots <= MAX_FUSED_SLOTS or not use_triton(x):
-            return None
-        gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
-        if gate_up is None or down is None:
-            return None
-        from stagewise.kernels.moe_grouped_triton import Q8_0Stack, default_config
-
-        return default_config(num_slots, self.num_experts, x.device, isinstance(gate_up, Q8_0Stack),
-                              isinstance(down, Q8_0Stack)).block_m
+        return self._routed(x, top_index, top_weight, residual)
 
     def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
-                residual: torch.Tensor | None = None, align: MoeAlignment | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         """Prefill and batched decode: each expert's tokens together (the grouped GEMM, or a loop over
         the used experts); ``residual`` added as a separate add would."""
         if use_triton(x):
@@ -100,9 +81,7 @@ class Experts(nn.Module):
             if gate_up is not None and down is not None:
                 from stagewise.kernels.moe_grouped_triton import grouped_swiglu_experts
 
-                return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, residual=residual, align=align)
-        if align is not None:
-            raise ValueError("an alignment was given, but the grouped Triton path does not serve these experts")
+                return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, residual=residual)
         tokens, k = top_index.shape
         flat = top_index.reshape(-1)  # (N*K,) routed (token, slot) pairs
         order = torch.argsort(flat, stable=True)  # grouped by expert

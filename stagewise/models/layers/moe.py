@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.experts import Experts
 from stagewise.models.layers.linear import Linear
@@ -34,24 +33,18 @@ class SparseMoE(nn.Module):
             self.shared_expert = SwiGLU(hidden, config.shared_expert_intermediate_size)
             self.shared_expert_gate = Linear(hidden, 1)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, MoeAlignment | None]:
-        """Top-k expert indices ``(N, K)``, their weights ``(N, K)`` in ``x``'s dtype, and their alignment
-        where the experts' batched-decode path takes one (computed in the routing's launch), else None."""
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k expert indices ``(N, K)`` and their weights ``(N, K)`` in ``x``'s dtype."""
         logits = self.gate(x)  # (N, E)
         if use_triton(logits):
-            block_m = self.experts.fused_alignment_block(x, x.shape[0] * self.top_k)
-            if block_m is not None:
-                from stagewise.kernels.moe_align_triton import route_and_align
-
-                return route_and_align(logits, self.top_k, self.norm_topk_prob, block_m)  # one launch
             from stagewise.kernels.moe_route_triton import route
 
-            return (*route(logits, self.top_k, self.norm_topk_prob), None)  # one launch; indices int32
+            return route(logits, self.top_k, self.norm_topk_prob)  # one launch; indices int32
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_weight, top_index = torch.topk(probs, self.top_k, dim=-1)  # (N, K)
         if self.norm_topk_prob:
             top_weight = top_weight / top_weight.sum(dim=-1, keepdim=True)
-        return top_index, top_weight.to(logits.dtype), None
+        return top_index, top_weight.to(logits.dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The MoE's output, plus ``residual`` (``x``'s shape) when given: on the GPU decode path the
@@ -59,10 +52,10 @@ class SparseMoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, H)
         rows = residual.reshape(flat.shape) if residual is not None else None
-        top_index, top_weight, align = self.route(flat)
+        top_index, top_weight = self.route(flat)
         if self.shared_expert is None or self.shared_expert_gate is None:
-            return self.experts(flat, top_index, top_weight, rows, align).reshape(shape)
-        out = self.experts(flat, top_index, top_weight, align=align)
+            return self.experts(flat, top_index, top_weight, rows).reshape(shape)
+        out = self.experts(flat, top_index, top_weight)
         if use_triton(out):
             from stagewise.kernels.moe_route_triton import add_gated_shared
 
