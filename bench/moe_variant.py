@@ -6,7 +6,7 @@
 VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 rows through the
 GEMV); ``experts=BN,BK,WARPS,STAGES[,SWAP,TMA[,SPLIT_K[,WIDE]]]`` (both MoE decode GEMMs' tiles, flags 0/1),
 ``gate_up=…`` / ``down=…`` (one of them); ``nofuse`` (SiLU·up as its own launch); ``dense=…`` (the
-dense 17-64-row Q8_0 tiles, K split as before); ``nopack`` (one prompt per prefill step: no packed
+dense 17-64-row Q8_0 tiles, K split as before); ``head=…`` (those of outputs as wide as a head); ``nopack`` (one prompt per prefill step: no packed
 prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
 16-row blocks, as before the decode kernel).
 """
@@ -59,6 +59,8 @@ def apply(variant: str) -> None:
             grouped.DECODE_Q8_0 = dataclasses.replace(grouped.DECODE_Q8_0, fuse_silu=False)
         elif part.startswith("dense="):
             q8_gemm.DENSE_DECODE_TILES = _tiles(part.split("=", 1)[1])
+        elif part.startswith("head="):
+            q8_gemm.WIDE_DECODE_TILES = _tiles(part.split("=", 1)[1])
         else:
             raise SystemExit(f"unknown variant {part!r}")
 

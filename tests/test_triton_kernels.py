@@ -324,6 +324,31 @@ def test_greedy_sample_matches_argmax_and_log_softmax() -> None:
     assert greedy_sample(logits).isnan()[1]
 
 
+def test_greedy_pairs_of_a_batch_in_two_launches_match_torch() -> None:
+    """``greedy_pairs`` on the Triton path (``greedy_sample_rows``) gives torch's tokens (first maximum) and
+    log-probabilities, row by row, for float32 and bf16 logits and a strided batch."""
+    from stagewise.kernels.greedy_sample_triton import greedy_sample_rows
+    from stagewise.runtime.greedy_pairs import greedy_pairs
+
+    torch.manual_seed(12)
+    logits = torch.randn(5, 10_000, device=DEVICE)
+    logits[1, 9_000] = logits[1, 4_100] = logits[1].max() + 1.0  # a tie across slices: the first index wins
+    logits[2, :50] = float("-inf")
+    for batch in (logits, logits.to(HALF), torch.cat([logits, logits], dim=-1)[:, :10_000]):
+        want_tokens = torch.argmax(batch.float(), dim=-1)
+        want_logprobs = torch.log_softmax(batch.float(), dim=-1).gather(-1, want_tokens[:, None])[:, 0]
+        with kernels_on_host():
+            tokens, pairs = greedy_sample_rows(batch)
+            routed = greedy_pairs(batch)  # takes the kernel on this path
+        assert torch.equal(routed[0], tokens) and torch.equal(routed[1], pairs)
+        assert tokens.dtype == torch.long and tokens.shape == (5, 1) and pairs.shape == (5, 2)
+        assert torch.equal(tokens[:, 0], want_tokens) and int(tokens[1]) == 4_100
+        assert torch.equal(pairs[:, 0].long(), want_tokens)
+        torch.testing.assert_close(pairs[:, 1], want_logprobs, atol=1e-5, rtol=1e-5)
+    tokens, pairs = greedy_sample_rows(logits[:0])
+    assert tokens.shape == (0, 1) and pairs.shape == (0, 2)
+
+
 def test_peer_copy_kernel_copies_exactly() -> None:
     from stagewise.kernels.peer_copy_triton import peer_copy
 

@@ -118,15 +118,20 @@ def _halves(t, BN: tl.constexpr, W: tl.constexpr):
 
 @triton.jit
 def _group(t, g: tl.constexpr, BN: tl.constexpr, GROUPS: tl.constexpr):
-    """Columns ``[32 g, 32 g + 32)`` of a ``(BN, 32 GROUPS)`` tile (``GROUPS`` 1, 2 or 4)."""
+    """Columns ``[32 g, 32 g + 32)`` of a ``(BN, 32 GROUPS)`` tile (``GROUPS`` 1, 2, 4 or 8)."""
     if GROUPS == 1:
         out = t
     elif GROUPS == 2:
         lo, hi = _halves(t, BN, 32)
         out = lo if g == 0 else hi
-    else:
+    elif GROUPS == 4:
         lo, hi = _halves(t, BN, 64)
         a, b = _halves(lo if g < 2 else hi, BN, 32)
+        out = a if g % 2 == 0 else b
+    else:
+        lo, hi = _halves(t, BN, 128)
+        lo2, hi2 = _halves(lo if g < 4 else hi, BN, 64)
+        a, b = _halves(lo2 if g % 4 < 2 else hi2, BN, 32)
         out = a if g % 2 == 0 else b
     return out
 
@@ -279,8 +284,8 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
         raise ValueError(f"activations have {a.shape[-1]} features, the experts take {k_in}")
     if tiles.block_k % QBLOCK or k_in % tiles.block_k:
         raise ValueError(f"the K step {tiles.block_k} must be a multiple of {QBLOCK} dividing {k_in}")
-    if tiles.wide and tiles.block_k // QBLOCK not in (1, 2, 4):
-        raise ValueError(f"a wide TMA box takes a K step of 32, 64 or 128, got {tiles.block_k}")
+    if tiles.wide and tiles.block_k // QBLOCK not in (1, 2, 4, 8):
+        raise ValueError(f"a wide TMA box takes a K step of 32, 64, 128 or 256, got {tiles.block_k}")
     if tiles.split_k < 1:
         raise ValueError(f"split_k must be at least 1, got {tiles.split_k}")
     num_slots = align.num_slots
