@@ -31,10 +31,11 @@ from stagewise.kernels.moe_grouped_triton import (
 DECODE_ROWS = 64  # up to this many rows (a batched decode step): the few-rows kernel, every row in one block
 # `bench/q8_0_decode_sweep.py` on an H200 (q8_0_decode_sweep_h200.json), Qwen3-30B-A3B's dense Q8_0 matmuls:
 # 32-output tiles with K split until a launch has 8 programs per row (q/k/v 5120x2048 at 32 rows: 12.1 us,
-# o 2048x4096: 10.3 us; 15.3 / 13.8 with the prefill GEMM's 16-row tiles); wide tiles, unsplit, for a head
-# (151936x2048: 147 us against 293)
+# o 2048x4096: 10.3 us; 15.3 / 13.8 with the prefill GEMM's 16-row tiles; one TMA box a K step no better);
+# wide tiles, unsplit, for a head, one TMA box a K step (151936x2048: 129 us against 147 with a box a
+# 32-column group, 293 with the prefill GEMM; 181 against 221 at 64 rows; q8_0_decode_wide_tma3_h200.json)
 DENSE_DECODE_TILES = DecodeTiles(block_n=32, block_k=128, num_warps=2, num_stages=3, swap=True, tma=True)
-WIDE_DECODE_TILES = DecodeTiles(block_n=128, block_k=128, num_warps=4, num_stages=3, swap=True, tma=True)
+WIDE_DECODE_TILES = DecodeTiles(block_n=128, block_k=128, num_warps=4, num_stages=3, swap=True, tma=True, wide=True)
 WIDE_OUTPUTS = 32768  # outputs from which a matrix has tiles enough without splitting K (an output head)
 DENSE_PROGRAMS_PER_ROW = 8
 
