@@ -504,7 +504,7 @@ class Batcher:
         pairs, ready, greedy = None, None, None
         if any(s is not None and s.device_greedy for s in rows):
             greedy, pairs, ready = _greedy_pairs(logits[:, -1])
-            if not all(s is None or s.device_greedy for s in rows):
+            if not all_greedy:
                 greedy = None  # some row samples on the host: its token is not known on the device
         self.in_flight.append(_InFlight(tuple(rows), logits, pairs, ready, greedy, group=g))
 

@@ -345,11 +345,12 @@ class DistributedPipeline(Pipeline):
                 raise
             except Exception as exc:
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
+            pairs_only = greedy and not all_logits  # the exit sends each row's greedy pair, not the logits
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
                                 first_row=first_row, expected_acks=self.pool.count, eager=eager,
-                                greedy=greedy and not all_logits)
-            handle = _RemoteStep(self, seq, step_id, rows, cancel, greedy and not all_logits)
+                                greedy=pairs_only)
+            handle = _RemoteStep(self, seq, step_id, rows, cancel, pairs_only)
             self._pending[seq] = handle
             self._runs[seq] = None
             return handle

@@ -103,8 +103,12 @@ class SealedStore:
         self.raw.set(key, self.seal(key, payload))  # type: ignore[arg-type]  # the store takes bytes too
 
     def get(self, key: str) -> bytes:
+        return self._verified(key)[1]
+
+    def _verified(self, key: str) -> tuple[bytes, bytes]:
+        """The raw value at ``key`` and its verified payload (parts joined)."""
         blob = bytes(self.raw.get(key))
-        return self._joined(key, blob, self.unseal(key, blob))
+        return blob, self._joined(key, blob, self.unseal(key, blob))
 
     def _joined(self, key: str, blob: bytes, payload: bytes) -> bytes:
         """``payload`` itself, or the parts it indexes joined (each verified under its own key)."""
@@ -126,8 +130,7 @@ class SealedStore:
     def read(self, key: str, parse: Callable[[bytes], T]) -> T:
         """``parse`` of the verified payload at ``key``; a payload ``parse`` rejects (it raises
         :class:`WorkerMessageRejected`) is logged like a bad signature."""
-        blob = bytes(self.raw.get(key))
-        payload = self._joined(key, blob, self.unseal(key, blob))
+        blob, payload = self._verified(key)
         try:
             return parse(payload)
         except WorkerMessageRejected as exc:
