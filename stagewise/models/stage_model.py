@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.layers.embedding import Embedding
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import inverse_frequencies
@@ -45,7 +46,7 @@ class _Body(nn.Module):
     def __init__(self, config: ModelConfig, start: int, end: int, entry: bool, exit: bool,
                  block_factory: BlockFactory) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if entry else None
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size) if entry else None
         self.layers = nn.ModuleDict({str(i): block_factory(config, i) for i in range(start, end)})
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm) if exit else None
 
@@ -82,12 +83,12 @@ class StageModel(nn.Module):
     def resident_bytes(self) -> int:
         """Bytes of weights resident for this stage: dense parameters (shared ones once) + packed ones."""
         dense = sum(p.numel() * p.element_size() for p in self.parameters())  # parameters() dedupes ties
-        packed = 0
+        packed: dict[int, int] = {}  # by identity: a tied packed table is held by the embedding and the head
         for module in self.modules():
             get = getattr(module, "quantized_weights", None)
             if callable(get):
-                packed += sum(q.nbytes for q in get())
-        return dense + packed
+                packed.update((id(q), q.nbytes) for q in get())
+        return dense + sum(packed.values())
 
     @property
     def block_indices(self) -> range:
@@ -95,8 +96,13 @@ class StageModel(nn.Module):
 
     def tie_embeddings(self) -> None:
         """Share the embedding matrix with the LM head (tied checkpoints, entry+exit on one stage)."""
-        if self.model.embed_tokens is not None and self.lm_head is not None and self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight  # type: ignore[assignment]
+        embed, head = self.model.embed_tokens, self.lm_head
+        if embed is None or head is None or not self.config.tie_word_embeddings:
+            return
+        if embed.quantized is not None:  # one packed table serves both (a PackedWeight is both kinds)
+            head.set_quantized(embed.quantized)  # type: ignore[arg-type]
+        else:
+            head.weight = embed.weight
 
     def new_states(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
                    table: BlockTable | None = None) -> dict[int, BlockState]:

@@ -3,7 +3,8 @@
 Each tensor is read from the file mapping and placed straight on the requested device, with the
 converter's layout and value changes undone (:mod:`stagewise.weights.gguf_layout`). Dispatch is
 on each tensor's own ggml type, never on ``general.file_type``. Q8_0 matrices stay packed
-(:class:`Q8_0Weight`); F32 read on CPU at float32 is a view of the mapping (no copy).
+(:class:`Q8_0Weight`), every other packed type as the file's blocks (:class:`PackedWeight`), each
+tensor in its own type; F32 read on CPU at float32 is a view of the mapping (no copy).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from stagewise.weights.gguf_config import config_from_gguf
 from stagewise.weights.gguf_file import GGUFFile
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, value_from_gguf
 from stagewise.weights.gguf_names import BoundRule, bind_gguf_names, blocks_present
+from stagewise.weights.quant.block_scales import check_block_scales
+from stagewise.weights.quant.packed_types import is_packed, row_bytes
+from stagewise.weights.quant.packed_weight import PackedWeight
 from stagewise.weights.quant.q8_0 import BLOCK, Q8_0Weight
 from stagewise.weights.quant.tensor_decode import check_supported, decode_dense, decode_to
 
@@ -74,12 +78,24 @@ class GGUFSource:
         """Bytes the tensor occupies in the file (all its GGUF parts)."""
         return sum(self.file.info(g).nbytes for g in self._rules[name].gguf)
 
+    def ggml_type(self, name: str) -> GGMLQuantizationType:
+        """The stored type of ``name`` (its first GGUF part's)."""
+        return self.file.info(self._rules[name].gguf[0]).ggml_type
+
     def is_quantized(self, name: str) -> bool:
+        """Resident packed: every part of one packed type, stored with the logical number of dimensions
+        and no value change. Q8_0 column moves must be whole blocks; other types gather the input."""
         rule = self._rules[name]
-        if any(self.file.info(g).ggml_type != GGMLQuantizationType.Q8_0 for g in rule.gguf):
+        types = {self.file.info(g).ggml_type for g in rule.gguf}
+        if len(types) != 1 or not is_packed(next(iter(types))):
             return False
-        if len(self._shapes[name]) < 2:
+        shape = self._shapes[name]
+        if len(shape) < 2 or rule.rule.value in ("norm_offset", "a_log", "conv"):
             return False
+        if any(len(self.file.info(g).shape) != len(shape) for g in rule.gguf):
+            return False
+        if next(iter(types)) != GGMLQuantizationType.Q8_0:
+            return True
         cols = col_group_index(rule.rule, self.config)
         return cols is None or cols[1] % BLOCK == 0  # column moves must be whole blocks
 
@@ -106,14 +122,42 @@ class GGUFSource:
         return tensor.to(dtype=dtype)
 
     def load_quantized(self, name: str, device: torch.device) -> QuantizedWeight:
-        return cast(QuantizedWeight, self.load_q8_0(name, device))
+        if not self.is_quantized(name):
+            raise WeightsError(f"{self.label}: tensor {name!r} is not resident-quantized")
+        if self.ggml_type(name) == GGMLQuantizationType.Q8_0:
+            return cast(QuantizedWeight, self.load_q8_0(name, device))
+        return cast(QuantizedWeight, self.load_packed(name, device))
+
+    def load_packed(self, name: str, device: torch.device) -> PackedWeight:
+        """``name`` as a :class:`PackedWeight` on ``device``: the file's blocks, re-laid-out by whole rows
+        (row permutations, concatenations); a column permutation becomes the weight's input gather."""
+        rule = self._rules[name]
+        parts = []
+        for g in rule.gguf:
+            info = self.file.info(g)
+            raw = self.file.raw(g).to(device).reshape(*info.shape[:-1], row_bytes(info.ggml_type, info.shape[-1]))
+            check_block_scales(raw, info.ggml_type, self.label, g)
+            parts.append(PackedWeight(raw, info.ggml_type, info.shape[-1]))
+        self._release(rule.gguf, device)
+        weight = parts[0] if len(parts) == 1 else PackedWeight.concat(parts, rule.rule.concat_dim)
+        rows = row_index(rule.rule, self.config, weight.shape[0])
+        if rows is not None:
+            weight = weight.select_rows(rows) if weight.raw.dim() == 2 else _select_dim0(weight, rows)
+        cols = col_group_index(rule.rule, self.config)
+        if cols is not None:  # ours[:, j] = file[:, p[j]]  =>  ours @ x = file @ x[p^-1]
+            perm = expand_groups(*cols).to(device)
+            inverse = torch.empty_like(perm)
+            inverse[perm] = torch.arange(perm.numel(), device=device)
+            weight = PackedWeight(weight.raw, weight.ggml_type, weight.in_features, inverse)
+        return weight
 
     def load_q8_0(self, name: str, device: torch.device) -> Q8_0Weight:
         """``name`` as a :class:`Q8_0Weight` on ``device`` (2-D, or 3-D for stacked experts)."""
-        if not self.is_quantized(name):
-            raise WeightsError(f"{self.label}: tensor {name!r} is not resident-quantized")
         rule = self._rules[name]
         parts = [Q8_0Weight.from_blocks(self.file.raw(g), self.file.info(g).shape, device) for g in rule.gguf]
+        for g, part in zip(rule.gguf, parts, strict=True):  # checked on the device, after the copy
+            if not bool(torch.isfinite(part.scales).all()):
+                raise CorruptModelFile(f"{self.label}: tensor {g!r} (Q8_0) has a NaN or infinite block scale")
         self._release(rule.gguf, device)
         weight = parts[0]
         if len(parts) > 1:
@@ -180,3 +224,9 @@ class GGUFSource:
                     f"{self.label}: tensor {self._rules[name].gguf[0]!r} has shape {list(shape)}, "
                     f"but the metadata implies {list(want)}"
                 )
+
+
+def _select_dim0(weight: PackedWeight, rows: torch.Tensor) -> PackedWeight:
+    """A row permutation of a 3-D stack's first dimension (experts)."""
+    raw = weight.raw.index_select(0, rows.to(weight.raw.device)).contiguous()
+    return PackedWeight(raw, weight.ggml_type, weight.in_features, weight.input_index)

@@ -62,7 +62,7 @@ def load_stage(stage: StageModel, source: TensorSource, device: torch.device, dt
         owner = modules[owner_name]
         if keeps_packed(owner, source, src):
             qweight = source.load_quantized(src, device)
-            owner.set_quantized_param(leaf, qweight)  # stays packed: no dequantized copy
+            owner.set_quantized_param(leaf, qweight, dtype)  # stays packed: no dequantized copy
             nbytes = qweight.nbytes
         else:
             # norms and other small tensors keep float32 where the model computes them in float32

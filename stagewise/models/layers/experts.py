@@ -11,7 +11,7 @@ Paths (chosen by the slot count and :func:`~stagewise.kernels.triton_launch.use_
 at most ``GATHER_MAX_SLOTS`` routed slots (decode) gather the routed experts; more slots on the
 Triton path with dense or Q8_0 weights run the grouped GEMM
 (:mod:`stagewise.kernels.moe_grouped_triton`: a fixed number of launches, no host sync); otherwise
-(CPU, ``STAGEWISE_KERNELS=torch``, other packed formats) one matmul pair per used expert.
+(CPU, ``STAGEWISE_KERNELS=torch``, packed formats the grouped GEMM does not read) one matmul pair per used expert.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from torch import nn
 
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.quantized_experts import QuantizedExperts
-from stagewise.weights.quant.q8_0 import Q8_0Weight
 
 _NAMES = ("gate_up_proj", "down_proj")
 GATHER_MAX_SLOTS = 64  # routed (token, expert) pairs up to which decode gathers experts instead of looping
@@ -40,8 +39,9 @@ class Experts(nn.Module):
         self.down_proj: nn.Parameter | None = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
         self.quantized: dict[str, QuantizedExperts] = {}
 
-    def set_quantized_param(self, name: str, qweight: QuantizedExperts) -> None:
-        """Loader hook: stacked weight ``name`` (``gate_up_proj`` or ``down_proj``) arrives packed."""
+    def set_quantized_param(self, name: str, qweight: QuantizedExperts, dtype: torch.dtype | None = None) -> None:
+        """Loader hook: stacked weight ``name`` (``gate_up_proj`` or ``down_proj``) arrives packed
+        (``dtype`` unused: outputs take the activation's dtype)."""
         if name not in _NAMES:
             raise ValueError(f"Experts cannot hold {name!r} quantized")
         dense = getattr(self, name)
@@ -101,12 +101,12 @@ class Experts(nn.Module):
         out = (y * top_weight[..., None]).sum(dim=1).to(x.dtype)  # a fixed-order sum: deterministic
         return out if residual is None else out + residual
 
-    def _grouped_weight(self, name: str) -> torch.Tensor | Q8_0Weight | None:
+    def _grouped_weight(self, name: str) -> torch.Tensor | QuantizedExperts | None:
         """The stack the grouped GEMM reads, or None for a packed format it does not know."""
         packed = self.quantized.get(name)
         if packed is None:
             return getattr(self, name)
-        return packed if isinstance(packed, Q8_0Weight) else None
+        return packed if packed.supports_grouped else None
 
     def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                   residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -7,8 +7,6 @@ staged and single-device runs still execute the same kernels on the same shapes.
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 from torch import nn
 
@@ -47,11 +45,6 @@ def fuse_linears(parts: list[Linear]) -> Linear | None:
     return fused
 
 
-def _cat_packed(weights: list[object]) -> QuantizedWeight | None:
-    from stagewise.weights.quant.q8_0 import Q8_0Weight
-
-    if not all(isinstance(w, Q8_0Weight) and w.qs.dim() == 2 for w in weights):
-        return None
-    q8 = [w for w in weights if isinstance(w, Q8_0Weight)]
-    return cast(QuantizedWeight, Q8_0Weight(torch.cat([w.qs for w in q8], dim=0),
-                                             torch.cat([w.scales for w in q8], dim=0)))
+def _cat_packed(weights: list[QuantizedWeight | None]) -> QuantizedWeight | None:
+    first, rest = weights[0], weights[1:]
+    return first.fused_with(list(rest)) if first is not None else None

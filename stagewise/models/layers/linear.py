@@ -35,8 +35,9 @@ class Linear(nn.Module):
         self.weight = None
         self.quantized = qweight
 
-    def set_quantized_param(self, name: str, qweight: QuantizedWeight) -> None:
-        """Loader hook: parameter ``name`` (only ``weight``) arrives packed."""
+    def set_quantized_param(self, name: str, qweight: QuantizedWeight, dtype: torch.dtype | None = None) -> None:
+        """Loader hook: parameter ``name`` (only ``weight``) arrives packed (``dtype``, the run dtype, is
+        not needed: the output takes the activation's dtype)."""
         if name != "weight":
             raise ValueError(f"Linear cannot hold {name!r} quantized")
         self.set_quantized(qweight)

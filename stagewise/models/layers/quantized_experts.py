@@ -20,6 +20,7 @@ class QuantizedExperts(Protocol):
     """A resident quantized stack of expert matrices of logical shape ``(E, out, in)``."""
 
     format_name: str
+    supports_grouped: bool  # the grouped MoE GEMM (prefill, batched decode) can read this stack
 
     @property
     def shape(self) -> tuple[int, int, int]: ...

@@ -1,7 +1,7 @@
 """QuantizedWeight: the protocol of a weight resident in a packed (quantized) format.
 
-Implementations live in :mod:`stagewise.weights.quant` (e.g. Q8_0: int8 values + per-32-block
-f16 scales). A :class:`~stagewise.models.layers.linear.Linear` holding one calls ``matmul``.
+Implementations live in :mod:`stagewise.weights.quant`: Q8_0 (int8 values + per-32-block f16
+scales) and every other GGUF block type as the file's own blocks (``PackedWeight``). A :class:`~stagewise.models.layers.linear.Linear` holding one calls ``matmul``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ class QuantizedWeight(Protocol):
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The dense ``(out, in)`` matrix (for tests and references; never kept resident)."""
+        ...
+
+    def fused_with(self, others: list[object]) -> QuantizedWeight | None:
+        """A weight whose rows are this one's followed by ``others``' (one matmul for q/k/v or
+        gate/up), or None when the others are of another kind or type."""
         ...
 
     def to(self, device: torch.device) -> QuantizedWeight: ...

@@ -94,6 +94,13 @@ class Q8_0Weight:
         qs = self.qs[lo:hi].to(torch.float32).unflatten(-1, (-1, BLOCK))  # (r, …, in/32, 32)
         return (qs * self.scales[lo:hi].to(torch.float32)[..., None]).flatten(-2).to(dtype)  # (r, …, in)
 
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``ids`` (any shape) of a 2-D weight -> ``(*ids.shape, in)`` in ``dtype`` (token embeddings):
+        only those rows are read and dequantized."""
+        flat = ids.reshape(-1)
+        rows = Q8_0Weight(self.qs.index_select(0, flat), self.scales.index_select(0, flat))
+        return rows.dequantize(dtype).reshape(*ids.shape, self.qs.shape[-1])
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` for ``x (..., in)`` -> ``(..., out)`` in ``x``'s dtype (2-D weights only)."""
         if self.qs.dim() != 2:
@@ -135,6 +142,16 @@ class Q8_0Weight:
             x = x.repeat_interleave(x_repeat, dim=0)  # (M, in)
         routed = Q8_0Weight(self.qs.index_select(0, expert_index), self.scales.index_select(0, expert_index))
         return torch.bmm(routed.dequantize(x.dtype), x[:, :, None]).squeeze(-1)  # (M, out)
+
+    supports_grouped = True  # the grouped MoE GEMM (kernels/moe_grouped_triton) reads qs and scales
+
+    def fused_with(self, others: list[object]) -> Q8_0Weight | None:
+        """This weight's rows followed by ``others``' (fused q/k/v, gate/up), or None when they differ in kind."""
+        parts = [self, *others]
+        if not all(isinstance(p, Q8_0Weight) and p.qs.dim() == 2 for p in parts):
+            return None
+        q8 = [p for p in parts if isinstance(p, Q8_0Weight)]
+        return Q8_0Weight(torch.cat([p.qs for p in q8], dim=0), torch.cat([p.scales for p in q8], dim=0))
 
     def to(self, device: torch.device) -> Q8_0Weight:
         return Q8_0Weight(self.qs.to(device), self.scales.to(device))
