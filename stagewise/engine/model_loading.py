@@ -77,7 +77,7 @@ def open_model(model: str) -> OpenedModel:
         from stagewise.weights.make_model import load_hf_config
         from stagewise.weights.random_source import RandomSource
 
-        preset, _, fmt = model[len("random:") :].partition("@")  # random:PRESET[@q8_0]
+        preset, _, fmt = model[len("random:") :].partition("@")  # random:PRESET[@q8_0|@q4_k|…]
         raw = load_hf_config(preset)
         config = ModelConfig.from_hf_dict(raw, source=model)
         return OpenedModel(model, config, RandomSource(config, fmt=fmt or "dense"), None)
@@ -115,7 +115,7 @@ def model_spec(opened: OpenedModel, dtype: torch.dtype) -> ModelSpec:
 
         assert isinstance(opened.source, GGUFSource)  # the file is already open: no second parse
         return model_spec_from_gguf(opened.source, run_dtype=_SPEC_DTYPE[dtype])
-    if getattr(opened.source, "fmt", "dense") == "q8_0":  # random Q8_0: exact packed bytes
+    if getattr(opened.source, "fmt", "dense") != "dense":  # random packed weights: exact packed bytes
         from stagewise.weights.source_spec import spec_from_source
 
         return spec_from_source(opened.config, opened.source, _SPEC_DTYPE[dtype], opened.name)

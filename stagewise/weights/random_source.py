@@ -10,27 +10,37 @@ from __future__ import annotations
 import math
 
 import torch
+from gguf.constants import GGMLQuantizationType
 
 from stagewise.errors import WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.models.registry import parameter_shapes
 from stagewise.spec.model_config import ModelConfig
+from stagewise.weights.quant.packed_types import PACKED, block_bytes, block_elements, format_name, row_bytes
 from stagewise.weights.random_weights import tensor_seed
 
+_PACKED_FORMATS = {format_name(t): t for t in PACKED}
+# scale field per unit of std for random blocks (the inverse of a typical |quantized value| x sub-scale)
+_SCALE = {GGMLQuantizationType.Q4_0: 1 / 5, GGMLQuantizationType.Q4_1: 1 / 9, GGMLQuantizationType.Q5_0: 1 / 9,
+          GGMLQuantizationType.Q5_1: 1 / 18, GGMLQuantizationType.Q2_K: 1 / 20, GGMLQuantizationType.Q3_K: 1 / 100,
+          GGMLQuantizationType.Q4_K: 1 / 250, GGMLQuantizationType.Q5_K: 1 / 500, GGMLQuantizationType.Q6_K: 1 / 1300,
+          GGMLQuantizationType.IQ4_NL: 1 / 60, GGMLQuantizationType.IQ4_XS: 1 / 1000}
 _DENSE_ONLY = ("embed_tokens", "mlp.gate.weight", "shared_expert_gate", "conv1d", "norm")
 
 
 class RandomSource:
     """Every parameter of ``config``'s full model, drawn on demand.
 
-    With ``fmt="q8_0"`` the projection matrices (experts and LM head included) are drawn directly
-    in their packed Q8_0 form on the device (random int8 values, scales giving ~``std``), as a
-    llama.cpp Q8_0 file keeps them; embeddings, norms, the router and other small tensors stay dense.
+    With ``fmt="q8_0"`` (or any other packed type of :mod:`~stagewise.weights.quant.packed_types`,
+    e.g. ``q4_k``) the projection matrices (experts and LM head included) are drawn directly in
+    their packed form on the device (random block bytes, scale fields set so values are ~``std``),
+    as a llama.cpp file keeps them; rows that do not divide into the type's blocks, embeddings,
+    norms, the router and other small tensors stay dense.
     """
 
     def __init__(self, config: ModelConfig, seed: int = 0, std: float = 0.02, fmt: str = "dense") -> None:
-        if fmt not in ("dense", "q8_0"):
-            raise WeightsError(f"random weights: format {fmt!r} must be dense or q8_0")
+        if fmt != "dense" and fmt not in _PACKED_FORMATS:
+            raise WeightsError(f"random weights: format {fmt!r} must be dense or one of {', '.join(sorted(_PACKED_FORMATS))}")
         self.config = config
         self.seed = seed
         self.std = std
@@ -49,12 +59,14 @@ class RandomSource:
 
     def is_quantized(self, name: str) -> bool:
         shape = self._shapes[name]
-        return (self.fmt == "q8_0" and len(shape) >= 2 and shape[-1] % 32 == 0
-                and not any(part in name for part in _DENSE_ONLY))
+        if self.fmt == "dense" or len(shape) < 2 or any(part in name for part in _DENSE_ONLY):
+            return False
+        return shape[-1] % block_elements(_PACKED_FORMATS[self.fmt]) == 0
 
     def source_bytes(self, name: str) -> int:
-        """Packed bytes of a Q8_0 tensor: 34 bytes per 32 values (int8 + f16 scale)."""
-        return math.prod(self._shapes[name]) // 32 * 34
+        """Packed bytes of a tensor: whole blocks of the format (Q8_0: 34 bytes per 32 values)."""
+        shape = self._shapes[name]
+        return math.prod(shape[:-1]) * row_bytes(_PACKED_FORMATS[self.fmt], shape[-1])
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         shape = self._shapes[name]
@@ -78,10 +90,29 @@ class RandomSource:
 
         shape = self._shapes[name]
         gen = torch.Generator(device=device).manual_seed(tensor_seed(self.seed, name))
+        if self.fmt != "q8_0":
+            return self._packed(shape, gen, device)  # type: ignore[return-value]
         qs = torch.randint(-127, 128, shape, generator=gen, device=device, dtype=torch.int8)
         scale = self.std / 73.0  # uniform int8 in [-127, 127] has a standard deviation of ~73
         scales = torch.full((*shape[:-1], shape[-1] // 32), scale, dtype=torch.float16, device=device)
         return Q8_0Weight(qs, scales)  # type: ignore[return-value]
+
+    def _packed(self, shape: tuple[int, ...], gen: torch.Generator, device: torch.device) -> object:
+        """Random block bytes of ``self.fmt`` with every scale field set to ``_SCALE[type] * std``."""
+        from stagewise.weights.quant.block_scales import F16_SCALE_OFFSETS
+        from stagewise.weights.quant.packed_weight import PackedWeight
+
+        qtype = _PACKED_FORMATS[self.fmt]
+        raw = torch.randint(0, 256, (*shape[:-1], row_bytes(qtype, shape[-1])), generator=gen, device=device,
+                            dtype=torch.uint8)
+        blocks = raw.view(-1, block_bytes(qtype))
+        if qtype == GGMLQuantizationType.MXFP4:
+            blocks[:, 0] = 127 - 8  # E8M0 2**-8: |values| <= 6 * 2**-8
+        else:
+            scale = torch.tensor([self.std * _SCALE[qtype]], dtype=torch.float16, device=device).view(torch.uint8)
+            for at in F16_SCALE_OFFSETS[qtype]:
+                blocks[:, at : at + 2] = scale
+        return PackedWeight(raw, qtype, shape[-1])
 
     def ignored(self) -> set[str]:
         return set()
