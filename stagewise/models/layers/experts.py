@@ -68,9 +68,14 @@ class Experts(nn.Module):
         Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``, plus ``residual``
         ``(N, H)`` when given (added by the decode path's last launch, else by a separate add).
         """
-        if top_index.numel() <= GATHER_MAX_SLOTS:
+        if top_index.numel() <= GATHER_MAX_SLOTS or self._gather_only(x):
             return self._gathered(x, top_index, top_weight, residual)
         return self._routed(x, top_index, top_weight, residual)
+
+    def _gather_only(self, x: torch.Tensor) -> bool:
+        """On the Triton path, packed stacks the grouped GEMM cannot read are always gathered: the
+        per-expert loop reads the routed counts on the host, which a captured step cannot do."""
+        return use_triton(x) and any(not q.supports_grouped for q in self.quantized.values())
 
     def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
