@@ -24,18 +24,22 @@ the routing weight before the output is rounded (allclose, not bit-equal).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 import triton
 import triton.language as tl
+from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.moe_align import MoeAlignment, moe_align
 from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
 from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm, decode_gemm_glu
+from stagewise.kernels.packed_blocks_triton import block_values
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.kernels.triton_launch import launch_device
+from stagewise.weights.quant.packed_types import block_elements
 
 QBLOCK = 32  # elements per Q8_0 block: BLOCK_K must be a multiple of it
 
@@ -59,7 +63,30 @@ class Q8_0Tensors(NamedTuple):
     scales: torch.Tensor
 
 
-ExpertWeight = torch.Tensor | Q8_0Stack  # (E, out, in) dense, or the Q8_0 stack
+@runtime_checkable
+class PackedStack(Protocol):
+    """What the kernel reads of any other packed stack (``PackedWeight`` is one): the GGUF rows
+    ``raw`` uint8 ``(E, out, row_bytes)`` of ``in_features`` values of ``ggml_type``."""
+
+    @property
+    def raw(self) -> torch.Tensor: ...
+
+    @property
+    def ggml_type(self) -> GGMLQuantizationType: ...
+
+    @property
+    def in_features(self) -> int: ...
+
+
+class PackedTensors(NamedTuple):
+    """A packed stack as bare values."""
+
+    raw: torch.Tensor
+    ggml_type: GGMLQuantizationType
+    in_features: int
+
+
+ExpertWeight = torch.Tensor | Q8_0Stack | PackedStack  # (E, out, in) dense, the Q8_0 stack, or packed blocks
 
 
 @triton.jit
@@ -71,7 +98,9 @@ def _grouped_gemm_kernel(
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, Q8_0: tl.constexpr, EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PACKED: tl.constexpr = 0,
 ):
+    # PACKED: a ggml type id (0: none): w_ptr holds each row's GGUF blocks, dequantized a K step at a time
     # grouped program order: GROUP_M row blocks walk the N tiles together (weight tiles stay in L2)
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -98,15 +127,19 @@ def _grouped_gemm_kernel(
     w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
     s_row = s_ptr + expert * stride_se + offs_n[None, :].to(tl.int64) * stride_sn  # (1, BN): this K step's 1st block
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    packed_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn  # (BN,) row starts (PACKED)
     for k0 in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
+        if PACKED != 0:  # the K step's blocks dequantized in registers, (BK, BN) in the activation dtype
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            w = tl.trans(block_values(packed_rows, k0 * BLOCK_K, K, n_ok, PACKED, BLOCK_N, BLOCK_K)).to(a.dtype)
+        elif EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
             w = tl.load(w_ptrs, mask=n_ok[None, :], other=0)  # (BK, BN)
         else:
             k_ok = offs_k < K - k0 * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0)
-        if Q8_0:
+        if Q8_0 and PACKED == 0:
             # the (BK/32, BN) scales of this K step, each repeated over its 32 rows: one load per scale
             # (measured 1.4-1.6x faster on an H200 than gathering a (BK, BN) tile of scale addresses)
             groups = tl.arange(0, BLOCK_K // 32)
@@ -114,7 +147,7 @@ def _grouped_gemm_kernel(
             sg = tl.load(s_row + groups[:, None] * stride_sk, mask=g_ok[:, None] & n_ok[None, :], other=0.0)
             s = tl.reshape(tl.broadcast_to(sg[:, None, :], (BLOCK_K // 32, 32, BLOCK_N)), (BLOCK_K, BLOCK_N))
             w = (w.to(tl.float32) * s.to(tl.float32)).to(a.dtype)  # as Q8_0Weight dequantizes
-        else:
+        elif PACKED == 0:
             w = w.to(a.dtype)
         if UPCAST:  # NOTE: the interpreter holds bf16 as raw uint16 and multiplies it wrongly
             acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
@@ -200,13 +233,54 @@ def default_config(num_slots: int, num_experts: int, device: torch.device,
     return GroupedConfig(64, TILES_64_Q8_0_GATE_UP if gate_up_q8_0 else TILES_64, TILES_64)
 
 
+# packed stacks: a K step of 256 values (a K-quant super-block; eight 32-value blocks otherwise),
+# NOTE: unmeasured defaults (bench/moe_grouped.py measures); BLOCK_K must divide K
+TILES_PACKED = GemmTiles(block_n=64, block_k=256, num_warps=8, num_stages=2)
+INTERPRETER_PACKED = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=1, group_m=2)
+
+
+def packed_tiles(device: torch.device, weight: PackedStack | None, k: int) -> GemmTiles:
+    """Tiles of a grouped GEMM over a packed stack: a function of the device kind, type and K only."""
+    tiles = TILES_PACKED if device.type == "cuda" else INTERPRETER_PACKED
+    step = tiles.block_k
+    while step > 32 and (k % step or (weight is not None and step < block_elements(weight.ggml_type))):
+        step //= 2
+    return dataclasses.replace(tiles, block_k=step)
+
+
+def packed_config(device: torch.device, gate_up: PackedStack | None, down: PackedStack | None,
+                  num_slots: int, num_experts: int) -> GroupedConfig:
+    """The grouped config when either stack is packed (the other dense or Q8_0 takes the same tiles)."""
+    block_m = 16 if device.type != "cuda" else (128 if num_slots >= 64 * num_experts else 64)
+    hidden = gate_up.in_features if gate_up is not None else (down.raw.shape[1] if down is not None else 0)
+    inter = down.in_features if down is not None else 0
+    return GroupedConfig(block_m, packed_tiles(device, gate_up, hidden or 256), packed_tiles(device, down, inter or 256))
+
+
 def _stack(weight: ExpertWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(values, scales)``: a dense stack has no scales."""
+    """``(values, scales)``: a dense stack has no scales (a packed stack: see :func:`_packed`)."""
     if isinstance(weight, torch.Tensor):
         return weight, None
     if isinstance(weight, Q8_0Stack):
         return weight.qs, weight.scales
     raise TypeError(f"grouped MoE GEMM takes a dense tensor or a Q8_0 stack, not {type(weight).__name__}")
+
+
+def _packed(weight: ExpertWeight) -> PackedStack | None:
+    if isinstance(weight, torch.Tensor) or isinstance(weight, Q8_0Stack) or not isinstance(weight, PackedStack):
+        return None
+    return weight
+
+
+def _shape(weight: ExpertWeight) -> tuple[int, int, int]:
+    """``(E, out, in)`` of any stack."""
+    packed = _packed(weight)
+    if packed is not None:
+        e, n, _ = packed.raw.shape
+        return e, n, packed.in_features
+    values, _ = _stack(weight)
+    e, n, k = values.shape
+    return e, n, k
 
 
 def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top_k: int, tiles: GemmTiles, *,
@@ -217,8 +291,14 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
     ``a``: ``(N, in)`` when ``gather_rows`` (row ``s // top_k``), else ``(S, in)`` (row ``s``).
     ``top_weight`` ``(N, K)``, if given, scales row ``s`` by ``top_weight.flatten()[s]``.
     """
-    values, scales = _stack(weight)
-    _, n_out, k_in = values.shape
+    packed = _packed(weight)
+    if packed is not None:
+        values, scales = packed.raw, None
+        if tiles.block_k % block_elements(packed.ggml_type) or packed.in_features % tiles.block_k:
+            raise ValueError(f"{packed.ggml_type.name}: BLOCK_K {tiles.block_k} must divide K and hold whole blocks")
+    else:
+        values, scales = _stack(weight)
+    _, n_out, k_in = _shape(weight)
     if a.shape[-1] != k_in:
         raise ValueError(f"activations have {a.shape[-1]} features, the experts take {k_in}")
     if scales is not None and tiles.block_k % QBLOCK:
@@ -237,11 +317,12 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
             a, values, s_ptr, out, route,
             align.sorted_slots, align.block_expert, align.num_valid_blocks,
             n_out, k_in, num_slots, top_k, num_blocks,
-            a.stride(0), a.stride(1), values.stride(0), values.stride(1), values.stride(2),
+            a.stride(0), a.stride(1), values.stride(0), values.stride(1), 1 if packed is not None else values.stride(2),
             s_strides[0], s_strides[1], s_strides[2], out.stride(0), out.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, Q8_0=scales is not None,
             EVEN_K=k_in % tiles.block_k == 0, UPCAST=a.device.type != "cuda",  # off CUDA: the interpreter
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+            PACKED=int(packed.ggml_type) if packed is not None else 0,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )
     return out
@@ -257,12 +338,13 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
     up rows) and ``down`` ``(E, H, I)``, each dense or Q8_0. No host synchronization.
     """
     tokens, top_k = top_index.shape
-    gate_up_values, _ = _stack(gate_up)
-    experts, _, hidden = gate_up_values.shape
+    experts, _, hidden = _shape(gate_up)
     if x.shape != (tokens, hidden):
         raise ValueError(f"x {tuple(x.shape)} does not match {tokens} tokens of {hidden} features")
     if tokens == 0:
         return x.new_zeros((0, hidden))
+    if config is None and (_packed(gate_up) is not None or _packed(down) is not None):
+        config = packed_config(x.device, _packed(gate_up), _packed(down), tokens * top_k, experts)
     cfg = config or default_config(tokens * top_k, experts, x.device, isinstance(gate_up, Q8_0Stack),
                                    isinstance(down, Q8_0Stack))
     if tokens * top_k <= MAX_FUSED_SLOTS:

@@ -14,10 +14,11 @@ same kernel (staged = single-device):
 
 * Triton devices, at most ``GEMV_MAX_TOKENS`` rows (decode): the packed GEMV
   (:mod:`stagewise.kernels.packed_gemv_triton`), blocks dequantized in registers;
-* Triton devices, more rows (prefill): a bounded tile of rows (``TILE_ELEMENTS`` values) is
-  dequantized to the activation dtype by :mod:`stagewise.kernels.packed_dequant_triton` and multiplied
-  by the device's matmul, tile after tile — never a whole dense copy;
-* elsewhere (CPU): the same tiles, dequantized by the torch reference (:mod:`.dequant`).
+* Triton devices, more rows (prefill, batched decode): the packed GEMM
+  (:mod:`stagewise.kernels.packed_gemm`), each tile's blocks dequantized in registers feeding
+  ``tl.dot``; experts through the grouped MoE GEMM the same way (``supports_grouped``);
+* elsewhere (CPU): a bounded tile of rows (``TILE_ELEMENTS`` values) dequantized by the torch
+  reference (:mod:`.dequant`) and multiplied, tile after tile — never a whole dense copy.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ class PackedWeight:
 
             y = packed_gemv(x.reshape(-1, self.in_features), self.raw, self.ggml_type, self.in_features)
             return y.reshape(*x.shape[:-1], self.raw.shape[0])
+        if use_triton(self.raw) and tokens > 0:
+            from stagewise.kernels.packed_gemm import packed_gemm
+
+            return packed_gemm(x, self.raw, self.ggml_type, self.in_features)
         return self._tiled_matmul(x)
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -160,7 +165,7 @@ class PackedWeight:
         in_features = sum(p.in_features for p in parts) if dim == last else first.in_features
         return PackedWeight(raw.contiguous(), first.ggml_type, in_features)
 
-    supports_grouped = False  # the grouped MoE GEMM reads Q8_0 only; packed experts run per expert
+    supports_grouped = True  # the grouped MoE GEMM reads the blocks (kernels/moe_grouped_triton, PACKED)
 
     def fused_with(self, others: list[object]) -> PackedWeight | None:
         """This weight's rows followed by ``others``' (fused q/k/v, gate/up), or None when they differ in kind."""
