@@ -86,7 +86,8 @@ class Experts(nn.Module):
             if gate_up is not None and down is not None:
                 from stagewise.kernels.moe_grouped_triton import grouped_swiglu_experts
 
-                return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, residual=residual)
+                return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,  # type: ignore[arg-type]
+                                              residual=residual)  # a grouped-capable stack is one the kernel reads
         tokens, k = top_index.shape
         flat = top_index.reshape(-1)  # (N*K,) routed (token, slot) pairs
         order = torch.argsort(flat, stable=True)  # grouped by expert
