@@ -93,7 +93,7 @@ def _rewrite(src: Path, dst: Path, types: dict[str, GGMLQuantizationType]) -> No
         qtype = types.get(t.name)
         if qtype is None:
             writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-        elif qtype in (GGMLQuantizationType.IQ4_NL,):  # any bytes of the right size: never decoded
+        elif qtype in (GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.NVFP4):  # any bytes of the right size: never decoded
             block, size = gguf.GGML_QUANT_SIZES[qtype]
             raw = np.zeros((shape[0], shape[1] // block * size), dtype=np.uint8)
             writer.add_tensor(t.name, raw, raw_dtype=qtype)
@@ -106,7 +106,7 @@ def _rewrite(src: Path, dst: Path, types: dict[str, GGMLQuantizationType]) -> No
     writer.close()
 
 
-def test_dequantized_types_load_exactly(tmp_path: Path) -> None:
+def test_mixed_packed_types_load_exactly(tmp_path: Path) -> None:
     src = make_model("tiny-qwen3", tmp_path / "m.gguf", "gguf", "f32", seed=4)
     types = {"blk.0.ffn_down.weight": GGMLQuantizationType.Q4_0, "blk.0.ffn_up.weight": GGMLQuantizationType.Q5_1,
              "blk.1.ffn_gate.weight": GGMLQuantizationType.Q4_1, "blk.1.attn_v.weight": GGMLQuantizationType.Q5_0}
@@ -120,16 +120,19 @@ def test_dequantized_types_load_exactly(tmp_path: Path) -> None:
     for t in reader.tensors:
         if t.name in types:
             ref = gguf.quants.dequantize(np.array(t.data), t.tensor_type)
-            assert not source.is_quantized(ours[t.name])
+            assert source.is_quantized(ours[t.name])  # each tensor stays packed in its own type
             assert np.array_equal(source.load(ours[t.name], CPU, torch.float32).numpy(), ref)
+            packed = source.load_quantized(ours[t.name], CPU)
+            assert packed.format_name == t.tensor_type.name.lower() and torch.equal(
+                packed.dequantize(torch.float32), torch.from_numpy(ref))
     stage = build_stage(source.config, 0, source.config.num_layers, entry=True, exit=True)
     load_stage(stage, source, CPU, torch.float32)  # mixed types load; dispatch is per tensor
 
 
 def test_unsupported_type_is_named(tmp_path: Path) -> None:
     src = make_model("tiny-qwen3", tmp_path / "m.gguf", "gguf", "f32", seed=5)
-    _rewrite(src, tmp_path / "q2.gguf", {"blk.1.ffn_up.weight": GGMLQuantizationType.IQ4_NL})
-    with pytest.raises(UnsupportedTensorType, match=r"blk\.1\.ffn_up\.weight.*IQ4_NL"):
+    _rewrite(src, tmp_path / "q2.gguf", {"blk.1.ffn_up.weight": GGMLQuantizationType.NVFP4})
+    with pytest.raises(UnsupportedTensorType, match=r"blk\.1\.ffn_up\.weight.*NVFP4"):
         GGUFSource(tmp_path / "q2.gguf")
 
 

@@ -13,12 +13,15 @@ from stagewise.weights.quant.dequant import dequantize
 from stagewise.weights.quant.q8_0 import Q8_0Weight
 from stagewise.weights.quant.tensor_decode import check_supported, decode_dense
 
-TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1,
-         GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
+T = GGMLQuantizationType
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
+         T.MXFP4]
 # byte offsets of the f16 scales in each block (kept finite so NaN != NaN does not get in the way)
-_F16_AT = {GGMLQuantizationType.Q4_0: [0], GGMLQuantizationType.Q4_1: [0, 2], GGMLQuantizationType.Q5_0: [0],
-           GGMLQuantizationType.Q5_1: [0, 2], GGMLQuantizationType.Q8_0: [0], GGMLQuantizationType.Q4_K: [0, 2],
-           GGMLQuantizationType.Q5_K: [0, 2], GGMLQuantizationType.Q6_K: [208]}
+_F16_AT = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q2_K: [80, 82], T.Q3_K: [108],
+           T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0], T.MXFP4: []}
+# byte offsets of E8M0 exponents: 0..252 keeps every value finite (2**124 * 12 < float32 max), and
+# takes in the subnormal halves of 0 and 1
+_E8M0_AT = {T.MXFP4: [0]}
 
 
 def _random_blocks(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int, seed: int) -> np.ndarray:
@@ -28,6 +31,9 @@ def _random_blocks(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int, 
     scales = rng.normal(0, 0.05, size=(rows, blocks_per_row, len(_F16_AT[qtype]))).astype(np.float16)
     for k, at in enumerate(_F16_AT[qtype]):
         raw[..., at : at + 2] = scales[..., k : k + 1].view(np.uint8)
+    for at in _E8M0_AT.get(qtype, []):
+        raw[..., at] = rng.integers(0, 253, size=(rows, blocks_per_row), dtype=np.uint8)
+        raw[0, :3, at] = [0, 1, 2]  # the two subnormal halves and the first normal one
     return raw.reshape(rows, blocks_per_row * type_bytes)
 
 
@@ -42,9 +48,40 @@ def test_dequantize_matches_gguf_exactly(qtype: GGMLQuantizationType) -> None:
     assert np.array_equal(dense.numpy(), ref)
 
 
+def test_every_packed_type_has_a_torch_dequantizer() -> None:
+    from stagewise.weights.quant.dequant import DEQUANTIZERS
+    from stagewise.weights.quant.packed_types import PACKED
+
+    assert set(DEQUANTIZERS) == PACKED and set(TYPES) == PACKED
+
+
 def test_other_types_are_refused_by_name() -> None:
-    with pytest.raises(UnsupportedTensorType, match=r"m.gguf: tensor 'blk\.0\.x' has type IQ2_XS"):
-        check_supported(GGMLQuantizationType.IQ2_XS, "m.gguf", "blk.0.x")
+    with pytest.raises(UnsupportedTensorType, match=r"m.gguf: tensor 'blk\.0\.x' has type NVFP4"):
+        check_supported(GGMLQuantizationType.NVFP4, "m.gguf", "blk.0.x")
+    for qtype in (T.F32, T.BF16, T.Q2_K, T.MXFP4, T.IQ2_XS, T.IQ1_M, T.TQ2_0):
+        check_supported(qtype, "m.gguf", "blk.0.x")
+
+
+@pytest.mark.parametrize("qtype", [T.IQ2_XS, T.IQ3_S], ids=lambda t: t.name)
+def test_expanded_types_decode_exactly_in_slabs(qtype: GGMLQuantizationType, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagewise.weights.quant import dequant, tensor_decode
+
+    rng = np.random.default_rng(int(qtype))
+    block, type_bytes = GGML_QUANT_SIZES[qtype]
+    rows, blocks_per_row = 9, 2
+    raw = rng.integers(0, 256, size=(rows, blocks_per_row, type_bytes), dtype=np.uint8)  # any grid index is valid
+    raw[..., 0:2] = rng.normal(0, 0.05, size=(rows, blocks_per_row, 1)).astype(np.float16).view(np.uint8)  # d
+    raw = raw.reshape(rows, -1)
+    ref = gguf.quants.dequantize(raw, qtype)  # (9, 2 * block)
+    monkeypatch.setattr(tensor_decode, "DECODE_CHUNK_ELEMENTS", 4 * blocks_per_row * block)  # 4 rows per slab
+    monkeypatch.setattr(dequant, "EXPANDED_CHUNK_BLOCKS", 3)  # gguf.quants on 3 blocks at a time
+    flat = torch.from_numpy(raw.copy()).reshape(-1)
+    got = tensor_decode.decode_to(flat, qtype, (rows, blocks_per_row * block), torch.device("cpu"), torch.float32)
+    assert got.dtype == torch.float32 and np.array_equal(got.numpy(), ref)
+    dense = decode_dense(flat, qtype, (rows, blocks_per_row * block), torch.device("cpu"))
+    assert np.array_equal(dense.numpy(), ref)
+    assert torch.equal(tensor_decode.decode_to(flat, qtype, tuple(ref.shape), torch.device("cpu"), torch.bfloat16),
+                       torch.from_numpy(ref).to(torch.bfloat16))
 
 
 def _q8(values: np.ndarray) -> torch.Tensor:
@@ -105,7 +142,7 @@ def test_torch_q8_0_quantizer_matches_gguf_bytes() -> None:
     import gguf
     import numpy as np
 
-    from stagewise.weights.gguf_export import quantize_q8_0
+    from stagewise.weights.quant.quantize import quantize_q8_0
 
     gen = torch.Generator().manual_seed(3)
     values = torch.randn(64, 256, generator=gen) * torch.logspace(-4, 1, 64)[:, None]

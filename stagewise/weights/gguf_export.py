@@ -5,7 +5,8 @@ chunk by chunk, so memory stays bounded by one chunk (one matrix where a row per
 it). The converter's changes are applied (:mod:`stagewise.weights.gguf_layout`), so files read
 back through :class:`~stagewise.weights.gguf_source.GGUFSource` like real converted ones.
 Type policy (as llama.cpp's ``--outtype``): 1-D tensors, routers and the small linear-attention
-projections stay F32; other matrices take the requested type (Q8_0 where rows divide into 32).
+projections stay F32; other matrices take the requested type where their rows divide into its
+blocks, else llama.cpp's fallback (Q4_K -> Q5_0, Q6_K -> Q8_0, …), else F16.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from stagewise.spec.model_config import ModelConfig, layer_types_for_interval
 from stagewise.weights.gguf_config import llama3_rope_factors
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, split_sizes, value_to_gguf
 from stagewise.weights.gguf_names import FAMILY_TO_GGUF, NameRule, rule_for_ours
+from stagewise.weights.quant.quantize import QUANTIZERS, quantize
+from stagewise.weights.quant.quantize import quantize_q8_0 as quantize_q8_0  # re-exported (older imports)
 
 Chunks = Callable[[str, tuple[int, ...]], Iterator[torch.Tensor]]  # (our name, shape) -> float32 chunks on dim 0
 
@@ -34,6 +37,19 @@ FILE_TYPES = {
     "bf16": (GGMLQuantizationType.BF16, LlamaFileType.MOSTLY_BF16),
     "q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
     "q4_0": (GGMLQuantizationType.Q4_0, LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (GGMLQuantizationType.Q4_1, LlamaFileType.MOSTLY_Q4_1),
+    "q5_0": (GGMLQuantizationType.Q5_0, LlamaFileType.MOSTLY_Q5_0),
+    "q5_1": (GGMLQuantizationType.Q5_1, LlamaFileType.MOSTLY_Q5_1),
+    # every matrix of one K type: llama.cpp has no "all Q3_K/Q4_K/Q5_K" file type, its _S presets
+    # (mostly that type) are the nearest; general.file_type is informational, loading reads each tensor
+    "q2_k": (GGMLQuantizationType.Q2_K, LlamaFileType.MOSTLY_Q2_K),
+    "q3_k": (GGMLQuantizationType.Q3_K, LlamaFileType.MOSTLY_Q3_K_S),
+    "q4_k": (GGMLQuantizationType.Q4_K, LlamaFileType.MOSTLY_Q4_K_S),
+    "q5_k": (GGMLQuantizationType.Q5_K, LlamaFileType.MOSTLY_Q5_K_S),
+    "q6_k": (GGMLQuantizationType.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+    "iq4_nl": (GGMLQuantizationType.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
+    "iq4_xs": (GGMLQuantizationType.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
+    "mxfp4": (GGMLQuantizationType.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
 }
 _KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "ssm_ba.weight",
              "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
@@ -76,7 +92,8 @@ def write_gguf(path: Path, config: ModelConfig, params: list[tuple[str, tuple[in
 
     Args:
         chunks: yields each parameter's float32 values in chunks along dim 0.
-        dtype: ``f32``, ``f16``, ``bf16`` or ``q8_0``.
+        dtype: a key of :data:`FILE_TYPES` (``f32``, ``f16``, ``bf16``, or a packed type: ``q8_0``,
+            ``q4_k``, ``iq4_xs``, ``mxfp4`` …, every matrix in that type where its rows allow).
         metadata: extra GGUF fields (the ``tokenizer.*`` ones).
         split_max_bytes: split into ``-0000N-of-0000M.gguf`` parts of at most this many tensor bytes.
     """
@@ -201,10 +218,21 @@ def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix
     return plan
 
 
+# llama.cpp's type for a 256-block type's matrix whose rows do not divide into 256
+# (tensor_type_fallback in the vendored llama.cpp's src/llama-quant.cpp)
+_ROW_FALLBACK = {
+    GGMLQuantizationType.Q2_K: GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q3_K: GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_K: GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_K: GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q6_K: GGMLQuantizationType.Q8_0, GGMLQuantizationType.IQ4_XS: GGMLQuantizationType.IQ4_NL,
+}
+
+
 def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType) -> GGMLQuantizationType:
     if len(shape) < 2 or suffix in _KEEP_F32:
         return GGMLQuantizationType.F32
     if shape[-1] % GGML_QUANT_SIZES[matrix_type][0]:  # rows that do not divide into the type's blocks
+        matrix_type = _ROW_FALLBACK.get(matrix_type, matrix_type)
+    if shape[-1] % GGML_QUANT_SIZES[matrix_type][0]:  # nor into the (fallback) type's blocks
         return GGMLQuantizationType.F16 if shape[-1] % 2 == 0 else GGMLQuantizationType.F32
     return matrix_type
 
@@ -246,33 +274,17 @@ def _gguf_chunks(config: ModelConfig, t: _Planned, chunks: Chunks) -> Iterator[t
         yield piece
 
 
-def quantize_q8_0(values: torch.Tensor) -> torch.Tensor:
-    """GGUF Q8_0 blocks ``(n, 34)`` uint8 on the CPU, computed where ``values`` live.
-
-    The same arithmetic as ``gguf.quants`` (float32 scale = max|x| / 127, round half away from
-    zero, f16 scale first), so the bytes match it exactly.
-    """
-    blocks = values.to(torch.float32).reshape(-1, 32)
-    d = blocks.abs().amax(dim=1, keepdim=True) / 127
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-    scaled = blocks * inv
-    qs = (torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)).to(torch.int8)
-    out = torch.cat([d.to(torch.float16).view(torch.uint8), qs.view(torch.uint8)], dim=1)  # (n, 2 + 32)
-    return out.cpu()
-
-
 def _encode(piece: torch.Tensor, ggml_type: GGMLQuantizationType) -> np.ndarray:
+    """The file bytes of ``piece`` (rows along dim 0, the GGUF row last) in ``ggml_type``; block
+    types are quantized where the piece lives (:func:`~stagewise.weights.quant.quantize.quantize`)."""
     piece = piece.contiguous()
-    if ggml_type != GGMLQuantizationType.Q8_0:
-        piece = piece.cpu()
+    if ggml_type in QUANTIZERS:
+        return quantize(piece.reshape(-1, piece.shape[-1]), ggml_type).cpu().numpy()
+    piece = piece.cpu()
     if ggml_type == GGMLQuantizationType.F32:
         return piece.to(torch.float32).numpy()
     if ggml_type == GGMLQuantizationType.F16:
         return piece.to(torch.float16).numpy()
     if ggml_type == GGMLQuantizationType.BF16:
         return piece.to(torch.bfloat16).view(torch.int16).numpy()
-    if ggml_type == GGMLQuantizationType.Q8_0:
-        return quantize_q8_0(piece).numpy()
-    if ggml_type == GGMLQuantizationType.Q4_0:
-        return gguf.quants.quantize(piece.to(torch.float32).numpy(), ggml_type)
     raise ConfigError(f"cannot write GGUF type {ggml_type.name}")

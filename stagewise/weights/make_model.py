@@ -20,12 +20,15 @@ import torch
 from stagewise.errors import ConfigError, ModelNotFound
 from stagewise.models.registry import parameter_shapes
 from stagewise.spec.model_config import ModelConfig
-from stagewise.weights.gguf_export import write_gguf
+from stagewise.weights.gguf_export import FILE_TYPES, write_gguf
 from stagewise.weights.random_weights import tensor_chunks
 from stagewise.weights.safetensors_export import write_safetensors
 
 FORMATS = ("gguf", "safetensors")
-DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+DENSE_DTYPES = ("f32", "f16", "bf16")  # the only ones safetensors takes
+# f32 f16 bf16, then every packed GGUF type by its lower-case name: q8_0 q4_0 q4_1 q5_0 q5_1
+# q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4 (gguf_export.FILE_TYPES)
+DTYPES = tuple(FILE_TYPES)
 _TOKENIZER_MAX = 1024  # trained vocabulary cap (the built-in corpus runs out of merges before)
 _PAD_MAX = 4096  # name extra embedding rows with <|extra_N|> tokens up to this many
 _HF_ARCHITECTURES = {
@@ -85,7 +88,10 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
         config: HF config path or dict, or a preset name.
         out: a ``.gguf`` path (GGUF; other paths get ``model.gguf`` inside), or a directory (safetensors).
         fmt: ``gguf`` or ``safetensors``.
-        dtype: ``f32``, ``f16``, ``bf16``, or ``q8_0`` / ``q4_0`` (GGUF only; Q4_0 files load dequantized).
+        dtype: ``f32``, ``f16``, ``bf16``, or (GGUF only) a packed type of :data:`DTYPES`: ``q8_0``,
+            ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q2_k``, ``q3_k``, ``q4_k``, ``q5_k``, ``q6_k``,
+            ``iq4_nl``, ``iq4_xs``, ``mxfp4``. Matrices take that type where their rows divide into its
+            blocks (else llama.cpp's fallback type, else F16); norms, routers and 1-D tensors stay F32.
         seed: weights seed; equal seeds give byte-identical files.
         device: where random values are drawn and quantized (``cuda`` for large geometries; the values
             then differ from a CPU-made file of the same seed).
@@ -96,7 +102,7 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
     """
     if fmt not in FORMATS:
         raise ConfigError(f"format {fmt!r} is not supported ({', '.join(FORMATS)})")
-    if dtype not in DTYPES or (fmt == "safetensors" and dtype.startswith("q")):
+    if dtype not in DTYPES or (fmt == "safetensors" and dtype not in DENSE_DTYPES):
         raise ConfigError(f"dtype {dtype!r} is not supported for {fmt}")
     raw = load_hf_config(config)
     model_config = ModelConfig.from_hf_dict(raw, source=str(config) if not isinstance(config, dict) else "config")

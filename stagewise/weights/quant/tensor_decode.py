@@ -3,7 +3,10 @@
 * F32, F16, BF16: reinterpret the bytes (zero-copy on CPU), then place on the device;
 * Q8_0: resident packed (:class:`~stagewise.weights.quant.q8_0.Q8_0Weight`), or dequantized where
   a dense tensor is required (embeddings, norms);
-* Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: dequantized at load, on the target device;
+* the other packed types (:data:`~stagewise.weights.quant.packed_types.PACKED`): dequantized in
+  torch on the target device where a dense tensor is asked for;
+* the expanded types (IQ1_*, IQ2_*, IQ3_*, TQ1_0, TQ2_0): dequantized at load by ``gguf.quants`` on
+  the CPU, a bounded slab of rows at a time, then placed on the device;
 * anything else: :class:`~stagewise.errors.UnsupportedTensorType` naming the tensor and type.
 """
 
@@ -13,17 +16,20 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.errors import UnsupportedTensorType
-from stagewise.weights.quant.dequant import DEQUANTIZERS, dequantize
+from stagewise.weights.quant.dequant import dequantize, dequantize_expanded
+from stagewise.weights.quant.packed_types import EXPANDED, SUPPORTED
 
 DENSE_TYPES: dict[GGMLQuantizationType, torch.dtype] = {
     GGMLQuantizationType.F32: torch.float32,
     GGMLQuantizationType.F16: torch.float16,
     GGMLQuantizationType.BF16: torch.bfloat16,
 }
-SUPPORTED_TYPES = frozenset(DENSE_TYPES) | frozenset(DEQUANTIZERS)
+SUPPORTED_TYPES = SUPPORTED
 
 
 def check_supported(ggml_type: GGMLQuantizationType, label: str, tensor: str) -> None:
+    """Raise :class:`UnsupportedTensorType` (one line naming ``label``, tensor and type) unless the
+    type is in :data:`~stagewise.weights.quant.packed_types.SUPPORTED`."""
     if ggml_type not in SUPPORTED_TYPES:
         supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
         raise UnsupportedTensorType(f"{label}: tensor {tensor!r} has type {ggml_type.name} (supported: {supported})")
@@ -39,6 +45,8 @@ def decode_dense(raw: torch.Tensor, ggml_type: GGMLQuantizationType, shape: tupl
     dtype = DENSE_TYPES.get(ggml_type)
     if dtype is not None:
         return raw.view(dtype).reshape(shape).to(device)
+    if ggml_type in EXPANDED:
+        return dequantize_expanded(raw.cpu(), ggml_type, shape).to(device)
     return dequantize(raw.to(device), ggml_type, shape)
 
 
@@ -60,6 +68,9 @@ def decode_to(raw: torch.Tensor, ggml_type: GGMLQuantizationType, shape: tuple[i
     step = max(1, DECODE_CHUNK_ELEMENTS // row_elements)
     for lo in range(0, rows, step):
         hi = min(rows, lo + step)
-        part = raw[lo * row_bytes : hi * row_bytes].to(device)
-        out[lo:hi] = dequantize(part, ggml_type, (hi - lo, *shape[1:])).to(dtype)
+        part = raw[lo * row_bytes : hi * row_bytes]
+        if ggml_type in EXPANDED:
+            out[lo:hi] = dequantize_expanded(part.cpu(), ggml_type, (hi - lo, *shape[1:])).to(device, dtype)
+        else:
+            out[lo:hi] = dequantize(part.to(device), ggml_type, (hi - lo, *shape[1:])).to(dtype)
     return out

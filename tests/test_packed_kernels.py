@@ -1,0 +1,126 @@
+"""The packed-block Triton kernels (every GGUF block type) against gguf.quants, run by Triton's interpreter on CPU.
+
+``dequantize_rows`` must equal ``gguf.quants.dequantize`` bit for bit (FMA contraction off); the packed
+GEMV must equal a float32 ``x @ W.T`` of the dequantized weight up to summation order (and, on a GPU,
+FMA contraction): ``GEMV_TOL`` of the output's largest magnitude, measured at ~3e-7 here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+from stagewise.kernels.packed_dequant_triton import dequantize_rows
+from stagewise.kernels.packed_gemv_triton import config_for, packed_gemv
+
+T = GGMLQuantizationType
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# byte offsets of each block's f16 scales (kept finite: NaN != NaN would hide a mismatch)
+F16_AT = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q2_K: [80, 82], T.Q3_K: [108],
+          T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0], T.MXFP4: []}
+TYPES = list(F16_AT)
+GEMV_TOL = 2e-6  # of max |y|, float32 input (summation order only)
+HALF_TOL = 1e-2  # of max |y|, bf16 / f16 input and output (one rounding of the output)
+
+
+def _random_rows(qtype: GGMLQuantizationType, rows: int, k: int, seed: int) -> np.ndarray:
+    """``rows`` rows of ``k`` values as random block bytes with finite scales: uint8 ``(rows, row_bytes)``."""
+    rng = np.random.default_rng(seed)
+    block, type_bytes = GGML_QUANT_SIZES[qtype]
+    blocks = k // block
+    raw = rng.integers(0, 256, size=(rows, blocks, type_bytes), dtype=np.uint8)
+    scales = rng.normal(0, 0.05, size=(rows, blocks, max(1, len(F16_AT[qtype])))).astype(np.float16)
+    for i, at in enumerate(F16_AT[qtype]):
+        raw[..., at : at + 2] = scales[..., i : i + 1].view(np.uint8)
+    if qtype == T.MXFP4:  # E8M0 exponent byte: moderate, plus the two subnormal codes 0 and 1
+        raw[..., 0] = rng.integers(118, 136, size=(rows, blocks))
+        raw[0, :2, 0] = [0, 1]
+    return raw.reshape(rows, blocks * type_bytes)
+
+
+def _dense(raw: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+
+
+def _on_device(raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(raw.copy()).to(DEVICE)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantize_rows_matches_gguf_exactly(qtype: GGMLQuantizationType) -> None:
+    raw = _random_rows(qtype, rows=19, k=768, seed=int(qtype))  # 19 rows: a partial row tile; 768: a partial K tile
+    ref = _dense(raw, qtype)
+    got = dequantize_rows(_on_device(raw), qtype, 768).cpu()
+    assert got.dtype == torch.float32 and (ref != 0).float().mean() > 0.5
+    assert torch.equal(got, ref)
+    assert torch.equal(dequantize_rows(_on_device(raw), qtype, 768, torch.float16).cpu(), ref.to(torch.float16))
+    ids = torch.tensor([7, 0, 7, 18])  # an embedding gather: index_select, then the kernel
+    gathered = dequantize_rows(_on_device(raw).index_select(0, ids.to(DEVICE)), qtype, 768).cpu()
+    assert torch.equal(gathered, ref[ids])
+
+
+def test_dequantize_rows_refuses_bad_rows() -> None:
+    raw = _on_device(_random_rows(T.Q4_K, rows=2, k=256, seed=0))
+    with pytest.raises(ValueError, match="bytes per row do not hold 512 values"):
+        dequantize_rows(raw, T.Q4_K, 512)
+    with pytest.raises(ValueError, match="not a packed block type"):
+        dequantize_rows(raw, T.F16, 256)
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    scale = ref.abs().max().item()
+    assert scale > 0
+    err = (got.float() - ref).abs().max().item()
+    assert err <= tol * scale, f"max error {err:.3g} > {tol:g} x {scale:.3g}"
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("config", [None, (4, 256, 4, 1)], ids=["default", "steps"])
+def test_packed_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, config: tuple[int, int, int, int] | None) -> None:
+    torch.manual_seed(int(qtype))
+    n, k = 13, 768  # 13 rows: a partial row tile; 768 with 256-wide steps: three steps, or one partial 1024 step
+    raw = _random_rows(qtype, rows=n, k=k, seed=int(qtype) + 1)
+    w = _dense(raw, qtype)
+    x = torch.randn(3, k)
+    _close(packed_gemv(x.to(DEVICE), _on_device(raw), qtype, k, config=config).cpu(), x @ w.T, GEMV_TOL)
+    y_half = packed_gemv(x[:1].to(DEVICE, torch.float16), _on_device(raw), qtype, k, config=config)
+    assert y_half.dtype == torch.float16 and y_half.shape == (1, n)
+    _close(y_half.cpu(), x[:1].half().float() @ w.T, HALF_TOL)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("x_repeat", [1, 2])
+def test_packed_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x_repeat: int) -> None:
+    torch.manual_seed(x_repeat)
+    experts, n, k = 4, 8, 512
+    raw = np.stack([_random_rows(qtype, rows=n, k=k, seed=100 * int(qtype) + e) for e in range(experts)])
+    w = torch.stack([_dense(r, qtype) for r in raw])  # (E, N, K)
+    index = torch.tensor([3, 0, 3, 1])  # (M,): expert 3 twice, 2 never read
+    x = torch.randn(4 // x_repeat, k)
+    got = packed_gemv(x.to(DEVICE), _on_device(raw), qtype, k, index.to(DEVICE), x_repeat=x_repeat).cpu()
+    ref = torch.stack([w[index[m]] @ x[m // x_repeat] for m in range(4)])
+    _close(got, ref, GEMV_TOL)
+
+
+def test_packed_gemv_refuses_a_stack_without_indices() -> None:
+    raw = _on_device(np.stack([_random_rows(T.Q4_0, rows=4, k=64, seed=e) for e in range(2)]))
+    with pytest.raises(ValueError, match="one expert index per output row"):
+        packed_gemv(torch.randn(2, 64, device=DEVICE), raw, T.Q4_0, 64)
+
+
+def test_configs_are_a_function_of_type_and_shape() -> None:
+    assert config_for(T.Q4_K, 4096, 4096, False) == config_for(T.Q4_K, 4096, 4096, False)
+    for qtype in TYPES:
+        block = GGML_QUANT_SIZES[qtype][0]
+        for n, k, gather in [(8, block, False), (14336, 4096, False), (128256, 4096, False), (768, 2048, True)]:
+            _, block_k, _, _ = config_for(qtype, n, k, gather)
+            assert block_k % block == 0 and block_k & (block_k - 1) == 0
