@@ -5,7 +5,9 @@ chunk by chunk, so memory stays bounded by one chunk (one matrix where a row per
 it). The converter's changes are applied (:mod:`stagewise.weights.gguf_layout`), so files read
 back through :class:`~stagewise.weights.gguf_source.GGUFSource` like real converted ones.
 Type policy (as llama.cpp's ``--outtype``): 1-D tensors, routers and the small linear-attention
-projections stay F32; other matrices take the requested type (Q8_0 where rows divide into 32).
+projections stay F32; other matrices take the requested type (Q8_0 where rows divide into 32);
+a quantized type that is a preset of :mod:`stagewise.spec.quant_presets` (``q4_0``, ``q4_k_m`` …)
+gives each tensor llama.cpp's type for it (the head Q6_K or Q8_0, ``attn_v`` upgrades …).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys, LlamaFi
 
 from stagewise.errors import ConfigError
 from stagewise.spec.model_config import ModelConfig, layer_types_for_interval
+from stagewise.spec.quant_presets import PRESETS, QuantModel, tensor_type
 from stagewise.weights.gguf_config import llama3_rope_factors
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, split_sizes, value_to_gguf
 from stagewise.weights.gguf_names import FAMILY_TO_GGUF, NameRule, rule_for_ours
@@ -84,7 +87,7 @@ def write_gguf(path: Path, config: ModelConfig, params: list[tuple[str, tuple[in
         raise ConfigError(f"GGUF dtype {dtype!r} is not supported ({', '.join(FILE_TYPES)})")
     _check_representable(config)
     arch = FAMILY_TO_GGUF[config.architecture]
-    plan = _plan(config, params, FILE_TYPES[dtype][0])
+    plan = _plan(config, params, FILE_TYPES[dtype][0], dtype)
     writer = gguf.GGUFWriter(path, arch, split_max_size=split_max_bytes)
     writer.add_name(name)
     writer.add_file_type(int(FILE_TYPES[dtype][1]))
@@ -183,8 +186,10 @@ def _add_field(w: gguf.GGUFWriter, key: str, value: Any) -> None:
         raise ConfigError(f"GGUF field {key} has an unsupported value type {type(value).__name__}")
 
 
-def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix_type: GGMLQuantizationType) -> list[_Planned]:
+def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix_type: GGMLQuantizationType,
+          dtype: str = "") -> list[_Planned]:
     plan: list[_Planned] = []
+    model = QuantModel.from_config(config)
     if config.rope.rope_type in ("llama3", "factors"):
         plan.append(_Planned("rope_freqs.weight", (len(_rope_factors(config)),), GGMLQuantizationType.F32, "", (), None, 0))
     for ours, shape in params:
@@ -196,14 +201,17 @@ def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix
             if rule.value == "conv":
                 gshape.pop(1)  # (C, 1, K) -> (C, K)
             gguf_name = suffix if block is None else f"blk.{block}.{suffix}"
-            plan.append(_Planned(gguf_name, tuple(gshape), _storage_type(suffix, tuple(gshape), matrix_type),
-                                 ours, shape, rule, part))
+            stored = _storage_type(suffix, tuple(gshape), matrix_type, dtype, gguf_name, model)
+            plan.append(_Planned(gguf_name, tuple(gshape), stored, ours, shape, rule, part))
     return plan
 
 
-def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType) -> GGMLQuantizationType:
+def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType, dtype: str = "",
+                  gguf_name: str = "", model: QuantModel | None = None) -> GGMLQuantizationType:
     if len(shape) < 2 or suffix in _KEEP_F32:
         return GGMLQuantizationType.F32
+    if dtype in PRESETS and PRESETS[dtype].quantized and model is not None:
+        return tensor_type(dtype, gguf_name, shape, model)  # llama.cpp's per-tensor type for the preset
     if shape[-1] % GGML_QUANT_SIZES[matrix_type][0]:  # rows that do not divide into the type's blocks
         return GGMLQuantizationType.F16 if shape[-1] % 2 == 0 else GGMLQuantizationType.F32
     return matrix_type
