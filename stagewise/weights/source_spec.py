@@ -39,8 +39,7 @@ class SpecSource(Protocol):
 
     def names(self) -> set[str]: ...
     def shape(self, name: str) -> tuple[int, ...]: ...
-    def is_quantized(self, name: str) -> bool: ...
-    def source_bytes(self, name: str) -> int: ...
+    def is_quantized(self, name: str) -> bool: ...  # packed sources also report source_bytes(name)
 
 
 def holds_packed(name: str) -> bool:
@@ -62,7 +61,7 @@ def resident_bytes(source: SpecSource, name: str, dense_bytes: int, owner_name: 
     """Bytes ``name`` takes on its device: the file's blocks when kept packed by ``owner_name``'s
     module (default: ``name`` itself), else dense at ``dense_bytes`` per value."""
     if holds_packed(owner_name or name) and source.is_quantized(name):
-        return int(source.source_bytes(name))
+        return int(source.source_bytes(name))  # type: ignore[attr-defined]  # packed sources report it
     return math.prod(source.shape(name)) * dense_bytes
 
 
@@ -126,7 +125,7 @@ def source_expansions(source: SpecSource, run_dtype: str) -> list[Expansion]:
         if any(is_expanded(t) for t in types):
             entry = found[next(t for t in types if is_expanded(t))]
             entry[0] += 1
-            entry[1] += math.prod(source.shape(tensor)) * dense - int(source.source_bytes(tensor))
+            entry[1] += math.prod(source.shape(tensor)) * dense - int(source.source_bytes(tensor))  # type: ignore[attr-defined]
     return [Expansion(t.name, n, extra) for t, (n, extra) in sorted(found.items(), key=lambda kv: kv[0].name)]
 
 
