@@ -1,8 +1,9 @@
-"""Quantized formats the loader dequantizes are planned at their resident (dense) size.
+"""Packed GGUF types are planned at their resident size: the file's bytes.
 
-A Q4_0 file is small on disk, but the loader keeps Q4_0 tensors dense at the run dtype: the
-planner's certificate must charge what becomes resident, whether it plans from the file or from
-the config with ``--format q4_0``.
+The loader keeps every packed type (:mod:`stagewise.weights.quant.packed_types`) as the file's
+blocks, so the planner's certificate charges a Q4_0 file about its tensor bytes (at a float32 run
+dtype the dense F32 tensors are resident as stored), whether it plans from the file or from the
+config with ``--format q4_0`` (llama.cpp's per-tensor types: the tiny head goes Q6_K -> Q8_0).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from stagewise.engine.model_loading import load_model
 from stagewise.spec.charge import stage_charge
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.profile import Profile
+from stagewise.weights.gguf_file import GGUFFile
 from stagewise.weights.gguf_spec import model_spec_from_gguf
 from stagewise.weights.make_model import make_model
 
@@ -28,9 +30,8 @@ def test_planned_weights_equal_resident(tmp_path: Path, preset: str, fmt: str) -
     from_config = load_model_spec(PRESETS / f"{preset}.json", fmt, run_dtype="f32")
     from_file = model_spec_from_gguf(path, run_dtype="f32")
     assert from_config.weight_bytes == from_file.weight_bytes
-    packed = path.stat().st_size
-    if fmt == "q4_0":
-        assert from_config.weight_bytes > 3 * packed  # dense f32, not the 4.5-bit file
+    stored = sum(info.nbytes for info in (i for _, i in GGUFFile(path).tensors.values()) if info.name != "rope_freqs.weight")
+    assert abs(from_config.weight_bytes - stored) <= 0.01 * stored  # packed: the file's bytes, not 3x
     loaded = load_model(str(path), devices="cpu:2x1GiB", placement="pipeline:2", context=256, dtype="float32")
     try:
         profile = Profile(context_tokens=256, activation_dtype="f32")

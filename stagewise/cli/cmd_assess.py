@@ -43,15 +43,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
-    """``random:PRESET[@q8_0]``: the preset's spec as ``serve``/``run`` would hold it (dense at the run dtype,
-    or Q8_0), charged on ``--devices``."""
-    from stagewise.engine.model_loading import DTYPES, model_spec, open_model
+    """``random:PRESET[@TYPE]``: the preset's spec as ``serve``/``run`` would hold it (dense at the run dtype,
+    or packed in TYPE), charged on ``--devices``; read without torch."""
+    from stagewise.spec.model_config import ModelConfig
+    from stagewise.weights.preset_configs import load_hf_config
+    from stagewise.weights.source_spec import random_spec
 
     if args.fmt is not None:
         raise ConfigError(f"{args.model}: a random model's format is part of its name (random:PRESET@q8_0), "
                           "not --format")
     topology, profile = devices_and_profile(args)
-    return model_spec(open_model(args.model), DTYPES[profile.activation_dtype]), topology, profile
+    name, _, fmt = args.model[len("random:") :].partition("@")
+    config = ModelConfig.from_hf_dict(load_hf_config(name), source=args.model)
+    return random_spec(config, fmt or "dense", profile.activation_dtype, args.model), topology, profile
 
 
 def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profile: Profile) -> None:
@@ -78,6 +82,15 @@ def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profi
         console.print(capacity_line(capacity_table(cert, spec, profile), profile))
     for reason in cert.reasons[1 if not cert.fits else 0 :]:
         console.print(f"  - {reason}")
+    for line in expansion_lines(spec, profile):
+        console.print(f"  - {line}")
+
+
+def expansion_lines(spec: ModelSpec, profile: Profile) -> list[str]:
+    """One line per type the loader dequantizes: "3 tensors of IQ2_XS are expanded to bf16: +1.2 GB"."""
+    return [f"{e.tensors} tensor{'s' if e.tensors != 1 else ''} of {e.type_name} "
+            f"{'are' if e.tensors != 1 else 'is'} expanded to {profile.activation_dtype}: +{format_bytes(e.extra_bytes)}"
+            for e in spec.expanded]
 
 
 def _bar(device_id: str, charge: Charge, budget: int, label: str) -> Any:

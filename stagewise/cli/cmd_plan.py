@@ -113,6 +113,7 @@ def placement_json(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) 
     table = capacity_table(cert, spec, profile) if cert.fits else ()
     body["sequence_capacity"] = [row.to_dict() for row in table]
     body["kv_pool"] = pool_report(profile)
+    body["expanded"] = [{"type": e.type_name, "tensors": e.tensors, "extra_bytes": e.extra_bytes} for e in spec.expanded]
     return json.dumps(body, indent=2)
 
 

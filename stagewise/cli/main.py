@@ -47,6 +47,13 @@ def requested_command(argv: list[str]) -> str | None:
     return name if name in COMMANDS else None
 
 
+def _simulated_devices(args: argparse.Namespace) -> bool:
+    """``devices --devices SPEC`` without ``--measure`` / ``--workers`` only reads the spec (no torch;
+    a spec naming real devices imports it when discovering them)."""
+    return (getattr(args, "command", None) == "devices" and bool(args.devices) and not args.measure
+            and not args.workers)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = requested_command(argv)
@@ -56,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        if command not in METADATA_ONLY:
+        if command not in METADATA_ONLY and not _simulated_devices(args):
             from stagewise.kernels.triton_launch import kernels_mode, pdl_enabled  # imports torch
 
             kernels_mode()  # a bad STAGEWISE_KERNELS or STAGEWISE_PDL is the user's mistake: one line, before any work

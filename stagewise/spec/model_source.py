@@ -4,9 +4,10 @@
 * a directory with ``config.json``: format from the safetensors header's dtype, else the
   config's ``torch_dtype`` / ``dtype``, else ``bf16``; ``fmt`` overrides.
 * a bare ``*.json`` config: ``fmt`` (default ``bf16``).
-* a quantized ``fmt`` with a ``run_dtype``: charged what the loader makes resident
-  (:func:`stagewise.weights.source_spec.resident_spec_for_format`): Q8_0 matrices packed, the
-  formats the loader dequantizes (Q4_0 … Q6_K) and Q8_0 embeddings dense at the run dtype.
+* a quantized ``fmt`` (a preset of :mod:`stagewise.spec.quant_presets`: ``q4_k_m``, ``q8_0`` …)
+  with a ``run_dtype``: charged what the loader makes resident of the file llama.cpp's quantizer
+  writes (:func:`stagewise.weights.source_spec.resident_spec_for_format`): packed tensors their
+  file bytes, the rest (expanded IQ types too) dense at the run dtype.
 A directory without ``config.json`` is a catalog: :func:`catalog_entries` lists its models.
 """
 
@@ -18,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from stagewise.errors import ConfigError, ModelNotFound
-from stagewise.spec.formats import stored_format
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.quant_presets import preset
 
 _SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32"}
 
@@ -48,11 +49,10 @@ def load_model_spec(path: str | Path, fmt: str | None = None, run_dtype: str | N
     if fmt is None:
         fmt = _dir_format(p) if p.is_dir() else None
         fmt = fmt or _config_dtype(p / "config.json" if p.is_dir() else p) or "bf16"
-    if run_dtype is not None and stored_format(fmt).quantized:
-        # NOTE: the loader dequantizes Q4_0 … Q6_K (and Q8_0 embeddings) at load: charge what is resident
+    if run_dtype is not None and preset(fmt).quantized:
         from stagewise.weights.source_spec import resident_spec_for_format
 
-        return resident_spec_for_format(config, stored_format(fmt).name, run_dtype, name)
+        return resident_spec_for_format(config, preset(fmt).name, run_dtype, name)
     return ModelSpec.from_config(config, fmt, name=name)
 
 

@@ -14,6 +14,7 @@ from stagewise.errors import ConfigError
 from stagewise.spec.block_spec import BlockSpec, EndSpec
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.profile import Profile
+from stagewise.spec.weight_bytes import Expansion
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ModelSpec:
     blocks: tuple[BlockSpec, ...]
     entry: EndSpec
     exit: EndSpec
+    expanded: tuple[Expansion, ...] = ()  # tensors dequantized at load (expanded IQ types), by type
 
     def __post_init__(self) -> None:
         if not self.blocks:

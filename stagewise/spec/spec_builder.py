@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 from stagewise.errors import ConfigError
 from stagewise.spec.block_spec import BlockSpec, EndSpec
-from stagewise.spec.formats import stored_format
 from stagewise.spec.kernel_counts import ENTRY_KERNELS, EXIT_KERNELS, block_kernels
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.quant_presets import QuantModel, preset
 from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
 from stagewise.spec.weight_bytes import split_expert_bytes, total_bytes
 
@@ -22,11 +22,12 @@ def build_spec(
     entry_bytes: int | None,
     exit_bytes: int | None,
 ) -> ModelSpec:
-    fmt = stored_format(fmt_name)
+    fmt = preset(fmt_name)
+    model = QuantModel.from_config(c)
     blocks = []
     for i in range(c.num_layers):
         tensors = block_tensors(c, i)
-        expert, other = split_expert_bytes(tensors, fmt)
+        expert, other = split_expert_bytes(tensors, fmt, model, i)
         weight = expert + other
         read = other + (expert * c.num_experts_per_tok // c.num_experts if expert else 0)  # top-k of E
         if tensor_bytes_by_block is not None:
@@ -36,8 +37,8 @@ def build_spec(
             read = read * exact // max(weight, 1)
             weight = exact
         blocks.append(_block(c, i, tensors, weight, read))
-    entry_w = total_bytes(entry_tensors(c), fmt) if entry_bytes is None else int(entry_bytes)
-    exit_w = total_bytes(exit_tensors(c), fmt) if exit_bytes is None else int(exit_bytes)
+    entry_w = total_bytes(entry_tensors(c), fmt, model, None) if entry_bytes is None else int(entry_bytes)
+    exit_w = total_bytes(exit_tensors(c), fmt, model, None) if exit_bytes is None else int(exit_bytes)
     head = c.vocab_size * c.hidden_size
     entry = EndSpec(
         weight_bytes=entry_w,

@@ -1,45 +1,80 @@
-"""Resident weight bytes per tensor, block, entry and exit in a stored format.
+"""Weight bytes per tensor, block, entry and exit: as stored in a file, and as resident after loading.
 
 Rules (docs/accounting.md):
 
-* float formats (``f32``/``f16``/``bf16``): every tensor in that dtype, as HF checkpoints are.
-* quantized formats: big matrices, routed experts and the token embedding in the format
-  (llama.cpp keeps ``token_embd`` of a q8_0 file in q8_0, as Unsloth's UD files do);
-  1-D tensors (norms, biases, dt_bias, A_log), the MoE router, the shared-expert gate and
-  the depthwise conv1d stay f32, as llama.cpp's quantizer leaves them.
-* the LM head of a 2–5 bit file is q6_k (llama.cpp's rule for ``output.weight``).
+* a format is a preset of :mod:`stagewise.spec.quant_presets`: float formats (``f32``/``f16``/
+  ``bf16``) store every tensor in that dtype, as HF checkpoints are; quantized ones (``q8_0``,
+  ``q4_k_m``, ``iq4_xs`` …) give each GGUF tensor llama.cpp's type for that preset (1-D tensors,
+  the router and the conv1d stay F32; the head Q6_K; ``attn_v`` / ``ffn_down`` upgrades …);
+* **stored** bytes: each part in its type (whole blocks along the row);
+* **resident** bytes (``dense_bytes`` given, the loader's rule): a matrix, routed expert stack,
+  embedding, head or router whose parts are all one packed type of
+  :mod:`stagewise.weights.quant.packed_types` stays the file's blocks; everything else (1-D
+  tensors, conv, F32/F16/BF16 parts, expanded IQ types, parts of mixed types) is dense at the run
+  dtype, ``dense_bytes`` per value.
 """
 
 from __future__ import annotations
 
-from stagewise.spec.formats import FORMATS, StoredFormat, tensor_bytes
+import math
+from dataclasses import dataclass
+
+from gguf.constants import GGMLQuantizationType
+
+from stagewise.spec.quant_presets import Preset, QuantModel, tensor_type
 from stagewise.spec.tensor_shapes import TensorShape
-
-_F32_ROLES = frozenset({"vector", "router", "conv"})
-_HEAD_UPGRADE = frozenset({"q2_k", "q3_k", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k"})
+from stagewise.weights.quant.packed_types import is_packed, row_bytes
 
 
-def format_for(role: str, fmt: StoredFormat) -> StoredFormat:
-    """The format a tensor of ``role`` is stored in when the file's format is ``fmt``."""
-    if not fmt.quantized:
-        return fmt
-    if role in _F32_ROLES:
-        return FORMATS["f32"]
-    if role == "head" and fmt.name in _HEAD_UPGRADE:
-        return FORMATS["q6_k"]
-    return fmt
+@dataclass(frozen=True)
+class Expansion:
+    """``tensors`` tensors of ``type_name`` dequantized at load: ``extra_bytes`` over their file bytes."""
+
+    type_name: str
+    tensors: int
+    extra_bytes: int
 
 
-def shape_bytes(t: TensorShape, fmt: StoredFormat) -> int:
-    """Resident bytes of tensor ``t`` in a file of format ``fmt``."""
-    return tensor_bytes(t.shape, format_for(t.role, fmt))
+HOLDS_PACKED = frozenset({"matrix", "expert", "embedding", "head", "router"})  # modules with packed weights
 
 
-def total_bytes(tensors: list[TensorShape], fmt: StoredFormat) -> int:
-    return sum(shape_bytes(t, fmt) for t in tensors)
+def gguf_name(stored: str, block: int | None) -> str:
+    return stored if block is None else f"blk.{block}.{stored}"
 
 
-def split_expert_bytes(tensors: list[TensorShape], fmt: StoredFormat) -> tuple[int, int]:
+def part_types(t: TensorShape, fmt: Preset, model: QuantModel, block: int | None) -> list[GGMLQuantizationType]:
+    """The stored type of each of ``t``'s GGUF parts in a ``fmt`` file."""
+    return [tensor_type(fmt, gguf_name(name, block), shape, model) for name, shape in t.parts]
+
+
+def stored_bytes(shape: tuple[int, ...], ggml_type: GGMLQuantizationType) -> int:
+    """Bytes of a tensor of ``shape`` (row last) stored as ``ggml_type``."""
+    row = shape[-1] if shape else 1
+    return math.prod(shape[:-1]) * row_bytes(ggml_type, row)
+
+
+def keeps_packed(t: TensorShape, types: list[GGMLQuantizationType]) -> bool:
+    """The loader's rule: one packed type across all parts, held by a module that takes packed weights."""
+    return t.role in HOLDS_PACKED and len(set(types)) == 1 and is_packed(types[0]) and len(t.shape) >= 2
+
+
+def shape_bytes(t: TensorShape, fmt: Preset, model: QuantModel, block: int | None,
+                dense_bytes: int | None = None) -> int:
+    """Bytes of ``t`` in a ``fmt`` file (``dense_bytes`` None), or resident after loading at a run
+    dtype of ``dense_bytes`` per value."""
+    types = part_types(t, fmt, model, block)
+    if dense_bytes is not None and not keeps_packed(t, types):
+        return t.elements * dense_bytes
+    return sum(stored_bytes(shape, ty) for (_, shape), ty in zip(t.parts, types, strict=True))
+
+
+def total_bytes(tensors: list[TensorShape], fmt: Preset, model: QuantModel, block: int | None,
+                dense_bytes: int | None = None) -> int:
+    return sum(shape_bytes(t, fmt, model, block, dense_bytes) for t in tensors)
+
+
+def split_expert_bytes(tensors: list[TensorShape], fmt: Preset, model: QuantModel, block: int | None,
+                       dense_bytes: int | None = None) -> tuple[int, int]:
     """(bytes of routed-expert tensors, bytes of everything else)."""
-    expert = sum(shape_bytes(t, fmt) for t in tensors if t.role == "expert")
-    return expert, total_bytes(tensors, fmt) - expert
+    expert = sum(shape_bytes(t, fmt, model, block, dense_bytes) for t in tensors if t.role == "expert")
+    return expert, total_bytes(tensors, fmt, model, block, dense_bytes) - expert

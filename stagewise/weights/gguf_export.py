@@ -6,7 +6,9 @@ it). The converter's changes are applied (:mod:`stagewise.weights.gguf_layout`),
 back through :class:`~stagewise.weights.gguf_source.GGUFSource` like real converted ones.
 Type policy (as llama.cpp's ``--outtype``): 1-D tensors, routers and the small linear-attention
 projections stay F32; other matrices take the requested type where their rows divide into its
-blocks, else llama.cpp's fallback (Q4_K -> Q5_0, Q6_K -> Q8_0, …), else F16.
+blocks, else llama.cpp's fallback (Q4_K -> Q5_0, Q6_K -> Q8_0, …), else F16; a quantized type that
+is a preset of :mod:`stagewise.spec.quant_presets` (``q4_0``, ``q4_k_m`` …) gives each tensor
+llama.cpp's type for it (the head Q6_K or Q8_0, ``attn_v`` upgrades …).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys, LlamaFi
 
 from stagewise.errors import ConfigError
 from stagewise.spec.model_config import ModelConfig, layer_types_for_interval
+from stagewise.spec.quant_presets import PRESETS, QuantModel, tensor_type
 from stagewise.weights.gguf_config import llama3_rope_factors
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, split_sizes, value_to_gguf
 from stagewise.weights.gguf_names import FAMILY_TO_GGUF, NameRule, rule_for_ours
@@ -50,6 +53,15 @@ FILE_TYPES = {
     "iq4_nl": (GGMLQuantizationType.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
     "iq4_xs": (GGMLQuantizationType.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
     "mxfp4": (GGMLQuantizationType.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
+    # llama.cpp's mixes: each tensor's type from spec/quant_presets (the default type given here)
+    "q3_k_s": (GGMLQuantizationType.Q3_K, LlamaFileType.MOSTLY_Q3_K_S),
+    "q3_k_m": (GGMLQuantizationType.Q3_K, LlamaFileType.MOSTLY_Q3_K_M),
+    "q3_k_l": (GGMLQuantizationType.Q3_K, LlamaFileType.MOSTLY_Q3_K_L),
+    "q4_k_s": (GGMLQuantizationType.Q4_K, LlamaFileType.MOSTLY_Q4_K_S),
+    "q4_k_m": (GGMLQuantizationType.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
+    "q5_k_s": (GGMLQuantizationType.Q5_K, LlamaFileType.MOSTLY_Q5_K_S),
+    "q5_k_m": (GGMLQuantizationType.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
+    "mxfp4_moe": (GGMLQuantizationType.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
 }
 _KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "ssm_ba.weight",
              "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
@@ -101,7 +113,7 @@ def write_gguf(path: Path, config: ModelConfig, params: list[tuple[str, tuple[in
         raise ConfigError(f"GGUF dtype {dtype!r} is not supported ({', '.join(FILE_TYPES)})")
     _check_representable(config)
     arch = FAMILY_TO_GGUF[config.architecture]
-    plan = _plan(config, params, FILE_TYPES[dtype][0])
+    plan = _plan(config, params, FILE_TYPES[dtype][0], dtype)
     writer = gguf.GGUFWriter(path, arch, split_max_size=split_max_bytes)
     writer.add_name(name)
     writer.add_file_type(int(FILE_TYPES[dtype][1]))
@@ -200,8 +212,10 @@ def _add_field(w: gguf.GGUFWriter, key: str, value: Any) -> None:
         raise ConfigError(f"GGUF field {key} has an unsupported value type {type(value).__name__}")
 
 
-def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix_type: GGMLQuantizationType) -> list[_Planned]:
+def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix_type: GGMLQuantizationType,
+          dtype: str = "") -> list[_Planned]:
     plan: list[_Planned] = []
+    model = QuantModel.from_config(config)
     if config.rope.rope_type in ("llama3", "factors"):
         plan.append(_Planned("rope_freqs.weight", (len(_rope_factors(config)),), GGMLQuantizationType.F32, "", (), None, 0))
     for ours, shape in params:
@@ -213,8 +227,8 @@ def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix
             if rule.value == "conv":
                 gshape.pop(1)  # (C, 1, K) -> (C, K)
             gguf_name = suffix if block is None else f"blk.{block}.{suffix}"
-            plan.append(_Planned(gguf_name, tuple(gshape), _storage_type(suffix, tuple(gshape), matrix_type),
-                                 ours, shape, rule, part))
+            stored = _storage_type(suffix, tuple(gshape), matrix_type, dtype, gguf_name, model)
+            plan.append(_Planned(gguf_name, tuple(gshape), stored, ours, shape, rule, part))
     return plan
 
 
@@ -227,9 +241,12 @@ _ROW_FALLBACK = {
 }
 
 
-def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType) -> GGMLQuantizationType:
+def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType, dtype: str = "",
+                  gguf_name: str = "", model: QuantModel | None = None) -> GGMLQuantizationType:
     if len(shape) < 2 or suffix in _KEEP_F32:
         return GGMLQuantizationType.F32
+    if dtype in PRESETS and PRESETS[dtype].quantized and model is not None:
+        return tensor_type(dtype, gguf_name, shape, model)  # llama.cpp's per-tensor type for the preset
     if shape[-1] % GGML_QUANT_SIZES[matrix_type][0]:  # rows that do not divide into the type's blocks
         matrix_type = _ROW_FALLBACK.get(matrix_type, matrix_type)
     if shape[-1] % GGML_QUANT_SIZES[matrix_type][0]:  # nor into the (fallback) type's blocks

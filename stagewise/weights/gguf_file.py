@@ -11,12 +11,13 @@ from __future__ import annotations
 import mmap
 import re
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from stagewise.errors import CorruptModelFile, ModelNotFound
 from stagewise.weights.gguf_header import GGUFHeader, GGUFTensorInfo, read_gguf_header
+
+if TYPE_CHECKING:
+    import torch
 
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -78,6 +79,8 @@ class GGUFFile:
 
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a CPU ``uint8`` tensor viewing the file's mapping (no copy)."""
+        import torch  # NOTE: only here: reading the header (plan, assess) stays torch-free
+
         index, info = self.tensors[name]
         buf = self._map(index)
         return torch.frombuffer(buf, dtype=torch.uint8, count=info.nbytes, offset=info.offset_bytes)

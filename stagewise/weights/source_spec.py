@@ -1,37 +1,84 @@
-"""spec_from_source: a ModelSpec whose weight bytes are what the loader will make resident.
+"""ModelSpecs whose weight bytes are what the loader will make resident, computed without torch.
 
-Every tensor counts as :func:`~stagewise.weights.tensor_source.resident_bytes` says — packed as
-stored where the loader keeps it packed, else dense at the run dtype — so GGUF files, random Q8_0
-weights and any other source with packed tensors are charged by the very rule that loads them.
+One rule (the loader's, :func:`stagewise.weights.tensor_source.keeps_packed`): a tensor stays
+resident as the file's blocks when its source stores it in a packed type of
+:mod:`~stagewise.weights.quant.packed_types` and the module owning it takes packed weights (a
+projection, expert stack, embedding, head or router: :func:`holds_packed`, by name); anything else
+is dense at the run dtype, expanded IQ types included. So GGUF files (each tensor its own type),
+random packed weights and a config with ``--format q4_k_m`` are charged by the rule that loads
+them, and ``plan`` / ``assess`` never build the model.
 """
 
 from __future__ import annotations
 
-from stagewise.models.registry import build_stage
+import math
+import re
+from collections import defaultdict
+from dataclasses import replace
+from typing import Protocol
+
+from gguf.constants import GGMLQuantizationType
+
+from stagewise.errors import ConfigError
 from stagewise.spec.formats import activation_bytes
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.weights.tensor_source import TensorSource, block_index, keeps_packed, resident_bytes
+from stagewise.spec.quant_presets import QuantModel, preset
+from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
+from stagewise.spec.weight_bytes import Expansion, part_types, shape_bytes, stored_bytes
+from stagewise.weights.quant.packed_types import block_elements, format_name, is_expanded, row_bytes
 
 EMBEDDING = "model.embed_tokens.weight"
+_BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")
+_NOT_PACKED_OWNERS = ("norm", "layernorm", "conv1d")  # RMSNorm, GatedRMSNorm, Conv1d
 
 
-def spec_from_source(config: ModelConfig, source: TensorSource, run_dtype: str, name: str,
+class SpecSource(Protocol):
+    """What accounting reads of a tensor source (a GGUF table or source, random weights …)."""
+
+    def names(self) -> set[str]: ...
+    def shape(self, name: str) -> tuple[int, ...]: ...
+    def is_quantized(self, name: str) -> bool: ...  # packed sources also report source_bytes(name)
+
+
+def holds_packed(name: str) -> bool:
+    """True when the module owning parameter ``name`` (our naming) can hold packed weights: every
+    ``Linear`` / ``Embedding`` weight and the stacked experts; never norms, the conv1d, biases,
+    ``dt_bias`` or ``A_log``."""
+    if name.endswith(_EXPERTS):
+        return True
+    owner, _, leaf = name.rpartition(".")
+    return leaf == "weight" and not owner.rpartition(".")[2].endswith(_NOT_PACKED_OWNERS)
+
+
+def _block_index(name: str) -> int | None:
+    match = _BLOCK.match(name)
+    return int(match.group(1)) if match else None
+
+
+def resident_bytes(source: SpecSource, name: str, dense_bytes: int, owner_name: str | None = None) -> int:
+    """Bytes ``name`` takes on its device: the file's blocks when kept packed by ``owner_name``'s
+    module (default: ``name`` itself), else dense at ``dense_bytes`` per value."""
+    if holds_packed(owner_name or name) and source.is_quantized(name):
+        return int(source.source_bytes(name))  # type: ignore[attr-defined]  # packed sources report it
+    return math.prod(source.shape(name)) * dense_bytes
+
+
+def spec_from_source(config: ModelConfig, source: SpecSource, run_dtype: str, name: str,
                      label_format: str | None = None) -> ModelSpec:
     """Exact resident bytes per block, entry and exit for ``source`` loaded at ``run_dtype``
-    (``f32``/``bf16``/``f16``); the format is ``label_format`` if given, else ``q8_0`` when any
-    tensor stays packed, else the run dtype."""
-    dense_bytes = activation_bytes(run_dtype)
-    full = build_stage(config, 0, config.num_layers, entry=True, exit=True, device="meta")
-    modules = dict(full.named_modules())
+    (``f32``/``bf16``/``f16``); the format is ``label_format`` if given, else the file's most
+    common packed type when any tensor stays packed, else the run dtype."""
+    dense = activation_bytes(run_dtype)
     by_block = dict.fromkeys(range(config.num_layers), 0)
     entry = exit_ = 0
-    any_packed = False
+    packed_elements: dict[str, int] = defaultdict(int)
     for tensor in source.names():
-        owner = modules.get(tensor.rpartition(".")[0])
-        any_packed = any_packed or keeps_packed(owner, source, tensor)
-        nbytes = resident_bytes(source, tensor, owner, dense_bytes)
-        block = block_index(tensor)
+        nbytes = resident_bytes(source, tensor, dense)
+        if holds_packed(tensor) and source.is_quantized(tensor):
+            packed_elements[_type_label(source, tensor)] += math.prod(source.shape(tensor))
+        block = _block_index(tensor)
         if block is not None:
             by_block[block] += nbytes
         elif tensor.startswith("model.embed_tokens."):
@@ -40,18 +87,93 @@ def spec_from_source(config: ModelConfig, source: TensorSource, run_dtype: str, 
             exit_ += nbytes
     if config.tie_word_embeddings and EMBEDDING in source.names():
         # the head reads the embedding, held as the head would hold it (packed when stored packed)
-        exit_ += resident_bytes(source, EMBEDDING, modules["lm_head"], dense_bytes)
-    fmt = label_format or ("q8_0" if any_packed else run_dtype)
-    return ModelSpec.from_config(config, fmt, name=name, tensor_bytes_by_block=by_block, entry_bytes=entry,
-                                 exit_bytes=exit_)
+        exit_ += resident_bytes(source, EMBEDDING, dense, owner_name="lm_head.weight")
+    fmt = label_format or (max(packed_elements, key=packed_elements.__getitem__) if packed_elements else run_dtype)
+    spec = ModelSpec.from_config(config, _spec_format(fmt), name=name, tensor_bytes_by_block=by_block,
+                                 entry_bytes=entry, exit_bytes=exit_)
+    return replace(spec, format=fmt)
+
+
+def _type_label(source: SpecSource, tensor: str) -> str:
+    parts = getattr(source, "part_types", None)
+    if callable(parts):
+        return format_name(parts(tensor)[0])
+    single = getattr(source, "ggml_type", None)
+    if callable(single):
+        return format_name(single(tensor))
+    return str(getattr(source, "fmt", "packed"))
+
+
+def _spec_format(fmt: str) -> str:
+    """A preset name for the read-per-token estimate (exact bytes replace its weights)."""
+    try:
+        return preset(fmt).name
+    except ConfigError:  # a label such as "packed": the estimate's format does not matter
+        return "q8_0"
+
+
+def source_expansions(source: SpecSource, run_dtype: str) -> list[Expansion]:
+    """Tensors of ``source`` stored in an expanded type (:data:`~stagewise.weights.quant.packed_types.EXPANDED`),
+    by type, with the bytes their dequantization adds."""
+    get = getattr(source, "part_types", None)
+    if not callable(get):
+        return []
+    dense = activation_bytes(run_dtype)
+    found: dict[GGMLQuantizationType, list[int]] = defaultdict(lambda: [0, 0])
+    for tensor in source.names():
+        types = get(tensor)
+        if any(is_expanded(t) for t in types):
+            entry = found[next(t for t in types if is_expanded(t))]
+            entry[0] += 1
+            entry[1] += math.prod(source.shape(tensor)) * dense - int(source.source_bytes(tensor))  # type: ignore[attr-defined]
+    return [Expansion(t.name, n, extra) for t, (n, extra) in sorted(found.items(), key=lambda kv: kv[0].name)]
 
 
 def resident_spec_for_format(config: ModelConfig, fmt: str, run_dtype: str, name: str) -> ModelSpec:
-    """The spec of ``config`` stored as a ``fmt`` file and loaded at ``run_dtype``: charged what the
-    loader makes resident, not what the file holds. Q8_0 matrices stay packed (the rule of a
-    ``q8_0`` file and of ``random:…@q8_0``); every other quantized format (Q4_0 … Q6_K) is
-    dequantized at load, so it is charged dense at the run dtype, as is a Q8_0 embedding."""
-    from stagewise.weights.random_source import RandomSource
+    """The spec of ``config`` stored as a ``fmt`` file (llama.cpp's per-tensor types for that preset,
+    :mod:`stagewise.spec.quant_presets`) and loaded at ``run_dtype``: packed tensors charged their
+    file bytes, everything else (expanded IQ types too) dense at the run dtype."""
+    p, model, dense = preset(fmt), QuantModel.from_config(config), activation_bytes(run_dtype)
+    by_block = {i: sum(shape_bytes(t, p, model, i, dense) for t in block_tensors(config, i))
+                for i in range(config.num_layers)}
+    entry = sum(shape_bytes(t, p, model, None, dense) for t in entry_tensors(config))
+    exit_ = sum(shape_bytes(t, p, model, None, dense) for t in exit_tensors(config))
+    spec = ModelSpec.from_config(config, p.name, name=name, tensor_bytes_by_block=by_block, entry_bytes=entry,
+                                 exit_bytes=exit_)
+    return replace(spec, expanded=tuple(format_expansions(config, p.name, run_dtype)))
 
-    source = RandomSource(config, fmt="q8_0" if fmt == "q8_0" else "dense")
-    return spec_from_source(config, source, run_dtype, name, label_format=fmt)
+
+def format_expansions(config: ModelConfig, fmt: str, run_dtype: str) -> list[Expansion]:
+    """What a ``fmt`` file of ``config`` dequantizes at load (expanded IQ types), by type."""
+    p, model, dense = preset(fmt), QuantModel.from_config(config), activation_bytes(run_dtype)
+    found: dict[GGMLQuantizationType, list[int]] = defaultdict(lambda: [0, 0])
+    tensors: list[tuple[TensorShape, int | None]] = [(t, None) for t in entry_tensors(config) + exit_tensors(config)]
+    tensors += [(t, i) for i in range(config.num_layers) for t in block_tensors(config, i)]
+    for t, block in tensors:
+        types = part_types(t, p, model, block)
+        for (_, shape), ty in zip(t.parts, types, strict=True):
+            if is_expanded(ty):
+                found[ty][0] += 1
+                found[ty][1] += math.prod(shape) * dense - stored_bytes(shape, ty)
+    return [Expansion(t.name, n, extra) for t, (n, extra) in sorted(found.items(), key=lambda kv: kv[0].name)]
+
+
+def random_spec(config: ModelConfig, fmt: str, run_dtype: str, name: str) -> ModelSpec:
+    """The spec of ``random:PRESET@fmt`` (:class:`~stagewise.weights.random_source.RandomSource`'s
+    rule): projections, experts and an untied head drawn packed in ``fmt`` where rows divide into
+    its blocks; embeddings, norms, the router, the shared-expert gate and the conv1d dense."""
+    if fmt == "dense":
+        return ModelSpec.from_config(config, run_dtype, name=name)
+    qtype = preset(fmt).default
+    dense = activation_bytes(run_dtype)
+
+    def nbytes(t: TensorShape) -> int:
+        if t.role in ("matrix", "expert", "head") and len(t.shape) >= 2 and t.shape[-1] % block_elements(qtype) == 0:
+            return math.prod(t.shape[:-1]) * row_bytes(qtype, t.shape[-1])
+        return t.elements * dense
+
+    by_block = {i: sum(nbytes(t) for t in block_tensors(config, i)) for i in range(config.num_layers)}
+    spec = ModelSpec.from_config(config, preset(fmt).name, name=name, tensor_bytes_by_block=by_block,
+                                 entry_bytes=sum(nbytes(t) for t in entry_tensors(config)),
+                                 exit_bytes=sum(nbytes(t) for t in exit_tensors(config)))
+    return replace(spec, format=fmt)
