@@ -110,20 +110,27 @@ def test_failed_step_fails_only_its_request(engine: Engine) -> None:
     assert _text(_run(engine, _request(engine))) == expected  # rolled back: nothing leaked
 
 
+HANG_S = 120.0  # a wait on the engine's state that takes this long is a hang, never a race
+
+
+def _wait_until(done: object, what: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.005)
+
+
 def test_cancel_during_prefill_frees_the_slot(engine: Engine) -> None:
-    engine.guard.delay_s = 0.02
+    engine.guard.delay_s = 0.2  # each 8-token prefill chunk: the prompt's dozen chunks take seconds
     long_prompt = "Pipelines split a model into stages; each stage owns one device. " * 4
     outputs: queue.Queue[RequestOutput] = queue.Queue()
     handle = engine.submit(_request(engine, long_prompt), outputs.put)
-    time.sleep(0.1)  # a few 8-token prefill chunks in
+    _wait_until(lambda: engine.scheduler.running == 1, "admission")  # the prefill under way
     handle.cancel()
-    assert handle.wait(2)
+    assert handle.wait(HANG_S)
     last = outputs.get()
     assert last.finish_reason == "cancelled" and last.completion_tokens == 0
-    deadline = time.monotonic() + 2
-    while engine.scheduler.running and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.scheduler.running == 0
+    _wait_until(lambda: engine.scheduler.running == 0, "freeing the slot")
     assert engine.metrics.state_slots_in_use._value.get() == 0
 
 
