@@ -137,14 +137,14 @@ def test_cancel_during_prefill_frees_the_slot(engine: Engine) -> None:
 def test_queue_full_then_drain_cancels_after_grace(engine: Engine) -> None:
     engine.guard.delay_s = 0.05
     sink: queue.Queue[RequestOutput] = queue.Queue()
-    running = engine.submit(_request(engine, max_tokens=200), sink.put)
-    while not engine.scheduler.running:
-        time.sleep(0.01)
-    waiting = [engine.submit(_request(engine), sink.put) for _ in range(2)]
+    slots = engine.batcher.slots
+    running = [engine.submit(_request(engine, max_tokens=200), sink.put) for _ in range(slots)]  # a free slot each
+    _wait_until(lambda: engine.scheduler.running == slots, "admission")
+    waiting = [engine.submit(_request(engine), sink.put) for _ in range(2)]  # max_waiting=2 beyond the slots
     with pytest.raises(QueueFull):
         engine.submit(_request(engine), sink.put)
     assert engine.drain(grace_s=0.2) is False
-    for handle in (running, *waiting):
+    for handle in (*running, *waiting):
         assert handle.done
 
 

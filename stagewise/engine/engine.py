@@ -34,7 +34,8 @@ class Engine:
 
     Args:
         model: the loaded model (the engine does not close it; the owner does).
-        max_waiting: queue bound; :meth:`submit` raises ``QueueFull`` past it.
+        max_waiting: requests that may wait for a sequence slot (beyond those a free slot takes at
+            once); :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: prompt tokens per prefill step.
         micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
