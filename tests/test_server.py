@@ -30,7 +30,7 @@ PLACEMENTS = {"single": ["--placement", "single"],
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model_dir(tmp_path_factory.mktemp("served-model"))
+    return make_model_dir(tmp_path_factory.mktemp("served-model") / "x")  # served as "x": the requests' model
 
 
 @pytest.fixture(scope="module", params=list(PLACEMENTS))

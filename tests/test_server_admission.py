@@ -30,7 +30,7 @@ NO_STOP = {"0": -100, "1": -100, "2": -100}  # the demo tokenizer's specials (EO
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
-    model_dir = make_model_dir(tmp_path_factory.mktemp("admission-model"))
+    model_dir = make_model_dir(tmp_path_factory.mktemp("admission-model") / "x")  # served as "x"
     log = tmp_path_factory.mktemp("log") / "serve.log"
     served = start_server(model_dir, log, "--placement", "single", "--max-seqs", str(MAX_SEQS),
                           "--queue", str(QUEUE))
