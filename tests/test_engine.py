@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections.abc import Iterator
@@ -154,3 +155,15 @@ def test_drain_lets_requests_finish(engine: Engine) -> None:
     assert engine.drain(grace_s=10) is True
     finals = [o for o in list(sink.queue) if o.finished]
     assert handle.done and finals[0].finish_reason in ("stop", "length")
+
+
+def test_one_info_line_per_request(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="stagewise.requests")
+    request = _request(engine, max_tokens=5)
+    outputs = _run(engine, request)
+    lines = [r.getMessage() for r in caplog.records if r.name == "stagewise.requests"]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line.startswith(f"request {request.request_id}: prompt {len(request.prompt_ids)} tokens, "
+                           f"completion {outputs[-1].completion_tokens} tokens, TTFT ")
+    assert "tok/s" in line and line.endswith(f"finish {outputs[-1].finish_reason}")

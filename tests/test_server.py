@@ -370,7 +370,12 @@ def test_failed_step_is_500_and_server_keeps_serving(server: ServedModel, client
 
 
 def test_metrics_count_tokens_and_timings(server: ServedModel) -> None:
-    assert _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2}).status_code == 200
+    r = _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})
+    assert r.status_code == 200
+    usage = r.json()["usage"]
+    logged = [line for line in server.log.read_text().splitlines() if f"request {r.json()['id']}:" in line]
+    assert len(logged) == 1 and f"prompt {usage['prompt_tokens']} tokens" in logged[0]  # one INFO line a request
+    assert f"completion {usage['completion_tokens']} tokens, TTFT " in logged[0]
     text = httpx.get(f"{server.url}/metrics").text
     assert server.metric("stagewise_generation_tokens_total") > 0
     assert server.metric("stagewise_prompt_tokens_total") > 0
