@@ -81,7 +81,9 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     want = [e.sample.token for e in fresh.generator.stream(request.generation())]
     warmed = Engine(loaded, max_waiting=2, prefill_chunk=8)
     done = warmed.warm_up()
-    assert done.prompt_tokens == (8, 17, 8, 9, 10, 11) and done.generated_tokens == 6 * 4 and done.seconds > 0
+    assert done.prompt_tokens[:6] == (8, 17, 8, 9, 10, 11) and set(done.prompt_tokens[6:]) <= {1}
+    assert done.generated_tokens >= 6 * 4 and done.seconds > 0
+    assert done.decode_shapes == done.launchable_shapes and not done.missing_shapes
     assert [e.sample.token for e in warmed.generator.stream(request.generation())] == want
     started = warmed.start()
     try:
@@ -167,3 +169,20 @@ def test_one_info_line_per_request(engine: Engine, caplog: pytest.LogCaptureFixt
     assert line.startswith(f"request {request.request_id}: prompt {len(request.prompt_ids)} tokens, "
                            f"completion {outputs[-1].completion_tokens} tokens, TTFT ")
     assert "tok/s" in line and line.endswith(f"finish {outputs[-1].finish_reason}")
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buckets"])
+def test_warm_up_launches_every_decode_shape_the_batcher_can(loaded: LoadedModel, graphs: bool) -> None:
+    """The decode step shapes (first row, rows run) warm-up launched are exactly those the batcher can
+    launch (with no prompt prefilled beside them); with graphs, batch buckets padded with free rows."""
+    from stagewise.engine.batcher import plan_groups
+
+    engine = Engine(loaded, max_waiting=2, prefill_chunk=8)
+    engine.batcher.graphs = graphs  # the CPU pipeline captures nothing; the bucketing is the batcher's
+    done = engine.warm_up()
+    slots, groups = engine.batcher.slots, engine.batcher.micro_batches
+    want = {(first, run) for count in range(1, slots + 1)
+            for first, _, run in plan_groups(count, groups, graphs, slots - 1 if count < slots else slots)}
+    assert done.launchable_shapes == want
+    assert done.decode_shapes == want and not done.missing_shapes
+    assert f"({len(want)} shapes of {len(want)} launchable)" in done.summary()

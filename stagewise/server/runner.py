@@ -126,8 +126,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
             done = engine.warm_up()
-            console.print(f"stagewise: warmed up in {done.seconds:.1f} s "
-                          f"(prompts of {' and '.join(map(str, done.prompt_tokens))} tokens)")
+            console.print(f"stagewise: {done.summary()}", highlight=False)
         engine.start()
     except BaseException as exc:
         model.close()  # the devices are freed before the server exits with the error
