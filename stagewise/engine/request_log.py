@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TextIO
 
 LOGGER = logging.getLogger("stagewise.requests")
 
@@ -25,11 +26,11 @@ def log_request(request_id: str, prompt_tokens: int, completion_tokens: int, ttf
                                  finish_reason))
 
 
-def print_requests(stream: object = None) -> None:
+def print_requests(stream: TextIO | None = None) -> None:
     """Send ``stagewise.requests`` lines to stderr (or ``stream``), once; the server calls it at start."""
     if any(getattr(h, "_stagewise", False) for h in LOGGER.handlers):
         return
-    handler = logging.StreamHandler(stream)  # type: ignore[arg-type]
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s INFO %(message)s", "%H:%M:%S"))
     handler._stagewise = True  # type: ignore[attr-defined]
     LOGGER.addHandler(handler)
