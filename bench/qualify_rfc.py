@@ -59,7 +59,7 @@ def _status(pid: int) -> dict[str, int]:
 
 
 def _chat(client: httpx.Client, content: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
-    body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, **extra}
     t0 = time.perf_counter()
     r = client.post("/v1/chat/completions", json=body, timeout=600)
@@ -72,7 +72,7 @@ def _chat(client: httpx.Client, content: str, max_tokens: int, **extra: Any) -> 
 
 
 def _stream(client: httpx.Client, content: str, max_tokens: int, stop_after: int | None = None) -> dict[str, Any]:
-    body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections.abc import Iterator
@@ -80,7 +81,9 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     want = [e.sample.token for e in fresh.generator.stream(request.generation())]
     warmed = Engine(loaded, max_waiting=2, prefill_chunk=8)
     done = warmed.warm_up()
-    assert done.prompt_tokens == (8, 17, 8, 9, 10, 11) and done.generated_tokens == 6 * 4 and done.seconds > 0
+    assert done.prompt_tokens[:6] == (8, 17, 8, 9, 10, 11) and set(done.prompt_tokens[6:]) <= {1}
+    assert done.generated_tokens >= 6 * 4 and done.seconds > 0
+    assert done.decode_shapes == done.launchable_shapes and not done.missing_shapes
     assert [e.sample.token for e in warmed.generator.stream(request.generation())] == want
     started = warmed.start()
     try:
@@ -110,34 +113,41 @@ def test_failed_step_fails_only_its_request(engine: Engine) -> None:
     assert _text(_run(engine, _request(engine))) == expected  # rolled back: nothing leaked
 
 
+HANG_S = 120.0  # a wait on the engine's state that takes this long is a hang, never a race
+
+
+def _wait_until(done: object, what: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.005)
+
+
 def test_cancel_during_prefill_frees_the_slot(engine: Engine) -> None:
-    engine.guard.delay_s = 0.02
+    engine.guard.delay_s = 0.2  # each 8-token prefill chunk: the prompt's dozen chunks take seconds
     long_prompt = "Pipelines split a model into stages; each stage owns one device. " * 4
     outputs: queue.Queue[RequestOutput] = queue.Queue()
     handle = engine.submit(_request(engine, long_prompt), outputs.put)
-    time.sleep(0.1)  # a few 8-token prefill chunks in
+    _wait_until(lambda: engine.scheduler.running == 1, "admission")  # the prefill under way
     handle.cancel()
-    assert handle.wait(2)
+    assert handle.wait(HANG_S)
     last = outputs.get()
     assert last.finish_reason == "cancelled" and last.completion_tokens == 0
-    deadline = time.monotonic() + 2
-    while engine.scheduler.running and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.scheduler.running == 0
+    _wait_until(lambda: engine.scheduler.running == 0, "freeing the slot")
     assert engine.metrics.state_slots_in_use._value.get() == 0
 
 
 def test_queue_full_then_drain_cancels_after_grace(engine: Engine) -> None:
     engine.guard.delay_s = 0.05
     sink: queue.Queue[RequestOutput] = queue.Queue()
-    running = engine.submit(_request(engine, max_tokens=200), sink.put)
-    while not engine.scheduler.running:
-        time.sleep(0.01)
-    waiting = [engine.submit(_request(engine), sink.put) for _ in range(2)]
+    slots = engine.batcher.slots
+    running = [engine.submit(_request(engine, max_tokens=200), sink.put) for _ in range(slots)]  # a free slot each
+    _wait_until(lambda: engine.scheduler.running == slots, "admission")
+    waiting = [engine.submit(_request(engine), sink.put) for _ in range(2)]  # max_waiting=2 beyond the slots
     with pytest.raises(QueueFull):
         engine.submit(_request(engine), sink.put)
     assert engine.drain(grace_s=0.2) is False
-    for handle in (running, *waiting):
+    for handle in (*running, *waiting):
         assert handle.done
 
 
@@ -147,3 +157,32 @@ def test_drain_lets_requests_finish(engine: Engine) -> None:
     assert engine.drain(grace_s=10) is True
     finals = [o for o in list(sink.queue) if o.finished]
     assert handle.done and finals[0].finish_reason in ("stop", "length")
+
+
+def test_one_info_line_per_request(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="stagewise.requests")
+    request = _request(engine, max_tokens=5)
+    outputs = _run(engine, request)
+    lines = [r.getMessage() for r in caplog.records if r.name == "stagewise.requests"]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line.startswith(f"request {request.request_id}: prompt {len(request.prompt_ids)} tokens, "
+                           f"completion {outputs[-1].completion_tokens} tokens, TTFT ")
+    assert "tok/s" in line and line.endswith(f"finish {outputs[-1].finish_reason}")
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buckets"])
+def test_warm_up_launches_every_decode_shape_the_batcher_can(loaded: LoadedModel, graphs: bool) -> None:
+    """The decode step shapes (first row, rows run) warm-up launched are exactly those the batcher can
+    launch (with no prompt prefilled beside them); with graphs, batch buckets padded with free rows."""
+    from stagewise.engine.batcher import plan_groups
+
+    engine = Engine(loaded, max_waiting=2, prefill_chunk=8)
+    engine.batcher.graphs = graphs  # the CPU pipeline captures nothing; the bucketing is the batcher's
+    done = engine.warm_up()
+    slots, groups = engine.batcher.slots, engine.batcher.micro_batches
+    want = {(first, run) for count in range(1, slots + 1)
+            for first, _, run in plan_groups(count, groups, graphs, slots - 1 if count < slots else slots)}
+    assert done.launchable_shapes == want
+    assert done.decode_shapes == want and not done.missing_shapes
+    assert f"({len(want)} shapes of {len(want)} launchable)" in done.summary()

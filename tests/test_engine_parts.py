@@ -50,16 +50,30 @@ def _handle(n: int) -> RequestHandle:
 
 def test_scheduler_is_fifo_and_bounded() -> None:
     scheduler = Scheduler(max_waiting=2)
-    a, b = _handle(0), _handle(1)
-    scheduler.add(a)
-    scheduler.add(b)
+    a, b, c = _handle(0), _handle(1), _handle(2)
+    for handle in (a, b, c):  # a: the free slot takes it; b and c wait for a slot (--queue 2)
+        scheduler.add(handle)
     with pytest.raises(QueueFull):
-        scheduler.add(_handle(2))
+        scheduler.add(_handle(3))
     batch = scheduler.schedule(0.0)
     assert batch.run == (a,)
     assert scheduler.schedule(0.0).run == ()  # one running at a time
+    with pytest.raises(QueueFull):
+        scheduler.add(_handle(3))  # a runs, b and c wait: still full
     scheduler.update(batch)
     assert scheduler.schedule(0.0).run == (b,)
+
+
+def test_scheduler_bounds_only_what_waits_beyond_the_free_slots() -> None:
+    scheduler = Scheduler(max_waiting=1, max_running=4)
+    handles = [_handle(i) for i in range(5)]  # the engine worker is busy: nothing moves to running meanwhile
+    for handle in handles:
+        scheduler.add(handle)
+    assert scheduler.waiting == 5 and scheduler.beyond_slots == 1
+    with pytest.raises(QueueFull):
+        scheduler.add(_handle(5))
+    assert scheduler.schedule(0.0).run == tuple(handles[:4])
+    assert scheduler.beyond_slots == 1  # the fifth still waits for a slot
 
 
 def test_scheduler_drops_cancelled_and_refuses_after_close() -> None:
@@ -68,11 +82,25 @@ def test_scheduler_drops_cancelled_and_refuses_after_close() -> None:
     scheduler.add(a)
     scheduler.add(b)
     a.cancel()
+    assert scheduler.waiting == 1  # it left the queue at once, before the worker's next schedule()
     batch = scheduler.schedule(0.0)
     assert batch.dropped == (a,) and batch.run == (b,)
+    b.cancel()  # running: the batcher notices it; the queue is not touched
+    assert scheduler.running == 1 and scheduler.waiting == 0
     scheduler.close()
     with pytest.raises(EngineClosed):
         scheduler.add(_handle(2))
+
+
+def test_cancelled_waiting_request_frees_its_place_at_once() -> None:
+    scheduler = Scheduler(max_waiting=1)
+    a, b = _handle(0), _handle(1)
+    scheduler.add(a)
+    scheduler.add(b)
+    with pytest.raises(QueueFull):
+        scheduler.add(_handle(2))
+    b.cancel()
+    scheduler.add(_handle(3))  # b's place is free without any schedule() in between
 
 
 def test_engine_request_validates() -> None:

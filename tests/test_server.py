@@ -30,7 +30,7 @@ PLACEMENTS = {"single": ["--placement", "single"],
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model_dir(tmp_path_factory.mktemp("served-model"))
+    return make_model_dir(tmp_path_factory.mktemp("served-model") / "x")  # served as "x": the requests' model
 
 
 @pytest.fixture(scope="module", params=list(PLACEMENTS))
@@ -61,11 +61,23 @@ def _set_delay(server: ServedModel, seconds: float) -> None:
     assert _post(server, "/debug/step-delay", {"seconds": seconds}).status_code == 200
 
 
-def _wait_metric(server: ServedModel, name: str, want: float, timeout_s: float = 5.0) -> None:
+HANG_S = 120.0  # how long a wait on the server's state may take before the test calls it a hang (never a race)
+
+
+def _wait_metric(server: ServedModel, name: str, want: float, timeout_s: float = HANG_S) -> None:
+    """Wait until the server's metric ``name`` reads ``want`` (state, not time: ``timeout_s`` only catches a hang)."""
     deadline = time.monotonic() + timeout_s
     while server.metric(name) != want:
         assert time.monotonic() < deadline, f"{name} stayed at {server.metric(name)}, wanted {want}"
-        time.sleep(0.05)
+        time.sleep(0.02)
+
+
+def _wait_metric_above(server: ServedModel, name: str, floor: float, timeout_s: float = HANG_S) -> None:
+    """Wait until the server's metric ``name`` exceeds ``floor`` (see :func:`_wait_metric`)."""
+    deadline = time.monotonic() + timeout_s
+    while server.metric(name) <= floor:
+        assert time.monotonic() < deadline, f"{name} stayed at {server.metric(name)}, wanted more than {floor}"
+        time.sleep(0.02)
 
 
 def test_health_models_and_placement(server: ServedModel, client: OpenAI, model_dir: Path) -> None:
@@ -209,7 +221,7 @@ class _OpenStream:
     """A streamed chat request on a raw socket, read by a thread until :meth:`close` (the server sees a
     client that is there and reading; closing shuts the socket, which unblocks the reader)."""
 
-    def __init__(self, server: ServedModel, body: dict[str, object]) -> None:
+    def __init__(self, server: ServedModel, body: dict[str, object], wait_for_head: bool = True) -> None:
         payload = json.dumps(body).encode()
         head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
                 "Content-Type: application/json\r\n"
@@ -218,11 +230,13 @@ class _OpenStream:
         self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
         self.sock.sendall(head.encode() + payload)
         self.received = b""
-        while b"\r\n\r\n" not in self.received:
+        self.status_code = 0  # not known without wait_for_head (a non-streamed answer comes at its end)
+        while wait_for_head and b"\r\n\r\n" not in self.received:
             part = self.sock.recv(65536)
             assert part, "the server closed the connection before answering"
             self.received += part
-        self.status_code = int(self.received.split(b" ", 2)[1])
+        if wait_for_head:
+            self.status_code = int(self.received.split(b" ", 2)[1])
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -237,7 +251,7 @@ class _OpenStream:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
-        self.thread.join(10)
+        self.thread.join(HANG_S)
 
 
 def _fill_slots_and_queue(server: ServedModel) -> list[_OpenStream]:
@@ -247,10 +261,10 @@ def _fill_slots_and_queue(server: ServedModel) -> list[_OpenStream]:
     for _ in range(MAX_SEQS):
         streams.append(_OpenStream(server, body))
         assert streams[-1].status_code == 200
-    _wait_metric(server, "stagewise_active_sequences", float(MAX_SEQS), timeout_s=30)
+    _wait_metric(server, "stagewise_active_sequences", float(MAX_SEQS))
     streams.append(_OpenStream(server, body))
     assert streams[-1].status_code == 200
-    _wait_metric(server, "stagewise_queue_depth", 1.0, timeout_s=30)
+    _wait_metric(server, "stagewise_queue_depth", 1.0)
     return streams
 
 
@@ -259,7 +273,7 @@ def _close_and_settle(server: ServedModel, streams: list[_OpenStream]) -> None:
     for s in streams:
         s.close()
     _set_delay(server, 0.0)
-    _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=10)
+    _wait_metric(server, "stagewise_active_sequences", 0.0)
     _wait_metric(server, "stagewise_queue_depth", 0.0)
 
 
@@ -283,16 +297,11 @@ def test_abandoned_queued_stream_frees_its_queue_slot(server: ServedModel) -> No
     try:
         streams = _fill_slots_and_queue(server)
         streams.pop().close()  # the queued one's client goes away before it ever ran
+        _wait_metric(server, "stagewise_queue_depth", 0.0)  # it left the queue, though no slot came free
         body = {"messages": HELLO, "max_tokens": 200, "stream": True, "logit_bias": NO_STOP}
-        deadline = time.monotonic() + 10
-        while True:
-            fresh = _OpenStream(server, body)
-            streams.append(fresh)
-            if fresh.status_code == 200:
-                break
-            assert fresh.status_code == 429
-            assert time.monotonic() < deadline, "the abandoned request kept its queue slot"
-            time.sleep(0.1)
+        streams.append(_OpenStream(server, body))
+        assert streams[-1].status_code == 200, "the abandoned request kept its queue slot"
+        _wait_metric(server, "stagewise_queue_depth", 1.0)
         assert server.metric("stagewise_active_sequences") == MAX_SEQS  # admitted to the queue, not run
     finally:
         _close_and_settle(server, streams)
@@ -308,24 +317,32 @@ def test_disconnect_mid_stream_frees_state(server: ServedModel) -> None:
             for _ in range(4):
                 next(lines)
             assert server.metric("stagewise_state_slots_in_use") == 1.0
-        started = time.monotonic()
-        _wait_metric(server, "stagewise_state_slots_in_use", 0.0, timeout_s=3)
-        _wait_metric(server, "stagewise_active_sequences", 0.0, timeout_s=3)
-        assert time.monotonic() - started < 3
+        _wait_metric(server, "stagewise_state_slots_in_use", 0.0)
+        _wait_metric(server, "stagewise_active_sequences", 0.0)
+        # cancelled, not run to its end: the 200 tokens it had left would have finished as "length"
         assert server.metric('stagewise_requests_total{finish_reason="cancelled"}') == before + 1
     finally:
         _set_delay(server, 0.0)
 
 
 def test_disconnect_during_prefill_cancels(server: ServedModel) -> None:
-    _set_delay(server, 1.0)  # the prefill step alone takes a second
+    _set_delay(server, 2.0)  # every step, the prefill's first, takes two seconds: 200 tokens would take 400 s
     before = server.metric('stagewise_requests_total{finish_reason="cancelled"}') if _has_cancelled(server) else 0
+    admitted = server.metric("stagewise_prompt_tokens_total")
+    stream: _OpenStream | None = None
     try:
-        with pytest.raises(httpx.ReadTimeout):
-            _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 50}, timeout=0.3)
-        _wait_metric(server, 'stagewise_requests_total{finish_reason="cancelled"}', before + 1, timeout_s=4)
+        # a non-streamed request: the client hears nothing until the whole answer; it leaves once the
+        # engine took the request (its prompt counted), i.e. while the first step (the prefill) runs
+        body = {"messages": HELLO, "max_tokens": 200, "logit_bias": NO_STOP}
+        stream = _OpenStream(server, body, wait_for_head=False)
+        _wait_metric_above(server, "stagewise_prompt_tokens_total", admitted)
+        stream.close()
+        _wait_metric(server, 'stagewise_requests_total{finish_reason="cancelled"}', before + 1)
         _wait_metric(server, "stagewise_state_slots_in_use", 0.0)
+        assert b"HTTP/1.1 200" not in stream.received  # no answer ever came
     finally:
+        if stream is not None:
+            stream.close()
         _set_delay(server, 0.0)
 
 
@@ -353,7 +370,12 @@ def test_failed_step_is_500_and_server_keeps_serving(server: ServedModel, client
 
 
 def test_metrics_count_tokens_and_timings(server: ServedModel) -> None:
-    assert _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2}).status_code == 200
+    r = _post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})
+    assert r.status_code == 200
+    usage = r.json()["usage"]
+    logged = [line for line in server.log.read_text().splitlines() if f"request {r.json()['id']}:" in line]
+    assert len(logged) == 1 and f"prompt {usage['prompt_tokens']} tokens" in logged[0]  # one INFO line a request
+    assert f"completion {usage['completion_tokens']} tokens, TTFT " in logged[0]
     text = httpx.get(f"{server.url}/metrics").text
     assert server.metric("stagewise_generation_tokens_total") > 0
     assert server.metric("stagewise_prompt_tokens_total") > 0
@@ -367,14 +389,15 @@ def test_metrics_count_tokens_and_timings(server: ServedModel) -> None:
 
 
 def test_sigterm_drains_in_flight_and_exits_zero(model_dir: Path, tmp_path: Path) -> None:
-    served = start_server(model_dir, tmp_path / "drain.log", "--placement", "single", "--grace-s", "20")
+    served = start_server(model_dir, tmp_path / "drain.log", "--placement", "single", "--grace-s", "60")
     served.wait_ready()
-    _set_delay(served, 0.02)
+    _set_delay(served, 0.05)  # 160 tokens: 8 s at least, in flight through the whole drain check below
     result: dict[str, object] = {}
 
     def stream() -> None:
-        client = OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0, timeout=30)
-        chunks = list(client.chat.completions.create(model="x", messages=HELLO, max_tokens=40, stream=True))  # type: ignore[arg-type]
+        client = OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0, timeout=HANG_S)
+        chunks = list(client.chat.completions.create(model="x", messages=HELLO, max_tokens=160,  # type: ignore[call-overload]
+                                                     stream=True, logit_bias=NO_STOP))
         result["finish"] = chunks[-1].choices[0].finish_reason
         result["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
@@ -382,16 +405,15 @@ def test_sigterm_drains_in_flight_and_exits_zero(model_dir: Path, tmp_path: Path
     worker.start()
     _wait_metric(served, "stagewise_state_slots_in_use", 1.0)
     served.process.send_signal(15)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # draining: health and new requests are 503
-        if httpx.get(f"{served.url}/health").status_code == 503:
-            break
+    deadline = time.monotonic() + HANG_S
+    while httpx.get(f"{served.url}/health").status_code != 503:  # draining: health and new requests are 503
+        assert time.monotonic() < deadline, "the server never began draining"
         time.sleep(0.02)
     r = _post(served, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2})
     assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
-    worker.join(30)
-    assert result.get("finish") in ("stop", "length"), result
-    assert served.process.wait(30) == 0
+    worker.join(HANG_S)
+    assert result.get("finish") == "length", result
+    assert served.process.wait(HANG_S) == 0
     assert "model closed" in (tmp_path / "drain.log").read_text()
 
 

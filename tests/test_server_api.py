@@ -28,7 +28,7 @@ HELLO = [{"role": "user", "content": "Hello, world! How are you today?"}]
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
-    model = load_model(str(make_model_dir(tmp_path_factory.mktemp("api-model"))), None, "single", 256)
+    model = load_model(str(make_model_dir(tmp_path_factory.mktemp("api-model") / "m")), None, "single", 256)  # served as "m"
     yield model
     model.close()
 
@@ -73,6 +73,25 @@ def test_model_card_and_unknown_model(client: OpenAI, loaded: LoadedModel) -> No
         client.models.retrieve("no-such-model")
     assert info.value.code == "model_not_found"
     assert info.value.body["param"] == "model"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_model_not_served_is_404_model_not_found(http: TestClient, loaded: LoadedModel, path: str,
+                                                    stream: bool) -> None:
+    body: dict[str, object] = {"max_tokens": 2, "stream": stream}
+    body |= {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    error = _error(http.post(path, json={**body, "model": "gpt-4o"}, headers=AUTH), 404, "model")
+    assert error["code"] == "model_not_found" and "gpt-4o" in str(error["message"])
+    for served in (loaded.name, None):  # the served name, or no model at all (curl without one)
+        fields = {**body, "model": served} if served is not None else body
+        assert http.post(path, json=fields, headers=AUTH).status_code == 200
+
+
+def test_a_model_not_served_through_the_client(client: OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert info.value.code == "model_not_found"
 
 
 # ----- /tokenize and /detokenize ---------------------------------------------------------------

@@ -39,7 +39,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
-    model = load_model(str(make_model_dir(tmp_path_factory.mktemp("structured-model"))), None, "single", 1024)
+    model = load_model(str(make_model_dir(tmp_path_factory.mktemp("structured-model") / "m")), None, "single", 1024)  # served as "m"
     yield model
     model.close()
 

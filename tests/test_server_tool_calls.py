@@ -71,7 +71,7 @@ class ScriptedBatcher(Batcher):
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
-    model = load_model(str(make_model_dir(tmp_path_factory.mktemp("tool-model"))), None, "single", 1024)
+    model = load_model(str(make_model_dir(tmp_path_factory.mktemp("tool-model") / "m")), None, "single", 1024)  # served as "m"
     yield model
     model.close()
 

@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
                         help="sequences decoded together (continuous batching), each with --context positions of "
                              "state on every stage; auto (default): the most of 64, 32, 16, 8, 4, 2, 1 that fit on as many "
                              "devices as one sequence needs")
-    parser.add_argument("--queue", type=int, default=16, help="max waiting requests before 429 (default 16)")
+    parser.add_argument("--queue", type=int, default=16, help="requests that may wait beyond --max-seqs before 429 (default 16)")
     parser.add_argument("--grace-s", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds to let in-flight requests finish (default 30)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,

@@ -64,6 +64,26 @@ def batch_bucket(size: int) -> int:
     return -(-size // 8) * 8
 
 
+def plan_groups(count: int, micro_batches: int, graphs: bool, limit: int) -> list[tuple[int, int, int]]:
+    """Split ``count`` decoding rows into at most ``micro_batches`` groups ``(first row, sequences, rows
+    run)``; with ``graphs`` a group runs a :func:`batch_bucket` of rows (free rows as padding) unless
+    that would reach row ``limit``."""
+    if count == 0:
+        return []
+    n = min(micro_batches, count)
+    size = -(-count // n)
+    if graphs and n > 1:
+        size = batch_bucket(size)
+    groups = []
+    for first in range(0, count, size):
+        members = min(size, count - first)
+        run = batch_bucket(members) if graphs else members
+        if first + run > limit:
+            run = members
+        groups.append((first, members, run))
+    return groups
+
+
 @dataclass(eq=False)
 class _InFlight:
     """A launched step whose tokens have not been collected: a decode group or a prefill chunk."""
@@ -109,6 +129,7 @@ class Batcher:
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.kv = SequenceBlocks(pipeline, self.slots)  # the KV blocks of each sequence's positions
         self.preemptions = 0  # sequences preempted (blocks ran out) since construction
+        self.launched_shapes: set[tuple[int, int]] = set()  # decode steps' (first row, rows run) so far
         self._admissions = 0
         self.kv.clear()
 
@@ -449,22 +470,19 @@ class Batcher:
         self.area.first = first
 
     def _plan_groups(self, count: int) -> list[tuple[int, int, int]]:
-        if count == 0:
-            return []
-        n = min(self.micro_batches, count)
-        size = -(-count // n)
-        if self.graphs and n > 1:
-            size = batch_bucket(size)
         # padding never reaches a staging row, and leaves one row for the next sequence to start in
         limit = self.area.first if self.staging else (self.slots - 1 if count < self.slots else self.slots)
-        groups = []
-        for first in range(0, count, size):
-            members = min(size, count - first)
-            run = batch_bucket(members) if self.graphs else members
-            if first + run > limit:
-                run = members
-            groups.append((first, members, run))
-        return groups
+        return plan_groups(count, self.micro_batches, self.graphs, limit)
+
+    def decode_shapes(self) -> dict[tuple[int, int], int]:
+        """Every decode step shape ``(first row, rows run)`` this batcher launches with no sequence in
+        the staging rows, each with the fewest decoding sequences that launch it (what warm-up runs)."""
+        shapes: dict[tuple[int, int], int] = {}
+        for count in range(1, self.slots + 1):
+            limit = self.slots - 1 if count < self.slots else self.slots
+            for first, _, run in plan_groups(count, self.micro_batches, self.graphs, limit):
+                shapes.setdefault((first, run), count)
+        return shapes
 
     def _members(self, g: int) -> list[Sequence | None]:
         first, members, _ = self.groups[g]
@@ -488,6 +506,7 @@ class Batcher:
             tokens = torch.tensor([[s.next_token if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
         positions = torch.tensor([[s.length if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
         all_greedy = all(s is None or s.device_greedy for s in rows)  # two numbers a row suffice
+        self.launched_shapes.add((first, run))
         try:
             handle = self.pipeline.submit(tokens, positions, start=None, first_row=first, greedy=all_greedy)
         except StagewiseError as exc:

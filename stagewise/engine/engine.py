@@ -18,6 +18,7 @@ from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.metrics import EngineMetrics
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_handle import OutputSink, RequestHandle
+from stagewise.engine.request_log import log_request
 from stagewise.engine.request_output import RequestOutput
 from stagewise.engine.scheduler import Batch, Scheduler
 from stagewise.engine.sequence import Sequence
@@ -34,7 +35,8 @@ class Engine:
 
     Args:
         model: the loaded model (the engine does not close it; the owner does).
-        max_waiting: queue bound; :meth:`submit` raises ``QueueFull`` past it.
+        max_waiting: requests that may wait for a sequence slot (beyond those a free slot takes at
+            once); :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: prompt tokens per prefill step.
         micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
@@ -179,10 +181,15 @@ class Engine:
         if handle.done:
             return
         self.metrics.requests.labels(output.finish_reason).inc()
+        now = time.monotonic()
+        decode_s = None
         if handle.first_token_s is not None and output.completion_tokens > 1:
-            decode_s = time.monotonic() - handle.first_token_s
+            decode_s = now - handle.first_token_s
             if decode_s > 0:
                 self.metrics.decode_rate.observe((output.completion_tokens - 1) / decode_s)
+        ttft_s = handle.first_token_s - handle.submitted_s if handle.first_token_s is not None else None
+        log_request(handle.request_id, output.prompt_tokens, output.completion_tokens, ttft_s, decode_s,
+                    now - handle.submitted_s, output.finish_reason)  # before the client hears the end
         handle.deliver(output)
         self.scheduler.finish(handle)
         self.metrics.active_sequences.set(self.scheduler.running)

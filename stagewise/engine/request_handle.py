@@ -27,13 +27,18 @@ class RequestHandle:
         self._done = threading.Event()
         self.submitted_s = time.monotonic()
         self.first_token_s: float | None = None
+        self.on_cancel: Callable[[], None] | None = None  # set by the scheduler while the request waits
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
     def cancel(self) -> None:
+        """Ask the engine to end this request (any thread); a waiting request leaves the queue at once."""
         self._cancelled.set()
+        hook = self.on_cancel
+        if hook is not None:
+            hook()
 
     def is_cancelled(self) -> bool:
         return self._cancelled.is_set()

@@ -40,7 +40,14 @@ class Batch:
 
 
 class Scheduler:
-    """Thread-safe FIFO admission: at most ``max_waiting`` queued, at most ``max_running`` running."""
+    """Thread-safe FIFO admission: at most ``max_running`` running, and at most ``max_waiting`` waiting
+    beyond the slots free now.
+
+    A request that a free slot can take is never refused: the bound counts only the requests that
+    would wait for a slot to free (``--queue`` past ``--max-seqs``), whether or not the engine's
+    worker has moved the others to running yet (it does so between steps, but counting them does not
+    wait for that). A request cancelled while waiting (its client went away) leaves the queue at once.
+    """
 
     def __init__(self, max_waiting: int, max_running: int = 1) -> None:
         if max_waiting < 1 or max_running < 1:
@@ -59,6 +66,18 @@ class Scheduler:
             return len(self._waiting)
 
     @property
+    def beyond_slots(self) -> int:
+        """Waiting requests that no free slot can take (what ``max_waiting`` bounds)."""
+        with self._cond:
+            return self._beyond_slots()
+
+    def _free_slots(self) -> int:
+        return max(0, self.max_running - len(self._running))
+
+    def _beyond_slots(self) -> int:
+        return max(0, len(self._waiting) - self._free_slots())
+
+    @property
     def running(self) -> int:
         with self._cond:
             return len(self._running)
@@ -69,10 +88,21 @@ class Scheduler:
             if self._closed:
                 raise EngineClosed("the server is shutting down and accepts no new requests")
             self._drop_cancelled()
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"the request queue is full ({self.max_waiting} waiting); retry later")
+            if self._beyond_slots() >= self.max_waiting:  # this one would wait past the bound
+                raise QueueFull(f"the request queue is full ({self.max_waiting} waiting for a sequence slot, "
+                                f"{self.max_running} running); retry later")
             self._waiting.append(handle)
+            handle.on_cancel = lambda: self._withdraw(handle)
             self._cond.notify_all()
+
+    def _withdraw(self, handle: RequestHandle) -> None:
+        """``handle`` was cancelled: if it still waits, it leaves the queue now (reported by the next
+        :meth:`schedule` as dropped, which this wakes)."""
+        with self._cond:
+            if handle in self._waiting:
+                self._waiting.remove(handle)
+                self._dropped.append(handle)
+                self._cond.notify_all()
 
     def close(self) -> None:
         """Refuse new requests from now on; queued ones still run."""
@@ -92,6 +122,7 @@ class Scheduler:
             room = self.max_running - len(self._running) if free is None else min(free, self.max_running - len(self._running))
             while self._waiting and len(run) < room:
                 handle = self._waiting.popleft()
+                handle.on_cancel = None  # it runs now: the batcher notices its cancellation
                 (dropped if handle.is_cancelled() else run).append(handle)
             self._running.extend(run)
             return Batch(tuple(run), tuple(dropped))

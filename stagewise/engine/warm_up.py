@@ -24,13 +24,33 @@ NEW_TOKENS = 4
 CONCURRENT = 4  # short requests at once: batched decode steps of 2 and 4 sequences
 
 
+BATCH_NEW_TOKENS = 3  # the batch-size phase: one prefill, then two decode steps of every sequence together
+
+
 @dataclass(frozen=True)
 class WarmUp:
-    """What the warm-up ran: its prompts' lengths, the tokens it generated, and its wall time."""
+    """What the warm-up ran: its prompts' lengths, the tokens it generated, its wall time, and the
+    decode step shapes ``(first row, rows run)`` it launched against those the batcher can launch
+    (with no prompt being prefilled beside them: see :meth:`Batcher.decode_shapes`)."""
 
     prompt_tokens: tuple[int, ...]
     generated_tokens: int
     seconds: float
+    decode_shapes: frozenset[tuple[int, int]] = frozenset()
+    launchable_shapes: frozenset[tuple[int, int]] = frozenset()
+
+    @property
+    def missing_shapes(self) -> frozenset[tuple[int, int]]:
+        """Launchable decode shapes the warm-up did not run (empty when it covered them all)."""
+        return self.launchable_shapes - self.decode_shapes
+
+    def summary(self) -> str:
+        """One line for the load banner: what was warmed and how long it took."""
+        batches = sorted({run for _, run in self.decode_shapes})
+        missing = f"; {len(self.missing_shapes)} launchable shapes NOT warmed" if self.missing_shapes else ""
+        return (f"warmed up in {self.seconds:.1f} s: prompts of {', '.join(map(str, sorted(set(self.prompt_tokens))))} "
+                f"tokens, decode steps of {', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes "
+                f"of {len(self.launchable_shapes)} launchable){missing}")
 
 
 def needs_warm_up(model: LoadedModel) -> bool:
@@ -43,7 +63,9 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
     """Run greedy requests through ``batcher`` and discard their tokens: a short prompt, then one of two
     of its full prefill chunks and a partial one (the chunk graphs at two attended lengths, the eager
     tail, decode at the longer length), then up to :data:`CONCURRENT` short ones at once (batched
-    decode at the small batch buckets, the staging row's prefill). The next requests reset the
+    decode at the small batch buckets, the staging row's prefill), then, for every decode step shape
+    the batcher can launch (:meth:`Batcher.decode_shapes`: each batch-size bucket, each micro-batch
+    group's first row) not launched yet, that many one-token prompts at once. The next requests reset the
     sequence slots, as after any request. ``generator`` is the single-sequence path (``run``,
     ``bench``); the server does not use it."""
     del generator
@@ -72,7 +94,17 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
     run([request(SHORT_PROMPT_TOKENS)])
     run([request(2 * batcher.prefill_chunk + 1)])
     run([request(SHORT_PROMPT_TOKENS + i) for i in range(min(CONCURRENT, batcher.slots))])
-    return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0)
+    # every decode shape the batcher can launch: for each, that many one-token prompts at once (one
+    # packed prefill step of them all, in rows 0 ..), then decode steps of them all together
+    launchable = batcher.decode_shapes()
+    for shape, count in sorted(launchable.items(), key=lambda item: item[1]):
+        if shape in batcher.launched_shapes:
+            continue  # an earlier count launched it already
+        one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
+        lengths.append(1)
+        run([one_token] * count)
+    warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
+    return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable))
 
 
 def _raise(error: StagewiseError) -> None:

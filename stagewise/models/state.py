@@ -90,6 +90,14 @@ class KVCache:
         _, kv_heads, block_tokens, dim = pool.shape
         # one copy: gather along the block dim of a head-major view, so each head's positions come out
         # consecutive; the result is (B, kvH, L, D) with D and L contiguous (batch and head strides swapped)
+        if pool.device.type == "cpu":
+            # NOTE: on the CPU, index_select along a non-leading dim of a transposed view first copies the
+            # whole pool (its cost grew with --max-seqs, not with the positions attended); gathering
+            # whole blocks along the pool's leading dim reads only the blocks named, then one more copy
+            # of them lays the heads out first (same values, same (B, kvH, L, D) shape)
+            paged = pool.index_select(0, blocks.reshape(-1)).view(batch, nb, kv_heads, block_tokens, dim)
+            heads_first = paged.transpose(1, 2).reshape(batch, kv_heads, nb * block_tokens, dim)
+            return heads_first[:, :, :length]
         heads_first = pool.transpose(0, 1)  # (kvH, blocks, bt, D) view
         paged = heads_first.index_select(1, blocks.reshape(-1))  # (kvH, B*nb, bt, D)
         return paged.view(kv_heads, batch, nb * block_tokens, dim).transpose(0, 1)[:, :, :length]

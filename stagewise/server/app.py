@@ -27,7 +27,6 @@ from stagewise.server.openai_errors import (
     BodyTooLarge,
     InvalidParam,
     NotFound,
-    UnknownModel,
     error_body,
     error_response,
     from_validation,
@@ -37,6 +36,7 @@ from stagewise.server.request_builder import build_chat, build_completion
 from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
 from stagewise.server.request_id import RequestIds, request_id_of
 from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
+from stagewise.server.served_names import ServedNames
 from stagewise.server.server_state import ServerState
 
 _CLIENT_CLOSED = 499
@@ -147,8 +147,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> Response:
         _, model = state.serving()
-        if model_id != model.name:
-            raise UnknownModel(f"The model '{model_id}' does not exist; this server serves '{model.name}'")
+        ServedNames.of(model.name, settings.model).check(model_id)
         return JSONResponse(card(model))
 
     async def validated(request: Request, schema: Any) -> Any:
@@ -183,6 +182,7 @@ def build_app(state: ServerState) -> FastAPI:
                 body = schema.model_validate(raw)
             except ValidationError as exc:
                 raise from_validation(exc) from exc
+            ServedNames.of(model.name, settings.model).check(body.model)  # 404 model_not_found, as vLLM
             return build(body, model, request_id)
 
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a

@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from stagewise.engine.cut_off_calls import cut_off_calls, forced_deltas
 from stagewise.engine.request_output import TokenLogprob
 from stagewise.engine.tool_call_stream import Delta, ToolCallDelta, ToolCallStream
 from stagewise.engine.tool_calls import parse_tool_calls
@@ -21,7 +22,14 @@ from stagewise.server.request_builder import BuiltRequest
 
 
 def final_message(text: str, built: BuiltRequest, finish_reason: str) -> tuple[dict[str, Any], str]:
-    """The assistant message and finish reason; tool calls are parsed out when tools were offered."""
+    """The assistant message and finish reason; tool calls are parsed out when tools were offered. An
+    output cut off by ``max_tokens`` keeps the call written so far and finishes ``length``."""
+    if built.tool_format is not None and finish_reason == "length":
+        parsed = cut_off_calls(text, built.tool_format, built.forced_tools, random.Random())
+        if parsed.calls:
+            calls = [call.to_openai() for call in parsed.calls]
+            return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "length"
+        return {"role": "assistant", "content": parsed.content if not built.forced_tools else None}, "length"
     if built.tool_format is not None:
         parsed = parse_tool_calls(text, built.tool_format, random.Random())
         if parsed.calls:
@@ -67,6 +75,7 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
             logprobs = None
         if logprobs:
             yield chunk(index, {}, logprobs=logprobs)
+    written = [""] * choices.n  # each choice's output so far (with tools: a forced call's name is read from it)
     completion_tokens = [0] * choices.n
     prompt_tokens = 0
     finished = 0
@@ -81,13 +90,22 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
             logprobs = fmt.chat_logprobs(out.logprobs) if out.logprobs else None
             parser = parsers[index]
             if parser is not None:
-                found = parser.push(out.text) + (parser.finish() if out.finished else [])
+                written[index] += out.text
+                found = parser.push(out.text)
+                if out.finished:
+                    ending = parser.finish()
+                    if built.forced_tools and not parser.calls and out.finish_reason == "length":
+                        # a forced call cut off before its header: a call, never its raw text
+                        ending = [d for d in ending if not isinstance(d, str)]
+                        ending += forced_deltas(written[index], built.forced_tools, random.Random())
+                    found += ending
                 for event in deltas(index, [d for d in found if d], logprobs):
                     yield event
             elif out.text or logprobs:
                 yield chunk(index, {"content": out.text}, logprobs=logprobs)
             if out.finished:
-                reason = "tool_calls" if parser is not None and parser.calls else str(out.finish_reason)
+                called = parser is not None and parser.calls and out.finish_reason != "length"
+                reason = "tool_calls" if called else str(out.finish_reason)
                 yield chunk(index, {}, reason)
                 finished += 1
                 completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens

@@ -31,6 +31,7 @@ class BuiltRequest:
     stream: bool
     include_usage: bool
     tool_format: ToolCallFormat | None = None  # set when tools were offered: parse the output for calls
+    forced_tools: tuple[str, ...] = ()  # the functions a forced tool_choice allows (required, or named)
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.requests) <= MAX_CHOICES:
@@ -175,8 +176,17 @@ def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) ->
     request = _engine_request(response_id, ids, asked, body, model, bool(body.logprobs), body.top_logprobs or 0,
                               grammar=grammar)
     fmt = tool_format if tools is not None else None
+    forced = _forced_tools(body.tool_choice, tools) if grammar is not None and fmt is not None else ()
     return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body),
-                        fmt)
+                        fmt, forced)
+
+
+def _forced_tools(tool_choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> tuple[str, ...]:
+    """The function names a forced ``tool_choice`` (already checked by its grammar) allows."""
+    names = tuple(str(t["function"].get("name")) for t in tools or [])
+    if isinstance(tool_choice, dict):
+        return tuple(n for n in names if n == (tool_choice.get("function") or {}).get("name"))
+    return names if tool_choice == "required" else ()
 
 
 def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_with_progress
+from stagewise.engine.request_log import print_requests
 from stagewise.engine.warm_up import needs_warm_up
 from stagewise.errors import ConfigError
 from stagewise.hardware.listen_socket import listen_socket
@@ -43,6 +44,7 @@ class _Server(uvicorn.Server):
 def serve(settings: ServeSettings, console: Console | None = None) -> int:
     """Serve until a signal; returns the exit code. Raises the load error (e.g. DoesNotFit) if loading fails."""
     console = console or Console()
+    print_requests()  # one INFO line per finished request on stderr
     state = ServerState(settings)
     config = uvicorn.Config(guarded_app(state), host=settings.host, port=settings.port, log_level="warning",
                             lifespan="off", timeout_graceful_shutdown=_SHUTDOWN_TIMEOUT_S)
@@ -124,8 +126,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
             done = engine.warm_up()
-            console.print(f"stagewise: warmed up in {done.seconds:.1f} s "
-                          f"(prompts of {' and '.join(map(str, done.prompt_tokens))} tokens)")
+            console.print(f"stagewise: {done.summary()}", highlight=False)
         engine.start()
     except BaseException as exc:
         model.close()  # the devices are freed before the server exits with the error
