@@ -1,0 +1,82 @@
+"""Hostile requests against a real ``stagewise serve`` process (issue 31): each is a 4xx in OpenAI's shape
+before anything is sent, names what is wrong with the request, and leaves the server serving."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_server_support import ServedModel, make_model_dir, start_server
+
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+HELLO = [{"role": "user", "content": "Hello there"}]
+_LIBRARY_WORDS = ("<state>", "NoExtensionBias", "Parser", "lexer", "Too many items")
+_PYTHON_NAMES = ("JSONDecodeError", "RecursionError", "TypeError", "ValueError", "KeyError", "Traceback")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    root = tmp_path_factory.mktemp("hostile")
+    server = start_server(make_model_dir(root / "model"), root / "serve.log", "--placement", "single")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        assert server.stop() == 0, server.log.read_text()[-3000:]
+
+
+def _schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def _assert_openai_400(r: httpx.Response, param: str | None = None) -> dict[str, Any]:
+    assert r.status_code == 400, r.text[:500]
+    assert r.headers["content-type"].startswith("application/json")  # not a 200 stream that fails later
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"] and "\n" not in error["message"]
+    assert not any(word in error["message"] for word in _LIBRARY_WORDS + _PYTHON_NAMES), error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    return dict(error)
+
+
+def _still_serving(served: ServedModel) -> None:
+    r = httpx.post(f"{served.url}{CHAT}", json={"messages": HELLO, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+_CYCLES: list[dict[str, Any]] = [
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    {"anyOf": [{"$ref": "#"}]},
+    {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]},
+    {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    {"type": "string", "pattern": "(("},  # the library's own refusal, cut to one line
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("schema", _CYCLES, ids=[f"schema{i}" for i in range(len(_CYCLES))])
+def test_unsatisfiable_schema_is_400_before_the_response(served: ServedModel, schema: dict[str, Any],
+                                                         stream: bool) -> None:
+    body = {"messages": HELLO, "max_tokens": 8, "stream": stream, "response_format": _schema_format(schema)}
+    _assert_openai_400(httpx.post(f"{served.url}{CHAT}", json=body, timeout=60), "response_format")
+    text = {"prompt": "hi", "max_tokens": 8, "stream": stream, "response_format": _schema_format(schema)}
+    _assert_openai_400(httpx.post(f"{served.url}{TEXT}", json=text, timeout=60), "response_format")
+    _still_serving(served)
+
+
+def test_recursive_schema_with_a_way_out_is_served(served: ServedModel) -> None:
+    schema = {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+              "required": ["children"], "additionalProperties": False}
+    body = {"messages": HELLO, "max_tokens": 80, "temperature": 0, "response_format": _schema_format(schema)}
+    r = httpx.post(f"{served.url}{CHAT}", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    if r.json()["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict)
