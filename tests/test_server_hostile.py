@@ -80,3 +80,37 @@ def test_recursive_schema_with_a_way_out_is_served(served: ServedModel) -> None:
     assert r.status_code == 200, r.text
     if r.json()["choices"][0]["finish_reason"] == "stop":
         assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict)
+
+
+def test_parallel_huge_prompts_are_refused_by_bytes_without_stalling_a_stream(served: ServedModel) -> None:
+    """Four 3.9 MB prompts (under the 4 MiB body limit) sent while a stream runs: each is refused as too
+    long without being tokenized, and the stream's tokens keep coming."""
+    import threading
+
+    huge = "word " * 780_000  # 3.9 MB, ~2.3 M tokens: seconds of tokenizing each
+    bodies = [{"messages": [{"role": "user", "content": huge}], "max_tokens": 2}, {"prompt": huge, "max_tokens": 2}]
+    refusals: list[httpx.Response] = []
+    stream_body = {"messages": HELLO, "max_tokens": 60, "temperature": 0, "stream": True}
+    chunks: list[str] = []
+    sent = threading.Event()
+
+    def refuse(i: int) -> None:
+        sent.wait(60)
+        path = CHAT if i % 2 == 0 else TEXT
+        refusals.append(httpx.post(f"{served.url}{path}", json=bodies[i % 2], timeout=120))
+
+    threads = [threading.Thread(target=refuse, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    with httpx.stream("POST", f"{served.url}{CHAT}", json=stream_body, timeout=120) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                chunks.append(line)
+                sent.set()  # the stream is running: now the huge prompts arrive
+    for thread in threads:
+        thread.join()
+    assert chunks[-1] == "data: [DONE]"
+    assert len(refusals) == 4
+    for r in refusals:
+        error = _assert_openai_400(r)
+        assert error["code"] == "context_length_exceeded" and "bytes" in error["message"], error

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -95,9 +97,22 @@ def _check_values(body: dict[str, Any]) -> None:
             stack.extend((f"{path}.{i}", v, depth + 1) for i, v in enumerate(value))
 
 
+def _preparers() -> int:
+    """Threads that render and tokenize prompts at once: all cores but one, left to the engine's steps."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI app over ``state``; wrapped by :class:`Guards` (auth, body size, counts)."""
     settings = state.settings
+    # NOTE: tokenizing releases the GIL but not the core: on a 2-core machine four big prompts at once would
+    # take the engine's core too; bounded here (and each prompt's work by its byte check, request_builder)
+    limiters: list[anyio.CapacityLimiter] = []  # made on first use: a limiter belongs to the running loop
+
+    def preparing() -> anyio.CapacityLimiter:
+        if not limiters:
+            limiters.append(anyio.CapacityLimiter(_preparers()))
+        return limiters[0]
     app = FastAPI(title="stagewise", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(StagewiseError)
@@ -163,7 +178,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def tokenize(request: Request) -> Response:
         body = await validated(request, TokenizeBody)
         _, model = state.serving()
-        return JSONResponse(await anyio.to_thread.run_sync(tokenize_handler.tokenize, body, model))
+        return JSONResponse(await anyio.to_thread.run_sync(tokenize_handler.tokenize, body, model, limiter=preparing()))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -187,7 +202,7 @@ def build_app(state: ServerState) -> FastAPI:
 
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
         # worker thread, so /health and the other streams keep being served meanwhile
-        built = await anyio.to_thread.run_sync(prepare)
+        built = await anyio.to_thread.run_sync(prepare, limiter=preparing())
         choices = Choices.submit(engine, built.requests)
         response: Response = await respond(built, choices, model.name, request)
         return response
