@@ -507,3 +507,17 @@ def test_fuzzed_gguf_metadata_values(tmp_path: Path, gguf_model: Path) -> None:
     growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
     assert growth < GROWTH_BYTES, f"peak memory grew {growth >> 20} MiB"
     assert outcomes.get("loaded", 0) > 5 and sum(outcomes.values()) - outcomes.get("loaded", 0) > 40, outcomes
+
+
+@pytest.mark.parametrize(("old", "new"), [(b"rope_freqs.weight", b"rope_freqs.weighu"),
+                                          (b"blk.1.ffn_up.weight", b"blk.1.ffn_uq.weight")])
+def test_unknown_gguf_tensor_is_named(tmp_path: Path, old: bytes, new: bytes) -> None:
+    """One flipped bit in a tensor name: an error naming it, not a model that runs without that tensor
+    (``rope_freqs.weight`` is optional: without it the Llama 3 rope scaling silently went away)."""
+    data = make_model("tiny-llama", tmp_path / "m.gguf", "gguf", "q8_0", seed=3).read_bytes()
+    assert data.count(old) == 1
+    path = tmp_path / "flipped.gguf"
+    path.write_bytes(data.replace(old, new))
+    with pytest.raises(WeightsError, match=f"unknown GGUF tensor '{new.decode()}'") as info:
+        _load(path)
+    assert "\n" not in str(info.value)
