@@ -4,6 +4,7 @@ before anything is sent, names what is wrong with the request, and leaves the se
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,8 @@ _PYTHON_NAMES = ("JSONDecodeError", "RecursionError", "TypeError", "ValueError",
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
     root = tmp_path_factory.mktemp("hostile")
-    server = start_server(make_model_dir(root / "model"), root / "serve.log", "--placement", "single")
+    server = start_server(make_model_dir(root / "model"), root / "serve.log", "--placement", "single",
+                          "--header-timeout-s", "3")
     try:
         server.wait_ready()
         yield server
@@ -114,3 +116,28 @@ def test_parallel_huge_prompts_are_refused_by_bytes_without_stalling_a_stream(se
     for r in refusals:
         error = _assert_openai_400(r)
         assert error["code"] == "context_length_exceeded" and "bytes" in error["message"], error
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le"])
+def test_idle_and_partial_header_sockets_are_closed(served: ServedModel, sent: bytes) -> None:
+    """A socket that sends nothing, or half its headers, is closed by the server (--header-timeout-s 3),
+    not held forever; the wait is on the close itself (recv returns b""), bounded generously."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
+        sock.sendall(sent)
+        assert sock.recv(1024) == b""  # closed by the server, with no response
+    _still_serving(served)
+
+
+def test_keep_alive_connection_with_a_late_partial_request_is_closed(served: ServedModel) -> None:
+    """After a complete response on a keep-alive connection, half of a second request's headers are not
+    held open either."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.endswith(b"}"):
+            chunk = sock.recv(4096)
+            assert chunk, reply
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHo")
+        assert sock.recv(1024) == b""
