@@ -141,3 +141,27 @@ def test_keep_alive_connection_with_a_late_partial_request_is_closed(served: Ser
         assert reply.startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /health HTTP/1.1\r\nHo")
         assert sock.recv(1024) == b""
+
+
+_BAD_BODIES: list[tuple[str, str, str | None]] = [
+    ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}',
+     "tools.0.function.name"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": ""}}]}',
+     "tools.0.function.name"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none", '
+     '"tools": [{"type": "function", "function": {"parameters": {}}}]}', "tools.0.function.name"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+     '"function": {"name": "f", "parameters": []}}]}', "tools.0.function.parameters"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "x\\ud800y": 1}', None),
+    ('{"messages": [{"role": "user", "content": "hi"}], "unknown": {"k\\udfff": 1}}', None),
+    ('{"messages": [{"role": "user", "content": "hi"}], "unknown": "\\ud800"}', "unknown"),
+]
+
+
+@pytest.mark.parametrize(("raw", "param"), _BAD_BODIES, ids=[f"body{i}" for i in range(len(_BAD_BODIES))])
+def test_malformed_tools_and_surrogate_keys_are_400(served: ServedModel, raw: str, param: str | None) -> None:
+    for stream in ("false", "true"):
+        body = raw[:-1] + f', "max_tokens": 2, "stream": {stream}}}'
+        r = httpx.post(f"{served.url}{CHAT}", content=body.encode(), headers={"Content-Type": "application/json"},
+                       timeout=60)
+        _assert_openai_400(r, param)

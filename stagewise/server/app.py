@@ -77,6 +77,7 @@ def _check_values(body: dict[str, Any]) -> None:
     """Reject lone surrogates (``"\\ud800"``: no text can be encoded from them) and deep nesting, walking
     the parsed body without recursion; ``param`` names the first bad value."""
     stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in body.items()]
+    stack.extend(("", key, 1) for key in body if not key.isascii())  # the keys too (unknown ones are ignored)
     while stack:
         path, value, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -86,8 +87,8 @@ def _check_values(body: dict[str, Any]) -> None:
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError as exc:
-                    raise InvalidParam(f"invalid value for {path}: a lone UTF-16 surrogate at character "
-                                       f"{exc.start} is not text", path) from exc
+                    raise InvalidParam(f"invalid value for {path or 'a key of the request body'}: a lone UTF-16 "
+                                       f"surrogate at character {exc.start} is not text", path or None) from exc
         elif isinstance(value, dict):
             stack.extend((f"{path}.{k}", v, depth + 1) for k, v in value.items())
             for key in value:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -169,16 +170,33 @@ def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dic
     return prompt_ids(text, model, "messages")
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's function names: a-z, A-Z, 0-9, _ and -, up to 64
+
+
+def _check_tool(tool: dict[str, Any], param: str) -> None:
+    """A tool as OpenAI requires it: ``{"type": "function", "function": {"name": <1-64 of [a-zA-Z0-9_-.]>,
+    "parameters": <object>?, "description": <string>?}}``."""
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, dict):
+        raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", param)
+    name = function.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise InvalidParam("each tool function needs a name of 1 to 64 letters, digits, '_', '-' or '.'",
+                           f"{param}.function.name")
+    if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
+        raise InvalidParam(f"the parameters of tool {name!r} must be a JSON schema object", f"{param}.function.parameters")
+    if function.get("description") is not None and not isinstance(function["description"], str):
+        raise InvalidParam(f"the description of tool {name!r} must be a string", f"{param}.function.description")
+
+
 def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
     """Render the messages through the model's chat template and tokenize them; the completion id is
     ``chatcmpl-<request_id>``."""
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
+    for i, tool in enumerate(body.tools or ()):
+        _check_tool(tool, f"tools.{i}")  # offered or not (tool_choice 'none'), a malformed tool is a 400
     tools = body.tools if body.tools and body.tool_choice != "none" else None
-    if tools is not None:
-        for i, tool in enumerate(tools):
-            if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-                raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", f"tools.{i}")
     ids = chat_prompt_ids(body.messages, model, tools)
     tool_format = detect_tool_call_format(model.chat_template.source)
     grammar = tool_choice_grammar(body.tool_choice, tools, tool_format, model)
