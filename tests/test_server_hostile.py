@@ -165,3 +165,22 @@ def test_malformed_tools_and_surrogate_keys_are_400(served: ServedModel, raw: st
         r = httpx.post(f"{served.url}{CHAT}", content=body.encode(), headers={"Content-Type": "application/json"},
                        timeout=60)
         _assert_openai_400(r, param)
+
+
+@pytest.mark.parametrize("raw", [b'{"messages": [', b'\xff\xfe{"messages": []}', b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                                 b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", b"[1, 2]", b'{"a": 1,}'],
+                         ids=["truncated", "not-utf8", "deep", "long-int", "array", "trailing-comma"])
+def test_error_messages_name_the_problem_not_the_exception(served: ServedModel, raw: bytes) -> None:
+    r = httpx.post(f"{served.url}{TEXT}", content=raw, headers={"Content-Type": "application/json"}, timeout=60)
+    _assert_openai_400(r)  # no JSONDecodeError, RecursionError, ValueError in the message
+
+
+def test_template_errors_say_what_is_wrong() -> None:
+    from stagewise.engine.chat_template import ChatTemplate
+    from stagewise.errors import RequestError
+
+    for source in ("{{ messages[0]['content'] + 1 }}", "{{ range(1, 2, 0) | list }}"):  # TypeError, ValueError
+        with pytest.raises(RequestError) as info:
+            ChatTemplate(source).render([{"role": "user", "content": "x"}])
+        message = str(info.value)
+        assert "\n" not in message and not any(name in message for name in _PYTHON_NAMES), message

@@ -64,9 +64,15 @@ def parse_json(data: bytes) -> dict[str, Any]:
     :data:`MAX_JSON_DEPTH`; :class:`InvalidParam` (400) otherwise, never a crash."""
     try:
         body = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8, integers over 4300 digits
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InvalidParam(f"the request body is not valid JSON: {type(exc).__name__}: {message}") from exc
+    except json.JSONDecodeError as exc:
+        raise InvalidParam(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                           ) from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidParam(f"the request body is not UTF-8 text (byte {exc.start})") from exc
+    except RecursionError as exc:
+        raise InvalidParam(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:  # an integer of over 4300 digits
+        raise InvalidParam("the request body holds a number with too many digits") from exc
     if not isinstance(body, dict):
         raise InvalidParam("the request body must be a JSON object")
     _check_values(body)
@@ -128,7 +134,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def _bug(_: Request, exc: Exception) -> Response:
         # a bug, not the user's mistake: answer in OpenAI's shape, keep serving, keep the traceback
         traceback.print_exception(exc, file=sys.stderr)
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}", None), 500)
+        return JSONResponse(error_body(500, "internal error (a bug, logged by the server)", None), 500)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> Response:
