@@ -143,8 +143,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if state.phase == "ready":
-            workers = getattr(state.model.pipeline, "health", None) if state.model is not None else None
-            report = workers() if workers is not None else None  # worker processes: their liveness too
+            report = state.worker_report()  # worker processes' liveness: what admission reads too
             if report is not None and report["status"] != "ok":  # a lost worker: name it and its stages
                 return JSONResponse({"status": report["status"], "message": report["message"],
                                      "workers": report["workers"]}, status_code=503)
