@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--header-timeout-s", type=float, default=10.0,
                         help="close a connection whose request headers are not complete within this many seconds "
                              "of connecting or of its last response (default 10)")
-    parser.add_argument("--keep-alive-s", type=float, default=5.0,
+    parser.add_argument("--keep-alive-s", type=int, default=5,
                         help="close an idle keep-alive connection after this many seconds (default 5)")
     parser.add_argument("--max-connections", type=int, default=1024,
                         help="open connections before new requests are refused with 503 (default 1024)")

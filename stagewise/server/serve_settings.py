@@ -40,7 +40,7 @@ class ServeSettings:
     kv_tokens: int | None = None  # KV pool positions per stage; None: every sequence slot its whole context
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); "*" for any; () = off
     header_timeout_s: float = 10.0  # a connection's request headers must be complete this long after it opens
-    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this long (uvicorn's default)
+    keep_alive_s: int = 5  # an idle keep-alive connection is closed after this long (uvicorn's default)
     max_connections: int = 1024  # open connections (and requests in flight) before new requests get 503
 
     def __post_init__(self) -> None:
