@@ -13,7 +13,9 @@ grow by more than :data:`GROWTH_BYTES` over the whole fuzz.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import random
 import resource
 import shutil
@@ -28,8 +30,9 @@ import pytest
 import torch
 
 from stagewise.engine.model_loading import open_model
-from stagewise.errors import CorruptModelFile, StagewiseError, UnsupportedTensorType, WeightsError
+from stagewise.errors import ConfigError, CorruptModelFile, StagewiseError, UnsupportedTensorType, WeightsError
 from stagewise.models.registry import build_stage
+from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.make_model import make_model
 from stagewise.weights.stage_loader import load_stage
 
@@ -331,3 +334,190 @@ def test_bad_safetensors(tmp_path: Path, st_model: Path, case: str) -> None:
         _load(bad)
     assert time.monotonic() - start < LIMIT_S
     assert "bad" in str(info.value) and "\n" not in str(info.value)
+
+
+# --- config values: config.json fields and GGUF metadata values --------------------------------------
+def _typed(config: ModelConfig) -> None:
+    """A config that loaded has every field of its declared kind (no ``"yes"`` taken as True)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type in ("int", int):
+            assert isinstance(value, int) and not isinstance(value, bool), (f.name, value)
+        elif f.type in ("bool", bool):
+            assert isinstance(value, bool), (f.name, value)
+        elif f.type in ("float", float):
+            assert isinstance(value, float) and math.isfinite(value), (f.name, value)
+
+
+def _value_outcome(path: Path) -> str:
+    """``loaded`` (with a typed config) or the typed error's class name, one line, within :data:`LIMIT_S`."""
+    start = time.monotonic()
+    try:
+        config, _, _ = _load(path)
+    except StagewiseError as exc:
+        assert "\n" not in str(exc) and str(exc), str(exc)
+        assert not any(name in str(exc) for name in ("Traceback", "RecursionError", "JSONDecodeError")), str(exc)
+        outcome = type(exc).__name__
+    else:
+        _typed(config)
+        outcome = "loaded"
+    elapsed = time.monotonic() - start
+    assert elapsed < LIMIT_S, f"{path.name}: {outcome} after {elapsed:.1f} s"
+    return outcome
+
+
+def _hostile_value(rng: random.Random, old: Any) -> Any:
+    deep: Any = []
+    for _ in range(rng.choice([3, 100, 100_000])):
+        deep = [deep]
+    choices: list[Any] = [None, "x", "yes", "", True, False, -1, 0, 1, 2, 1_000_000_000, 1 << 63, -(1 << 63), 0.5, 1e308,
+                          -1e-9, [], {}, [1, 2], {"a": 1}, "1" * 5000, deep]
+    if isinstance(old, (int, float)) and not isinstance(old, bool):
+        choices += [old + 1, old - 1, old * 2, old // 2 if isinstance(old, int) else old / 2, -old]
+    return rng.choice(choices)
+
+
+CONFIG_KEYS_EXTRA = ("rope_scaling", "rope_parameters", "text_config", "head_dim", "num_key_value_heads",
+                     "eos_token_id", "bos_token_id", "mlp_only_layers", "layer_types", "full_attention_interval",
+                     "partial_rotary_factor", "num_experts", "decoder_sparse_step")
+
+
+def test_fuzzed_config_json_values(tmp_path: Path, st_model: Path) -> None:
+    """Seeded: one config.json field set to a hostile value (wrong type, huge, negative, deep) loads with a
+    typed config or raises one typed one-line error, fast, in bounded memory."""
+    config = json.loads((st_model / "config.json").read_text())
+    keys = sorted(set(config) | set(CONFIG_KEYS_EXTRA))
+    rng = random.Random(3101)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    outcomes: dict[str, int] = {}
+    target = tmp_path / "cfg"
+    shutil.copytree(st_model, target)
+    for i in range(160):
+        key = rng.choice(keys)
+        value = _hostile_value(rng, config.get(key))
+        mutated = {**config, key: value}
+        (target / "config.json").write_text(json.dumps(mutated) if not _deep(value) else _deep_json(mutated, key))
+        try:
+            outcome = _value_outcome(target)
+        except (AssertionError, RecursionError, MemoryError) as exc:
+            raise AssertionError(f"mutation {i} ({key}={str(value)[:40]}): {type(exc).__name__}: {exc}") from None
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    assert growth < GROWTH_BYTES, f"peak memory grew {growth >> 20} MiB"
+    assert outcomes.get("ConfigError", 0) > 40 and outcomes.get("loaded", 0) > 5, outcomes
+
+
+def _deep(value: Any) -> bool:
+    depth = 0
+    while isinstance(value, list) and value:
+        value, depth = value[0], depth + 1
+    return depth > 500
+
+
+def _deep_json(config: dict[str, Any], key: str) -> str:
+    """``config`` with ``key`` a 100k-deep array (json.dumps would recurse that deep)."""
+    rest = json.dumps({k: v for k, v in config.items() if k != key})
+    return rest[:-1] + f', "{key}": ' + "[" * 100_001 + "]" * 100_001 + "}"
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("num_hidden_layers", 1_000_000_000, "'num_hidden_layers' must be an integer in"),
+    ("rms_norm_eps", "x", "'rms_norm_eps' must be a finite number"),
+    ("tie_word_embeddings", "yes", "'tie_word_embeddings' must be true or false"),
+    ("hidden_size", 1.5, "'hidden_size' must be an integer"),
+    ("eos_token_id", [1, 1 << 40], "'eos_token_id' must be a list"),
+])
+def test_bad_config_value(tmp_path: Path, st_model: Path, key: str, value: Any, message: str) -> None:
+    target = tmp_path / "bad"
+    shutil.copytree(st_model, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, key: value}))
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=message) as info:
+        _load(target)
+    assert time.monotonic() - start < LIMIT_S
+    assert "config.json" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_deep_config_value_is_one_line(tmp_path: Path, st_model: Path) -> None:
+    target = tmp_path / "deep"
+    shutil.copytree(st_model, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(_deep_json(config, "rope_scaling"))
+    with pytest.raises(ConfigError, match="nested too deep"):
+        _load(target)
+
+
+def _gguf_scalar_values(data: bytes) -> list[tuple[str, int, int, int]]:
+    """Every scalar metadata value of a GGUF header as (key, byte position, width, value type)."""
+    out: list[tuple[str, int, int, int]] = []
+    pos = 8
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def u64() -> int:
+        nonlocal pos
+        pos += 8
+        return int.from_bytes(data[pos - 8 : pos], "little")
+
+    _, n_kv = u64(), u64()
+    for _ in range(n_kv):
+        n = u64()
+        key = data[pos : pos + n].decode()
+        pos += n
+        vtype = int.from_bytes(data[pos : pos + 4], "little")
+        pos += 4
+        if vtype == gguf.GGUFValueType.STRING:
+            length = u64()  # NOTE: not `pos += u64()`: that reads pos before u64 moves it
+            pos += length
+        elif vtype == gguf.GGUFValueType.ARRAY:
+            item = int.from_bytes(data[pos : pos + 4], "little")
+            pos += 4
+            for _ in range(u64()):
+                step = u64() if item == gguf.GGUFValueType.STRING else sizes[item]
+                pos += step
+        else:
+            out.append((key, pos, sizes[vtype], vtype))
+            pos += sizes[vtype]
+    return out
+
+
+def test_fuzzed_gguf_metadata_values(tmp_path: Path, gguf_model: Path) -> None:
+    """Seeded: one scalar GGUF metadata value (any key: geometry, eps, rope base, token ids) rewritten to a
+    wide integer or random bits (NaN, inf, negative floats): loads typed or one typed one-line error, fast."""
+    data = gguf_model.read_bytes()
+    values = _gguf_scalar_values(data)
+    rng = random.Random(3102)
+    outcomes: dict[str, int] = {}
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    for i in range(160):
+        key, pos, width, vtype = rng.choice(values)
+        if vtype == gguf.GGUFValueType.FLOAT32:
+            raw = rng.choice([struct.pack("<f", v) for v in (math.nan, math.inf, -1.0, 0.0, 1e38, 1e-45)]
+                             + [rng.randbytes(4)])
+        else:
+            raw = (rng.choice([*_WIDE, rng.randrange(1 << 16)]) % (1 << (8 * width))).to_bytes(width, "little")
+        path = tmp_path / f"value{i}.gguf"
+        path.write_bytes(data[:pos] + raw + data[pos + width :])
+        try:
+            outcome = _value_outcome(path)
+        except AssertionError as exc:
+            raise AssertionError(f"mutation {i} ({key}={raw.hex()}): {exc}") from None
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        path.unlink()
+    growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    assert growth < GROWTH_BYTES, f"peak memory grew {growth >> 20} MiB"
+    assert outcomes.get("loaded", 0) > 5 and sum(outcomes.values()) - outcomes.get("loaded", 0) > 40, outcomes
+
+
+@pytest.mark.parametrize(("old", "new"), [(b"rope_freqs.weight", b"rope_freqs.weighu"),
+                                          (b"blk.1.ffn_up.weight", b"blk.1.ffn_uq.weight")])
+def test_unknown_gguf_tensor_is_named(tmp_path: Path, old: bytes, new: bytes) -> None:
+    """One flipped bit in a tensor name: an error naming it, not a model that runs without that tensor
+    (``rope_freqs.weight`` is optional: without it the Llama 3 rope scaling silently went away)."""
+    data = make_model("tiny-llama", tmp_path / "m.gguf", "gguf", "q8_0", seed=3).read_bytes()
+    assert data.count(old) == 1
+    path = tmp_path / "flipped.gguf"
+    path.write_bytes(data.replace(old, new))
+    with pytest.raises(WeightsError, match=f"unknown GGUF tensor '{new.decode()}'") as info:
+        _load(path)
+    assert "\n" not in str(info.value)

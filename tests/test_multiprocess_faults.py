@@ -192,6 +192,31 @@ def test_rejoin_disabled_refuses_with_a_clear_message(model_dir: Path) -> None:
     assert all(proc.poll() is not None for proc in pipe.pool.procs.values())
 
 
+def test_health_reports_an_exited_worker_at_once(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a killed worker's process has exited, health says so before any step or watcher tick notices
+    (the watcher is held blind here: the window between its ticks): /health and admission (the server
+    refuses while health is not ok) read the same state."""
+    from stagewise.server.serve_settings import ServeSettings
+    from stagewise.server.server_state import ServerState
+
+    pipe = _start(model_dir, rejoin=False)
+    try:
+        assert pipe.health()["status"] == "ok"
+        monkeypatch.setattr(pipe.pool, "dead", lambda store: {})  # the watcher has not looked yet
+        proc = pipe.pool.procs[2]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)  # the event itself: the process is gone
+        report = pipe.health()
+        assert report["status"] != "ok" and not next(w for w in report["workers"] if w["rank"] == 2)["alive"]
+        state = ServerState(ServeSettings())
+        state.model = type("Model", (), {"pipeline": pipe})()  # type: ignore[assignment]
+        state.engine, state.phase = object(), "ready"  # type: ignore[assignment]
+        with pytest.raises(WorkerLost):
+            state.serving()
+    finally:
+        pipe.close()
+
+
 def test_worker_that_never_joins(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers expected, one comes: a clear error in time, and the one that came goes home."""
     monkeypatch.setenv(SECRET_ENV, "a-secret-shared-by-the-coordinator-and-its-workers")

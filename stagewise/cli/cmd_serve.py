@@ -38,6 +38,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--cors-origin", dest="cors_origins", action="append", default=[], metavar="ORIGIN",
                         help="allow browser pages from ORIGIN (e.g. http://localhost:3000, or '*') to call the "
                              "API; repeatable (default: no CORS headers)")
+    parser.add_argument("--header-timeout-s", type=float, default=10.0,
+                        help="close a connection whose request headers are not complete within this many seconds "
+                             "of connecting or of its last response (default 10)")
+    parser.add_argument("--keep-alive-s", type=int, default=5,
+                        help="close an idle keep-alive connection after this many seconds (default 5)")
+    parser.add_argument("--max-connections", type=int, default=1024,
+                        help="open connections before new requests are refused with 503 (default 1024)")
     parser.set_defaults(func=run)
 
 
@@ -51,7 +58,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
         worker_secret_file=args.worker_secret_file,
         measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
-        cors_origins=tuple(args.cors_origins),
+        cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
+        keep_alive_s=args.keep_alive_s, max_connections=args.max_connections,
     )
 
 

@@ -145,9 +145,24 @@ class ChatTemplate:
         try:
             return self._template.render(**context)
         except jinja2.TemplateError as exc:
-            raise RequestError(f"chat template rejected the messages: {exc.message or type(exc).__name__}") from exc
-        except (TypeError, KeyError, IndexError, ValueError) as exc:
-            raise RequestError(f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
+            detail = (exc.message or "").splitlines()[0] if exc.message else "a template error"
+            raise RequestError(f"chat template rejected the messages: {detail}") from exc
+        except (TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+            raise RequestError(f"chat template failed on the messages: {_what_went_wrong(exc)}") from exc
+
+
+def _what_went_wrong(exc: Exception) -> str:
+    """What a template's Python error says about the request, without the exception's class name."""
+    detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    if isinstance(exc, RecursionError):
+        return "the messages nest too deep"
+    if isinstance(exc, KeyError):
+        return f"a field the template needs is missing ({detail})"
+    if isinstance(exc, IndexError):
+        return "a list is shorter than the template expects"
+    if isinstance(exc, TypeError):
+        return f"a value has a type the template cannot use ({detail})" if detail else "a value has the wrong type"
+    return f"a value the template cannot use ({detail})" if detail else "a value the template cannot use"
 
 
 def _normalize_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:

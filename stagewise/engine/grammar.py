@@ -19,10 +19,19 @@ import numpy as np
 import torch
 
 from stagewise.engine.grammar_vocabulary import GrammarVocabulary
+from stagewise.engine.schema_finiteness import check_finite
 from stagewise.errors import GrammarError, StepFailed
 
 # compact, as json.dumps writes it: no free whitespace a weak model could loop in
 JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_LIBRARY_MESSAGE_CHARS = 160
+
+
+def library_message(text: str) -> str:
+    """The grammar library's message cut to its first line, without its parser-state dump (clients see it)."""
+    line = " ".join(text.split("<state>")[0].split())
+    return (line[:_LIBRARY_MESSAGE_CHARS].rstrip() + "…") if len(line) > _LIBRARY_MESSAGE_CHARS else (
+        line or "invalid grammar")
 
 
 @dataclass(frozen=True)
@@ -37,21 +46,36 @@ class Grammar:
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.definition,
                                                                                  self.vocabulary.backend)
         if failed:
-            raise GrammarError(f"{self.description}: {messages[0] if messages else 'invalid grammar'}")
+            raise GrammarError(f"{self.description}: {library_message(messages[0] if messages else '')}")
+        # NOTE: some grammars compile yet cannot start (an anyOf of only itself): probe the first mask here,
+        # so they are refused before a response starts rather than failing the first engine step
+        probe = llguidance.LLMatcher(self.vocabulary.backend, self.definition, log_level=0)
+        if not probe.is_error():
+            probe.compute_bitmask()
+        if probe.is_error():
+            raise GrammarError(f"{self.description}: the grammar admits no output "
+                               f"({library_message(probe.get_error())})")
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any], vocabulary: GrammarVocabulary, description: str) -> Grammar:
-        """Output must be one JSON value valid under ``schema`` (compact separators ``", "`` and ``": "``)."""
+        """Output must be one JSON value valid under ``schema`` (compact separators ``", "`` and ``": "``).
+
+        Raises :class:`GrammarError` (one line) for a schema the library rejects or one with no finite value."""
+        check_finite(schema, description)
         try:
             definition = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)
-        except ValueError as exc:
-            raise GrammarError(f"{description}: {exc}") from exc
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise GrammarError(f"{description}: {library_message(str(exc))}") from exc
         return cls(definition, description, vocabulary)
 
     @classmethod
     def lark(cls, text: str, vocabulary: GrammarVocabulary, description: str) -> Grammar:
         """Output must match the Lark grammar ``text`` (llguidance's dialect: ``%json {schema}`` embeds a schema)."""
-        return cls(llguidance.LLMatcher.grammar_from_lark(text), description, vocabulary)
+        try:
+            definition = llguidance.LLMatcher.grammar_from_lark(text)
+        except (ValueError, TypeError) as exc:
+            raise GrammarError(f"{description}: {library_message(str(exc))}") from exc
+        return cls(definition, description, vocabulary)
 
     def start(self) -> GrammarState:
         """A fresh state at the grammar's start, for one sequence."""
@@ -80,7 +104,7 @@ class GrammarState:
         """Move past ``token``; raises :class:`StepFailed` if the grammar does not allow it."""
         if not self._matcher.consume_token(int(token)):
             raise StepFailed(f"{self.grammar.description}: token {token} is outside the grammar "
-                             f"({self._matcher.get_error()})")
+                             f"({library_message(self._matcher.get_error())})")
 
     @property
     def complete(self) -> bool:
@@ -89,4 +113,4 @@ class GrammarState:
 
     def _check(self) -> None:
         if self._matcher.is_error():
-            raise StepFailed(f"{self.grammar.description}: {self._matcher.get_error()}")
+            raise StepFailed(f"{self.grammar.description}: {library_message(self._matcher.get_error())}")

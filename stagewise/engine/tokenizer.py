@@ -8,6 +8,7 @@ or from GGUF metadata (:meth:`Tokenizer.from_gguf_fields`). Encoding matches
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,12 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary spelling of ``token_id``, or None when out of range."""
         return self._backend.id_to_token(token_id)
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes one token stands for (added tokens included): a text of ``b`` UTF-8 bytes has at
+        least ``ceil(b / max_token_bytes)`` tokens, which bounds a prompt's length before it is tokenized."""
+        return max([1, *(len(self._token_bytes(i)) for i in range(self.vocab_size))])
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes ``token_id`` stands for (a lone byte of a multi-byte character stays that byte;

@@ -13,7 +13,6 @@ Files, in the order they are consulted:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
 from stagewise.errors import ConfigError, CorruptModelFile, ModelNotFound
+from stagewise.spec.config_fields import read_json_object
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -66,13 +66,7 @@ def read_tokenizer_dir(path: str | Path) -> HfTokenizerFiles:
 def _read_json(file: Path) -> dict[str, Any]:
     if not file.is_file():
         return {}
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptModelFile(f"{file} does not parse: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CorruptModelFile(f"{file} is not a JSON object")
-    return data
+    return read_json_object(file, CorruptModelFile)
 
 
 def _token_text(value: object) -> str | None:

@@ -525,13 +525,21 @@ class DistributedPipeline(Pipeline):
     def health(self) -> dict[str, Any]:
         """``status`` (ok | degraded | failed | closed), ``degraded``, ``message``, the data-group
         ``generation`` and one entry per worker (rank, pid, host, stages, alive)."""
-        status = "closed" if self._closed else "failed" if self._failed else "degraded" if self._lost else "ok"
+        # NOTE: a local worker whose process has exited is reported at once, before the watcher or a step
+        # marks it lost: /health must not say ok while the next request's step would find it dead
+        exited = {} if self._closed or self._failed else {
+            r: f"worker {r}'s process exited (code {self.pool.procs[r].returncode})"
+            for r in list(self.pool.members) if r not in self._lost and self.pool.exited(r)}
+        status = ("closed" if self._closed else "failed" if self._failed else "degraded" if self._lost or exited
+                  else "ok")
         workers = []
         for rank, m in sorted(self.pool.members.items()):
-            workers.append({"rank": rank, "pid": m.pid, "host": m.host, "alive": rank not in self._lost,
+            workers.append({"rank": rank, "pid": m.pid, "host": m.host,
+                            "alive": rank not in self._lost and rank not in exited,
                             "local": rank in self.pool.procs,
                             "stages": self._stages_of(rank)})
-        return {"status": status, "degraded": self.degraded, "message": self._failed or self._message,
+        message = self._failed or "; ".join([*([self._message] if self._message else []), *exited.values()])
+        return {"status": status, "degraded": self.degraded or bool(exited), "message": message,
                 "generation": self.gen, "backend": self.backend, "workers": workers}
 
     def wait_ready(self, timeout_s: float) -> bool:

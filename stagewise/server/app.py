@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -62,9 +64,15 @@ def parse_json(data: bytes) -> dict[str, Any]:
     :data:`MAX_JSON_DEPTH`; :class:`InvalidParam` (400) otherwise, never a crash."""
     try:
         body = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8, integers over 4300 digits
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InvalidParam(f"the request body is not valid JSON: {type(exc).__name__}: {message}") from exc
+    except json.JSONDecodeError as exc:
+        raise InvalidParam(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                           ) from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidParam(f"the request body is not UTF-8 text (byte {exc.start})") from exc
+    except RecursionError as exc:
+        raise InvalidParam(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:  # an integer of over 4300 digits
+        raise InvalidParam("the request body holds a number with too many digits") from exc
     if not isinstance(body, dict):
         raise InvalidParam("the request body must be a JSON object")
     _check_values(body)
@@ -75,6 +83,7 @@ def _check_values(body: dict[str, Any]) -> None:
     """Reject lone surrogates (``"\\ud800"``: no text can be encoded from them) and deep nesting, walking
     the parsed body without recursion; ``param`` names the first bad value."""
     stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in body.items()]
+    stack.extend(("", key, 1) for key in body if not key.isascii())  # the keys too (unknown ones are ignored)
     while stack:
         path, value, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -84,8 +93,8 @@ def _check_values(body: dict[str, Any]) -> None:
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError as exc:
-                    raise InvalidParam(f"invalid value for {path}: a lone UTF-16 surrogate at character "
-                                       f"{exc.start} is not text", path) from exc
+                    raise InvalidParam(f"invalid value for {path or 'a key of the request body'}: a lone UTF-16 "
+                                       f"surrogate at character {exc.start} is not text", path or None) from exc
         elif isinstance(value, dict):
             stack.extend((f"{path}.{k}", v, depth + 1) for k, v in value.items())
             for key in value:
@@ -95,9 +104,22 @@ def _check_values(body: dict[str, Any]) -> None:
             stack.extend((f"{path}.{i}", v, depth + 1) for i, v in enumerate(value))
 
 
+def _preparers() -> int:
+    """Threads that render and tokenize prompts at once: all cores but one, left to the engine's steps."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI app over ``state``; wrapped by :class:`Guards` (auth, body size, counts)."""
     settings = state.settings
+    # NOTE: tokenizing releases the GIL but not the core: on a 2-core machine four big prompts at once would
+    # take the engine's core too; bounded here (and each prompt's work by its byte check, request_builder)
+    limiters: list[anyio.CapacityLimiter] = []  # made on first use: a limiter belongs to the running loop
+
+    def preparing() -> anyio.CapacityLimiter:
+        if not limiters:
+            limiters.append(anyio.CapacityLimiter(_preparers()))
+        return limiters[0]
     app = FastAPI(title="stagewise", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(StagewiseError)
@@ -112,7 +134,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def _bug(_: Request, exc: Exception) -> Response:
         # a bug, not the user's mistake: answer in OpenAI's shape, keep serving, keep the traceback
         traceback.print_exception(exc, file=sys.stderr)
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}", None), 500)
+        return JSONResponse(error_body(500, "internal error (a bug, logged by the server)", None), 500)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> Response:
@@ -121,8 +143,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if state.phase == "ready":
-            workers = getattr(state.model.pipeline, "health", None) if state.model is not None else None
-            report = workers() if workers is not None else None  # worker processes: their liveness too
+            report = state.worker_report()  # worker processes' liveness: what admission reads too
             if report is not None and report["status"] != "ok":  # a lost worker: name it and its stages
                 return JSONResponse({"status": report["status"], "message": report["message"],
                                      "workers": report["workers"]}, status_code=503)
@@ -162,7 +183,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def tokenize(request: Request) -> Response:
         body = await validated(request, TokenizeBody)
         _, model = state.serving()
-        return JSONResponse(await anyio.to_thread.run_sync(tokenize_handler.tokenize, body, model))
+        return JSONResponse(await anyio.to_thread.run_sync(tokenize_handler.tokenize, body, model, limiter=preparing()))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -187,7 +208,7 @@ def build_app(state: ServerState) -> FastAPI:
 
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
         # worker thread, so /health and the other streams keep being served meanwhile
-        built = await anyio.to_thread.run_sync(prepare)
+        built = await anyio.to_thread.run_sync(prepare, limiter=preparing())
         choices = Choices.submit(engine, built.requests)
         response: Response = await respond(built, choices, model.name, request)
         return response

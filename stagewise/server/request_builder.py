@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -139,6 +140,21 @@ def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, b
         raise InvalidParam(str(exc), param) from exc
 
 
+def prompt_ids(text: str, model: LoadedModel, param: str, add_special_tokens: bool = False) -> list[int]:
+    """``text`` tokenized, after a check by bytes that needs no tokenizing: a text longer than the context's
+    tokens × the tokenizer's longest token cannot fit, and is refused at once (a 3.9 MB prompt in
+    microseconds, not seconds of tokenizing)."""
+    tokenizer = _tokenizer(model)
+    # NOTE: len(text) bounds the UTF-8 size from below; only a text that might be too long is encoded
+    limit_bytes = model.max_context * tokenizer.max_token_bytes
+    if len(text) > limit_bytes and (size_bytes := len(text.encode("utf-8", "surrogatepass"))) > limit_bytes:
+        raise InvalidParam(
+            f"This model's maximum context length is {model.max_context} tokens; the prompt is {size_bytes} bytes, "
+            f"more than {limit_bytes} bytes ({model.max_context} tokens of at most {tokenizer.max_token_bytes} "
+            "bytes each) can hold.", param, ContextLengthExceeded.code)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
 def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dict[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> list[int]:
     """The token ids of ``chat`` rendered through the model's chat template (``tools`` offered)."""
@@ -152,7 +168,26 @@ def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dic
                                           special_tokens=tokenizer.special_tokens_map)
     except StagewiseError as exc:
         raise InvalidParam(str(exc), "messages") from exc
-    return tokenizer.encode(text)
+    return prompt_ids(text, model, "messages")
+
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's function names: a-z, A-Z, 0-9, _ and -, up to 64
+
+
+def _check_tool(tool: dict[str, Any], param: str) -> None:
+    """A tool as OpenAI requires it: ``{"type": "function", "function": {"name": <1-64 of [a-zA-Z0-9_-.]>,
+    "parameters": <object>?, "description": <string>?}}``."""
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, dict):
+        raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", param)
+    name = function.get("name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise InvalidParam("each tool function needs a name of 1 to 64 letters, digits, '_', '-' or '.'",
+                           f"{param}.function.name")
+    if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
+        raise InvalidParam(f"the parameters of tool {name!r} must be a JSON schema object", f"{param}.function.parameters")
+    if function.get("description") is not None and not isinstance(function["description"], str):
+        raise InvalidParam(f"the description of tool {name!r} must be a string", f"{param}.function.description")
 
 
 def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
@@ -160,11 +195,9 @@ def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) ->
     ``chatcmpl-<request_id>``."""
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
+    for i, tool in enumerate(body.tools or ()):
+        _check_tool(tool, f"tools.{i}")  # offered or not (tool_choice 'none'), a malformed tool is a 400
     tools = body.tools if body.tools and body.tool_choice != "none" else None
-    if tools is not None:
-        for i, tool in enumerate(tools):
-            if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-                raise InvalidParam("each tool must be {'type': 'function', 'function': {...}}", f"tools.{i}")
     ids = chat_prompt_ids(body.messages, model, tools)
     tool_format = detect_tool_call_format(model.chat_template.source)
     grammar = tool_choice_grammar(body.tool_choice, tools, tool_format, model)
@@ -200,7 +233,7 @@ def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) 
         if len(prompt) != 1:
             raise InvalidParam("only one prompt per request is supported", "prompt")
         prompt = prompt[0]
-    ids = _tokenizer(model).encode(prompt) if isinstance(prompt, str) else list(prompt)
+    ids = prompt_ids(prompt, model, "prompt") if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise InvalidParam("the prompt is empty", "prompt")
     if any(not 0 <= t < model.config.vocab_size for t in ids):

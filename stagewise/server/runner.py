@@ -25,12 +25,14 @@ from stagewise.engine.warm_up import needs_warm_up
 from stagewise.errors import ConfigError
 from stagewise.hardware.listen_socket import listen_socket
 from stagewise.server.app import guarded_app
+from stagewise.server.http_protocol import protocol_class
 from stagewise.server.load_display import placement_lines
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 
 _SHUTDOWN_TIMEOUT_S = 5
+_MAX_HEADER_BYTES = 64 * 1024  # request line + headers; a larger head is refused with 400
 
 
 class _Server(uvicorn.Server):
@@ -47,7 +49,10 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
     print_requests()  # one INFO line per finished request on stderr
     state = ServerState(settings)
     config = uvicorn.Config(guarded_app(state), host=settings.host, port=settings.port, log_level="warning",
-                            lifespan="off", timeout_graceful_shutdown=_SHUTDOWN_TIMEOUT_S)
+                            lifespan="off", timeout_graceful_shutdown=_SHUTDOWN_TIMEOUT_S,
+                            http=protocol_class(settings.header_timeout_s), timeout_keep_alive=settings.keep_alive_s,
+                            limit_concurrency=settings.max_connections,
+                            h11_max_incomplete_event_size=_MAX_HEADER_BYTES)
     server = _Server(config)
     loader = threading.Thread(target=_load, args=(state, server, console), name="stagewise-loader", daemon=True)
     drainer: list[threading.Thread] = []

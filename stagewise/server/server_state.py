@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from stagewise.engine.engine import Engine
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.metrics import EngineMetrics
 from stagewise.engine.scheduler import EngineClosed
+from stagewise.errors import WorkerLost
 from stagewise.server.serve_settings import ServeSettings
 
 
@@ -53,11 +55,24 @@ class ServerState:
             self.metrics.loaded.set(0)
             return True
 
+    def worker_report(self) -> dict[str, Any] | None:
+        """The pipeline's health (worker processes' liveness); None before the model is ready.
+
+        The one source both ``/health`` and admission (:meth:`serving`) read, so they never disagree."""
+        model = self.model
+        report = getattr(model.pipeline, "health", None) if model is not None else None
+        return report() if report is not None else None
+
     def serving(self) -> tuple[Engine, LoadedModel]:
-        """The engine and model, or :class:`EngineClosed` (503) while loading or draining."""
+        """The engine and model; :class:`EngineClosed` (503) while loading or draining, :class:`WorkerLost`
+        (503) while :meth:`worker_report` says a worker is lost (what ``/health`` says too)."""
         with self._lock:
-            if self.phase == "ready" and self.engine is not None and self.model is not None:
-                return self.engine, self.model
-            phase = self.phase
+            ready = self.phase == "ready" and self.engine is not None and self.model is not None
+            engine, model, phase = self.engine, self.model, self.phase
+        if ready and engine is not None and model is not None:
+            report = self.worker_report()
+            if report is not None and report["status"] != "ok":
+                raise WorkerLost(report["message"] or f"the pipeline is {report['status']}; retry later")
+            return engine, model
         raise EngineClosed(f"the server is {phase}; retry later" if phase in ("loading", "warming_up")
                            else f"the server is {phase} and accepts no new requests")

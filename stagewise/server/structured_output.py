@@ -19,6 +19,7 @@ from typing import Any
 from stagewise.engine.grammar import JSON_OPTIONS, Grammar
 from stagewise.engine.grammar_vocabulary import GrammarVocabulary
 from stagewise.engine.loaded_model import LoadedModel
+from stagewise.engine.schema_finiteness import check_finite
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.engine.tool_calls import ToolCallFormat
 from stagewise.errors import GrammarError
@@ -111,5 +112,9 @@ def _call_schema(function: dict[str, Any], arguments_key: str) -> dict[str, Any]
     parameters = function.get("parameters") or _ANY_OBJECT
     if not isinstance(parameters, dict):
         raise InvalidParam(f"the parameters of tool {name!r} must be a JSON schema object", "tools")
+    try:
+        check_finite(parameters, f"the parameters of tool {name!r}")
+    except GrammarError as exc:
+        raise InvalidParam(str(exc), "tools") from exc
     return {"type": "object", "properties": {"name": {"const": name}, arguments_key: parameters},
             "required": ["name", arguments_key], "additionalProperties": False}

@@ -6,13 +6,13 @@ weights readers, into this frozen dataclass; nothing downstream reads them raw. 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stagewise.errors import ConfigError, ModelNotFound, UnsupportedArchitecture
+from stagewise.spec.config_fields import MAX_DIM, MAX_EXPERTS, MAX_LAYERS, ConfigFields, read_json_object
 
 # model_type (HF) -> our architecture family name
 _HF_ARCHITECTURES: dict[str, str] = {
@@ -107,8 +107,16 @@ class ModelConfig:
             raise UnsupportedArchitecture(f"architecture {self.architecture!r} is not supported")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0 or value > 1 << 24:
-                raise ConfigError(f"{name} must be a positive integer below 2**24, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM:
+                raise ConfigError(f"{name} must be a positive integer up to 2**24, got {value!r}")
+        if not 0 < self.num_layers <= MAX_LAYERS:
+            raise ConfigError(f"num_layers must be in [1, {MAX_LAYERS}], got {self.num_layers}")
+        if not (math.isfinite(self.rms_norm_eps) and 0 < self.rms_norm_eps <= 1):
+            raise ConfigError(f"rms_norm_eps must be a finite number in (0, 1], got {self.rms_norm_eps!r}")
+        if any(not 0 <= i < self.vocab_size for i in (*self.eos_token_ids, *(
+                () if self.bos_token_id is None else (self.bos_token_id,)))):
+            raise ConfigError(f"bos/eos token ids must be in [0, {self.vocab_size}), got "
+                              f"{self.bos_token_id} / {self.eos_token_ids}")
         if self.num_attention_heads % self.num_kv_heads != 0:
             raise ConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -193,119 +201,105 @@ class ModelConfig:
             p = p / "config.json"
         if not p.exists():
             raise ModelNotFound(f"{p}: no config.json found")
-        try:
-            raw = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{p}: not valid JSON ({exc})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: top level must be a JSON object")
-        return _from_hf(raw, str(p))
+        return _from_hf(read_json_object(p), str(p))
 
 
-def _req(raw: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
-    if key not in raw or raw[key] is None:
-        raise ConfigError(f"{source}: missing field {key!r}")
-    value = raw[key]
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ConfigError(f"{source}: field {key!r} must be an integer, got {value!r}")
-    if kind is float and not isinstance(value, (int, float)):
-        raise ConfigError(f"{source}: field {key!r} must be a number, got {value!r}")
-    return value
-
-
-def _rope(raw: dict[str, Any], source: str, default_partial: float = 1.0) -> RopeScaling:
-    params = raw.get("rope_parameters") or {}
-    legacy = raw.get("rope_scaling") or {}
-    merged: dict[str, Any] = {**legacy, **params}
-    rope_type = merged.get("rope_type") or merged.get("type") or "default"
-    theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
-    partial = merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial))
-    try:
-        return RopeScaling(
-            rope_type=str(rope_type),
-            theta=float(theta),
-            factor=float(merged.get("factor", 1.0)),
-            low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
-            partial_rotary_factor=float(partial),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: bad rope parameters ({exc})") from None
-
-
-def _eos(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+def _rope(fields: ConfigFields, source: str, default_partial: float = 1.0) -> RopeScaling:
+    params = fields.object_("rope_parameters")
+    legacy = fields.object_("rope_scaling")
+    # rope_theta and partial_rotary_factor may sit at the top level (transformers 4.x) or in the dict (5.x)
+    merged = ConfigFields({k: v for k, v in fields.raw.items() if k in ("rope_theta", "partial_rotary_factor")}
+                          | legacy | params, f"{source} rope parameters")
+    rope_type = merged.str_("rope_type", "") or merged.str_("type", "default")
+    return RopeScaling(
+        rope_type=rope_type,
+        theta=merged.float_("rope_theta", 10000.0, hi=1e12),
+        factor=merged.float_("factor", 1.0, hi=1e6),
+        low_freq_factor=merged.float_("low_freq_factor", 1.0, hi=1e6),
+        high_freq_factor=merged.float_("high_freq_factor", 4.0, hi=1e6),
+        original_max_position_embeddings=merged.int_("original_max_position_embeddings", 8192, lo=1),
+        partial_rotary_factor=merged.float_("partial_rotary_factor", default_partial, hi=1.0),
+    )
 
 
 def _from_hf(raw: dict[str, Any], source: str) -> ModelConfig:
+    try:
+        return _read_hf(raw, source)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
+
+
+def _read_hf(raw: dict[str, Any], source: str) -> ModelConfig:
+    """Every field the models read, type- and range-checked before anything is sized by it."""
     model_type = raw.get("model_type")
     if model_type is None:
         raise ConfigError(f"{source}: missing field 'model_type'")
-    if model_type not in _HF_ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in _HF_ARCHITECTURES:
+        shown = repr(model_type) if isinstance(model_type, str) and len(model_type) <= 40 else "that value"
         raise UnsupportedArchitecture(
-            f"{source}: model_type {model_type!r} is not supported "
-            f"(supported: {', '.join(sorted(_HF_ARCHITECTURES))})"
+            f"{source}: model_type {shown} is not supported (supported: {', '.join(sorted(_HF_ARCHITECTURES))})"
         )
-    outer = raw
-    if isinstance(raw.get("text_config"), dict):
-        raw = {**raw["text_config"]}
-        raw.setdefault("tie_word_embeddings", outer.get("tie_word_embeddings", False))
+    outer = ConfigFields(raw, source)
+    tie_outer = outer.bool_("tie_word_embeddings", False)
+    text_config = raw.get("text_config")
+    if text_config is not None and not isinstance(text_config, dict):
+        raise ConfigError(f"{source}: field 'text_config' must be a JSON object")
+    f = ConfigFields({"tie_word_embeddings": tie_outer, **text_config} if text_config else raw, source)
     arch = _HF_ARCHITECTURES[model_type]
-    hidden = _req(raw, "hidden_size", source)
-    heads = _req(raw, "num_attention_heads", source)
-    layers = _req(raw, "num_hidden_layers", source)
-    head_dim = raw.get("head_dim") or (hidden // heads if heads else 0)
-    kv_heads = raw.get("num_key_value_heads") or heads
-    layer_types: list[str] = list(raw.get("layer_types") or ())
-    if arch in HYBRID_ARCHITECTURES and not layer_types:
-        interval = int(raw.get("full_attention_interval", 4))
-        layer_types = list(layer_types_for_interval(interval, layers))
-    if arch not in HYBRID_ARCHITECTURES:
-        layer_types = [FULL_ATTENTION] * layers
-    num_experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
-    activation = raw.get("hidden_act", "silu")
+    hidden = f.int_("hidden_size", lo=1)
+    heads = f.int_("num_attention_heads", lo=1)
+    layers = f.int_("num_hidden_layers", lo=1, hi=MAX_LAYERS)
+    vocab = f.int_("vocab_size", lo=1)
+    head_dim = f.int_("head_dim", hidden // heads, lo=1) if f.raw.get("head_dim") != 0 else hidden // heads
+    kv_heads = f.int_("num_key_value_heads", heads, lo=1) if f.raw.get("num_key_value_heads") != 0 else heads
+    hybrid = arch in HYBRID_ARCHITECTURES
+    if hybrid:
+        layer_types = f.str_list("layer_types", MAX_LAYERS) or layer_types_for_interval(
+            f.int_("full_attention_interval", 4, lo=1, hi=layers), layers)
+    else:
+        layer_types = (FULL_ATTENTION,) * layers
+    num_experts = f.int_("num_experts", 0, hi=MAX_EXPERTS) or f.int_("num_local_experts", 0, hi=MAX_EXPERTS)
+    activation = f.str_("hidden_act", "silu")
     if activation != "silu":
         raise UnsupportedArchitecture(f"{source}: hidden_act {activation!r} is not supported (silu)")
     # Qwen3.5-MoE has no dense layers and always renormalizes its top-k router weights.
     sparse_only = arch == "qwen3_5_moe"
-    extra: dict[str, Any] = {k: raw[k] for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if k in raw}
-    if "vision_config" in outer:
+    extra: dict[str, Any] = {k: f.int_(k, 0, hi=MAX_LAYERS) for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+                             if k in f.raw}
+    if "vision_config" in raw:
         extra["has_vision"] = True
+    bos = f.int_("bos_token_id", -1, lo=0, hi=vocab - 1) if f.present("bos_token_id") else None
     return ModelConfig(
         architecture=arch,
-        vocab_size=_req(raw, "vocab_size", source),
+        vocab_size=vocab,
         hidden_size=hidden,
         num_layers=layers,
         num_attention_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        intermediate_size=int(raw.get("intermediate_size") or 0),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=f.int_("intermediate_size", 0),
+        rms_norm_eps=f.float_("rms_norm_eps", 1e-6, hi=1.0),
         # hybrid configs default to rotating a quarter of each head (transformers' default)
-        rope=_rope(raw, source, 0.25 if arch in HYBRID_ARCHITECTURES else 1.0),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", False)),
-        mlp_bias=bool(raw.get("mlp_bias", False)),
+        rope=_rope(f, source, 0.25 if hybrid else 1.0),
+        max_position_embeddings=f.int_("max_position_embeddings", 4096, lo=1),
+        tie_word_embeddings=f.bool_("tie_word_embeddings", False),
+        attention_bias=f.bool_("attention_bias", False),
+        mlp_bias=f.bool_("mlp_bias", False),
         layer_types=tuple(layer_types),
         num_experts=num_experts,
-        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
-        norm_topk_prob=True if sparse_only else bool(raw.get("norm_topk_prob", True)),
-        decoder_sparse_step=1 if sparse_only else int(raw.get("decoder_sparse_step", 1) or 1),
-        mlp_only_layers=() if sparse_only else tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
-        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
-        linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim") or 0),
-        linear_key_head_dim=int(raw.get("linear_key_head_dim") or 0),
-        linear_value_head_dim=int(raw.get("linear_value_head_dim") or 0),
-        linear_num_key_heads=int(raw.get("linear_num_key_heads") or 0),
-        linear_num_value_heads=int(raw.get("linear_num_value_heads") or 0),
-        bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
-        eos_token_ids=_eos(raw.get("eos_token_id")),
+        num_experts_per_tok=f.int_("num_experts_per_tok", 0, hi=MAX_EXPERTS),
+        moe_intermediate_size=f.int_("moe_intermediate_size", 0),
+        norm_topk_prob=True if sparse_only else f.bool_("norm_topk_prob", True),
+        decoder_sparse_step=1 if sparse_only else (f.int_("decoder_sparse_step", 1, hi=layers) or 1),
+        mlp_only_layers=() if sparse_only else f.int_list("mlp_only_layers", 0, layers - 1, layers),
+        shared_expert_intermediate_size=f.int_("shared_expert_intermediate_size", 0),
+        linear_conv_kernel_dim=f.int_("linear_conv_kernel_dim", 0, hi=1024),
+        linear_key_head_dim=f.int_("linear_key_head_dim", 0),
+        linear_value_head_dim=f.int_("linear_value_head_dim", 0),
+        linear_num_key_heads=f.int_("linear_num_key_heads", 0),
+        linear_num_value_heads=f.int_("linear_num_value_heads", 0),
+        bos_token_id=bos,
+        eos_token_ids=f.int_list("eos_token_id", 0, vocab - 1, 64, scalar_ok=True),
         extra=extra,
     )

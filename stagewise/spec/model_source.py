@@ -89,7 +89,7 @@ def _dir_format(p: Path) -> str | None:
                 if length > 100_000_000:
                     continue
                 header: dict[str, Any] = json.loads(fh.read(length))
-        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError):
+        except (OSError, struct.error, ValueError, RecursionError):
             continue
         for name, info in header.items():
             if name != "__metadata__" and isinstance(info, dict):
@@ -102,7 +102,9 @@ def _dir_format(p: Path) -> str | None:
 def _config_dtype(p: Path) -> str | None:
     try:
         raw = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or UTF-8; read and refused later
+        return None
+    if not isinstance(raw, dict):
         return None
     candidates = [raw.get("torch_dtype"), raw.get("dtype")]
     text = raw.get("text_config")

@@ -17,6 +17,7 @@ import numpy as np
 from gguf.constants import Keys
 
 from stagewise.errors import ConfigError, UnsupportedArchitecture
+from stagewise.spec.config_fields import MAX_DIM, MAX_EXPERTS, MAX_LAYERS
 from stagewise.spec.model_config import (
     FULL_ATTENTION,
     HYBRID_ARCHITECTURES,
@@ -27,7 +28,6 @@ from stagewise.spec.model_config import (
 )
 from stagewise.weights.gguf_names import GGUF_ARCHITECTURES
 
-MAX_LAYERS = 1 << 16  # no model comes close; a larger count is a corrupt field
 RopeFactors = Callable[[], Sequence[float] | None]
 
 
@@ -64,19 +64,22 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
     """
     arch, family = gguf_family(fields, label)
 
-    def get(key: str, kind: type = int, default: Any = None) -> Any:
+    def get(key: str, kind: type = int, default: Any = None, lo: int = 0, hi: int = MAX_DIM) -> Any:
+        """The field, type-checked, and for integers in ``[lo, hi]`` (so nothing is sized by a wild value)."""
         full = key.format(arch=arch)
         value = fields.get(full, default)
         if value is None:
             raise ConfigError(f"{label}: missing GGUF field {full}")
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{label}: GGUF field {full} must be an integer, got {value!r}")
+            raise ConfigError(f"{label}: GGUF field {full} must be an integer, got {_shown(value)}")
+        if kind is int and not lo <= value <= hi and full != Keys.LLM.BLOCK_COUNT.format(arch=arch):
+            raise ConfigError(f"{label}: GGUF field {full} must be in [{lo}, {hi}], got {value}")
         if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ConfigError(f"{label}: GGUF field {full} must be a number, got {value!r}")
+            raise ConfigError(f"{label}: GGUF field {full} must be a number, got {_shown(value)}")
         return value
 
     block_count = get(Keys.LLM.BLOCK_COUNT)
-    nextn = get(Keys.LLM.NEXTN_PREDICT_LAYERS, default=0)
+    nextn = get(Keys.LLM.NEXTN_PREDICT_LAYERS, default=0, hi=MAX_LAYERS)
     if not 0 <= nextn < block_count:
         raise ConfigError(f"{label}: GGUF field {arch}.block_count {block_count} with {nextn} next-n blocks leaves no layers")
     layers = block_count - nextn
@@ -88,9 +91,9 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
         )
     if layers > MAX_LAYERS:
         raise ConfigError(f"{label}: GGUF field {arch}.block_count {block_count} is beyond {MAX_LAYERS}")
-    hidden = get(Keys.LLM.EMBEDDING_LENGTH)
-    heads = get(Keys.Attention.HEAD_COUNT)
-    kv_heads = get(Keys.Attention.HEAD_COUNT_KV, default=heads)
+    hidden = get(Keys.LLM.EMBEDDING_LENGTH, lo=1)
+    heads = get(Keys.Attention.HEAD_COUNT, lo=1)
+    kv_heads = get(Keys.Attention.HEAD_COUNT_KV, default=heads, lo=1)
     if not isinstance(heads, int) or heads <= 0:
         raise ConfigError(f"{label}: GGUF field {Keys.Attention.HEAD_COUNT.format(arch=arch)} must be positive")
     head_dim = get(Keys.Attention.KEY_LENGTH, default=hidden // heads if heads else 0)
@@ -116,7 +119,7 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
 
     hybrid = family in HYBRID_ARCHITECTURES
     if hybrid:
-        interval = get(Keys.LLM.FULL_ATTENTION_INTERVAL, default=4)
+        interval = get(Keys.LLM.FULL_ATTENTION_INTERVAL, default=4, hi=MAX_LAYERS)
         if interval <= 0:
             raise ConfigError(f"{label}: full_attention_interval must be positive, got {interval}")
         layer_types = layer_types_for_interval(interval, layers)
@@ -129,8 +132,8 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
     kwargs: dict[str, Any] = {}
     if moe:
         kwargs.update(
-            num_experts=get(Keys.LLM.EXPERT_COUNT),
-            num_experts_per_tok=get(Keys.LLM.EXPERT_USED_COUNT),
+            num_experts=get(Keys.LLM.EXPERT_COUNT, hi=MAX_EXPERTS),
+            num_experts_per_tok=get(Keys.LLM.EXPERT_USED_COUNT, hi=MAX_EXPERTS),
             moe_intermediate_size=get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH),
             shared_expert_intermediate_size=get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0),
         )
@@ -140,16 +143,20 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
         if value_heads <= 0 or inner % value_heads:
             raise ConfigError(f"{label}: ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {value_heads}")
         kwargs.update(
-            linear_conv_kernel_dim=get(Keys.SSM.CONV_KERNEL),
+            linear_conv_kernel_dim=get(Keys.SSM.CONV_KERNEL, hi=1024),
             linear_key_head_dim=get(Keys.SSM.STATE_SIZE),
             linear_num_key_heads=get(Keys.SSM.GROUP_COUNT),
             linear_num_value_heads=value_heads,
             linear_value_head_dim=inner // value_heads,
         )
     ffn = get(Keys.LLM.FEED_FORWARD_LENGTH, default=0)
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= MAX_DIM:
+        raise ConfigError(f"{label}: vocabulary size must be an integer in [1, {MAX_DIM}], got {_shown(vocab)}")
     bos = fields.get(Keys.Tokenizer.BOS_ID)
     eos = fields.get(Keys.Tokenizer.EOS_ID)
     eos_ids = tuple(int(fields[k]) for k in (Keys.Tokenizer.EOS_ID, Keys.Tokenizer.EOT_ID) if isinstance(fields.get(k), int))
+    if any(not 0 <= i < vocab for i in eos_ids) or (isinstance(bos, int) and not 0 <= bos < vocab):
+        raise ConfigError(f"{label}: GGUF token ids bos {bos} / eos {eos_ids} must be in [0, {vocab})")
     try:
         return ModelConfig(
             architecture=family,
@@ -162,7 +169,7 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
             intermediate_size=ffn if isinstance(ffn, int) else 0,
             rms_norm_eps=eps,
             rope=rope,
-            max_position_embeddings=get(Keys.LLM.CONTEXT_LENGTH, default=4096),
+            max_position_embeddings=get(Keys.LLM.CONTEXT_LENGTH, default=4096, lo=1),
             tie_word_embeddings=not has_output,
             layer_types=layer_types,
             bos_token_id=bos if isinstance(bos, int) else None,
@@ -172,6 +179,14 @@ def config_from_gguf(fields: dict[str, Any], label: str, embedding_shape: tuple[
         )
     except ConfigError as exc:  # ModelConfig's own checks do not name the file
         raise ConfigError(f"{label}: {exc}") from None
+
+
+def _shown(value: Any) -> str:
+    """A metadata value as messages show it: short scalars as they are, anything else by its kind."""
+    text = repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _f32_decimal(value: float) -> float:
@@ -189,6 +204,9 @@ def _rope(arch: str, fields: dict[str, Any], label: str, theta: float, partial: 
     # and check they reproduce every factor (the reference's own formula); any other factors are
     # applied as given, as llama.cpp does.
     original = fields.get(f"{arch}.rope.scaling.original_context_length", 8192)
+    if isinstance(original, bool) or not isinstance(original, int) or not 0 < original <= MAX_DIM:
+        raise ConfigError(f"{label}: GGUF field {arch}.rope.scaling.original_context_length must be an integer "
+                          f"in [1, {MAX_DIM}], got {_shown(original)}")
     factor = float(max(factors))
     rope = RopeScaling(rope_type="llama3", theta=theta, factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
                        original_max_position_embeddings=int(original), partial_rotary_factor=partial)

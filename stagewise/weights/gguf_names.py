@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
 
-from stagewise.errors import UnsupportedArchitecture
+from stagewise.errors import UnsupportedArchitecture, WeightsError
 from stagewise.spec.model_config import HYBRID_ARCHITECTURES
 
 # llama.cpp architecture name (general.architecture) -> our family
@@ -160,22 +160,28 @@ def blocks_present(gguf_names: set[str]) -> int:
     return max(indices, default=-1) + 1
 
 
-def bind_gguf_names(family: str, gguf_names: set[str], num_layers: int) -> tuple[list[BoundRule], set[str]]:
+KNOWN_IGNORED_TOP = frozenset({"rope_freqs.weight"})  # folded into the config (Llama 3 rope factors)
+_NAMED_AT_MOST = 5
+
+
+def bind_gguf_names(family: str, gguf_names: set[str], num_layers: int,
+                    label: str = "") -> tuple[list[BoundRule], set[str]]:
     """Group the file's tensor names into our tensors; returns (rules, names we knowingly ignore).
 
     Blocks at index >= ``num_layers`` (the MTP / next-n block counted in ``block_count``) and
-    ``rope_freqs.weight`` (folded into the config) are ignored. Unknown names are returned as
-    ignored too only if they are in ignored blocks; otherwise they stay unbound, and the stage
-    loader reports them as unexpected.
+    :data:`KNOWN_IGNORED_TOP` (``rope_freqs.weight``, folded into the config) are ignored. Any other
+    name no rule knows (``rope_freqs.weighu``: one flipped bit) is a :class:`WeightsError` naming
+    them, never silently skipped: the model would run without that tensor. ``label`` names the file.
     """
     by_gguf: dict[str, list[tuple[NameRule, int | None]]] = {}
     for rule in top_rules(family):
         by_gguf.setdefault(rule.gguf[0], []).append((rule, None))
     block_table = block_rules(family)
     ignored: set[str] = set()
+    unknown: list[str] = []
     bound: list[BoundRule] = []
     for name in sorted(gguf_names):
-        if name == "rope_freqs.weight":
+        if name in KNOWN_IGNORED_TOP:
             ignored.add(name)
             continue
         match = BLOCK_GGUF.match(name)
@@ -183,7 +189,7 @@ def bind_gguf_names(family: str, gguf_names: set[str], num_layers: int) -> tuple
             for rule, _ in by_gguf.get(name, []):
                 bound.append(BoundRule(rule.ours, rule.gguf, rule, None))
             if name not in by_gguf:
-                bound.append(BoundRule(name, (name,), NameRule(name, (name,)), None))  # unexpected: loader names it
+                unknown.append(name)
             continue
         index, suffix = int(match.group(1)), match.group(2)
         if index >= num_layers:
@@ -191,13 +197,18 @@ def bind_gguf_names(family: str, gguf_names: set[str], num_layers: int) -> tuple
             continue
         rules = [r for r in block_table if r.gguf[0] == suffix]
         if not rules:
-            if any(suffix in r.gguf[1:] for r in block_table):
-                continue  # second part of a multi-tensor rule, bound with its first part
-            bound.append(BoundRule(f"model.layers.{index}.gguf.{suffix}", (name,), NameRule(suffix, (suffix,)), index))
+            if not any(suffix in r.gguf[1:] for r in block_table):  # else: second part of a multi-tensor rule
+                unknown.append(name)
             continue
         for rule in rules:
             gguf = tuple(f"blk.{index}.{g}" for g in rule.gguf)
             bound.append(BoundRule(f"model.layers.{index}.{rule.ours}", gguf, rule, index))
+    if unknown:
+        shown = ", ".join(repr(n[:80]) for n in unknown[:_NAMED_AT_MOST])
+        more = f" and {len(unknown) - _NAMED_AT_MOST} more" if len(unknown) > _NAMED_AT_MOST else ""
+        where = f"{label}: " if label else ""
+        raise WeightsError(f"{where}unknown GGUF tensor{'s' if len(unknown) > 1 else ''} {shown}{more} "
+                           f"for architecture {family!r} (not part of this model: a corrupt or unsupported file)")
     return bound, ignored
 
 

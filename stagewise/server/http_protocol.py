@@ -1,0 +1,62 @@
+"""HeaderTimeoutProtocol: uvicorn's h11 protocol with a deadline on request headers.
+
+uvicorn times out only an idle keep-alive connection *after* a response (``timeout_keep_alive``);
+a socket that connects and sends nothing, or half a request line, is held forever (a thousand such
+sockets hold a thousand file descriptors). Here every connection must deliver a request's complete
+headers within ``header_timeout_s`` of connecting, and of its previous response; else it is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """:class:`H11Protocol` plus a header deadline (``header_timeout_s``, set by :func:`protocol_class`)."""
+
+    header_timeout_s = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the request line and headers are in: the app has it
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request's headers get the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
+    """A :class:`HeaderTimeoutProtocol` subclass with ``header_timeout_s`` (uvicorn takes a class)."""
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
