@@ -40,7 +40,8 @@ class GGUFSource:
             self.file.fields, self.label, embedding_shape=embd, rope_factors=self._rope_factors,
             has_output="output.weight" in names, blocks_present=blocks_present(names),
         )
-        bound, self._ignored = bind_gguf_names(self.config.architecture, names, self.config.num_layers)
+        bound, self._ignored = bind_gguf_names(self.config.architecture, names, self.config.num_layers,
+                                                  label=self.label)
         self._rules: dict[str, BoundRule] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         for rule in bound:
