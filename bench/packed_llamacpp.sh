@@ -41,7 +41,7 @@ for big in ${BIG-llama-3.1-8b}; do
     f="$W/$big-$q.gguf"; stamp "$big $q: quantize"
     "$BUILD/bin/llama-quantize" "$W/$big-f16.gguf" "$f" "$q" 16 > "$W/quantize_big.log" 2>&1 || { tail -3 "$W/quantize_big.log"; continue; }
     stamp "$big $q: llama-bench"
-    "$BUILD/bin/llama-bench" -m "$f" -p 512 -n 128 -ngl 99 -fa 1 -o json > "$OUT/llamabench_${big}_${q}.json" 2>/dev/null
+    "$BUILD/bin/llama-bench" -m "$f" -p 512 -n 128 -r 2 -ngl 99 -fa 1 -o json > "$OUT/llamabench_${big}_${q}.json" 2>/dev/null
     stamp "$big $q: stagewise bench"
     timeout 200 $S bench "$f" --devices cuda:0 --placement single --prompt 512 --gen 128 --repeats 2 --json \
       > "$OUT/stagewise_${big}_${q}.json" 2> "$W/bench.err" || tail -5 "$W/bench.err"
