@@ -18,90 +18,57 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.errors import CorruptModelFile, UnsupportedArchitecture, WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.spec.model_config import ModelConfig
-from stagewise.weights.gguf_config import config_from_gguf
-from stagewise.weights.gguf_file import GGUFFile
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, value_from_gguf
-from stagewise.weights.gguf_names import BoundRule, bind_gguf_names, blocks_present
+from stagewise.weights.gguf_table import GGUFTable
 from stagewise.weights.quant.block_scales import check_block_scales
-from stagewise.weights.quant.packed_types import is_packed, row_bytes
+from stagewise.weights.quant.packed_types import row_bytes
 from stagewise.weights.quant.packed_weight import PackedWeight
 from stagewise.weights.quant.q8_0 import BLOCK, Q8_0Weight
-from stagewise.weights.quant.tensor_decode import check_supported, decode_dense, decode_to
+from stagewise.weights.quant.tensor_decode import decode_dense, decode_to
 
 
 class GGUFSource:
     """Tensors of one GGUF model, read lazily, each straight to its device."""
 
     def __init__(self, path: str | Path) -> None:
-        self.file = GGUFFile(path)
-        names = set(self.file.tensors)
-        embd = self.file.info("token_embd.weight").shape if "token_embd.weight" in names else None
-        self.config: ModelConfig = config_from_gguf(
-            self.file.fields, self.label, embedding_shape=embd, rope_factors=self._rope_factors,
-            has_output="output.weight" in names, blocks_present=blocks_present(names),
-        )
-        bound, self._ignored = bind_gguf_names(self.config.architecture, names, self.config.num_layers,
-                                                  label=self.label)
-        self._rules: dict[str, BoundRule] = {}
-        self._shapes: dict[str, tuple[int, ...]] = {}
-        for rule in bound:
-            if rule.ours in self._rules:
-                raise WeightsError(f"{self.label}: two GGUF tensors map to {rule.ours!r}")
-            missing = [g for g in rule.gguf if g not in names]
-            if missing:
-                raise WeightsError(f"{self.label}: tensor {missing[0]!r} is missing (needed with {rule.gguf[0]!r})")
-            for g in rule.gguf:
-                check_supported(self.file.info(g).ggml_type, self.label, g)
-            self._rules[rule.ours] = rule
-            self._shapes[rule.ours] = self._logical_shape(rule)
+        self.table = GGUFTable(path)  # names, shapes, types and the packed rule, from the headers
+        self.file = self.table.file
+        self.config: ModelConfig = self.table.config
         self._check_shapes()
 
     # --- TensorSource -------------------------------------------------------------------------
     @property
     def label(self) -> str:
-        return str(self.file.path)
+        return self.table.label
 
     @property
     def fields(self) -> dict[str, Any]:
         """GGUF metadata (key -> plain Python value), e.g. for the tokenizer."""
-        return self.file.fields
+        return self.table.fields
 
     def names(self) -> set[str]:
-        return set(self._rules)
+        return self.table.names()
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self._shapes[name]
+        return self.table.shape(name)
 
     def ignored(self) -> set[str]:
-        return set(self._ignored)
+        return self.table.ignored()
 
     def source_bytes(self, name: str) -> int:
         """Bytes the tensor occupies in the file (all its GGUF parts)."""
-        return sum(self.file.info(g).nbytes for g in self._rules[name].gguf)
+        return self.table.source_bytes(name)
 
     def ggml_type(self, name: str) -> GGMLQuantizationType:
         """The stored type of ``name`` (its first GGUF part's)."""
-        return self.file.info(self._rules[name].gguf[0]).ggml_type
+        return self.table.part_types(name)[0]
 
     def is_quantized(self, name: str) -> bool:
-        """Resident packed: every part of one packed type, stored with the logical number of dimensions
-        and no value change. Q8_0 column moves must be whole blocks; other types gather the input."""
-        rule = self._rules[name]
-        types = {self.file.info(g).ggml_type for g in rule.gguf}
-        if len(types) != 1 or not is_packed(next(iter(types))):
-            return False
-        shape = self._shapes[name]
-        if len(shape) < 2 or rule.rule.value in ("norm_offset", "a_log", "conv"):
-            return False
-        if any(len(self.file.info(g).shape) != len(shape) for g in rule.gguf):
-            return False
-        if next(iter(types)) != GGMLQuantizationType.Q8_0:
-            return True
-        cols = col_group_index(rule.rule, self.config)
-        return cols is None or cols[1] % BLOCK == 0  # column moves must be whole blocks
+        """Resident packed (:meth:`GGUFTable.is_quantized`, the one rule the planner charges by)."""
+        return self.table.is_quantized(name)
 
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        rule = self._rules[name]
+        rule = self.table.rule(name)
         if len(rule.gguf) == 1:  # straight to the run dtype, dequantized in bounded slabs
             info = self.file.info(rule.gguf[0])
             parts = [decode_to(self.file.raw(rule.gguf[0]), info.ggml_type, info.shape, device, dtype)]
@@ -132,7 +99,7 @@ class GGUFSource:
     def load_packed(self, name: str, device: torch.device) -> PackedWeight:
         """``name`` as a :class:`PackedWeight` on ``device``: the file's blocks, re-laid-out by whole rows
         (row permutations, concatenations); a column permutation becomes the weight's input gather."""
-        rule = self._rules[name]
+        rule = self.table.rule(name)
         parts = []
         for g in rule.gguf:
             info = self.file.info(g)
@@ -154,7 +121,7 @@ class GGUFSource:
 
     def load_q8_0(self, name: str, device: torch.device) -> Q8_0Weight:
         """``name`` as a :class:`Q8_0Weight` on ``device`` (2-D, or 3-D for stacked experts)."""
-        rule = self._rules[name]
+        rule = self.table.rule(name)
         parts = [Q8_0Weight.from_blocks(self.file.raw(g), self.file.info(g).shape, device) for g in rule.gguf]
         for g, part in zip(rule.gguf, parts, strict=True):  # checked on the device, after the copy
             if not bool(torch.isfinite(part.scales).all()):
@@ -186,29 +153,6 @@ class GGUFSource:
         info = self.file.info(gguf_name)
         return decode_dense(self.file.raw(gguf_name), info.ggml_type, info.shape, device)
 
-    def _rope_factors(self) -> list[float] | None:
-        if "rope_freqs.weight" not in self.file.tensors:
-            return None
-        values: list[float] = self._dense("rope_freqs.weight", torch.device("cpu")).float().reshape(-1).tolist()
-        return values
-
-    def _logical_shape(self, rule: BoundRule) -> tuple[int, ...]:
-        shapes = [self.file.info(g).shape for g in rule.gguf]
-        dim = rule.rule.concat_dim
-        first = list(shapes[0])
-        for other in shapes[1:]:
-            if len(other) != len(first) or any(a != b for i, (a, b) in enumerate(zip(first, other, strict=True))
-                                               if i != dim):
-                raise CorruptModelFile(
-                    f"{self.label}: tensor {rule.gguf[1]!r} shape {list(other)} does not match {rule.gguf[0]!r} {first}"
-                )
-            first[dim] += other[dim]
-        if rule.rule.value == "conv" and len(first) == 2:
-            first.insert(1, 1)  # stored squeezed: (C, K) -> (C, 1, K)
-        if rule.rule.value == "row" and len(first) == 1:
-            first.insert(0, 1)  # stored 1-D: (H,) -> (1, H)
-        return tuple(first)
-
     def _check_shapes(self) -> None:
         """Every tensor's shape against the shapes the metadata implies (the model built on meta)."""
         from stagewise.models.registry import build_stage
@@ -218,11 +162,12 @@ class GGUFSource:
         except UnsupportedArchitecture:
             return  # the family's model is not available; the stage loader checks shapes later
         expected = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
-        for name, shape in self._shapes.items():
+        for name in self.table.names_in_order():  # the first mismatch reported is the first bound
+            shape = self.shape(name)
             want = expected.get(name)
             if want is not None and want != shape:
                 raise CorruptModelFile(
-                    f"{self.label}: tensor {self._rules[name].gguf[0]!r} has shape {list(shape)}, "
+                    f"{self.label}: tensor {self.table.rule(name).gguf[0]!r} has shape {list(shape)}, "
                     f"but the metadata implies {list(want)}"
                 )
 

@@ -37,5 +37,5 @@ def model_spec_from_gguf(model: str | Path | Any, run_dtype: str | None = None) 
         run_dtype = floats[0] if types <= set(_DENSE_NAMES) and len(floats) == 1 else (
             "f32" if types == {GGMLQuantizationType.F32} else "bf16")
     spec = spec_from_source(source.config, source, run_dtype, Path(source.label).name)
-    table = source if isinstance(source, GGUFTable) else GGUFTable(source.label)
+    table = source if isinstance(source, GGUFTable) else source.table  # a GGUFSource holds its table
     return replace(spec, expanded=tuple(source_expansions(table, run_dtype)))

@@ -64,6 +64,14 @@ class GGUFTable:
     def ignored(self) -> set[str]:
         return set(self._ignored)
 
+    def names_in_order(self) -> list[str]:
+        """Our tensor names in the order the name rules bind them (blocks in file order)."""
+        return list(self._rules)
+
+    def rule(self, name: str) -> BoundRule:
+        """How ``name`` is made from its GGUF parts (names, concatenation, layout, value change)."""
+        return self._rules[name]
+
     def part_types(self, name: str) -> list[GGMLQuantizationType]:
         """The stored type of each GGUF part of ``name``."""
         return [self.file.info(g).ggml_type for g in self._rules[name].gguf]
@@ -105,9 +113,13 @@ class GGUFTable:
         if "rope_freqs.weight" not in self.file.tensors:
             return None
         index, info = self.file.tensors["rope_freqs.weight"]
+        if info.ggml_type == GGMLQuantizationType.BF16:  # the high half of a float32
+            bits = np.fromfile(self.file.parts[index], dtype="<u2", count=info.nbytes // 2, offset=info.offset_bytes)
+            return [float(v) for v in (bits.astype(np.uint32) << 16).view(np.float32)]
         dtype = _NUMPY_FLOATS.get(info.ggml_type)
         if dtype is None:
-            raise CorruptModelFile(f"{self.label}: rope_freqs.weight has type {info.ggml_type.name}, expected F32 or F16")
+            raise CorruptModelFile(f"{self.label}: rope_freqs.weight has type {info.ggml_type.name}, "
+                                   "expected F32, F16 or BF16")
         count = info.nbytes // np.dtype(dtype).itemsize
         values = np.fromfile(self.file.parts[index], dtype=dtype, count=count, offset=info.offset_bytes)
         return [float(v) for v in values]
