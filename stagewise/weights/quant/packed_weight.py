@@ -29,6 +29,7 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.weights.quant.dequant import dequantize
 from stagewise.weights.quant.packed_types import block_elements, format_name, row_bytes
+from stagewise.weights.quant.tiled_linear import tiled_linear
 
 TILE_ELEMENTS = 1 << 22  # dequantized values per matmul tile (8 MiB at bf16)
 GEMV_MAX_TOKENS = 16  # rows up to which the packed GEMV runs (decode); more: dequantized tiles + matmul
@@ -112,15 +113,8 @@ class PackedWeight:
         return self._tiled_matmul(x)
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        out_features = self.raw.shape[0]
-        rows = max(1, TILE_ELEMENTS // self.in_features)  # depends on the weight only: same tiles every call
-        if rows >= out_features:
-            return torch.nn.functional.linear(x, self._dequantize_raw(self.raw, x.dtype))
-        y = x.new_empty((*x.shape[:-1], out_features))
-        for lo in range(0, out_features, rows):
-            hi = min(lo + rows, out_features)
-            y[..., lo:hi] = torch.nn.functional.linear(x, self._dequantize_raw(self.raw[lo:hi], x.dtype))
-        return y
+        return tiled_linear(x, self.raw.shape[0], self.in_features,
+                            lambda lo, hi, dtype: self._dequantize_raw(self.raw[lo:hi], dtype), TILE_ELEMENTS)
 
     def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
         """Row ``m // x_repeat`` of ``x (M / x_repeat, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from stagewise.kernels.triton_launch import use_triton
+from stagewise.weights.quant.tiled_linear import tiled_linear
 
 BLOCK = 32  # elements per Q8_0 block
 BLOCK_BYTES = 34  # 2 (f16 scale) + 32 (int8 values)
@@ -118,14 +119,7 @@ class Q8_0Weight:
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
         out_features, in_features = self.qs.shape
-        rows = max(1, TILE_ELEMENTS // in_features)  # depends on the weight only: same tiles every call
-        if rows >= out_features:
-            return torch.nn.functional.linear(x, self._dequantize_rows(0, out_features, x.dtype))
-        y = x.new_empty((*x.shape[:-1], out_features))
-        for lo in range(0, out_features, rows):
-            hi = min(lo + rows, out_features)
-            y[..., lo:hi] = torch.nn.functional.linear(x, self._dequantize_rows(lo, hi, x.dtype))
-        return y
+        return tiled_linear(x, out_features, in_features, self._dequantize_rows, TILE_ELEMENTS)
 
     def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
         """Row ``m // x_repeat`` of ``x (M / x_repeat, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.
