@@ -27,7 +27,7 @@ from bench.gemv_graph import _graph_us, _rel
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
-from stagewise.kernels.packed_gemv_triton import config_for, packed_gemv
+from stagewise.kernels.packed_gemv_triton import WORD_TYPES, config_for, packed_gemv
 from stagewise.weights.quant.packed_types import PACKED, block_bytes, block_elements, row_bytes
 
 T = GGMLQuantizationType
@@ -35,8 +35,9 @@ SHAPES = {"qkv-like 4096x4096": (4096, 4096), "gate/up 14336x4096": (14336, 4096
           "down 4096x14336": (4096, 14336), "head 128256x4096": (128256, 4096)}
 F16_AT = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0], T.Q2_K: [80, 82], T.Q3_K: [108],
           T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0], T.MXFP4: []}
-CANDIDATES = [(1, 2048, 4, 3), (1, 1024, 4, 3), (2, 1024, 4, 4), (4, 512, 4, 3), (8, 512, 4, 3),
-              (4, 256, 2, 4), (8, 256, 4, 3), (16, 256, 4, 3), (2, 512, 2, 4)]
+CANDIDATES = [(1, 2048, 4, 3), (2, 1024, 4, 4), (4, 512, 2, 3), (2, 1024, 2, 3), (2, 2048, 4, 3), (4, 1024, 2, 3),
+              (4, 1024, 4, 3), (1, 1024, 2, 3), (1, 4096, 4, 2), (8, 512, 2, 3), (2, 512, 2, 4), (4, 2048, 4, 2),
+              (8, 1024, 4, 2)]
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
 
 
@@ -114,6 +115,10 @@ def main() -> int:
             current = str(config_for(qtype, n, k, False))
             if current not in fns:
                 fns[current] = lambda i, x=x, raws=raws, qtype=qtype, k=k: packed_gemv(x, raws[i], qtype, k)
+            if qtype in WORD_TYPES:  # the byte path beside the word path, same configs
+                for cfg in [*CANDIDATES[:4], config_for(qtype, n, k, False)]:
+                    fns[f"bytes {cfg}"] = (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k:
+                                           packed_gemv(x, raws[i], qtype, k, config=cfg, words=False))
             rows.append(_sweep(f"{qtype.name} {label}", nbytes, fns, ref, copies, current, dense_us))
             del raws
     report["rows"] = rows

@@ -32,6 +32,8 @@ from stagewise.kernels.packed_blocks_triton import block_tile
 from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
 from stagewise.weights.quant.packed_types import PACKED, block_elements, row_bytes
 
+# types whose GEMV reads 8-byte slots and applies scales once a sub-block
+WORD_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})
 GEMV_MAX_ROWS = 16  # output rows (tokens, or routed (token, expert) pairs) the kernel is meant for
 
 
@@ -41,63 +43,156 @@ def _input_tile(x_row, k, K):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _k_slots(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q4_K / Q5_K super-blocks by 8-byte slots: quant bytes ``32c + 8g + l`` ``(BN, NB, 4, 4, 8)``
+    (chunk ``c``, slot ``g``), Q5_K's high-bit bytes ``8g + l`` of the same values (zeros for Q4_K), and
+    the scale and min of sub-blocks ``2c`` and ``2c + 1`` ``(BN, NB, 4, 1)`` each.
+
+    A slot's 8 bytes hold values ``64c + 8g + l`` (low nibbles) and ``64c + 32 + 8g + l`` (high): 8
+    contiguous inputs each, so the input loads take the quant bytes' layout (one thread, one slot)."""
+    b = k0 // 256 + tl.arange(0, NB)
+    BB: tl.constexpr = 144 if TYPE == 12 else 176  # bytes a super-block
+    QS_AT: tl.constexpr = 16 if TYPE == 12 else 48
+    mask = n_mask[:, None] & (b < K // 256)[None, :]  # (BN, NB)
+    m5 = mask[:, :, None, None, None]
+    blk = rows[:, None] + b[None, :] * BB  # (BN, NB) each super-block's first byte
+    c = tl.arange(0, 4)[None, None, :, None, None]
+    g = tl.arange(0, 4)[None, None, None, :, None]
+    l8 = tl.arange(0, 8)[None, None, None, None, :]
+    quants = tl.load(blk[:, :, None, None, None] + QS_AT + 32 * c + 8 * g + l8, mask=m5, other=0).to(tl.int32)
+    if TYPE == 13:
+        high = tl.load(blk[:, :, None, None, None] + 16 + 8 * g + l8 + 0 * c, mask=m5, other=0).to(tl.int32)
+    else:
+        high = tl.zeros((1, 1, 1, 1, 1), dtype=tl.int32)
+    head = rows32[:, None] + b[None, :] * (BB // 4)  # (BN, NB) the same super-blocks as 32-bit words
+    w0 = tl.load(head, mask=mask, other=0)[:, :, None, None]  # d, dmin
+    w1 = tl.load(head + 1, mask=mask, other=0)[:, :, None, None]  # scale bytes 0-3
+    w2 = tl.load(head + 2, mask=mask, other=0)[:, :, None, None]  # 4-7
+    w3 = tl.load(head + 3, mask=mask, other=0)[:, :, None, None]  # 8-11
+    c4 = tl.arange(0, 4)[None, None, :, None]
+    d = ((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    dmin = (((w0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    sh = 16 * (c4 & 1)  # sub-blocks 2c, 2c + 1: scale bytes (2c) & 3 and (2c + 1) & 3 of each word
+    lo = c4 < 2
+    a0 = (w1 >> sh) & 0xFF
+    a1 = (w1 >> (sh + 8)) & 0xFF
+    m0 = (w2 >> sh) & 0xFF
+    m1 = (w2 >> (sh + 8)) & 0xFF
+    e0 = (w3 >> sh) & 0xFF
+    e1 = (w3 >> (sh + 8)) & 0xFF
+    scale0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
+    scale1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
+    min0 = dmin * tl.where(lo, m0 & 0x3F, (e0 >> 4) | ((m0 >> 2) & 0x30)).to(tl.float32)
+    min1 = dmin * tl.where(lo, m1 & 0x3F, (e1 >> 4) | ((m1 >> 2) & 0x30)).to(tl.float32)
+    return quants, high, scale0, scale1, min0, min1
+
+
+@triton.jit
+def _k_dot(quants, high, scale0, scale1, min0, min1, x_row, k0, K, TYPE: tl.constexpr,
+           NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of a Q4_K / Q5_K GEMV from :func:`_k_slots`: ``scale * sum(q * x) - min * sum(x)`` of
+    each slot's two sub-blocks, ``(BN, NB, 4, 4)`` (summed over the rest at the end)."""
+    b = k0 // 256 + tl.arange(0, NB)[None, :, None, None, None]
+    c = tl.arange(0, 4)[None, None, :, None, None]
+    g = tl.arange(0, 4)[None, None, None, :, None]
+    l8 = tl.arange(0, 8)[None, None, None, None, :]
+    at = b * 256 + 64 * c + 8 * g + l8  # (1, NB, 4, 4, 8) the low nibbles' inputs
+    in_k = b < K // 256  # constant along a slot, so the loads stay vectors
+    x0 = tl.load(x_row + at, mask=in_k, other=0.0).to(tl.float32)
+    x1 = tl.load(x_row + at + 32, mask=in_k, other=0.0).to(tl.float32)
+    q0 = quants & 15
+    q1 = quants >> 4
+    if TYPE == 13:
+        q0 = q0 | (((high >> (2 * c)) & 1) << 4)
+        q1 = q1 | (((high >> (2 * c + 1)) & 1) << 4)
+    dot0 = tl.sum(q0.to(tl.float32) * x0, axis=4)
+    dot1 = tl.sum(q1.to(tl.float32) * x1, axis=4)
+    sum0 = tl.sum(x0, axis=4)
+    sum1 = tl.sum(x1, axis=4)
+    return scale0 * dot0 - min0 * sum0 + scale1 * dot1 - min1 * sum1
+
+
+@triton.jit
 def _packed_gemv_kernel(
-    x_ptr, w_ptr, y_ptr, e_ptr,
+    x_ptr, w_ptr, w32_ptr, y_ptr, e_ptr,
     N, K,
     stride_xm, stride_we, stride_wn, stride_ym,
     x_repeat,
-    TYPE: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
+    TYPE: tl.constexpr, WORDS: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     if GATHER:  # the expert index is the router's output: wait before reading it
         wait_for_predecessor(GDC)
     m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
-    rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn  # (BN,) each row's first byte
+    rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn  # (BN,) each row's first byte (word)
     x_row = x_ptr + xm * stride_xm
-    # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
-    w_first, kk = block_tile(rows, 0, K, n_mask, TYPE, BLOCK_K)  # (BN, blocks, ...) float32, offsets in K
-    if not GATHER:
-        wait_for_predecessor(GDC)
-    acc = w_first * _input_tile(x_row, kk, K)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        w, kk = block_tile(rows, k0, K, n_mask, TYPE, BLOCK_K)
-        acc += w * _input_tile(x_row, k0 + kk, K)
-    y = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_K)), axis=1)
+    if WORDS:  # Q4_K / Q5_K by 8-byte slots, scales applied once a sub-block
+        NB: tl.constexpr = BLOCK_K // 256
+        rows32 = w32_ptr + (e * stride_we + offs_n.to(tl.int64) * stride_wn) // 4  # the same rows as 32-bit words
+        # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
+        qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, 0, K, n_mask, TYPE, NB)
+        if not GATHER:
+            wait_for_predecessor(GDC)
+        part = _k_dot(qs, hs, s0, s1, n0, n1, x_row, 0, K, TYPE, NB)  # (BN, NB, 4, 4)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, k0, K, n_mask, TYPE, NB)
+            part += _k_dot(qs, hs, s0, s1, n0, n1, x_row, k0, K, TYPE, NB)
+        y = tl.sum(tl.reshape(part, (BLOCK_N, NB * 16)), axis=1)
+    else:
+        w_first, kk = block_tile(rows, 0, K, n_mask, TYPE, BLOCK_K)  # (BN, blocks, ...) float32, offsets in K
+        if not GATHER:
+            wait_for_predecessor(GDC)
+        acc = w_first * _input_tile(x_row, kk, K)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w, kk = block_tile(rows, k0, K, n_mask, TYPE, BLOCK_K)
+            acc += w * _input_tile(x_row, k0 + kk, K)
+        y = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_K)), axis=1)
     tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_K is clamped to [the type's block, next_pow2(K)].
-# NOTE: unmeasured: the Q8_0 GEMV's shapes of config (q8_0_gemv_triton); bench/packed_gemv.py measures
-HEAD_CONFIG = (4, 256, 2, 4)  # LM heads (N * K >= HEAD_MIN_ELEMENTS)
+# Measured inside CUDA graphs on an H200 (bench/packed_gemv.py -> bench/results/packed_h200_r2/):
+# the byte path's best at every Llama-3.1-8B shape for Q4_K, Q5_K and Q6_K within 3 %, but Q6_K's
+# gate/up and head (SHORT_ROWS_CONFIG, 9-11 % faster)
+ROW_CONFIG = (1, 2048, 4, 3)
+SHORT_ROWS_CONFIG = (4, 512, 2, 3)  # Q6_K, N > K or an LM head (N * K >= HEAD_MIN_ELEMENTS)
 HEAD_MIN_ELEMENTS = 200_000_000
-TALL_CONFIG = (2, 1024, 4, 4)  # N > K (fused input projections)
-ROW_CONFIG = (1, 2048, 4, 3)  # N <= K (output projections)
+SLOT_GATHER_CONFIG = (2, 1024, 2, 3)  # routed experts of a slot type (no layout conversion: tests/test_packed_kernels.py)
 GATHER_CONFIG = (4, 512, 4, 3)  # routed experts, K >= 1024
 GATHER_SHORT_CONFIG = (4, 256, 2, 4)  # routed experts, short K
+
+
+def _aligned(raw: torch.Tensor, unit: int) -> bool:
+    """Whether ``raw``'s rows can be read in ``unit``-byte integers (every stride and the start aligned)."""
+    return all(st % unit == 0 for st in raw.stride()[:-1]) and raw.shape[-1] % unit == 0 and raw.data_ptr() % 16 == 0
 
 
 def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) -> tuple[int, int, int, int]:
     """The tile config of a ``(n, k)`` weight (``gather``: an expert stack) of ``ggml_type``: a pure
     function of its arguments, so every stage reduces in the same order."""
-    if gather:
+    if gather and ggml_type in WORD_TYPES:
+        block_n, block_k, warps, stages = SLOT_GATHER_CONFIG
+    elif gather:
         block_n, block_k, warps, stages = GATHER_CONFIG if k >= 1024 else GATHER_SHORT_CONFIG
-    elif n * k >= HEAD_MIN_ELEMENTS:
-        block_n, block_k, warps, stages = HEAD_CONFIG
+    elif ggml_type == GGMLQuantizationType.Q6_K and (n > k or n * k >= HEAD_MIN_ELEMENTS):
+        block_n, block_k, warps, stages = SHORT_ROWS_CONFIG
     else:
-        block_n, block_k, warps, stages = TALL_CONFIG if n > k else ROW_CONFIG
+        block_n, block_k, warps, stages = ROW_CONFIG
     block_k = max(block_elements(ggml_type), min(block_k, triton.next_power_of_2(k)))
     return block_n, block_k, warps, stages
 
 
 def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationType, k: int,
                 expert_index: torch.Tensor | None = None, x_repeat: int = 1,
-                config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                config: tuple[int, int, int, int] | None = None, words: bool | None = None) -> torch.Tensor:
     """``x (M / x_repeat, k)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
 
     ``raw`` uint8 ``(N, row_bytes)`` holds the weight's GGUF rows of ``k`` values of ``ggml_type`` byte
     for byte; a 3-D ``(E, N, row_bytes)`` stack needs ``expert_index (M,)``, the matrix of each output
     row, and output row ``m`` reads input row ``m // x_repeat`` (a token's routed experts share its
     row). ``k`` must be a multiple of the type's block. No host synchronization, output sized by
-    shapes only (CUDA graph safe). ``config`` overrides :func:`config_for` (benchmarks only).
+    shapes only (CUDA graph safe). ``config`` overrides :func:`config_for` and ``words=False`` turns
+    the word path of :data:`WORD_TYPES` off (benchmarks only).
     """
     if ggml_type not in PACKED:
         raise ValueError(f"{ggml_type.name} is not a packed block type")
@@ -115,12 +210,16 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
         raise ValueError("a 3-D packed stack needs one expert index per output row")
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    slots = ggml_type in WORD_TYPES and words is not False
+    if slots and not _aligned(raw, 4):  # the path is a function of type and shape only: never switch on an address
+        raise ValueError(f"{ggml_type.name} rows must start 16-byte aligned with strides a multiple of 4 bytes")
+    raw32 = raw.view(torch.int32) if slots else raw  # the super-blocks' headers as 32-bit words
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     with launch_device(x):
         _packed_gemv_kernel[(triton.cdiv(n, block_n), m)](
-            x2, raw, y, e, n, k,
+            x2, raw, raw32, y, e, n, k,
             x2.stride(0), raw.stride(0) if gather else 0, raw.stride(-2), y.stride(0), x_repeat,
-            TYPE=int(ggml_type), GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,
+            TYPE=int(ggml_type), WORDS=slots, GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,
             num_warps=warps, num_stages=stages, **dependent_launch(x),
         )
     return y
