@@ -16,7 +16,10 @@ function settings() {
   const stop = document.getElementById("stop").value.split("\n").filter((s) => s.length);
   if (stop.length) body.stop = stop;
   const tools = document.getElementById("tools").value.trim();
-  if (tools) body.tools = JSON.parse(tools); // a mistake shows as this answer's error
+  if (tools) {
+    body.tools = JSON.parse(tools); // a mistake shows as this answer's error
+    body.tool_choice = document.getElementById("tool-choice").value;
+  }
   const system = document.getElementById("system-prompt").value.trim();
   body.messages = [...(system ? [{ role: "system", content: system }] : []), ...conversation];
   return body;
@@ -40,7 +43,7 @@ function bubble(role, text) {
   return node;
 }
 
-class Answer {
+export class Answer {
   constructor() {
     this.node = bubble("assistant");
     this.reasoningNode = el("details", { class: "reasoning", open: "" }, el("summary", { text: "reasoning" }),
@@ -104,7 +107,7 @@ class Answer {
 
   fail(error) {
     this.node.classList.add("failed");
-    this.stats.textContent = `error: ${error.message}`;
+    this.stats.textContent = error.name === "AbortError" ? `stopped · ${this.stats.textContent}` : `error: ${error.message}`;
   }
 
   message() {
@@ -122,9 +125,11 @@ async function send(text, onUnauthorized) {
   setRunning(true);
   try {
     await streamChat(settings(), (chunk) => answer.add(chunk), running.signal);
+    answer.render(); // the final figures (usage came last)
     answer.node.dataset.done = "true";
     conversation.push(answer.message());
   } catch (error) {
+    answer.render();
     answer.fail(error);
     answer.node.dataset.done = "error";
     conversation.pop(); // the turn did not happen: asking again resends it
@@ -132,7 +137,6 @@ async function send(text, onUnauthorized) {
   } finally {
     running = null;
     setRunning(false);
-    answer.render();
   }
 }
 
