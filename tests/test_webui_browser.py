@@ -36,7 +36,7 @@ def _browser_or_skip() -> Any:
     except ImportError:
         missing.append("the playwright Python package (pip install -e '.[test]')")
     if not Path(CHROMIUM).exists():
-        missing.append(f"chromium at {CHROMIUM} (apt-get install chromium; scripts/setup_venv.sh tries it)")
+        missing.append(f"chromium at {CHROMIUM} (apt-get install chromium; `make test` runs scripts/setup_browser.sh, which tries it)")
     if missing:
         if os.environ.get("STAGEWISE_REQUIRE_BROWSER") == "1":
             pytest.fail("browser tests required but missing: " + "; ".join(missing))
