@@ -57,6 +57,7 @@ async function poll() {
     if (document.body.dataset.connected === "false") forgetHistory(); // back after a gap: perhaps a new server
     document.body.dataset.connected = "true";
     show(status);
+    if (polls === 0) performance.mark("stagewise:first-status"); // page load to placement shown (bench/webui_load.py)
     polls += 1;
     document.body.dataset.polls = String(polls);
   } catch (error) {
