@@ -61,7 +61,7 @@ def _page_loads(url: str, loads: int) -> dict[str, Any]:
         browser.close()
     return {"loads": loads, "load_ms_p50": statistics.median(load_ms), "load_ms_max": max(load_ms),
             "first_status_ms_p50": statistics.median(first_ms), "first_status_ms_max": max(first_ms),
-            "page_bytes": max(weights), "files": len(fetched)}
+            "page_bytes": max(weights), "files": sum("/v1/" not in u for u in fetched)}
 
 
 def _status_latency(url: str, polls: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -139,3 +140,20 @@ def test_status_counters_move_with_a_request(demo: ServedModel) -> None:
     assert after["requests_total"] == before["requests_total"] + 1
     assert all(s["steps_total"] > b["steps_total"] for s, b in zip(after["stages"], before["stages"], strict=True))
     assert after["handoffs"][0]["handoffs_total"] > before["handoffs"][0]["handoffs_total"]
+
+
+def test_status_of_stages_in_worker_processes(tmp_path: Path) -> None:
+    served = start_demo(tmp_path / "workers.log", "--workers", "local")
+    try:
+        served.wait_ready(120)
+        r = httpx.post(f"{served.url}/v1/chat/completions", timeout=60,
+                       json={"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        status = httpx.get(f"{served.url}/v1/stagewise/status", timeout=10).json()
+        stages = status["placement"]["stages"]
+        assert [s["blocks"] for s in stages] == [[0, 3], [3, 4]]
+        for stage in stages:  # a worker reports its stage's total; the split stays the plan's
+            assert stage["measured"]["weights_bytes"] is None and stage["measured"]["total_bytes"] > 0
+        assert all(s["steps_total"] >= 4 for s in status["live"]["stages"])
+    finally:
+        assert served.stop() == 0, served.log.read_text()[-3000:]
