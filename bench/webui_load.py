@@ -8,7 +8,9 @@ Debian's chromium (headless, through Playwright; a fresh browser context, so an 
 ``first_status_ms`` (to the first status rendered: the placement on screen), p50 and max over
 ``--loads``; the page's weight (bytes of every file it fetched, as served: no compression). Then
 ``GET /v1/stagewise/status`` ``--polls`` times over loopback, idle and while 2 streams decode: p50/p99
-latency at the client (an upper bound on what a read takes from the engine loop's GIL).
+latency at the client; and, in this process on the demo model once the server has stopped, the
+time one status body takes to build (``StatusReport.body``: what a read holds the GIL for, which the
+engine's thread then waits on).
 """
 
 from __future__ import annotations
@@ -76,6 +78,29 @@ def _status_latency(url: str, polls: int) -> dict[str, float]:
     return {"p50_ms": _pct(out, 50) * 1e3, "p99_ms": _pct(out, 99) * 1e3, "polls": polls}
 
 
+def _read_cost_us(reads: int) -> dict[str, float]:
+    """Microseconds per ``StatusReport.body()`` (and with ``json.dumps``) on the demo model, in process."""
+    from stagewise.engine.engine import Engine
+    from stagewise.engine.model_loading import load_model
+    from stagewise.server.serve_settings import ServeSettings
+    from stagewise.server.server_state import ServerState
+    from stagewise.server.status_report import StatusReport
+
+    model = load_model(None, max_seqs=None)  # as `stagewise serve` loads the demo
+    state = ServerState(ServeSettings())
+    state.set_ready(model, Engine(model, 16, state.metrics))
+    report = StatusReport(state)
+    report.body()  # the placement view, built once
+    out = {}
+    for name, build in (("body_us", report.body), ("body_and_json_us", lambda: json.dumps(report.body()))):
+        t0 = time.perf_counter()
+        for _ in range(reads):
+            build()
+        out[name] = (time.perf_counter() - t0) / reads * 1e6
+    model.close()
+    return out
+
+
 def _streams(url: str, count: int, stop: threading.Event) -> list[threading.Thread]:
     def run() -> None:
         body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 400, "temperature": 0.8}
@@ -109,14 +134,16 @@ def main(argv: list[str] | None = None) -> int:
             t.join(120)
     finally:
         served.stop()
+    read_cost = _read_cost_us(2000)
     files = sorted((REPO / "stagewise" / "assets" / "webui").iterdir())
     result = {"command": " ".join(["python3", *sys.argv]), "machine": platform.node(), "cpus": os.cpu_count(),
               "date": time.strftime("%Y-%m-%d %H:%M"), "load_average": os.getloadavg(), "browser": CHROMIUM, "page": page,
               "packaged_bytes": {f.name: f.stat().st_size for f in files},
-              "status_idle": idle, "status_while_2_streams_decode": busy}
-    print("load ms p50 | load ms max | first status ms p50 | page bytes | status p50/p99 ms idle | busy")
+              "status_idle": idle, "status_while_2_streams_decode": busy, "status_read_in_process": read_cost}
+    print("load ms p50 | load ms max | first status ms p50 | page bytes | status p50/p99 ms idle | busy | body us")
     print(f"{page['load_ms_p50']:.1f} | {page['load_ms_max']:.1f} | {page['first_status_ms_p50']:.1f} | "
-          f"{page['page_bytes']} | {idle['p50_ms']:.2f}/{idle['p99_ms']:.2f} | {busy['p50_ms']:.2f}/{busy['p99_ms']:.2f}")
+          f"{page['page_bytes']} | {idle['p50_ms']:.2f}/{idle['p99_ms']:.2f} | {busy['p50_ms']:.2f}/{busy['p99_ms']:.2f}"
+          f" | {read_cost['body_us']:.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
