@@ -8,6 +8,7 @@ demo: $(STAMP)
 	$(VENV)/bin/stagewise serve
 
 test: $(STAMP)
+	bash scripts/setup_browser.sh
 	$(VENV)/bin/ruff check stagewise tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest

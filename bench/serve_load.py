@@ -11,7 +11,10 @@ for the built-in demo model. For each concurrency level N, N streamed ``/v1/comp
 ``vllm bench serve`` reports them: completed, refused (429), failed, output tok/s (every streamed
 token over the run's wall time), TTFT p50/p99, inter-token latency p50/p99 (every gap between two
 streamed tokens), end-to-end latency p50/p99. The first run after the server came up is marked
-``first_burst`` (its TTFT includes whatever warm-up did not cover). Then, with the server stopped
+``first_burst`` (its TTFT includes whatever warm-up did not cover). With ``--status-poll-s S`` each
+level runs a second time while ``GET /v1/stagewise/status`` is polled every S seconds (the web page
+polls every 1 s): that run's output tok/s over the first's (``status_on_over_off``) and the polls'
+latency (p50/p99/max at the client, an upper bound on what each read takes from the engine loop). Then, with the server stopped
 (its devices freed), ``stagewise bench MODEL --concurrency LEVELS`` runs in process on the same
 devices and its aggregate and decode tok/s are written beside the HTTP figures with their ratio.
 JSON (command, machine, date, both sets of figures) goes to ``--json``; a table is printed.
@@ -125,6 +128,31 @@ async def _poisson(client: openai.AsyncOpenAI, prompts: list[list[int]], gen: in
     return traces, time.perf_counter() - t0
 
 
+async def _poll_status(url: str, every_s: float, done: asyncio.Event, latencies_s: list[float]) -> None:
+    """``GET /v1/stagewise/status`` every ``every_s`` until ``done``, as an open web page does."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            r = await http.get("/v1/stagewise/status")
+            latencies_s.append(time.perf_counter() - t0)
+            r.raise_for_status()
+            try:
+                await asyncio.wait_for(done.wait(), every_s)
+            except TimeoutError:
+                pass
+
+
+async def _burst_polled(client: openai.AsyncOpenAI, url: str, prompts: list[list[int]], gen: int,
+                        every_s: float) -> tuple[list[Trace], float, list[float]]:
+    done = asyncio.Event()
+    latencies: list[float] = []
+    poller = asyncio.ensure_future(_poll_status(url, every_s, done, latencies))
+    traces, wall = await _burst(client, prompts, gen)
+    done.set()
+    await poller
+    return traces, wall, latencies
+
+
 async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[list[int]],
                  rng: random.Random) -> list[dict[str, Any]]:
     """Every burst level, then the Poisson run, on one event loop and one client."""
@@ -139,6 +167,27 @@ async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[
             runs.append({"concurrency": level, **_summary(f"burst {level}", traces, wall, i == 0)})
             print(f"burst {level}: {runs[-1]['completed']} completed, {runs[-1]['refused']} refused, "
                   f"{runs[-1]['failed']} failed", flush=True)
+            if args.status_poll_s:  # A B B A: polled twice between two unpolled runs, so drift cancels
+                off = [runs[-1]]
+                for label in ("polled", "polled", "off"):
+                    if label == "off":
+                        traces, wall = await _burst(client, prompts[:level], args.gen)
+                        off.append({"concurrency": level, **_summary(f"burst {level}", traces, wall, False)})
+                        runs.append(off[-1])
+                        continue
+                    traces, wall, polls = await _burst_polled(client, url, prompts[:level], args.gen,
+                                                              args.status_poll_s)
+                    runs.append({"concurrency": level, **_summary(f"burst {level} + status", traces, wall, False),
+                                 "status_poll_s": args.status_poll_s, "status_polls": len(polls),
+                                 "status_p50_s": _pct(polls, 50), "status_p99_s": _pct(polls, 99),
+                                 "status_max_s": max(polls, default=None)})
+                on = runs[-3:-1]
+                off = [r for r in off if not r["first_burst"]] or off  # the server's first burst: warm-up
+                rate_on = sum(r["output_tokens_per_s"] or 0 for r in on) / len(on)
+                rate_off = sum(r["output_tokens_per_s"] or 0 for r in off) / len(off)
+                runs[-2]["status_on_over_off"] = rate_on / rate_off if rate_off else None
+                print(f"burst {level} + status every {args.status_poll_s:g} s: on/off {runs[-2]['status_on_over_off']}, "
+                      f"status p99 {runs[-2]['status_p99_s']}", flush=True)
         if args.rate:
             traces, wall = await _poisson(client, prompts[: args.requests], args.gen, args.rate, rng)
             runs.append({"concurrency": None, "rate_per_s": args.rate,
@@ -242,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout-s", type=float, default=1800)
     p.add_argument("--bench-timeout-s", type=float, default=3600)
     p.add_argument("--no-in-process", dest="in_process", action="store_false")
+    p.add_argument("--status-poll-s", type=float, default=None,
+                   help="also run each level while polling /v1/stagewise/status this often (the web page: 1)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     args.model = args.model_flag or args.model
@@ -272,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     in_process = _in_process(args) if args.in_process else {}
     figures = _level_figures(in_process)
     for run in runs:
-        row = figures.get(run["concurrency"]) if run["concurrency"] else None
+        row = figures.get(run["concurrency"]) if run["concurrency"] and "status_poll_s" not in run else None
         if row is not None:
             run["in_process_aggregate_tokens_per_s"] = row.get("aggregate_tokens_per_s")
             run["in_process_decode_tokens_per_s"] = row.get("decode_tokens_per_s")

@@ -95,3 +95,16 @@ def start_server(model_dir: Path, log: Path, *extra: str, api_key: str | None = 
     handle = log.open("wb")
     process = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=handle, stderr=subprocess.STDOUT)
     return ServedModel(process, port, api_key, log)
+
+
+def start_demo(log: Path, *extra: str, port: int | None = None, api_key: str | None = None) -> ServedModel:
+    """``stagewise serve`` of the embedded demo model (two virtual CPU devices), as ``make demo`` runs it."""
+    port = port or free_port()
+    args = [sys.executable, "-m", "stagewise", "serve", "--port", str(port), *extra]
+    if api_key:
+        args += ["--api-key", api_key]
+    env = {**os.environ, "STAGEWISE_FAULT_INJECTION": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("STAGEWISE_API_KEY", None)
+    handle = log.open("ab")  # appended: a restarted server's log follows the first one's
+    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    return ServedModel(process, port, api_key, log)

@@ -45,6 +45,8 @@ def register(subparsers: Any) -> None:
                         help="close an idle keep-alive connection after this many seconds (default 5)")
     parser.add_argument("--max-connections", type=int, default=1024,
                         help="open connections before new requests are refused with 503 (default 1024)")
+    parser.add_argument("--no-webui", dest="webui", action="store_false",
+                        help="serve no web page at / (the API, /v1/stagewise/status included, is served as ever)")
     parser.set_defaults(func=run)
 
 
@@ -59,7 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         worker_secret_file=args.worker_secret_file,
         measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
         cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
-        keep_alive_s=args.keep_alive_s, max_connections=args.max_connections,
+        keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,
     )
 
 

@@ -129,6 +129,7 @@ class Batcher:
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.kv = SequenceBlocks(pipeline, self.slots)  # the KV blocks of each sequence's positions
         self.preemptions = 0  # sequences preempted (blocks ran out) since construction
+        self.prefill_tokens = 0  # prompt tokens launched in prefill steps since construction
         self.launched_shapes: set[tuple[int, int]] = set()  # decode steps' (first row, rows run) so far
         self._admissions = 0
         self.kv.clear()
@@ -411,6 +412,7 @@ class Batcher:
         except StagewiseError as exc:
             self._fail(tuple(members), exc)
             return
+        self.prefill_tokens += steps * len(members)  # k rows of T tokens
         for seq in members:
             seq.prefilled += steps
             seq.length = seq.prefilled

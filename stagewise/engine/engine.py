@@ -62,6 +62,7 @@ class Engine:
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
         self.metrics.observe_memory(model.pipeline)
         self._preemptions = 0  # the batcher's count already reported
+        self._prefill_tokens = 0  # the batcher's count already reported
         self.metrics.observe_blocks(model.pipeline, 0, 0)
 
     def warm_up(self) -> WarmUp:
@@ -69,7 +70,9 @@ class Engine:
         :mod:`stagewise.engine.warm_up`); not counted in the metrics."""
         if self._worker.is_alive():
             raise RuntimeError("warm up before the engine starts")
-        return warm_up(self.generator, self.batcher, self.model.config.vocab_size)
+        done = warm_up(self.generator, self.batcher, self.model.config.vocab_size)
+        self._prefill_tokens = self.batcher.prefill_tokens  # the warm-up's prompts are not the clients'
+        return done
 
     # ----- client side -------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -132,6 +135,8 @@ class Engine:
         self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use(), kv_blocks)
         preempted, self._preemptions = self.batcher.preemptions - self._preemptions, self.batcher.preemptions
         self.metrics.observe_blocks(self.model.pipeline, self.batcher.used_blocks, preempted)
+        prefilled, self._prefill_tokens = self.batcher.prefill_tokens - self._prefill_tokens, self.batcher.prefill_tokens
+        self.metrics.prefill_tokens.inc(prefilled)
         self.metrics.observe_step(self.model.pipeline, self.model.pipeline.last_timings)
 
     def _admit(self, handle: RequestHandle) -> None:

@@ -26,6 +26,8 @@ class EngineMetrics:
                                 ["finish_reason"], registry=r)
         self.prompt_tokens = Counter("stagewise_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("stagewise_generation_tokens", "Tokens generated", registry=r)
+        self.prefill_tokens = Counter("stagewise_prefill_tokens",
+                                      "Prompt tokens run through prefill steps (recomputed ones again)", registry=r)
         self.queue_depth = Gauge("stagewise_queue_depth", "Requests waiting in the queue", registry=r)
         self.active_sequences = Gauge("stagewise_active_sequences", "Requests running on the pipeline", registry=r)
         self.state_slots_in_use = Gauge("stagewise_state_slots_in_use",

@@ -40,6 +40,8 @@ from stagewise.server.request_id import RequestIds, request_id_of
 from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
 from stagewise.server.served_names import ServedNames
 from stagewise.server.server_state import ServerState
+from stagewise.server.status_report import StatusReport
+from stagewise.server.webui import add_webui
 
 _CLIENT_CLOSED = 499
 
@@ -159,6 +161,15 @@ def build_app(state: ServerState) -> FastAPI:
     def card(model: LoadedModel) -> dict[str, Any]:
         return {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
                 "max_model_len": model.max_context}
+
+    status = StatusReport(state)
+
+    @app.get("/v1/stagewise/status")
+    async def stagewise_status() -> Response:
+        return JSONResponse(status.body())  # reads only: see StatusReport; never waits for the engine
+
+    if settings.webui:
+        add_webui(app)
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -12,14 +12,15 @@ from stagewise.errors import StagewiseError
 from stagewise.server.openai_errors import BodyTooLarge, Unauthorized, error_response
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-             "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize")
+             "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize", "/v1/stagewise/status", "/")
 _PROTECTED_PREFIXES = ("/v1/", "/debug/", "/tokenize", "/detokenize")
 
 
 class Guards:
     """Rejects unauthenticated (401) and oversized (413, by Content-Length) requests before routing.
 
-    ``/health`` and ``/metrics`` stay open so orchestrators can probe without the key.
+    ``/health`` and ``/metrics`` stay open so orchestrators can probe without the key, and so does the
+    web page (``/``, ``/webui/*``): it asks for the key and sends it on its ``/v1`` requests.
     """
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, metrics: EngineMetrics) -> None:

@@ -42,6 +42,7 @@ class ServeSettings:
     header_timeout_s: float = 10.0  # a connection's request headers must be complete this long after it opens
     keep_alive_s: int = 5  # an idle keep-alive connection is closed after this long (uvicorn's default)
     max_connections: int = 1024  # open connections (and requests in flight) before new requests get 503
+    webui: bool = True  # serve the web page at / (the status endpoint is served either way)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
