@@ -151,13 +151,18 @@ def _packed_gemv_kernel(
 
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_K is clamped to [the type's block, next_pow2(K)].
-# Measured inside CUDA graphs on an H200 (bench/packed_gemv.py -> bench/results/packed_h200_r2/):
-# the byte path's best at every Llama-3.1-8B shape for Q4_K, Q5_K and Q6_K within 3 %, but Q6_K's
-# gate/up and head (SHORT_ROWS_CONFIG, 9-11 % faster)
-ROW_CONFIG = (1, 2048, 4, 3)
-SHORT_ROWS_CONFIG = (4, 512, 2, 3)  # Q6_K, N > K or an LM head (N * K >= HEAD_MIN_ELEMENTS)
+# Measured inside CUDA graphs on an H200 at Llama-3.1-8B's shapes (bench/packed_gemv.py ->
+# bench/results/packed_h200_r2/packed_gemv_slots_h200.json): (wide, narrow) = the best where N > K
+# or the matrix is an LM head, and where N <= K.
+T = GGMLQuantizationType
+CONFIGS = {
+    T.Q4_K: ((4, 1024, 2, 3), (2, 2048, 4, 3)),  # slots: gate/up 29.3 us (1.13 TB/s), head 1.31 TB/s
+    T.Q5_K: ((1, 1024, 2, 3), (1, 2048, 4, 3)),  # slots
+    T.Q6_K: ((1, 4096, 4, 2), (1, 2048, 4, 3)),  # bytes: 0.74-0.84 TB/s
+}
+BYTES_CONFIG = (2, 1024, 2, 3)  # the other types (unmeasured): the byte path's best for Q4_K and Q5_K
 HEAD_MIN_ELEMENTS = 200_000_000
-SLOT_GATHER_CONFIG = (2, 1024, 2, 3)  # routed experts of a slot type (no layout conversion: tests/test_packed_kernels.py)
+SLOT_GATHER_CONFIG = (2, 1024, 2, 3)  # routed experts of a slot type: Qwen3-30B-A3B@q4_k decode 254 -> 318 tok/s
 GATHER_CONFIG = (4, 512, 4, 3)  # routed experts, K >= 1024
 GATHER_SHORT_CONFIG = (4, 256, 2, 4)  # routed experts, short K
 
@@ -174,10 +179,11 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
         block_n, block_k, warps, stages = SLOT_GATHER_CONFIG
     elif gather:
         block_n, block_k, warps, stages = GATHER_CONFIG if k >= 1024 else GATHER_SHORT_CONFIG
-    elif ggml_type == GGMLQuantizationType.Q6_K and (n > k or n * k >= HEAD_MIN_ELEMENTS):
-        block_n, block_k, warps, stages = SHORT_ROWS_CONFIG
+    elif ggml_type in CONFIGS:
+        wide, narrow = CONFIGS[ggml_type]
+        block_n, block_k, warps, stages = wide if n > k or n * k >= HEAD_MIN_ELEMENTS else narrow
     else:
-        block_n, block_k, warps, stages = ROW_CONFIG
+        block_n, block_k, warps, stages = BYTES_CONFIG
     block_k = max(block_elements(ggml_type), min(block_k, triton.next_power_of_2(k)))
     return block_n, block_k, warps, stages
 

@@ -14,7 +14,12 @@ from stagewise.spec.charge import reserve_for
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
 from stagewise.spec.state_bytes import block_state_bytes
-from stagewise.spec.workspace_bytes import block_workspace_bytes, handoff_buffer_bytes, logits_buffer_bytes
+from stagewise.spec.workspace_bytes import (
+    block_workspace_bytes,
+    dequant_tile_bytes,
+    handoff_buffer_bytes,
+    logits_buffer_bytes,
+)
 
 
 def _prefix(values: list[int]) -> list[int]:
@@ -32,7 +37,7 @@ class StageTable:
     weight_prefix: list[int]
     state_prefix: list[int]
     workspace: list[int]
-    handoff_buffer: int
+    handoff_buffer: int  # per stage: the handoff buffers, the runtime's workspace and the dequantized tile
     logits_buffer: int
     entry_weight: int
     exit_weight: int
@@ -45,7 +50,7 @@ class StageTable:
             weight_prefix=_prefix([b.weight_bytes for b in spec.blocks]),
             state_prefix=_prefix([block_state_bytes(b, profile) for b in spec.blocks]),
             workspace=[block_workspace_bytes(b, profile) for b in spec.blocks],
-            handoff_buffer=handoff_buffer_bytes(spec.hidden_size, profile),
+            handoff_buffer=handoff_buffer_bytes(spec.hidden_size, profile) + dequant_tile_bytes(spec.format, profile),
             logits_buffer=logits_buffer_bytes(spec.vocab_size, profile),
             entry_weight=spec.entry.weight_bytes,
             exit_weight=spec.exit.weight_bytes,

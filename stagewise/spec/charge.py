@@ -14,7 +14,12 @@ from stagewise.errors import ConfigError
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
 from stagewise.spec.state_bytes import block_state_bytes
-from stagewise.spec.workspace_bytes import block_workspace_bytes, handoff_buffer_bytes, logits_buffer_bytes
+from stagewise.spec.workspace_bytes import (
+    block_workspace_bytes,
+    dequant_tile_bytes,
+    handoff_buffer_bytes,
+    logits_buffer_bytes,
+)
 
 RESERVE_PERCENT = 1
 
@@ -61,7 +66,7 @@ def stage_charge(spec: ModelSpec, profile: Profile, start: int, end: int, entry:
         weights += spec.exit.weight_bytes - (spec.exit.shared_bytes if entry else 0)
     state = sum(block_state_bytes(b, profile) for b in blocks)
     workspace = max((block_workspace_bytes(b, profile) for b in blocks), default=0)
-    workspace += handoff_buffer_bytes(spec.hidden_size, profile)
+    workspace += handoff_buffer_bytes(spec.hidden_size, profile) + dequant_tile_bytes(spec.format, profile)
     if exit:
         workspace += logits_buffer_bytes(spec.vocab_size, profile)
     return Charge(weights, state, workspace, reserve_for(weights, state, workspace))

@@ -5,13 +5,17 @@ Blocks run one after another, so a stage needs the largest block's activations, 
 x 4 for the fp32 attention-score chunk)``, where a step carries at most ``max(chunk, batch)``
 tokens (one sequence's prefill chunk, or one decode token per sequence). Every stage also holds
 an input and an output hidden-state buffer (``2 x step tokens x hidden``); the exit stage holds
-the fp32 logits buffer ``step tokens x vocab x 4``.
+the fp32 logits buffer ``step tokens x vocab x 4``. A stage of a quantized model also holds the
+dense tile its packed matmuls dequantize at a time (:func:`dequant_tile_bytes`).
 """
 
 from __future__ import annotations
 
+from stagewise.errors import ConfigError
 from stagewise.spec.block_spec import BlockSpec
 from stagewise.spec.profile import Profile
+from stagewise.spec.quant_presets import preset
+from stagewise.weights.quant.packed_types import DEVICE_TILE_ELEMENTS, TILE_ELEMENTS
 
 F32_BYTES = 4
 HANDOFF_BUFFERS = 2  # hidden state in + hidden state out
@@ -37,3 +41,17 @@ def handoff_buffer_bytes(hidden_size: int, profile: Profile) -> int:
 
 def logits_buffer_bytes(vocab_size: int, profile: Profile) -> int:
     return profile.step_tokens * vocab_size * F32_BYTES
+
+
+def dequant_tile_bytes(fmt: str, profile: Profile) -> int:
+    """Per stage of a model stored in ``fmt``: the dense tile (activation dtype) a packed matmul of
+    many rows dequantizes at a time — ``DEVICE_TILE_ELEMENTS`` values on accelerators (profiles with
+    a runtime workspace), ``TILE_ELEMENTS`` on CPUs; none for a dense format."""
+    try:
+        quantized = preset(fmt).quantized
+    except ConfigError:  # a label of packed types the presets do not name (a GGUF file's): quantized
+        quantized = True
+    if not quantized:
+        return 0
+    values = DEVICE_TILE_ELEMENTS if profile.runtime_workspace_bytes else TILE_ELEMENTS
+    return values * profile.activation_bytes

@@ -15,4 +15,6 @@ for m in llama-3.1-8b@q4_k llama-3.1-8b@q6_k qwen3-30b-a3b@q4_k; do
     > "$O/bench2_${m//[@.-]/_}.json" 2> "$O/bench.err" || tail -5 "$O/bench.err"
   python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stagewise']; print({k: s.get(k) for k in ('prefill_tokens_per_s','decode_tokens_per_s','roofline_fraction')})" "$O/bench2_${m//[@.-]/_}.json"
 done
+stamp matmul bench
+timeout 150 python3 bench/packed_matmul.py --out "$O/packed_matmul_h200.json" --types q4_k,q6_k 2>&1 | tail -40
 stamp done

@@ -32,6 +32,12 @@ EXPANDED: frozenset[GGMLQuantizationType] = frozenset({
 })
 SUPPORTED: frozenset[GGMLQuantizationType] = DENSE | PACKED | EXPANDED
 
+# A packed matmul of many rows dequantizes a bounded tile of the weight at a time, then multiplies it
+# densely: values a tile (in the activation dtype), charged as workspace on every stage of a quantized model
+TILE_ELEMENTS = 1 << 22  # CPU: 8 MiB at bf16
+DEVICE_TILE_ELEMENTS = 1 << 24  # accelerators: 32 MiB at bf16 (bench/results/packed_h200_r2: 3-4x faster than 4M at 512 rows)
+DEQUANT_MATMUL_MIN_ROWS = 128  # accelerators: from this many rows dequantized tiles + cuBLAS beat the fused GEMM
+
 
 def block_elements(ggml_type: GGMLQuantizationType) -> int:
     """Values per block (1 for dense types)."""

@@ -14,11 +14,14 @@ same kernel (staged = single-device):
 
 * Triton devices, at most ``GEMV_MAX_TOKENS`` rows (decode): the packed GEMV
   (:mod:`stagewise.kernels.packed_gemv_triton`), blocks dequantized in registers;
-* Triton devices, more rows (prefill, batched decode): the packed GEMM
+* Triton devices, fewer than ``DEQUANT_MATMUL_MIN_ROWS`` rows (batched decode): the packed GEMM
   (:mod:`stagewise.kernels.packed_gemm`), each tile's blocks dequantized in registers feeding
   ``tl.dot``; experts through the grouped MoE GEMM the same way (``supports_grouped``);
-* elsewhere (CPU): a bounded tile of rows (``TILE_ELEMENTS`` values) dequantized by the torch
-  reference (:mod:`.dequant`) and multiplied, tile after tile — never a whole dense copy.
+* Triton devices, more rows (prefill): a bounded tile of rows (``DEVICE_TILE_ELEMENTS`` values)
+  dequantized by the Triton kernel and multiplied by the device's matmul, tile after tile;
+* elsewhere (CPU): the same with ``TILE_ELEMENTS``-value tiles dequantized by the torch reference
+  (:mod:`.dequant`). Never a whole dense copy; the tile is charged as workspace
+  (:func:`~stagewise.spec.workspace_bytes.dequant_tile_bytes`).
 """
 
 from __future__ import annotations
@@ -28,10 +31,16 @@ from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.weights.quant.dequant import dequantize
-from stagewise.weights.quant.packed_types import block_elements, format_name, row_bytes
+from stagewise.weights.quant.packed_types import (
+    DEQUANT_MATMUL_MIN_ROWS,
+    DEVICE_TILE_ELEMENTS,
+    TILE_ELEMENTS,
+    block_elements,
+    format_name,
+    row_bytes,
+)
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
-TILE_ELEMENTS = 1 << 22  # dequantized values per matmul tile (8 MiB at bf16)
 GEMV_MAX_TOKENS = 16  # rows up to which the packed GEMV runs (decode); more: dequantized tiles + matmul
 
 
@@ -106,15 +115,15 @@ class PackedWeight:
 
             y = packed_gemv(x.reshape(-1, self.in_features), self.raw, self.ggml_type, self.in_features)
             return y.reshape(*x.shape[:-1], self.raw.shape[0])
-        if use_triton(self.raw) and tokens > 0:
+        if use_triton(self.raw) and 0 < tokens < DEQUANT_MATMUL_MIN_ROWS:
             from stagewise.kernels.packed_gemm import packed_gemm
 
             return packed_gemm(x, self.raw, self.ggml_type, self.in_features)
-        return self._tiled_matmul(x)
+        return self._tiled_matmul(x, DEVICE_TILE_ELEMENTS if use_triton(self.raw) else TILE_ELEMENTS)
 
-    def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _tiled_matmul(self, x: torch.Tensor, tile_elements: int) -> torch.Tensor:
         return tiled_linear(x, self.raw.shape[0], self.in_features,
-                            lambda lo, hi, dtype: self._dequantize_raw(self.raw[lo:hi], dtype), TILE_ELEMENTS)
+                            lambda lo, hi, dtype: self._dequantize_raw(self.raw[lo:hi], dtype), tile_elements)
 
     def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
         """Row ``m // x_repeat`` of ``x (M / x_repeat, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.

@@ -1,0 +1,91 @@
+"""Packed matmul for many rows (prefill, batched decode) at Llama-3.1-8B's shapes: the fused Triton GEMM
+(tiles dequantized in registers feeding ``tl.dot``) beside bounded dequantized tiles + cuBLAS
+(``tiled_linear`` with the Triton ``dequantize_rows``), and the dense bf16 matmul, at 16-2,048 rows.
+
+Times are CUDA-event medians of repeated calls (ms-scale work: launch gaps are noise); outputs are
+checked against float64 of the dequantized weight. GPU only.
+
+    python3 bench/packed_matmul.py --out bench/results/packed_matmul_h200.json [--types q4_k,q6_k]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.packed_gemv import _random_raw
+from stagewise.kernels.packed_dequant_triton import dequantize_rows
+from stagewise.kernels.packed_gemm import packed_gemm
+from stagewise.weights.quant.tiled_linear import tiled_linear
+
+T = GGMLQuantizationType
+SHAPES = {"qkv 6144x4096": (6144, 4096), "gate/up 28672x4096": (28672, 4096), "down 4096x14336": (4096, 14336)}
+ROWS = (16, 64, 128, 256, 512, 2048)
+TILES = (1 << 22, 1 << 24)
+
+
+def _ms(fn: Callable[[], torch.Tensor], reps: int = 7) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results/packed_matmul_h200.json")
+    ap.add_argument("--types", default="q4_k,q6_k")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/packed_matmul.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    dev = torch.device("cuda:0")
+    types = [T[t.strip().upper()] for t in args.types.split(",") if t.strip()]
+    rows_out: list[dict[str, object]] = []
+    for label, (n, k) in SHAPES.items():
+        dense = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
+        for qtype in types:
+            raw = _random_raw(qtype, n, k, dev)
+            w64 = dequantize_rows(raw, qtype, k).double()
+            for m in ROWS:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                ref = x.double() @ w64.T
+                fns: dict[str, Callable[[], torch.Tensor]] = {
+                    "fused": lambda x=x, raw=raw, qtype=qtype, k=k: packed_gemm(x, raw, qtype, k)}
+                for tile in TILES:
+                    fns[f"tiles {tile >> 20}M"] = (lambda x=x, raw=raw, qtype=qtype, k=k, n=n, tile=tile: tiled_linear(
+                        x, n, k, lambda lo, hi, dtype: dequantize_rows(raw[lo:hi], qtype, k, dtype), tile))
+                res: dict[str, object] = {"shape": label, "type": qtype.name, "rows": m,
+                                          "dense_bf16_ms": _ms(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))}
+                for name, fn in fns.items():
+                    err = float((fn().double() - ref).norm() / ref.norm())
+                    res[name] = {"ms": _ms(fn), "rel_err": err}
+                rows_out.append(res)
+                print(f"{qtype.name:5s} {label:20s} rows {m:5d}  dense {res['dense_bf16_ms']:.3f} ms  " + "  ".join(
+                    f"{name} {res[name]['ms']:.3f}" for name in fns), flush=True)  # type: ignore[index]
+    report = {"command": "python3 " + " ".join(sys.argv), "device": torch.cuda.get_device_name(dev),
+              "date": datetime.datetime.now(datetime.UTC).isoformat(), "rows": rows_out}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
