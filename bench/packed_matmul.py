@@ -6,6 +6,10 @@ Times are CUDA-event medians of repeated calls (ms-scale work: launch gaps are n
 checked against float64 of the dequantized weight. GPU only.
 
     python3 bench/packed_matmul.py --out bench/results/packed_matmul_h200.json [--types q4_k,q6_k]
+    python3 bench/packed_matmul.py --sweep-fused --out bench/results/packed_gemm_tiles_h200.json
+
+``--sweep-fused`` times the fused GEMM's tile candidates (``block_m`` and :class:`GemmTiles`) at
+16-64 rows (batched decode) instead.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.packed_gemv import _random_raw
+from stagewise.kernels.moe_grouped_triton import TILES_PACKED, GemmTiles, PackedTensors, grouped_gemm
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
 from stagewise.kernels.packed_gemm import packed_gemm
+from stagewise.kernels.q8_0_gemm import _identity_alignment
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
 T = GGMLQuantizationType
@@ -48,18 +54,55 @@ def _ms(fn: Callable[[], torch.Tensor], reps: int = 7) -> float:
     return statistics.median(times)
 
 
+FUSED = [(64, TILES_PACKED), (16, GemmTiles(64, 256, 4, 2)), (16, GemmTiles(128, 256, 4, 2)),
+         (32, GemmTiles(64, 256, 4, 2)), (32, GemmTiles(128, 256, 8, 2)), (64, GemmTiles(128, 256, 8, 2)),
+         (16, GemmTiles(32, 256, 2, 3)), (32, GemmTiles(64, 256, 4, 3)), (16, GemmTiles(64, 256, 4, 3)),
+         (64, GemmTiles(32, 256, 4, 2))]
+
+
+def _sweep_fused(dev: torch.device, types: list[GGMLQuantizationType]) -> list[dict[str, object]]:
+    rows_out: list[dict[str, object]] = []
+    for label, (n, k) in SHAPES.items():
+        for qtype in types:
+            raw = _random_raw(qtype, n, k, dev)
+            w64 = dequantize_rows(raw, qtype, k).double()
+            stack = PackedTensors(raw[None], qtype, k)
+            for m in (16, 32, 64):
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                ref = x.double() @ w64.T
+                res: dict[str, object] = {"shape": label, "type": qtype.name, "rows": m}
+                for block_m, tiles in FUSED:
+                    name = f"m{block_m} n{tiles.block_n} k{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
+                    align = _identity_alignment(m, block_m, dev)
+
+                    def fn(x: torch.Tensor = x, stack: PackedTensors = stack, align: object = align,
+                           tiles: GemmTiles = tiles) -> torch.Tensor:
+                        return grouped_gemm(x, stack, align, 1, tiles, gather_rows=False)  # type: ignore[arg-type]
+                    try:
+                        err = float((fn().double() - ref).norm() / ref.norm())
+                        res[name] = {"ms": _ms(fn), "rel_err": err}
+                    except Exception as exc:  # a config the compiler refuses is reported, not fatal
+                        res[name] = {"error": f"{type(exc).__name__}: {str(exc)[:100]}"}
+                rows_out.append(res)
+                timed = sorted((v["ms"], name) for name, v in res.items() if isinstance(v, dict) and "ms" in v)
+                print(f"{qtype.name:5s} {label:20s} rows {m:3d}  " + "  ".join(f"{nm} {t:.3f}" for t, nm in timed[:4]),
+                      f" | current {res.get('m64 n64 k256 w8 s2')}", flush=True)
+    return rows_out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/packed_matmul_h200.json")
     ap.add_argument("--types", default="q4_k,q6_k")
+    ap.add_argument("--sweep-fused", action="store_true", help="time the fused GEMM's tiles at 16-64 rows")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/packed_matmul.py needs a CUDA GPU", file=sys.stderr)
         return 1
     dev = torch.device("cuda:0")
     types = [T[t.strip().upper()] for t in args.types.split(",") if t.strip()]
-    rows_out: list[dict[str, object]] = []
-    for label, (n, k) in SHAPES.items():
+    rows_out: list[dict[str, object]] = _sweep_fused(dev, types) if args.sweep_fused else []
+    for label, (n, k) in ({} if args.sweep_fused else SHAPES).items():
         dense = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
         for qtype in types:
             raw = _random_raw(qtype, n, k, dev)
