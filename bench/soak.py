@@ -3,7 +3,7 @@
 Starts ``stagewise serve`` on a random-weight preset, times a valid streamed completion alone, then
 runs for ``--duration-s``: valid streams in a loop, and hostile clients: abuse bodies (bad JSON,
 unsatisfiable schemas, nameless tools, lone surrogates, 3.9 MB prompts), clients that disconnect
-mid-stream, a connect/reset storm, idle and partial-header sockets. Reports requests served,
+mid-stream, a connect/reset storm, idle and partial-header sockets, bodies trickled a byte at a time. Reports requests served,
 refused by status and code, 5xx responses, the valid streams' p50/p99 latency against alone, and
 whether queue depth, active sequences and the server's memory return to their baseline after the
 traffic stops. Prints a table; writes JSON under bench/results/.
@@ -54,8 +54,9 @@ _HUGE: list[bytes] = [
     json.dumps({"messages": [{"role": "user", "content": HUGE}], "max_tokens": 2}).encode(),
     json.dumps({"prompt": HUGE, "max_tokens": 2}).encode(),
 ]
-KINDS = ("abuse", "huge", "disconnect", "storm", "idle")  # what --without can leave out
+KINDS = ("abuse", "huge", "disconnect", "storm", "idle", "slowbody")  # what --without can leave out
 IDLE_SOCKETS = 200  # idle and partial-header sockets held open through the run
+SLOW_BODIES = 8  # clients trickling a body at once, each reconnecting when cut off
 
 
 def _metric(url: str, name: str) -> float:
@@ -172,6 +173,30 @@ def _storm(port: int, stop: threading.Event, tally: Tally) -> None:
             tally.add("storm refused")
 
 
+def _slow_body(port: int, stop: threading.Event, tally: Tally) -> None:
+    """Headers, then a body trickled a byte every 0.2 s, until the server answers (408) and closes."""
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n{")
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+                sock.sendall(head)
+                sock.settimeout(0.2)
+                reply = b""
+                while True:
+                    try:
+                        chunk = sock.recv(4096)
+                    except TimeoutError:
+                        sock.sendall(b" ")
+                        continue
+                    if not chunk:
+                        break
+                    reply += chunk
+                tally.add(f"slow body {reply[9:12].decode() or 'closed'}")
+        except OSError as exc:
+            tally.add(f"slow body transport {type(exc).__name__}")
+
+
 def _idlers(port: int, count: int) -> list[socket.socket]:
     socks = []
     for i in range(count):
@@ -191,7 +216,9 @@ def _hostile(url: str, port: int, kinds: tuple[str, ...], duration_s: float, con
     bodies = [*(_ABUSE if "abuse" in kinds else []), *(_HUGE if "huge" in kinds else [])]
     threads = [*(threading.Thread(target=_abuser, args=(url, stop, tally, i, bodies)) for i in range(3) if bodies),
                *([threading.Thread(target=_disconnecter, args=(url, stop, tally))] if "disconnect" in kinds else []),
-               *([threading.Thread(target=_storm, args=(port, stop, tally))] if "storm" in kinds else [])]
+               *([threading.Thread(target=_storm, args=(port, stop, tally))] if "storm" in kinds else []),
+               *(threading.Thread(target=_slow_body, args=(port, stop, tally)) for _ in range(SLOW_BODIES)
+                 if "slowbody" in kinds)]
     conn.send("started")
     for thread in threads:
         thread.start()
@@ -252,7 +279,8 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     log = Path(args.out).with_suffix(".log")
     command = [sys.executable, "-m", "stagewise", "serve", args.model, "--placement", "single", "--port", str(port),
-               "--context", "1024", "--header-timeout-s", "2", "--queue", "16", *args.serve_args.split()]
+               "--context", "1024", "--header-timeout-s", "2", "--queue", "16",
+               *(["--body-timeout-s", "2"] if "slowbody" in kinds else []), *args.serve_args.split()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": args.server_cwd}
     server = subprocess.Popen(command, cwd=args.server_cwd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
@@ -310,6 +338,8 @@ def main() -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "server_command": " ".join(command[1:]),
         "server_cwd": args.server_cwd,
+        "server_commit": subprocess.run(["git", "-C", args.server_cwd, "describe", "--always", "--dirty"],
+                                        capture_output=True, text=True).stdout.strip(),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "duration_s": args.duration_s,

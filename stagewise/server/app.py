@@ -27,6 +27,7 @@ from stagewise.server import chat_handler, completion_handler, tokenize_handler
 from stagewise.server.choices import Choices
 from stagewise.server.guards import Guards
 from stagewise.server.openai_errors import (
+    BodyTimeout,
     BodyTooLarge,
     InvalidParam,
     NotFound,
@@ -45,15 +46,21 @@ from stagewise.server.server_state import ServerState
 _CLIENT_CLOSED = 499
 
 
-async def read_json(request: Request, limit_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 past ``limit_bytes`` (also without Content-Length), 400 if not JSON."""
+async def read_json(request: Request, limit_bytes: int, timeout_s: float) -> dict[str, Any]:
+    """The body as a JSON object; 413 past ``limit_bytes`` (also without Content-Length), 408 unless all of
+    it arrives within ``timeout_s`` (a client trickling its body holds a connection and a buffer), 400 if
+    not JSON."""
     size = 0
     parts = []
-    async for part in request.stream():
-        size += len(part)
-        if size > limit_bytes:
-            raise BodyTooLarge(f"the request body exceeds the limit of {limit_bytes} bytes")
-        parts.append(part)
+    with anyio.move_on_after(timeout_s) as reading:
+        async for part in request.stream():
+            size += len(part)
+            if size > limit_bytes:
+                raise BodyTooLarge(f"the request body exceeds the limit of {limit_bytes} bytes")
+            parts.append(part)
+    if reading.cancelled_caught:
+        raise BodyTimeout(f"the request body was not complete within {timeout_s:g} s (--body-timeout-s); "
+                          f"{size} bytes had arrived")
     return parse_json(b"".join(parts))
 
 
@@ -191,7 +198,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     async def validated(request: Request, schema: Any) -> Any:
         """The body read (413/400) and validated with ``schema`` (400 naming the field)."""
-        raw = await read_json(request, settings.max_body_bytes)
+        raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
         try:
             return schema.model_validate(raw)
         except ValidationError as exc:
@@ -212,7 +219,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def generate(request: Request, schema: Any, build: Any, respond: Any) -> Response:
         """Validate the body with ``schema``, ``build`` the engine requests (one per choice), submit them,
         ``respond``."""
-        raw = await read_json(request, settings.max_body_bytes)
+        raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
         engine, model = state.serving()
         request_id = request_id_of(request.scope)
 
@@ -242,7 +249,7 @@ def build_app(state: ServerState) -> FastAPI:
     if settings.fault_injection:
         @app.post("/debug/fail-next-step")
         async def fail_next_step(request: Request) -> Response:
-            raw = await read_json(request, settings.max_body_bytes)
+            raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
             engine, model = state.serving()
             stage = raw.get("stage", 0)
             if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < len(model.pipeline.stages):
@@ -252,7 +259,7 @@ def build_app(state: ServerState) -> FastAPI:
 
         @app.post("/debug/step-delay")
         async def step_delay(request: Request) -> Response:
-            raw = await read_json(request, settings.max_body_bytes)
+            raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
             engine, _ = state.serving()
             seconds = raw.get("seconds", 0.0)
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 10:
