@@ -9,10 +9,8 @@ of finished requests. A failed step fails only the requests it carried.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.generator import Generator, TokenEvent
@@ -42,16 +40,13 @@ class Engine:
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: prompt tokens per prefill step.
         micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
-        around_step: a context entered around each step on the engine thread (the server's
-            :class:`~stagewise.server.step_turns.StepTurns`); none by default.
 
     The engine runs as many sequences at once as the pipeline has sequence slots
     (``model.max_seqs``); more requests wait in the queue.
     """
 
     def __init__(self, model: LoadedModel, max_waiting: int = 16, metrics: EngineMetrics | None = None,
-                 prefill_chunk: int = 512, micro_batches: int | None = None,
-                 around_step: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext) -> None:
+                 prefill_chunk: int = 512, micro_batches: int | None = None) -> None:
         if model.tokenizer is None:
             raise RequestError(f"model {model.name} has no tokenizer; the engine needs one to serve text")
         self.model = model
@@ -61,7 +56,6 @@ class Engine:
         self.scheduler = Scheduler(max_waiting, max_running=self.batcher.slots)
         self.generator = Generator(model.pipeline, model.max_context, prefill_chunk)  # warm-up
         self.guard = StepGuard()
-        self._around_step = around_step
         model.pipeline.fault_hook = self.guard
         self.stop_token_ids = model.stop_token_ids
         self._stop = threading.Event()
@@ -123,8 +117,7 @@ class Engine:
                 self._admit(handle)
             self.metrics.queue_depth.set(self.scheduler.waiting)
             if self.batcher.active:
-                with self._around_step():
-                    self.execute()
+                self.execute()
             elif not batch.run:
                 self.batcher.drain()
 

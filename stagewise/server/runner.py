@@ -7,7 +7,6 @@ cancels at once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import socket
@@ -31,7 +30,6 @@ from stagewise.server.load_display import placement_lines
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
-from stagewise.server.step_turns import StepTurns, TurnTakingSelector
 
 _SHUTDOWN_TIMEOUT_S = 5
 _MAX_HEADER_BYTES = 64 * 1024  # request line + headers; a larger head is refused with 400
@@ -50,14 +48,13 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
     console = console or Console()
     print_requests()  # one INFO line per finished request on stderr
     state = ServerState(settings)
-    turns = StepTurns()
     config = uvicorn.Config(guarded_app(state), host=settings.host, port=settings.port, log_level="warning",
                             lifespan="off", timeout_graceful_shutdown=_SHUTDOWN_TIMEOUT_S,
                             http=protocol_class(settings.header_timeout_s), timeout_keep_alive=settings.keep_alive_s,
                             limit_concurrency=settings.max_connections,
                             h11_max_incomplete_event_size=_MAX_HEADER_BYTES)
     server = _Server(config)
-    loader = threading.Thread(target=_load, args=(state, server, console, turns), name="stagewise-loader", daemon=True)
+    loader = threading.Thread(target=_load, args=(state, server, console), name="stagewise-loader", daemon=True)
     drainer: list[threading.Thread] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -77,9 +74,7 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
     console.print(f"stagewise: listening on http://{settings.host}:{settings.port} (loading the model…)")
     try:
         loader.start()
-        # NOTE: the loop's selector takes turns with the engine's CPU steps (step_turns)
-        with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(TurnTakingSelector(turns))) as runner:
-            runner.run(server.serve(sockets=[sock]))
+        server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -111,7 +106,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _load(state: ServerState, server: uvicorn.Server, console: Console, turns: StepTurns) -> None:
+def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
     settings = state.settings
     try:
         model = load_with_progress(
@@ -128,14 +123,12 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console, turns: S
     try:
         if model.tokenizer is None and (settings.model or "").startswith("random:"):
             model = with_demo_tokenizer(model)  # random weights come without a tokenizer
-        on_gpu = needs_warm_up(model)  # a stage on a GPU: its kernels run without the GIL, no turns needed
-        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk,
-                        around_step=contextlib.nullcontext if on_gpu else turns.step)
+        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
         pool = model.pipeline.kv_pool
         pool_text = f", a KV pool of {pool.tokens} positions (--kv-tokens)" if pool is not None else ""
         console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
                       f"{model.max_context} positions each (--max-seqs, --context){pool_text}")
-        if settings.warm_up and on_gpu and state.set_warming_up():
+        if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
             done = engine.warm_up()
             console.print(f"stagewise: {done.summary()}", highlight=False)
