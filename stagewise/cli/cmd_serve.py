@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
                              "of connecting or of its last response (default 10)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                         help="answer 408 and close the connection when a request body is not complete within this "
-                             "many seconds of its headers (default 30)")
+                             "many seconds of the server beginning to read it (default 30)")
     parser.add_argument("--keep-alive-s", type=int, default=5,
                         help="close an idle keep-alive connection after this many seconds (default 5)")
     parser.add_argument("--max-connections", type=int, default=1024,
