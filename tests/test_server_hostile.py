@@ -200,7 +200,7 @@ def test_a_body_trickled_to_a_route_that_reads_none_is_not_held(served: ServedMo
     _still_serving(served)
 
 
-_BAD_BODIES: list[tuple[str, str, str | None]] = [
+_BAD_BODIES: list[tuple[str, str | None]] = [
     ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}',
      "tools.0.function.name"),
     ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": ""}}]}',
