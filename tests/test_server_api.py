@@ -164,6 +164,20 @@ def test_cors_origin_flag() -> None:
         settings_from_args(parse(["serve", "--cors-origin", "http://a.example/path"]))
 
 
+@pytest.mark.parametrize("flag", ["--header-timeout-s", "--body-timeout-s", "--keep-alive-s"])
+def test_connection_timeout_flags(flag: str) -> None:
+    from stagewise.cli.cmd_serve import settings_from_args
+    from stagewise.cli.main import build_parser
+    from stagewise.errors import ConfigError
+
+    parse = build_parser().parse_args
+    name = flag.removeprefix("--").replace("-", "_")
+    assert getattr(settings_from_args(parse(["serve", flag, "7"])), name) == 7
+    for bad in ("0", "-1", "3601"):
+        with pytest.raises(ConfigError, match=f"{flag} must be in"):
+            settings_from_args(parse(["serve", flag, bad]))
+
+
 # ----- X-Request-Id ----------------------------------------------------------------------------
 def test_request_id_echoed_and_used_as_completion_id(http: TestClient) -> None:
     body = {"messages": HELLO, "max_tokens": 2}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ _PYTHON_NAMES = ("JSONDecodeError", "RecursionError", "TypeError", "ValueError",
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
     root = tmp_path_factory.mktemp("hostile")
     server = start_server(make_model_dir(root / "model"), root / "serve.log", "--placement", "single",
-                          "--header-timeout-s", "3")
+                          "--header-timeout-s", "3", "--body-timeout-s", "2")
     try:
         server.wait_ready()
         yield server
@@ -87,7 +88,6 @@ def test_recursive_schema_with_a_way_out_is_served(served: ServedModel) -> None:
 def test_parallel_huge_prompts_are_refused_by_bytes_without_stalling_a_stream(served: ServedModel) -> None:
     """Four 3.9 MB prompts (under the 4 MiB body limit) sent while a stream runs: each is refused as too
     long without being tokenized, and the stream's tokens keep coming."""
-    import threading
 
     huge = "word " * 780_000  # 3.9 MB, ~2.3 M tokens: seconds of tokenizing each
     bodies = [{"messages": [{"role": "user", "content": huge}], "max_tokens": 2}, {"prompt": huge, "max_tokens": 2}]
@@ -143,7 +143,64 @@ def test_keep_alive_connection_with_a_late_partial_request_is_closed(served: Ser
         assert sock.recv(1024) == b""
 
 
-_BAD_BODIES: list[tuple[str, str, str | None]] = [
+def _trickle(sock: socket.socket, done: threading.Event) -> None:
+    """Send the body one space at a time, paced, until the server closes the connection (or ``done``)."""
+    while not done.wait(0.2):  # the pace of the trickle; nothing waits on it
+        try:
+            sock.sendall(b" ")
+        except OSError:
+            return
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    reply = b""
+    while chunk := sock.recv(4096):  # b"": the server closed the connection (the socket's timeout bounds a hang)
+        reply += chunk
+    return reply
+
+
+@pytest.mark.parametrize("path", [CHAT, TEXT, "/tokenize"])
+def test_a_trickled_body_is_cut_off_with_408(served: ServedModel, path: str) -> None:
+    """Headers, then a body trickled one byte at a time (slowloris on the body): the server answers 408 in
+    OpenAI's shape once --body-timeout-s (2 s) has passed since it began reading, and closes the
+    connection, however long the client would go on."""
+    done = threading.Event()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 100000\r\n\r\n{\"messages\": ".encode())
+        trickler = threading.Thread(target=_trickle, args=(sock, done))
+        trickler.start()
+        try:
+            reply = _read_to_close(sock)
+        finally:
+            done.set()
+            trickler.join()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply[:300]
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "request_timeout", error
+    assert "--body-timeout-s" in error["message"] and "\n" not in error["message"]
+    _still_serving(served)
+
+
+def test_a_body_trickled_to_a_route_that_reads_none_is_not_held(served: ServedModel) -> None:
+    """A body after GET /health headers: the answer comes at once and the connection is closed with it,
+    not kept alive for the rest of a body that may never end."""
+    done = threading.Event()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+        trickler = threading.Thread(target=_trickle, args=(sock, done))
+        trickler.start()
+        try:
+            reply = _read_to_close(sock)
+        finally:
+            done.set()
+            trickler.join()
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"status":"ok"}'), reply[:300]
+    _still_serving(served)
+
+
+_BAD_BODIES: list[tuple[str, str | None]] = [
     ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}',
      "tools.0.function.name"),
     ('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": ""}}]}',

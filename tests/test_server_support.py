@@ -58,7 +58,7 @@ class ServedModel:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 120.0) -> None:  # a bound on a hang (a loaded machine loads slowly)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -72,7 +72,7 @@ class ServedModel:
         raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
 
     def metric(self, name: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=5.0).text
+        text = httpx.get(f"{self.url}/metrics", timeout=60.0).text  # a bound on a hang, not a measure
         for line in text.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])

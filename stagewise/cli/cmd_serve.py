@@ -41,6 +41,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--header-timeout-s", type=float, default=10.0,
                         help="close a connection whose request headers are not complete within this many seconds "
                              "of connecting or of its last response (default 10)")
+    parser.add_argument("--body-timeout-s", type=float, default=30.0,
+                        help="answer 408 and close the connection when a request body is not complete within this "
+                             "many seconds of the server beginning to read it (default 30)")
     parser.add_argument("--keep-alive-s", type=int, default=5,
                         help="close an idle keep-alive connection after this many seconds (default 5)")
     parser.add_argument("--max-connections", type=int, default=1024,
@@ -61,6 +64,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         worker_secret_file=args.worker_secret_file,
         measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
         cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,
     )
 

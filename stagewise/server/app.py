@@ -14,6 +14,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
+from pydantic_core import from_json
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -26,6 +27,7 @@ from stagewise.server import chat_handler, completion_handler, tokenize_handler
 from stagewise.server.choices import Choices
 from stagewise.server.guards import Guards
 from stagewise.server.openai_errors import (
+    BodyTimeout,
     BodyTooLarge,
     InvalidParam,
     NotFound,
@@ -46,15 +48,21 @@ from stagewise.server.webui import add_webui
 _CLIENT_CLOSED = 499
 
 
-async def read_json(request: Request, limit_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 past ``limit_bytes`` (also without Content-Length), 400 if not JSON."""
+async def read_json(request: Request, limit_bytes: int, timeout_s: float) -> dict[str, Any]:
+    """The body as a JSON object; 413 past ``limit_bytes`` (also without Content-Length), 408 unless all of
+    it arrives within ``timeout_s`` (a client trickling its body holds a connection and a buffer), 400 if
+    not JSON."""
     size = 0
     parts = []
-    async for part in request.stream():
-        size += len(part)
-        if size > limit_bytes:
-            raise BodyTooLarge(f"the request body exceeds the limit of {limit_bytes} bytes")
-        parts.append(part)
+    with anyio.move_on_after(timeout_s) as reading:
+        async for part in request.stream():
+            size += len(part)
+            if size > limit_bytes:
+                raise BodyTooLarge(f"the request body exceeds the limit of {limit_bytes} bytes")
+            parts.append(part)
+    if reading.cancelled_caught:
+        raise BodyTimeout(f"the request body was not complete within {timeout_s:g} s (--body-timeout-s); "
+                          f"{size} bytes had arrived")
     return parse_json(b"".join(parts))
 
 
@@ -63,9 +71,30 @@ MAX_JSON_DEPTH = 64  # arrays and objects inside each other; far more than any O
 
 def parse_json(data: bytes) -> dict[str, Any]:
     """``data`` as a JSON object whose strings are all valid Unicode and whose nesting is at most
-    :data:`MAX_JSON_DEPTH`; :class:`InvalidParam` (400) otherwise, never a crash."""
+    :data:`MAX_JSON_DEPTH`; :class:`InvalidParam` (400) otherwise, never a crash.
+
+    Parsed on the event loop, holding the GIL (the engine's steps wait meanwhile), so by pydantic-core's
+    parser: 6-8x faster than the standard library's on a body of megabytes (0.5 ms for 3.9 MB, not
+    3-4 ms), and it stops at once past its nesting limit (deeper than ours). A body it refuses otherwise is
+    parsed again by :mod:`json` (:func:`_parse_slowly`): for a message naming what is wrong and where, and
+    because Python's parser takes a byte-order mark, UTF-16 and lone surrogates (the last refused by
+    :func:`_check_values`, naming the field)."""
     try:
-        body = json.loads(data)
+        body = from_json(data)
+    except ValueError as exc:
+        if "recursion limit" in str(exc):  # pydantic-core nests 200 deep at most: past MAX_JSON_DEPTH
+            raise InvalidParam(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+        body = _parse_slowly(data)
+    if not isinstance(body, dict):
+        raise InvalidParam("the request body must be a JSON object")
+    _check_values(body)
+    return body
+
+
+def _parse_slowly(data: bytes) -> Any:
+    """``data`` parsed by :mod:`json`; :class:`InvalidParam` naming what is wrong and where."""
+    try:
+        return json.loads(data)
     except json.JSONDecodeError as exc:
         raise InvalidParam(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
                            ) from exc
@@ -75,10 +104,6 @@ def parse_json(data: bytes) -> dict[str, Any]:
         raise InvalidParam(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:  # an integer of over 4300 digits
         raise InvalidParam("the request body holds a number with too many digits") from exc
-    if not isinstance(body, dict):
-        raise InvalidParam("the request body must be a JSON object")
-    _check_values(body)
-    return body
 
 
 def _check_values(body: dict[str, Any]) -> None:
@@ -184,7 +209,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     async def validated(request: Request, schema: Any) -> Any:
         """The body read (413/400) and validated with ``schema`` (400 naming the field)."""
-        raw = await read_json(request, settings.max_body_bytes)
+        raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
         try:
             return schema.model_validate(raw)
         except ValidationError as exc:
@@ -205,7 +230,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def generate(request: Request, schema: Any, build: Any, respond: Any) -> Response:
         """Validate the body with ``schema``, ``build`` the engine requests (one per choice), submit them,
         ``respond``."""
-        raw = await read_json(request, settings.max_body_bytes)
+        raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
         engine, model = state.serving()
         request_id = request_id_of(request.scope)
 
@@ -235,7 +260,7 @@ def build_app(state: ServerState) -> FastAPI:
     if settings.fault_injection:
         @app.post("/debug/fail-next-step")
         async def fail_next_step(request: Request) -> Response:
-            raw = await read_json(request, settings.max_body_bytes)
+            raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
             engine, model = state.serving()
             stage = raw.get("stage", 0)
             if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < len(model.pipeline.stages):
@@ -245,7 +270,7 @@ def build_app(state: ServerState) -> FastAPI:
 
         @app.post("/debug/step-delay")
         async def step_delay(request: Request) -> Response:
-            raw = await read_json(request, settings.max_body_bytes)
+            raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
             engine, _ = state.serving()
             seconds = raw.get("seconds", 0.0)
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 10:

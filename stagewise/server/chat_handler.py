@@ -17,7 +17,7 @@ from stagewise.engine.tool_calls import parse_tool_calls
 from stagewise.server import openai_format as fmt
 from stagewise.server.choices import Choices
 from stagewise.server.openai_errors import typed_error_body
-from stagewise.server.output_stream import SSE_HEADERS, failed, failure
+from stagewise.server.output_stream import SSE_HEADERS, ClientGone, failed, failure
 from stagewise.server.request_builder import BuiltRequest
 
 
@@ -40,6 +40,7 @@ def final_message(text: str, built: BuiltRequest, finish_reason: str) -> tuple[d
 
 async def respond(built: BuiltRequest, choices: Choices, model: str, request: Request) -> Response:
     if built.stream:
+        choices.watch(request)  # a client gone ends the stream (and its engine requests) at its next output
         return StreamingResponse(_events(built, choices, model), media_type="text/event-stream", headers=SSE_HEADERS)
     outputs = await choices.collect(request)
     body_choices = []
@@ -113,5 +114,7 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
             if usage_on:
                 yield chunk(0, None, use=fmt.usage(prompt_tokens, sum(completion_tokens)))
         yield fmt.sse("[DONE]")
+    except ClientGone:
+        return  # nobody to tell; the engine requests are cancelled below
     finally:
         choices.cancel()

@@ -23,8 +23,9 @@ class Choices:
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, RequestOutput] | None] = asyncio.Queue()  # None: the client is gone
         self.handles: list[RequestHandle] = []
+        self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
     def submit(cls, engine: Engine, requests: Sequence[EngineRequest]) -> Choices:
@@ -51,12 +52,34 @@ class Choices:
     def request_id(self) -> str:
         return self.handles[0].request_id
 
+    def watch(self, request: Request) -> None:
+        """Watch ``request``'s client (its body read already): once it disconnects, every choice is
+        cancelled at once and :meth:`get` raises :class:`ClientGone` (after the outputs queued before).
+
+        NOTE: the engine requests are cancelled by the watcher itself, not left to the response's
+        cancellation, which reaches a stream only while it waits for an output: one whose outputs are
+        always queued when it looks would otherwise run to its end for nobody."""
+        async def watch_client() -> None:
+            await wait_disconnect(request)
+            self._cancel_handles()
+            self.queue.put_nowait(None)
+        self._watcher = asyncio.ensure_future(watch_client())
+
     async def get(self) -> tuple[int, RequestOutput]:
-        """The next output of any choice, with its index."""
-        return await self.queue.get()
+        """The next output of any choice, with its index; :class:`ClientGone` once the watched client
+        (:meth:`watch`) has disconnected."""
+        item = await self.queue.get()
+        if item is None:
+            raise ClientGone(self.request_id)
+        return item
 
     def cancel(self) -> None:
-        """Cancel every choice not finished yet."""
+        """Cancel every choice not finished yet, and stop watching the client."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self._cancel_handles()
+
+    def _cancel_handles(self) -> None:
         for handle in self.handles:
             if not handle.done:
                 handle.cancel()
@@ -64,22 +87,16 @@ class Choices:
     async def collect(self, request: Request) -> list[list[RequestOutput]]:
         """Every output of every choice, up to each one's finished output. Cancels them all and raises
         :class:`ClientGone` if the client disconnects first, or the typed error of a choice that failed."""
-        watcher = asyncio.ensure_future(wait_disconnect(request))
+        self.watch(request)
         outputs: list[list[RequestOutput]] = [[] for _ in self.handles]
         finished = 0
         try:
             while finished < self.n:
-                getter = asyncio.ensure_future(self.get())
-                done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    raise ClientGone(self.request_id)
-                index, output = getter.result()
+                index, output = await self.get()
                 outputs[index].append(output)
                 if failed(output):
                     raise failure(output)
                 finished += output.finished
             return outputs
         finally:
-            watcher.cancel()
             self.cancel()

@@ -12,12 +12,13 @@ from stagewise.engine.request_output import TokenLogprob
 from stagewise.server import openai_format as fmt
 from stagewise.server.choices import Choices
 from stagewise.server.openai_errors import typed_error_body
-from stagewise.server.output_stream import SSE_HEADERS, failed, failure
+from stagewise.server.output_stream import SSE_HEADERS, ClientGone, failed, failure
 from stagewise.server.request_builder import BuiltRequest
 
 
 async def respond(built: BuiltRequest, choices: Choices, model: str, request: Request) -> Response:
     if built.stream:
+        choices.watch(request)  # a client gone ends the stream (and its engine requests) at its next output
         return StreamingResponse(_events(built, choices, model), media_type="text/event-stream", headers=SSE_HEADERS)
     outputs = await choices.collect(request)
     body_choices = []
@@ -55,5 +56,7 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
                 use = fmt.usage(prompt_tokens, sum(completion_tokens))
                 yield fmt.sse(fmt.text_completion(rid, created, model, [], use, chunk=True))
         yield fmt.sse("[DONE]")
+    except ClientGone:
+        return  # nobody to tell; the engine requests are cancelled below
     finally:
         choices.cancel()

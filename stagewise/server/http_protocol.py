@@ -4,6 +4,13 @@ uvicorn times out only an idle keep-alive connection *after* a response (``timeo
 a socket that connects and sends nothing, or half a request line, is held forever (a thousand such
 sockets hold a thousand file descriptors). Here every connection must deliver a request's complete
 headers within ``header_timeout_s`` of connecting, and of its previous response; else it is closed.
+
+The body's deadline is the app's (``read_json``: 408 past ``--body-timeout-s``); a response that ends
+before its request's body did (that 408, a 413, a route that reads no body) ends the connection, so a
+client trickling a body it will never finish is not held either: the server half-closes (FIN after
+the response), discards what still arrives, and closes when the client does or when uvicorn's
+keep-alive timer (``--keep-alive-s``) fires. Closing at once with the client's bytes unread would
+reset the connection (RST), and the client could lose the response.
 """
 
 from __future__ import annotations
@@ -23,19 +30,27 @@ class HeaderTimeoutProtocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._discarding = False  # answered before the body was all in: what still arrives is dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return  # NOTE: uvicorn's data_received is skipped, so its keep-alive timer stays armed: it ends the linger
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the request line and headers are in: the app has it
             self._disarm()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.SEND_BODY:  # answered before the body was all in: not kept alive
+            self._discarding = True
+            self.transport.write_eof()  # FIN once the response is flushed; reading goes on, into nothing
+        else:
             self._arm()  # the next request's headers get the same deadline
 
     def connection_lost(self, exc: Exception | None) -> None:

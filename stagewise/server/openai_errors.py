@@ -14,6 +14,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     499: "cancelled",
@@ -42,6 +43,13 @@ class Unauthorized(StagewiseError):
 class BodyTooLarge(StagewiseError):
     http_status = 413
     code = "request_too_large"
+
+
+class BodyTimeout(StagewiseError):
+    """The request body did not arrive within ``--body-timeout-s``."""
+
+    http_status = 408
+    code = "request_timeout"
 
 
 class NotFound(StagewiseError):

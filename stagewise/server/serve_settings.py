@@ -40,6 +40,7 @@ class ServeSettings:
     kv_tokens: int | None = None  # KV pool positions per stage; None: every sequence slot its whole context
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); "*" for any; () = off
     header_timeout_s: float = 10.0  # a connection's request headers must be complete this long after it opens
+    body_timeout_s: float = 30.0  # a request's body must be complete this long after the server starts reading it
     keep_alive_s: int = 5  # an idle keep-alive connection is closed after this long (uvicorn's default)
     max_connections: int = 1024  # open connections (and requests in flight) before new requests get 503
     webui: bool = True  # serve the web page at / (the status endpoint is served either way)
@@ -62,9 +63,10 @@ class ServeSettings:
             raise ConfigError(f"--grace-s must be >= 0, got {self.grace_s}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"the body size limit must be >= 1024 bytes, got {self.max_body_bytes}")
-        if not 0 < self.header_timeout_s <= 3600 or not 0 < self.keep_alive_s <= 3600:
-            raise ConfigError(f"--header-timeout-s and --keep-alive-s must be in (0, 3600], got "
-                              f"{self.header_timeout_s} and {self.keep_alive_s}")
+        for flag, seconds in (("--header-timeout-s", self.header_timeout_s), ("--body-timeout-s", self.body_timeout_s),
+                              ("--keep-alive-s", self.keep_alive_s)):
+            if not 0 < seconds <= 3600:
+                raise ConfigError(f"{flag} must be in (0, 3600], got {seconds}")
         if self.max_connections < 1:
             raise ConfigError(f"--max-connections must be >= 1, got {self.max_connections}")
         if self.api_key is not None and not self.api_key:
