@@ -8,6 +8,17 @@ from dataclasses import dataclass, field
 import torch
 
 from stagewise.models.layers.rotary import rotary_cos_sin
+from stagewise.models.step_layout import StepLayout
+
+
+def causal_mask(positions: torch.Tensor, kv_length: int, query_groups: int = 1) -> torch.Tensor:
+    """``(B, 1, G·T, kv_length)``: True where key position ``j <=`` the query's position, for
+    ``positions`` ``(B, T)``, repeated for the ``G`` query heads of a KV head (group-major)."""
+    keys = torch.arange(kv_length, device=positions.device)
+    mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
+    if query_groups > 1:
+        mask = mask.repeat(1, 1, query_groups, 1)  # (B, 1, G*T, L)
+    return mask
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,8 @@ class StepContext:
     ``inv_freq`` ``(rotary_dim // 2,)`` float32: the rotary frequencies; ``rotary`` the reference
     path's ``(cos, sin)`` tables ``(B, T, rotary_dim)`` in ``dtype``, also built on first use (the
     Triton path computes the angles inside its rotary kernel and never builds them).
+    ``layout``: a packed step (:class:`StepLayout`): ``B`` is its ``N`` tokens, ``T`` is 1, and each
+    token's state row is ``token_rows[i]`` (``rows`` is then unused).
     """
 
     positions: torch.Tensor
@@ -33,6 +46,7 @@ class StepContext:
     dtype: torch.dtype
     query_groups: int = 1
     rows: slice = field(default_factory=lambda: slice(0, 1))
+    layout: StepLayout | None = None
 
     @functools.cached_property
     def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,11 +54,19 @@ class StepContext:
 
     @functools.cached_property
     def mask(self) -> torch.Tensor:
-        keys = torch.arange(self.kv_length, device=self.positions.device)
-        mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # (B, 1, T, L)
-        if self.query_groups > 1:
-            mask = mask.repeat(1, 1, self.query_groups, 1)  # (B, 1, G*T, L)
-        return mask
+        return causal_mask(self.positions, self.kv_length, self.query_groups)
+
+    @functools.cached_property
+    def token_rows(self) -> torch.Tensor:
+        """A packed step's state row of every token ``(N,)`` int64 on the positions' device."""
+        assert self.layout is not None, "only a packed step has per-token rows"
+        return torch.tensor(self.layout.token_rows(), dtype=torch.long, device=self.positions.device)
+
+    @functools.cached_property
+    def logit_tokens(self) -> torch.Tensor:
+        """A packed step's tokens whose logits the exit computes ``(S,)`` int64 on the positions' device."""
+        assert self.layout is not None, "only a packed step selects its logit tokens"
+        return torch.tensor(self.layout.logit_tokens(), dtype=torch.long, device=self.positions.device)
 
     @property
     def batch(self) -> int:
@@ -56,6 +78,7 @@ class StepContext:
 
     @staticmethod
     def build(positions: torch.Tensor, start: int | None, kv_length: int, inv_freq: torch.Tensor,
-              dtype: torch.dtype, query_groups: int = 1, first_row: int = 0) -> StepContext:
+              dtype: torch.dtype, query_groups: int = 1, first_row: int = 0,
+              layout: StepLayout | None = None) -> StepContext:
         rows = slice(first_row, first_row + int(positions.shape[0]))
-        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows)
+        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows, layout)
