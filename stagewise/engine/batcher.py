@@ -34,6 +34,15 @@ it restarts it prefills its prompt and the tokens it already generated (all but 
 its next input) and goes on decoding: nothing is sampled or reported twice, and its sampler's state
 carries on. A pipeline without a KV pool keeps every row's whole context.
 
+Packed steps (a pipeline whose ``packed_steps``: in process, attention only): prefill is not a
+rectangle but runs of each staging row's next tokens, given the step's token budget first come,
+first served (:meth:`StagingArea.chunks`), flattened into one token column beside the decoding rows
+of the first group (:class:`~stagewise.models.step_layout.StepLayout`; vLLM's chunked prefill mixed
+with decode): the budget (``prefill_chunk``) counts those rows' tokens too, so a step that carries
+prompts costs one step, not a decode step and a prefill step, and the rows that decode meanwhile
+wait for no more than one budget's tokens. With nothing decoding, the prompts' chunks make the step
+alone. Steps without prompts are the plain decode steps above (CUDA graphs).
+
 Every step is the pipeline's transactional step; a failed step fails the sequences it carried
 (rolled back) and no other. The batcher runs on one thread (the engine's worker).
 """
@@ -52,6 +61,7 @@ from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
+from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.pipeline import Pipeline, StepHandle
 from stagewise.spec.kv_pool import KVPool
@@ -108,10 +118,13 @@ class Batcher:
         prefill_chunk: prompt tokens per prefill step.
         micro_batches: decode groups in flight (default: ``pipeline.max_in_flight``: one per stage in
             process, one per worker with stages in worker processes).
+        packed: prefill in packed steps beside the decoding rows (default: where the pipeline
+            takes them, ``pipeline.packed_steps``, and settles steps when launched); False: rectangles
+            of staging rows between decode steps.
     """
 
     def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
-                 micro_batches: int | None = None) -> None:
+                 micro_batches: int | None = None, packed: bool | None = None) -> None:
         self.pipeline = pipeline
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
@@ -119,9 +132,13 @@ class Batcher:
         self.slots = pipeline.rows
         self.micro_batches = max(1, micro_batches or pipeline.max_in_flight)
         self.graphs = pipeline.step_graphs
+        can_pack = pipeline.packed_steps and not pipeline.deferred_results  # a packed step is read when launched
+        self.packed = can_pack if packed is None else packed
+        if self.packed and not can_pack:
+            raise ValueError("this pipeline takes no packed steps (or settles its steps only when read)")
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
-        self.area: StagingArea[Sequence] = StagingArea(prefill_chunk)  # prefilling in, or ready to join from, the staging rows
+        self.area: StagingArea[Sequence] = StagingArea(prefill_chunk, packed=self.packed)  # prefilling in, or ready to join from, the staging rows
         self._area_aligned = True  # the staging rows share one recurrent buffer (else align before a step)
         self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
         self.in_flight: deque[_InFlight] = deque()
@@ -201,12 +218,15 @@ class Batcher:
             self._regroup()
         while self.queue and self._can_start(self.queue[0]):
             self._start_staging(self.queue.popleft())
-        if self.staging and not self._regroup_needed:
-            self._launch_prefill()
+        if self.staging and not self._regroup_needed and not (self.packed and self.groups):
+            self._launch_prefill()  # packed beside decoding rows: with group 0's step below
             self._retire_to(self.micro_batches)
         for g in range(len(self.groups)):
             previous = next((item for item in self.in_flight if item.group == g), None)
-            if previous is not None and previous.tokens is not None:
+            if g == 0 and self.packed and self.staging and not self._regroup_needed:
+                self._retire_group(g)
+                self._launch_packed(g)
+            elif previous is not None and previous.tokens is not None:
                 # every row greedy: the next step reads the tokens where they were sampled and is
                 # launched before the host collects them, so the devices never wait for the host
                 self._launch_decode(g, previous.tokens)
@@ -237,7 +257,7 @@ class Batcher:
         self.queue.clear()
         self._fail(tuple(live), error)
         self.decoding, self.groups = [], []
-        self.area = StagingArea(self.prefill_chunk)
+        self.area = StagingArea(self.prefill_chunk, packed=self.packed)
         self._regroup_needed = False
         self.kv.clear()
 
@@ -260,6 +280,8 @@ class Batcher:
         floor = self._staging_floor()
         if floor == 0:
             return 0
+        if self.packed:
+            return floor  # a packed step runs eagerly: no graph's rows to aim for
         probe = StagingArea(self.prefill_chunk, floor, [seq])
         others = [s for s in self.queue if s is not seq][:1]
         if others and floor + 1 < self.slots and probe.accepts(len(self._prefill_ids(others[0]))):
@@ -382,7 +404,12 @@ class Batcher:
 
     # ----- prefill ------------------------------------------------------------------------------
     def _launch_prefill(self) -> None:
-        """One step of every staging row: ``T`` tokens each (:meth:`StagingArea.step_tokens`)."""
+        """One step of every staging row: ``T`` tokens each (:meth:`StagingArea.step_tokens`), or with
+        packed steps several staging rows' chunks alone (:meth:`_launch_packed`; a lone prompt's
+        chunk is the same step as a rectangle, whose full chunks replay a CUDA graph)."""
+        if self.packed and len(self.staging) > 1:
+            self._launch_packed(None)
+            return
         for seq in [s for s in self.staging if s.cancelled()]:
             self._cancel(seq)
         if not self.staging or self._regroup_needed:
@@ -423,6 +450,59 @@ class Batcher:
             return
         logits = handle.result().logits if any(sample_rows) else None
         self.in_flight.append(_InFlight(tuple(members), logits, None, final=final, sample_rows=sample_rows))
+
+    def _launch_packed(self, g: int | None) -> None:
+        """One packed step: group ``g``'s decoding rows (none when None), then the staging rows' chunks
+        within what the budget leaves (at least one token), first come, first served; logits for the
+        decoding rows and the prompts this step ends (see the module doc)."""
+        decoding: list[Sequence] = []
+        if g is not None:
+            for seq in self._members(g):
+                if seq is not None and not seq.done and seq.cancelled():
+                    self._cancel(seq)
+            if self.pool is not None:
+                self._reserve_blocks(g)
+            decoding = [s for s in self._members(g) if s is not None and not s.done and s.row >= 0]
+        for seq in [s for s in self.staging if s.cancelled()]:
+            self._cancel(seq)
+        if not self.staging or self._regroup_needed:  # rows are about to move: decode alone
+            if g is not None:
+                self._launch_decode(g)
+            return
+        members, chunks = [], []
+        for seq, take in zip(self.staging, self.area.chunks(max(1, self.prefill_chunk - len(decoding))), strict=True):
+            if take:
+                members.append(seq)
+                chunks.append(take)
+        ends = [seq.prefilled + take >= len(seq.ids) for seq, take in zip(members, chunks, strict=True)]
+        sampled = [seq for seq, end in zip(members, ends, strict=True) if end and not seq.tokens]  # a recomputed one has its token
+        index = {id(seq): i for i, seq in enumerate(members)}
+        layout = StepLayout(rows=tuple(s.row for s in (*decoding, *members)),
+                            starts=tuple(s.length for s in decoding) + tuple(s.prefilled for s in members),
+                            lengths=(1,) * len(decoding) + tuple(chunks),
+                            logits=tuple(range(len(decoding))) + tuple(len(decoding) + index[id(s)] for s in sampled),
+                            decoding=len(decoding))
+        ids = [s.next_token for s in decoding]
+        for seq, take in zip(members, chunks, strict=True):
+            ids.extend(seq.ids[seq.prefilled : seq.prefilled + take])
+        tokens = torch.tensor(ids, dtype=torch.long)[:, None]  # (N, 1)
+        positions = torch.tensor(layout.positions(), dtype=torch.long)[:, None]  # (N, 1)
+        try:
+            handle = self.pipeline.submit(tokens, positions, eager=True, layout=layout)
+        except StagewiseError as exc:
+            self._fail((*decoding, *members), exc)
+            return
+        for seq in decoding:
+            seq.length += 1
+        for seq, take in zip(members, chunks, strict=True):
+            seq.prefilled += take
+            seq.length = seq.prefilled
+        rows = (*decoding, *sampled)  # one per logits row
+        logits = handle.result().logits if rows else None  # (S, 1, V)
+        pairs, ready = None, None
+        if logits is not None and any(s.device_greedy for s in rows):
+            _, pairs, ready = _greedy_pairs(logits[:, -1])
+        self.in_flight.append(_InFlight(rows, logits, pairs, ready, group=-1 if g is None else g))
 
     # ----- decode -------------------------------------------------------------------------------
     def _regroup(self) -> None:

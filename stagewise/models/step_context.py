@@ -60,13 +60,13 @@ class StepContext:
     def token_rows(self) -> torch.Tensor:
         """A packed step's state row of every token ``(N,)`` int64 on the positions' device."""
         assert self.layout is not None, "only a packed step has per-token rows"
-        return torch.tensor(self.layout.token_rows(), dtype=torch.long, device=self.positions.device)
+        return _on_device(self.layout.token_rows(), self.positions.device)
 
     @functools.cached_property
     def logit_tokens(self) -> torch.Tensor:
         """A packed step's tokens whose logits the exit computes ``(S,)`` int64 on the positions' device."""
         assert self.layout is not None, "only a packed step selects its logit tokens"
-        return torch.tensor(self.layout.logit_tokens(), dtype=torch.long, device=self.positions.device)
+        return _on_device(self.layout.logit_tokens(), self.positions.device)
 
     @property
     def batch(self) -> int:
@@ -82,3 +82,12 @@ class StepContext:
               layout: StepLayout | None = None) -> StepContext:
         rows = slice(first_row, first_row + int(positions.shape[0]))
         return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows, layout)
+
+
+def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as int64 on ``device``, in stream order (pinned on the host: the copy never waits for
+    the steps already queued, which a copy from pageable memory would)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
+    return host.to(device, non_blocking=True)

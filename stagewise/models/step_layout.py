@@ -9,8 +9,10 @@ its position (:meth:`Attention.forward`). No token is padding, so no row's state
 does not own; recurrent (linear-attention) blocks, whose state runs token by token per row, cannot
 take a packed step (:attr:`~stagewise.runtime.pipeline.Pipeline.packed_steps`).
 
-``logits``: the segments whose last token's logits the exit computes (in that order): a decoding
-row's, and a prompt's whose last chunk this is. Host-side integers only: building one never
+``decoding``: the first segments are decoding rows, one token each: attention runs them as one
+decode batch, and each later segment (a prompt's chunk) on its own. ``logits``: the segments whose
+last token's logits the exit computes (in that order): a decoding row's, and a prompt's whose last
+chunk this is. Host-side integers only: building one never
 synchronizes a device.
 """
 
@@ -21,12 +23,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StepLayout:
-    """Segments ``(rows[s], starts[s], lengths[s])`` in token order; ``logits`` segment indices."""
+    """Segments ``(rows[s], starts[s], lengths[s])`` in token order, the first ``decoding`` of them
+    decoding rows; ``logits`` segment indices."""
 
     rows: tuple[int, ...]
     starts: tuple[int, ...]
     lengths: tuple[int, ...]
     logits: tuple[int, ...] = ()
+    decoding: int = 0
 
     def __post_init__(self) -> None:
         if not self.rows or not len(self.rows) == len(self.starts) == len(self.lengths):
@@ -35,6 +39,8 @@ class StepLayout:
             raise ValueError("segments need at least one token, positions and rows >= 0")
         if len(set(self.rows)) != len(self.rows):
             raise ValueError("a packed step holds at most one segment of each row")
+        if not 0 <= self.decoding <= len(self.rows) or any(n != 1 for n in self.lengths[: self.decoding]):
+            raise ValueError("the decoding segments are one token each, and at most every segment")
         if any(not 0 <= s < len(self.rows) for s in self.logits) or len(set(self.logits)) != len(self.logits):
             raise ValueError("logits name distinct segments of the step")
 
@@ -63,13 +69,3 @@ class StepLayout:
         """Token indices of the last token of each segment in :attr:`logits`."""
         ends = self.offsets[1:]
         return [ends[s] - 1 for s in self.logits]
-
-    def single_prefix(self) -> int:
-        """Segments of one token at the head of the column (decoding rows): attention runs them as one
-        decode batch; every later segment is attended on its own."""
-        count = 0
-        for n in self.lengths:
-            if n != 1:
-                break
-            count += 1
-        return count

@@ -119,7 +119,7 @@ class Attention(nn.Module):
                 ctx: StepContext, cache: KVCache) -> torch.Tensor:
         """A packed step (``ctx.layout``): ``q`` ``(N, 1, H, D)``, ``k``/``v`` ``(N, 1, kvH, D)``, one token a
         batch row, each of its segment's state row. Every token's key and value are written first,
-        then the leading one-token segments (decoding rows) are attended as one decode batch and each
+        then the decoding rows' segments are attended as one decode batch and each
         later segment (a prompt's chunk) over its own row's positions, causally. Returns ``(N, 1, H·D)``."""
         layout = ctx.layout
         assert layout is not None
@@ -141,7 +141,7 @@ class Attention(nn.Module):
             k = apply_rotary(k.transpose(1, 2), cos, sin)  # (N, kvH, 1, D)
             cache.write(ctx.positions, k, v.transpose(1, 2), None, token_rows)
         offsets = layout.offsets
-        decoding = layout.single_prefix()
+        decoding = layout.decoding
         parts: list[torch.Tensor] = []
         if decoding:
             lo, hi = 0, offsets[decoding]  # one token per row
