@@ -35,7 +35,7 @@ def _ids(vocab: int, n: int, seed: int) -> torch.Tensor:
 LAYOUT = StepLayout(rows=(0, 1, 2), starts=(10, 4, 0), lengths=(1, 6, 5), logits=(0, 1, 2), decoding=1)
 
 
-def _prepare(pipeline: Pipeline, vocab: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def prepare_packed(pipeline: Pipeline, vocab: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Rows 0 and 1 hold 10 and 4 positions, row 2 none; returns the packed step's tokens and positions
     ``(N, 1)`` and every segment's tokens."""
     for row in range(pipeline.rows):
@@ -57,11 +57,11 @@ def _states(pipeline: Pipeline) -> dict[tuple[int, str], torch.Tensor]:
 def test_a_packed_step_gives_what_separate_steps_give(pair: tuple[LoadedModel, LoadedModel]) -> None:
     single, _ = pair
     pipeline, vocab = single.pipeline, single.config.vocab_size
-    tokens, positions, segments = _prepare(pipeline, vocab)
+    tokens, positions, segments = prepare_packed(pipeline, vocab)
     packed = pipeline.step(tokens, positions, layout=LAYOUT).logits
     assert packed is not None and packed.shape == (3, 1, vocab)
     packed_states = {k: v.clone() for k, v in _states(pipeline).items()}
-    _prepare(pipeline, vocab)
+    prepare_packed(pipeline, vocab)
     want = [pipeline.step(seg[None], torch.arange(start, start + len(seg))[None], start=start, first_row=row).logits
             for seg, row, start in zip(segments, LAYOUT.rows, LAYOUT.starts, strict=True)]
     for i, logits in enumerate(want):
@@ -77,7 +77,7 @@ def test_packed_step_staged_equals_single(pair: tuple[LoadedModel, LoadedModel])
     vocab = single.config.vocab_size
     outs, states = [], []
     for model in (single, staged):
-        tokens, positions, _ = _prepare(model.pipeline, vocab)
+        tokens, positions, _ = prepare_packed(model.pipeline, vocab)
         outs.append(model.pipeline.step(tokens, positions, layout=LAYOUT).logits)
         states.append(_states(model.pipeline))
     assert torch.equal(outs[0], outs[1])
@@ -88,11 +88,11 @@ def test_packed_step_staged_equals_single(pair: tuple[LoadedModel, LoadedModel])
 
 def test_only_named_segments_get_logits(pair: tuple[LoadedModel, LoadedModel]) -> None:
     single, _ = pair
-    tokens, positions, _ = _prepare(single.pipeline, single.config.vocab_size)
+    tokens, positions, _ = prepare_packed(single.pipeline, single.config.vocab_size)
     layout = StepLayout(LAYOUT.rows, LAYOUT.starts, LAYOUT.lengths, logits=(2,), decoding=1)
     out = single.pipeline.step(tokens, positions, layout=layout)
     assert out.logits is not None and out.logits.shape == (1, 1, single.config.vocab_size)
-    tokens, positions, _ = _prepare(single.pipeline, single.config.vocab_size)
+    tokens, positions, _ = prepare_packed(single.pipeline, single.config.vocab_size)
     silent = StepLayout(LAYOUT.rows, LAYOUT.starts, LAYOUT.lengths, decoding=1)
     assert single.pipeline.step(tokens, positions, layout=silent).logits is None
 

@@ -213,6 +213,34 @@ def test_model_with_kernels_matches_reference_path(preset: str, monkeypatch: pyt
         torch.testing.assert_close(fused_trace.states[name], want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"])
+def test_packed_step_with_kernels_matches_reference_path(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed step (a decoding row beside two prompts' chunks) through rope_store + decode_attention
+    + SDPA per chunk gives the reference path's logits and KV."""
+    from tests.test_packed_steps import LAYOUT, prepare_packed
+
+    results = []
+    for fused in (False, True):
+        monkeypatch.setenv("STAGEWISE_KERNELS", "triton" if fused else "torch")
+        devices = "cuda:0" if DEVICE == "cuda" else "cpu:1x1GiB"
+        loaded = load_model(f"random:{preset}", devices=devices, placement="single", context=64, dtype="float32",
+                            max_seqs=4)
+        try:
+            with kernels_on_host():
+                tokens, positions, _ = prepare_packed(loaded.pipeline, loaded.config.vocab_size)
+                logits = loaded.pipeline.step(tokens, positions, layout=LAYOUT).logits
+            assert logits is not None
+            kv = {(i, n): t.cpu() for stage in loaded.pipeline.stages for i, state in stage.states.items()
+                  for n, t in state.tensors().items()}
+            results.append((logits.cpu(), kv))
+        finally:
+            loaded.close()
+    (want, want_kv), (got, got_kv) = results
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for key, tensor in want_kv.items():
+        torch.testing.assert_close(got_kv[key], tensor, atol=1e-5, rtol=1e-5)
+
+
 def test_two_stages_with_kernels_bit_identical_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
     if DEVICE == "cuda":
         if torch.cuda.device_count() < 2:
