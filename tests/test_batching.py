@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from stagewise.engine.batcher import Batcher, batch_bucket
+from stagewise.engine.batcher import Batcher
+from stagewise.engine.decode_groups import batch_bucket
 from stagewise.engine.generator import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model

@@ -19,7 +19,7 @@ and a step's tokens are collected before the next is launched. With stages in N 
 there are N groups too (``Pipeline.max_in_flight``): a step is sent (:meth:`Pipeline.submit`) and
 published when its tokens are collected, so its failure reaches its sequences then; a prefill
 chunk is collected before the next chunk of the same rows is sent. A group's size is rounded up to a
-graph bucket (:func:`batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
+graph bucket (:func:`~stagewise.engine.decode_groups.batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
 sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
 sample otherwise (temperature, penalties, top log-probabilities) through their own
 :class:`Sampler` on the host, so a seeded request draws the same tokens in any batch.
@@ -49,49 +49,22 @@ Every step is the pipeline's transactional step; a failed step fails the sequenc
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 
+from stagewise.engine.decode_groups import plan_groups
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.staging_area import StagingArea
+from stagewise.engine.step_plan import plan_packed_step
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
-from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.pipeline import Pipeline, StepHandle
 from stagewise.spec.kv_pool import KVPool
-
-
-def batch_bucket(size: int) -> int:
-    """Rows a decode step of ``size`` sequences runs (graph bucket): 1, 2, 4, 8, then multiples of 8."""
-    if size <= 8:
-        return 1 << max(0, math.ceil(math.log2(max(size, 1))))
-    return -(-size // 8) * 8
-
-
-def plan_groups(count: int, micro_batches: int, graphs: bool, limit: int) -> list[tuple[int, int, int]]:
-    """Split ``count`` decoding rows into at most ``micro_batches`` groups ``(first row, sequences, rows
-    run)``; with ``graphs`` a group runs a :func:`batch_bucket` of rows (free rows as padding) unless
-    that would reach row ``limit``."""
-    if count == 0:
-        return []
-    n = min(micro_batches, count)
-    size = -(-count // n)
-    if graphs and n > 1:
-        size = batch_bucket(size)
-    groups = []
-    for first in range(0, count, size):
-        members = min(size, count - first)
-        run = batch_bucket(members) if graphs else members
-        if first + run > limit:
-            run = members
-        groups.append((first, members, run))
-    return groups
 
 
 @dataclass(eq=False)
@@ -465,36 +438,23 @@ class Batcher:
             decoding = [s for s in self._members(g) if s is not None and not s.done and s.row >= 0]
         for seq in [s for s in self.staging if s.cancelled()]:
             self._cancel(seq)
-        if not self.staging or self._regroup_needed:  # rows are about to move: decode alone
+        plan = plan_packed_step(decoding, self.area, self.prefill_chunk) if not self._regroup_needed else None
+        if plan is None or not plan.members:  # rows are about to move, or no prompt has tokens left
             if g is not None:
-                self._launch_decode(g)
+                self._launch_decode(g)  # the decoding rows' plain step
             return
-        members, chunks = [], []
-        for seq, take in zip(self.staging, self.area.chunks(max(1, self.prefill_chunk - len(decoding))), strict=True):
-            if take:
-                members.append(seq)
-                chunks.append(take)
-        ends = [seq.prefilled + take >= len(seq.ids) for seq, take in zip(members, chunks, strict=True)]
-        sampled = [seq for seq, end in zip(members, ends, strict=True) if end and not seq.tokens]  # a recomputed one has its token
-        index = {id(seq): i for i, seq in enumerate(members)}
-        layout = StepLayout(rows=tuple(s.row for s in (*decoding, *members)),
-                            starts=tuple(s.length for s in decoding) + tuple(s.prefilled for s in members),
-                            lengths=(1,) * len(decoding) + tuple(chunks),
-                            logits=tuple(range(len(decoding))) + tuple(len(decoding) + index[id(s)] for s in sampled),
-                            decoding=len(decoding))
-        ids = [s.next_token for s in decoding]
-        for seq, take in zip(members, chunks, strict=True):
-            ids.extend(seq.ids[seq.prefilled : seq.prefilled + take])
-        tokens = torch.tensor(ids, dtype=torch.long)[:, None]  # (N, 1)
-        positions = torch.tensor(layout.positions(), dtype=torch.long)[:, None]  # (N, 1)
+        members = [self.staging[i] for i in plan.members]
+        sampled = [self.staging[i] for i in plan.sampled]
+        tokens = torch.tensor(plan.token_ids, dtype=torch.long)[:, None]  # (N, 1)
+        positions = torch.tensor(plan.layout.positions(), dtype=torch.long)[:, None]  # (N, 1)
         try:
-            handle = self.pipeline.submit(tokens, positions, eager=True, layout=layout)
+            handle = self.pipeline.submit(tokens, positions, eager=True, layout=plan.layout)
         except StagewiseError as exc:
             self._fail((*decoding, *members), exc)
             return
         for seq in decoding:
             seq.length += 1
-        for seq, take in zip(members, chunks, strict=True):
+        for seq, take in zip(members, plan.chunks, strict=True):
             seq.prefilled += take
             seq.length = seq.prefilled
         rows = (*decoding, *sampled)  # one per logits row
