@@ -14,10 +14,11 @@ import torch
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.decode_groups import batch_bucket
-from stagewise.engine.generator import GenerationRequest
+from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError, StepCancelled
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.pipeline import Pipeline
@@ -241,3 +242,58 @@ def test_cancelling_a_prompt_while_prefilled_with_others(pair: tuple[LoadedModel
     assert isinstance(errors[1], StepCancelled) and out[1] == []
     for i in (0, 2, 3):
         _assert_close(out[i], full[i])
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
+def test_a_decoding_stream_waits_one_step_per_token_while_prompts_prefill(
+        pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch, packed: bool) -> None:
+    """Packed: while prompts prefill, every step carries the running stream's next token and at most the
+    budget's tokens, so between two of its tokens the pipeline runs one step (rectangles: a prefill
+    step without it runs between its decode steps)."""
+    single, _ = pair
+    if packed and not single.pipeline.packed_steps:
+        pytest.skip("linear-attention rows take no packed steps")
+    vocab = single.config.vocab_size
+    batcher = Batcher(single.pipeline, single.max_context, 16, micro_batches=1, packed=packed)
+    steps: list[tuple[int, bool]] = []  # per step: tokens, whether it decodes row 0 (the stream's)
+    real = single.pipeline.step
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        layout: StepLayout | None = kwargs.get("layout")
+        if layout is not None:
+            decodes = 0 in layout.rows[: layout.decoding]
+        else:
+            decodes = tokens.shape[1] == 1 and kwargs.get("first_row", 0) == 0
+        steps.append((int(tokens.numel()), decodes))
+        return real(tokens, positions, *args, **kwargs)
+
+    monkeypatch.setattr(single.pipeline, "step", step)
+    got: list[int] = []
+
+    def take(event: TokenEvent) -> bool:
+        got.append(event.sample.token)
+        return True
+
+    batcher.add(Sequence(GenerationRequest(_prompts(vocab, [4])[0], 40, GREEDY), take, _raise, lambda: False))
+    while len(got) < 3:
+        batcher.iterate()
+    waiting = [GenerationRequest(p, 2, GREEDY) for p in _prompts(vocab, [40, 33, 25], seed=4)]
+    for request in waiting:
+        batcher.add(Sequence(request, lambda _e: True, _raise, lambda: False))
+    start = len(steps)
+    while batcher.staging or batcher.queue:
+        batcher.iterate()
+    during = steps[start:]
+    assert len(got) < 40 and during  # the stream ran all along
+    if packed:
+        assert all(decodes for _, decodes in during), during
+        assert max(tokens for tokens, _ in during) <= 16  # the stream's token counted in the budget
+    else:
+        assert not all(decodes for _, decodes in during)
+    while batcher.active:
+        batcher.iterate()
+    batcher.drain()
+
+
+def _raise(error: StagewiseError) -> None:
+    raise error
