@@ -15,7 +15,7 @@ from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.pipeline import Pipeline
 from tests.test_batching import BATCH_TOLERANCE
 
-PRESETS = ["random:tiny-llama", "random:tiny-qwen3-moe"]
+PRESETS = ["random:tiny-llama", "random:tiny-qwen3", "random:tiny-qwen3-moe"]
 
 
 @pytest.fixture(scope="module", params=PRESETS)
