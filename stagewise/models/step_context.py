@@ -63,6 +63,22 @@ class StepContext:
         return _on_device(self.layout.token_rows(), self.positions.device)
 
     @functools.cached_property
+    def packed_masks(self) -> tuple[torch.Tensor, ...]:
+        """A packed step's causal masks, built once for every attention block: the decoding rows'
+        ``(Nd, 1, G, L)`` (first, where there are decoding rows), then each later segment's
+        ``(1, 1, G·n, start + n)`` over its own row."""
+        layout = self.layout
+        assert layout is not None, "only a packed step has per-segment masks"
+        offsets, masks = layout.offsets, []
+        if layout.decoding:
+            length = max(layout.starts[: layout.decoding]) + 1
+            masks.append(causal_mask(self.positions[: offsets[layout.decoding]], length, self.query_groups))
+        for s in range(layout.decoding, len(layout.rows)):
+            segment = self.positions[offsets[s] : offsets[s + 1]].view(1, -1)  # (1, n)
+            masks.append(causal_mask(segment, layout.starts[s] + layout.lengths[s], self.query_groups))
+        return tuple(masks)
+
+    @functools.cached_property
     def logit_tokens(self) -> torch.Tensor:
         """A packed step's tokens whose logits the exit computes ``(S,)`` int64 on the positions' device."""
         assert self.layout is not None, "only a packed step selects its logit tokens"

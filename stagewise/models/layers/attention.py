@@ -16,7 +16,7 @@ from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import apply_rotary
 from stagewise.models.state import KVCache
-from stagewise.models.step_context import StepContext, causal_mask
+from stagewise.models.step_context import StepContext
 from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
@@ -152,14 +152,13 @@ class Attention(nn.Module):
                                               ctx.positions[lo:hi], length, gate))  # (Nd, 1, H*D)
             else:
                 keys, values = cache.view(token_rows[lo:hi], length)  # (Nd, kvH, L, D)
-                mask = causal_mask(ctx.positions[lo:hi], length, self.heads // self.kv_heads)
-                parts.append(self._attend(q[lo:hi].transpose(1, 2), keys, values, mask, gate))
+                parts.append(self._attend(q[lo:hi].transpose(1, 2), keys, values, ctx.packed_masks[0], gate))
         for s in range(decoding, len(layout.rows)):
             lo, hi = offsets[s], offsets[s + 1]
             row, length = layout.rows[s], layout.starts[s] + layout.lengths[s]
             keys, values = cache.view(slice(row, row + 1), length)  # (1, kvH, L, D)
             seg = q[lo:hi].transpose(0, 1).transpose(1, 2)  # (1, H, n, D)
-            mask = causal_mask(ctx.positions[lo:hi].view(1, -1), length, self.heads // self.kv_heads)
+            mask = ctx.packed_masks[s - decoding + (1 if decoding else 0)]  # (1, 1, G*n, L)
             gate = gate_heads[lo:hi].transpose(0, 1) if gate_heads is not None else None  # (1, n, H, D)
             parts.append(self._attend(seg, keys, values, mask, gate).view(hi - lo, 1, -1))  # (n, 1, H*D)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, 1, H*D)
