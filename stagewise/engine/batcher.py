@@ -88,7 +88,7 @@ class Batcher:
     Args:
         pipeline: an in-process pipeline with ``rows`` sequence slots on every stage.
         max_context: positions per sequence slot.
-        prefill_chunk: prompt tokens per prefill step.
+        prefill_chunk: tokens per step that prefills prompts (a packed step's decoding rows counted).
         micro_batches: decode groups in flight (default: ``pipeline.max_in_flight``: one per stage in
             process, one per worker with stages in worker processes).
         packed: prefill in packed steps beside the decoding rows (default: where the pipeline
