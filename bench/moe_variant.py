@@ -7,7 +7,8 @@ VARIANT (``+``-joined): ``default``; ``gemv64`` (dense Q8_0 matmuls of up to 64 
 GEMV); ``experts=BN,BK,WARPS,STAGES[,SWAP,TMA[,SPLIT_K[,WIDE]]]`` (both MoE decode GEMMs' tiles, flags 0/1),
 ``gate_up=…`` / ``down=…`` (one of them); ``nofuse`` (SiLU·up as its own launch); ``dense=…`` (the
 dense 17-64-row Q8_0 tiles, K split as before); ``head=…`` (those of outputs as wide as a head); ``nopack`` (one prompt per prefill step: no packed
-prefill); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
+prefill); ``rectangles`` (prompts prefilled in rectangle steps between decode steps, as before packed
+steps beside the decoding rows); ``oldexperts`` (the MoE experts of batched decode through the prefill grouped GEMM's
 16-row blocks, as before the decode kernel).
 """
 
@@ -25,6 +26,7 @@ import stagewise.kernels.moe_grouped_triton as grouped
 import stagewise.kernels.q8_0_gemm as q8_gemm
 import stagewise.weights.quant.q8_0 as q8
 from stagewise.kernels.moe_decode_triton import DecodeTiles
+from stagewise.runtime.pipeline import Pipeline
 
 
 def _tiles(spec: str) -> DecodeTiles:
@@ -53,6 +55,8 @@ def apply(variant: str) -> None:
                 dataclasses.replace(cfg, down=tiles)
         elif part == "nopack":  # one prompt per prefill step, as before packed prefill
             staging.StagingArea.accepts = lambda self, left: not self.members  # type: ignore[method-assign]
+        elif part == "rectangles":  # no packed steps: prefill rectangles between decode steps
+            Pipeline.packed_steps = property(lambda self: False)  # type: ignore[method-assign,assignment]
         elif part == "oldexperts":
             grouped.DECODE_Q8_0 = grouped.GroupedConfig(16, grouped.TILES_DECODE, grouped.TILES_DECODE)
         elif part == "nofuse":

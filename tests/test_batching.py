@@ -1,5 +1,6 @@
 """Continuous batching on CPU (virtual devices): staged = single for the same schedule (bit for bit, tokens,
-log-probabilities and every block's state), batched = alone within the tolerance transformers itself shows
+log-probabilities and every block's state; prompts prefilled in rectangles between decode steps, or packed beside
+the decoding rows), batched = alone within the tolerance transformers itself shows
 between batch 1 and batch N, seeded sampling independent of the batch, cancellation isolated, slots reused."""
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ from typing import Any
 import pytest
 import torch
 
-from stagewise.engine.batcher import Batcher, batch_bucket
-from stagewise.engine.generator import GenerationRequest
+from stagewise.engine.batcher import Batcher
+from stagewise.engine.decode_groups import batch_bucket
+from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError, StepCancelled
+from stagewise.models.step_layout import StepLayout
+from stagewise.runtime.pipeline import Pipeline
 from tests.batch_runs import Run, run_batch
 from tests.hf_models import make_hf_model
 
@@ -58,12 +63,19 @@ def _states(model: LoadedModel) -> dict[tuple[int, str], torch.Tensor]:
             for name, tensor in state.tensors().items()}
 
 
-def test_staged_equals_single_for_the_same_schedule(pair: tuple[LoadedModel, LoadedModel]) -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
+def test_staged_equals_single_for_the_same_schedule(pair: tuple[LoadedModel, LoadedModel], packed: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     single, staged = pair
+    if packed and not single.pipeline.packed_steps:
+        pytest.skip("linear-attention rows take no packed steps")
     requests = _requests(single.config.vocab_size)
     # two micro-batches on both: the same schedule (a staged pipeline's default, asked of one device)
-    ours, _ = _run(Batcher(single.pipeline, single.max_context, 16, micro_batches=2), requests)
-    theirs, _ = _run(Batcher(staged.pipeline, staged.max_context, 16, micro_batches=2), requests)
+    mixed = _prefill_steps(staged.pipeline, monkeypatch)
+    ours, _ = _run(Batcher(single.pipeline, single.max_context, 16, micro_batches=2, packed=packed), requests)
+    theirs, _ = _run(Batcher(staged.pipeline, staged.max_context, 16, micro_batches=2, packed=packed), requests)
+    if packed:  # prompts were prefilled beside decoding rows, through both stages
+        assert any(prompt < tokens for _, prompt, tokens in mixed), mixed
     assert ours == theirs  # tokens and log-probabilities, exactly
     assert [len(r) for r in ours] == [r.max_tokens for r in requests]
     a, b = _states(single), _states(staged)
@@ -168,33 +180,45 @@ def test_auto_max_seqs_takes_the_most_slots_that_fit() -> None:
         loaded.close()
 
 
-def _prefill_shapes(batcher: Batcher, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Record ``(rows, tokens)`` of every multi-token step the batcher launches."""
-    shapes: list[tuple[int, int]] = []
-    real = batcher.pipeline.step
+def _prefill_steps(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """Record ``(prompts, prompt tokens, tokens)`` of every step ``pipeline`` runs that prefills:
+    a rectangle of rows x tokens, or a packed step's prompt segments beside its decoding rows."""
+    steps: list[tuple[int, int, int]] = []
+    real = pipeline.step
 
     def step(tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if tokens.shape[1] > 1:
-            shapes.append((int(tokens.shape[0]), int(tokens.shape[1])))
+        layout: StepLayout | None = kwargs.get("layout")
+        if layout is not None and layout.decoding < len(layout.rows):
+            prompt = layout.lengths[layout.decoding :]
+            steps.append((len(prompt), sum(prompt), layout.tokens))
+        elif layout is None and tokens.shape[1] > 1:
+            rows, width = int(tokens.shape[0]), int(tokens.shape[1])
+            steps.append((rows, rows * width, rows * width))
         return real(tokens, *args, **kwargs)
 
-    monkeypatch.setattr(batcher.pipeline, "step", step)
-    return shapes
+    monkeypatch.setattr(pipeline, "step", step)
+    return steps
 
 
-def test_new_prompts_are_prefilled_together(pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Queued prompts share prefill steps (rows x tokens within the chunk) and still give their alone outputs."""
+@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
+def test_new_prompts_are_prefilled_together(pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch,
+                                            packed: bool) -> None:
+    """Queued prompts share prefill steps (within the chunk, decoding rows' tokens counted in a packed
+    step) and still give their alone outputs."""
     single, _ = pair
+    if packed and not single.pipeline.packed_steps:
+        pytest.skip("linear-attention rows take no packed steps")
     vocab = single.config.vocab_size
     requests = [GenerationRequest(p, 6, GREEDY) for p in _prompts(vocab, [8, 8, 12, 30, 7, 16], seed=9)]
-    batcher = Batcher(single.pipeline, single.max_context, 16)
+    batcher = Batcher(single.pipeline, single.max_context, 16, packed=packed)
     alone = [_run(batcher, [r])[0][0] for r in requests]
-    shapes = _prefill_shapes(batcher, monkeypatch)
+    steps = _prefill_steps(single.pipeline, monkeypatch)
     together, _ = _run(batcher, requests)
-    packed = [s for s in shapes if s[0] > 1]
-    assert packed, shapes  # some step prefilled several prompts
-    assert all(rows * tokens <= 16 for rows, tokens in shapes)  # the chunk is the step's token budget
-    assert sum(rows * tokens for rows, tokens in shapes) == sum(len(r.prompt_ids) for r in requests)  # no padding
+    assert any(prompts > 1 for prompts, _, _ in steps), steps  # some step prefilled several prompts
+    assert all(tokens <= 16 for _, _, tokens in steps)  # the chunk is the step's token budget
+    assert sum(prompt for _, prompt, _ in steps) == sum(len(r.prompt_ids) for r in requests)  # no padding
+    if packed:  # first come, first served: every step full but the last prompts' (budget 16, four rows)
+        assert sum(tokens < 16 for _, _, tokens in steps) <= 2, steps
     for got, want in zip(together, alone, strict=True):
         _assert_close(got, want)
 
@@ -218,3 +242,58 @@ def test_cancelling_a_prompt_while_prefilled_with_others(pair: tuple[LoadedModel
     assert isinstance(errors[1], StepCancelled) and out[1] == []
     for i in (0, 2, 3):
         _assert_close(out[i], full[i])
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
+def test_a_decoding_stream_waits_one_step_per_token_while_prompts_prefill(
+        pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch, packed: bool) -> None:
+    """Packed: while prompts prefill, every step carries the running stream's next token and at most the
+    budget's tokens, so between two of its tokens the pipeline runs one step (rectangles: a prefill
+    step without it runs between its decode steps)."""
+    single, _ = pair
+    if packed and not single.pipeline.packed_steps:
+        pytest.skip("linear-attention rows take no packed steps")
+    vocab = single.config.vocab_size
+    batcher = Batcher(single.pipeline, single.max_context, 16, micro_batches=1, packed=packed)
+    steps: list[tuple[int, bool]] = []  # per step: tokens, whether it decodes row 0 (the stream's)
+    real = single.pipeline.step
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        layout: StepLayout | None = kwargs.get("layout")
+        if layout is not None:
+            decodes = 0 in layout.rows[: layout.decoding]
+        else:
+            decodes = tokens.shape[1] == 1 and kwargs.get("first_row", 0) == 0
+        steps.append((int(tokens.numel()), decodes))
+        return real(tokens, positions, *args, **kwargs)
+
+    monkeypatch.setattr(single.pipeline, "step", step)
+    got: list[int] = []
+
+    def take(event: TokenEvent) -> bool:
+        got.append(event.sample.token)
+        return True
+
+    batcher.add(Sequence(GenerationRequest(_prompts(vocab, [4])[0], 40, GREEDY), take, _raise, lambda: False))
+    while len(got) < 3:
+        batcher.iterate()
+    waiting = [GenerationRequest(p, 2, GREEDY) for p in _prompts(vocab, [40, 33, 25], seed=4)]
+    for request in waiting:
+        batcher.add(Sequence(request, lambda _e: True, _raise, lambda: False))
+    start = len(steps)
+    while batcher.staging or batcher.queue:
+        batcher.iterate()
+    during = steps[start:]
+    assert len(got) < 40 and during  # the stream ran all along
+    if packed:
+        assert all(decodes for _, decodes in during), during
+        assert max(tokens for tokens, _ in during) <= 16  # the stream's token counted in the budget
+    else:
+        assert not all(decodes for _, decodes in during)
+    while batcher.active:
+        batcher.iterate()
+    batcher.drain()
+
+
+def _raise(error: StagewiseError) -> None:
+    raise error

@@ -175,7 +175,7 @@ def test_one_info_line_per_request(engine: Engine, caplog: pytest.LogCaptureFixt
 def test_warm_up_launches_every_decode_shape_the_batcher_can(loaded: LoadedModel, graphs: bool) -> None:
     """The decode step shapes (first row, rows run) warm-up launched are exactly those the batcher can
     launch (with no prompt prefilled beside them); with graphs, batch buckets padded with free rows."""
-    from stagewise.engine.batcher import plan_groups
+    from stagewise.engine.decode_groups import plan_groups
 
     engine = Engine(loaded, max_waiting=2, prefill_chunk=8)
     engine.batcher.graphs = graphs  # the CPU pipeline captures nothing; the bucketing is the batcher's

@@ -77,3 +77,42 @@ def test_any_arrivals_prefill_completely_within_budget(budget: int, lengths: lis
             done.append(seq)
     assert not queue and not area.members
     assert all(s.prefilled == len(s.ids) for s in done) and len(done) == len(lengths)
+
+
+def test_packed_chunks_are_first_come_first_served() -> None:
+    area = StagingArea(64, packed=True)
+    for n in (10, 30, 50):
+        assert area.accepts(n)
+        area.add(_seq(n))
+    assert not area.accepts(5)  # 90 tokens left: the members fill a step already
+    assert area.chunks(64) == [10, 30, 24] and area.chunks(20) == [10, 10, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 96), st.lists(st.integers(1, 300), min_size=1, max_size=12), st.integers(0, 8))
+def test_packed_arrivals_fill_every_step_but_the_last(budget: int, lengths: list[int], decoding: int) -> None:
+    """Simulate the batcher's packed steps (``decoding`` rows' tokens beside): each step runs the budget
+    left by the decoding rows, or every token the members have left; the finished are the bottom rows."""
+    area = StagingArea(budget, packed=True)
+    queue = [_seq(n) for n in lengths]
+    done: list[_Seq] = []
+    for _ in range(10_000):
+        while queue and area.accepts(tokens_left(queue[0])):
+            area.add(queue.pop(0))
+        if not area.members:
+            break
+        room = max(1, budget - decoding)
+        chunks = area.chunks(room)
+        assert sum(chunks) == min(room, sum(tokens_left(s) for s in area.members))  # dense: no token idle
+        running = [take for take in chunks if take]
+        assert chunks[: len(running)] == running  # a bottom prefix runs
+        for seq, take in zip(area.members, chunks, strict=True):
+            seq.prefilled += take
+        finished = area.finished()
+        assert finished == area.members[: len(finished)]  # the finished are the bottom rows
+        assert len(finished) >= len(running) - 1  # at most one member runs without finishing
+        for seq in finished:
+            area.members.remove(seq)
+            done.append(seq)
+    assert not queue and not area.members
+    assert all(s.prefilled == len(s.ids) for s in done) and len(done) == len(lengths)

@@ -213,6 +213,94 @@ def test_model_with_kernels_matches_reference_path(preset: str, monkeypatch: pyt
         torch.testing.assert_close(fused_trace.states[name], want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"])
+def test_packed_step_with_kernels_matches_reference_path(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed step (a decoding row beside two prompts' chunks) through rope_store + decode_attention
+    + SDPA per chunk gives the reference path's logits and KV."""
+    from tests.test_packed_steps import LAYOUT, prepare_packed
+
+    results = []
+    for fused in (False, True):
+        monkeypatch.setenv("STAGEWISE_KERNELS", "triton" if fused else "torch")
+        devices = "cuda:0" if DEVICE == "cuda" else "cpu:1x1GiB"
+        loaded = load_model(f"random:{preset}", devices=devices, placement="single", context=64, dtype="float32",
+                            max_seqs=4)
+        try:
+            with kernels_on_host():
+                tokens, positions, _ = prepare_packed(loaded.pipeline, loaded.config.vocab_size)
+                logits = loaded.pipeline.step(tokens, positions, layout=LAYOUT).logits
+            assert logits is not None
+            kv = {(i, n): t.cpu() for stage in loaded.pipeline.stages for i, state in stage.states.items()
+                  for n, t in state.tensors().items()}
+            results.append((logits.cpu(), kv))
+        finally:
+            loaded.close()
+    (want, want_kv), (got, got_kv) = results
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for key, tensor in want_kv.items():
+        torch.testing.assert_close(got_kv[key], tensor, atol=1e-5, rtol=1e-5)
+
+
+def _two_stage_pairs() -> tuple[tuple[str, str], tuple[str, str]]:
+    if DEVICE == "cuda":
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs two GPUs")
+        return ("cuda:0", "single"), ("cuda:0,cuda:1", "pipeline:2")
+    return ("cpu:1x1GiB", "single"), ("cpu:2x1GiB", "pipeline:2")
+
+
+def test_packed_step_with_kernels_two_stages_bit_identical_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One packed step (a decoding row beside two prompts' chunks) with the kernels: two stages give one
+    stage's logits and KV exactly."""
+    from tests.test_packed_steps import LAYOUT, prepare_packed
+
+    monkeypatch.setenv("STAGEWISE_KERNELS", "triton")
+    results = []
+    for devices, placement in _two_stage_pairs():
+        loaded = load_model("random:tiny-llama", devices=devices, placement=placement, context=64,
+                            dtype="bfloat16" if DEVICE == "cuda" else "float32", max_seqs=4)  # the interpreter's bf16 is slow
+        try:
+            with kernels_on_host():
+                tokens, positions, _ = prepare_packed(loaded.pipeline, loaded.config.vocab_size)
+                logits = loaded.pipeline.step(tokens, positions, layout=LAYOUT).logits
+            assert logits is not None
+            kv = {(i, n): t.cpu() for stage in loaded.pipeline.stages for i, state in stage.states.items()
+                  for n, t in state.tensors().items()}
+            results.append((logits.cpu(), kv))
+        finally:
+            loaded.close()
+    (one, one_kv), (two, two_kv) = results
+    assert torch.equal(one, two)
+    assert one_kv.keys() == two_kv.keys() and all(torch.equal(one_kv[k], two_kv[k]) for k in one_kv)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a whole batch through Triton's interpreter takes minutes")
+def test_packed_batch_with_kernels_two_stages_bit_identical_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests arriving apart through the batcher's packed steps (prompts beside decoding rows) with the
+    kernels: two stages give one stage's tokens and log-probabilities exactly."""
+    from stagewise.engine.batcher import Batcher
+    from stagewise.engine.generator import GenerationRequest
+    from stagewise.engine.sampling import SamplingParams
+    from tests.batch_runs import run_batch
+
+    pairs = _two_stage_pairs()
+    monkeypatch.setenv("STAGEWISE_KERNELS", "triton")
+    greedy = SamplingParams(temperature=0.0)
+    requests = [GenerationRequest(tuple(range(3, 3 + n)), m, greedy) for n, m in ((5, 4), (11, 2), (7, 3))]
+    runs = []
+    for devices, placement in pairs:
+        loaded = load_model("random:tiny-llama", devices=devices, placement=placement, context=64, dtype="bfloat16",
+                            max_seqs=4, prefill_chunk=8)
+        try:
+            batcher = Batcher(loaded.pipeline, loaded.max_context, 8, micro_batches=2)
+            assert batcher.packed
+            with kernels_on_host():
+                runs.append(run_batch(batcher, requests)[0])
+        finally:
+            loaded.close()
+    assert runs[0] == runs[1] and [len(r) for r in runs[0]] == [4, 2, 3]
+
+
 def test_two_stages_with_kernels_bit_identical_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
     if DEVICE == "cuda":
         if torch.cuda.device_count() < 2:

@@ -19,7 +19,7 @@ and a step's tokens are collected before the next is launched. With stages in N 
 there are N groups too (``Pipeline.max_in_flight``): a step is sent (:meth:`Pipeline.submit`) and
 published when its tokens are collected, so its failure reaches its sequences then; a prefill
 chunk is collected before the next chunk of the same rows is sent. A group's size is rounded up to a
-graph bucket (:func:`batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
+graph bucket (:func:`~stagewise.engine.decode_groups.batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
 sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
 sample otherwise (temperature, penalties, top log-probabilities) through their own
 :class:`Sampler` on the host, so a seeded request draws the same tokens in any batch.
@@ -34,54 +34,37 @@ it restarts it prefills its prompt and the tokens it already generated (all but 
 its next input) and goes on decoding: nothing is sampled or reported twice, and its sampler's state
 carries on. A pipeline without a KV pool keeps every row's whole context.
 
+Packed steps (a pipeline whose ``packed_steps``: in process, attention only): prefill is not a
+rectangle but runs of each staging row's next tokens, given the step's token budget first come,
+first served (:meth:`StagingArea.chunks`), flattened into one token column beside the decoding rows
+of the first group (:class:`~stagewise.models.step_layout.StepLayout`; vLLM's chunked prefill mixed
+with decode): the budget (``prefill_chunk``) counts those rows' tokens too, so a step that carries
+prompts costs one step, not a decode step and a prefill step, and the rows that decode meanwhile
+wait for no more than one budget's tokens. With nothing decoding, the prompts' chunks make the step
+alone. Steps without prompts are the plain decode steps above (CUDA graphs).
+
 Every step is the pipeline's transactional step; a failed step fails the sequences it carried
 (rolled back) and no other. The batcher runs on one thread (the engine's worker).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 
+from stagewise.engine.decode_groups import plan_groups
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.staging_area import StagingArea
+from stagewise.engine.step_plan import plan_packed_step
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError, StepCancelled
 from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.pipeline import Pipeline, StepHandle
 from stagewise.spec.kv_pool import KVPool
-
-
-def batch_bucket(size: int) -> int:
-    """Rows a decode step of ``size`` sequences runs (graph bucket): 1, 2, 4, 8, then multiples of 8."""
-    if size <= 8:
-        return 1 << max(0, math.ceil(math.log2(max(size, 1))))
-    return -(-size // 8) * 8
-
-
-def plan_groups(count: int, micro_batches: int, graphs: bool, limit: int) -> list[tuple[int, int, int]]:
-    """Split ``count`` decoding rows into at most ``micro_batches`` groups ``(first row, sequences, rows
-    run)``; with ``graphs`` a group runs a :func:`batch_bucket` of rows (free rows as padding) unless
-    that would reach row ``limit``."""
-    if count == 0:
-        return []
-    n = min(micro_batches, count)
-    size = -(-count // n)
-    if graphs and n > 1:
-        size = batch_bucket(size)
-    groups = []
-    for first in range(0, count, size):
-        members = min(size, count - first)
-        run = batch_bucket(members) if graphs else members
-        if first + run > limit:
-            run = members
-        groups.append((first, members, run))
-    return groups
 
 
 @dataclass(eq=False)
@@ -105,13 +88,16 @@ class Batcher:
     Args:
         pipeline: an in-process pipeline with ``rows`` sequence slots on every stage.
         max_context: positions per sequence slot.
-        prefill_chunk: prompt tokens per prefill step.
+        prefill_chunk: tokens per step that prefills prompts (a packed step's decoding rows counted).
         micro_batches: decode groups in flight (default: ``pipeline.max_in_flight``: one per stage in
             process, one per worker with stages in worker processes).
+        packed: prefill in packed steps beside the decoding rows (default: where the pipeline
+            takes them, ``pipeline.packed_steps``, and settles steps when launched); False: rectangles
+            of staging rows between decode steps.
     """
 
     def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
-                 micro_batches: int | None = None) -> None:
+                 micro_batches: int | None = None, packed: bool | None = None) -> None:
         self.pipeline = pipeline
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
@@ -119,9 +105,13 @@ class Batcher:
         self.slots = pipeline.rows
         self.micro_batches = max(1, micro_batches or pipeline.max_in_flight)
         self.graphs = pipeline.step_graphs
+        can_pack = pipeline.packed_steps and not pipeline.deferred_results  # a packed step is read when launched
+        self.packed = can_pack if packed is None else packed
+        if self.packed and not can_pack:
+            raise ValueError("this pipeline takes no packed steps (or settles its steps only when read)")
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
-        self.area: StagingArea[Sequence] = StagingArea(prefill_chunk)  # prefilling in, or ready to join from, the staging rows
+        self.area: StagingArea[Sequence] = StagingArea(prefill_chunk, packed=self.packed)  # prefilling in, or ready to join from, the staging rows
         self._area_aligned = True  # the staging rows share one recurrent buffer (else align before a step)
         self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
         self.in_flight: deque[_InFlight] = deque()
@@ -202,12 +192,15 @@ class Batcher:
             self._regroup()
         while self.queue and self._can_start(self.queue[0]):
             self._start_staging(self.queue.popleft())
-        if self.staging and not self._regroup_needed:
-            self._launch_prefill()
+        if self.staging and not self._regroup_needed and not (self.packed and self.groups):
+            self._launch_prefill()  # packed beside decoding rows: with group 0's step below
             self._retire_to(self.micro_batches)
         for g in range(len(self.groups)):
             previous = next((item for item in self.in_flight if item.group == g), None)
-            if previous is not None and previous.tokens is not None:
+            if g == 0 and self.packed and self.staging and not self._regroup_needed:
+                self._retire_group(g)
+                self._launch_packed(g)
+            elif previous is not None and previous.tokens is not None:
                 # every row greedy: the next step reads the tokens where they were sampled and is
                 # launched before the host collects them, so the devices never wait for the host
                 self._launch_decode(g, previous.tokens)
@@ -238,7 +231,7 @@ class Batcher:
         self.queue.clear()
         self._fail(tuple(live), error)
         self.decoding, self.groups = [], []
-        self.area = StagingArea(self.prefill_chunk)
+        self.area = StagingArea(self.prefill_chunk, packed=self.packed)
         self._regroup_needed = False
         self.kv.clear()
 
@@ -261,6 +254,8 @@ class Batcher:
         floor = self._staging_floor()
         if floor == 0:
             return 0
+        if self.packed:
+            return floor  # a packed step runs eagerly: no graph's rows to aim for
         probe = StagingArea(self.prefill_chunk, floor, [seq])
         others = [s for s in self.queue if s is not seq][:1]
         if others and floor + 1 < self.slots and probe.accepts(len(self._prefill_ids(others[0]))):
@@ -383,7 +378,12 @@ class Batcher:
 
     # ----- prefill ------------------------------------------------------------------------------
     def _launch_prefill(self) -> None:
-        """One step of every staging row: ``T`` tokens each (:meth:`StagingArea.step_tokens`)."""
+        """One step of every staging row: ``T`` tokens each (:meth:`StagingArea.step_tokens`), or with
+        packed steps several staging rows' chunks alone (:meth:`_launch_packed`; a lone prompt's
+        chunk is the same step as a rectangle, whose full chunks replay a CUDA graph)."""
+        if self.packed and len(self.staging) > 1:
+            self._launch_packed(None)
+            return
         for seq in [s for s in self.staging if s.cancelled()]:
             self._cancel(seq)
         if not self.staging or self._regroup_needed:
@@ -425,6 +425,46 @@ class Batcher:
             return
         logits = handle.result().logits if any(sample_rows) else None
         self.in_flight.append(_InFlight(tuple(members), logits, None, final=final, sample_rows=sample_rows))
+
+    def _launch_packed(self, g: int | None) -> None:
+        """One packed step: group ``g``'s decoding rows (none when None), then the staging rows' chunks
+        within what the budget leaves (at least one token), first come, first served; logits for the
+        decoding rows and the prompts this step ends (see the module doc)."""
+        decoding: list[Sequence] = []
+        if g is not None:
+            for seq in self._members(g):
+                if seq is not None and not seq.done and seq.cancelled():
+                    self._cancel(seq)
+            if self.pool is not None:
+                self._reserve_blocks(g)
+            decoding = [s for s in self._members(g) if s is not None and not s.done and s.row >= 0]
+        for seq in [s for s in self.staging if s.cancelled()]:
+            self._cancel(seq)
+        plan = plan_packed_step(decoding, self.area, self.prefill_chunk) if not self._regroup_needed else None
+        if plan is None or not plan.members:  # rows are about to move, or no prompt has tokens left
+            if g is not None:
+                self._launch_decode(g)  # the decoding rows' plain step
+            return
+        members = [self.staging[i] for i in plan.members]
+        sampled = [self.staging[i] for i in plan.sampled]
+        tokens = torch.tensor(plan.token_ids, dtype=torch.long)[:, None]  # (N, 1)
+        positions = torch.tensor(plan.layout.positions(), dtype=torch.long)[:, None]  # (N, 1)
+        try:
+            handle = self.pipeline.submit(tokens, positions, eager=True, layout=plan.layout)
+        except StagewiseError as exc:
+            self._fail((*decoding, *members), exc)
+            return
+        for seq in decoding:
+            seq.length += 1
+        for seq, take in zip(members, plan.chunks, strict=True):
+            seq.prefilled += take
+            seq.length = seq.prefilled
+        rows = (*decoding, *sampled)  # one per logits row
+        logits = handle.result().logits if rows else None  # (S, 1, V)
+        pairs, ready = None, None
+        if logits is not None and any(s.device_greedy for s in rows):
+            _, pairs, ready = _greedy_pairs(logits[:, -1])
+        self.in_flight.append(_InFlight(rows, logits, pairs, ready, group=-1 if g is None else g))
 
     # ----- decode -------------------------------------------------------------------------------
     def _regroup(self) -> None:

@@ -38,7 +38,7 @@ class Engine:
         max_waiting: requests that may wait for a sequence slot (beyond those a free slot takes at
             once); :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
-        prefill_chunk: prompt tokens per prefill step.
+        prefill_chunk: tokens per step that prefills prompts (a packed step's decoding rows counted).
         micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
 
     The engine runs as many sequences at once as the pipeline has sequence slots

@@ -233,7 +233,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length to reserve (tokens)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPUs, f32 on CPU)")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS,
-                   help=f"prompt tokens per prefill step (default {DEFAULT_PREFILL_CHUNK_TOKENS}, as assess and plan assume)")
+                   help=f"tokens per step that prefills prompts, decoding rows beside them counted "
+                        f"(default {DEFAULT_PREFILL_CHUNK_TOKENS}, as assess and plan assume)")
     p.add_argument("--reserve", default=None, help="per-device reserve policy (see `stagewise devices --help`)")
     p.add_argument("--kv-tokens", type=int, default=None, metavar="N",
                    help="KV cache pool per stage, in positions shared by all sequences (64-position blocks); "

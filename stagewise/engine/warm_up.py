@@ -65,7 +65,8 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
     tail, decode at the longer length), then up to :data:`CONCURRENT` short ones at once (batched
     decode at the small batch buckets, the staging row's prefill), then, for every decode step shape
     the batcher can launch (:meth:`Batcher.decode_shapes`: each batch-size bucket, each micro-batch
-    group's first row) not launched yet, that many one-token prompts at once. The next requests reset the
+    group's first row) not launched yet, that many one-token prompts at once; with packed steps, a
+    one-token prompt arriving while another decodes (a packed step beside it). The next requests reset the
     sequence slots, as after any request. ``generator`` is the single-sequence path (``run``,
     ``bench``); the server does not use it."""
     del generator
@@ -80,13 +81,13 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
         prompt = tuple(i % vocab_size for i in range(1, length + 1))
         return GenerationRequest(prompt, max(1, min(NEW_TOKENS, max_context - length)), SamplingParams(temperature=0.0))
 
-    def run(requests: list[GenerationRequest]) -> None:
-        def count(_event: TokenEvent) -> bool:
-            counts.append(1)
-            return True
+    def tally(_event: TokenEvent) -> bool:
+        counts.append(1)
+        return True
 
+    def run(requests: list[GenerationRequest]) -> None:
         for req in requests:
-            batcher.add(Sequence(req, count, _raise, lambda: False))
+            batcher.add(Sequence(req, tally, _raise, lambda: False))
         while batcher.active:
             batcher.iterate()
         batcher.drain()
@@ -103,6 +104,14 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
         one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
         lengths.append(1)
         run([one_token] * count)
+    if batcher.packed:  # a prompt arriving while a stream decodes: the packed step beside it
+        one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
+        lengths.extend((1, 1))
+        before = len(counts)
+        batcher.add(Sequence(one_token, tally, _raise, lambda: False))
+        while batcher.active and len(counts) == before:  # until it decodes
+            batcher.iterate()
+        run([one_token])
     warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
     return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable))
 

@@ -60,13 +60,15 @@ class BlockTable:
             self.table[dst].copy_(self.table[src])
             self.table[src].fill_(self.scratch)
 
-    def slots(self, positions: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block ids and offsets ``(B, T)`` (int64) of ``positions`` ``(B, T)`` of ``rows``."""
+    def slots(self, positions: torch.Tensor, rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ids and offsets ``(B, T)`` (int64) of ``positions`` ``(B, T)`` of ``rows`` (a span, or
+        the state row of each of the ``B`` ``(B,)``)."""
         blocks = self.table[rows].gather(1, positions // self.block_tokens).long()
         return blocks, positions % self.block_tokens
 
-    def row_blocks(self, rows: slice, length: int) -> torch.Tensor:
-        """Block ids ``(B, ceil(length / block_tokens))`` (int64) covering ``rows``' first ``length`` positions."""
+    def row_blocks(self, rows: slice | torch.Tensor, length: int) -> torch.Tensor:
+        """Block ids ``(B, ceil(length / block_tokens))`` (int64) covering ``rows``' (a span, or state rows
+        ``(B,)``) first ``length`` positions."""
         return self.table[rows, : blocks_for(length, self.block_tokens)].long()
 
     def host_row(self, row: int) -> list[int]:

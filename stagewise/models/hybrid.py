@@ -49,6 +49,8 @@ class HybridBlock(nn.Module):
         normed = self.input_layernorm(hidden)  # (B, T, H)
         if self.is_linear:
             assert isinstance(state, RecurrentState)
+            if ctx.layout is not None:
+                raise ValueError("a linear-attention block cannot take a packed step (its state runs token by token per row)")
             mixed = self.linear_attn(normed, state, ctx.rows)
         else:
             assert isinstance(state, KVCache)

@@ -21,6 +21,7 @@ from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import inverse_frequencies
 from stagewise.models.state import BlockState
 from stagewise.models.step_context import StepContext
+from stagewise.models.step_layout import StepLayout
 from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
@@ -114,15 +115,15 @@ class StageModel(nn.Module):
                 for i in self.block_indices}
 
     def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype,
-                kv_length: int | None = None, first_row: int = 0) -> StepContext:
+                kv_length: int | None = None, first_row: int = 0, layout: StepLayout | None = None) -> StepContext:
         if kv_length is None:
             kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
         groups = self.config.num_attention_heads // self.config.num_kv_heads
-        return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups, first_row)
+        return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups, first_row, layout)
 
     def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: Mapping[int, BlockState],
                 start: int | None = None, all_logits: bool = False, kv_length: int | None = None,
-                first_row: int = 0) -> StageOutput:
+                first_row: int = 0, layout: StepLayout | None = None) -> StageOutput:
         """Run this stage.
 
         Args:
@@ -136,14 +137,22 @@ class StageModel(nn.Module):
                 (CUDA graph capture).
             first_row: the state row of the first sequence; the ``B`` sequences are rows
                 ``first_row .. first_row + B - 1`` of every block's state.
+            layout: a packed step (:class:`StepLayout`): ``inputs`` ``(N, 1)`` / ``(N, 1, H)`` and
+                ``positions`` ``(N, 1)`` are its tokens, each of the row the layout names (``first_row``
+                and ``start`` unused); the exit computes the logits of ``layout.logits`` only,
+                ``(S, 1, V)`` (None when it names none).
         """
         hidden = self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs  # (B, T, H)
-        ctx = self.context(positions, start, hidden.dtype, kv_length, first_row)
+        ctx = self.context(positions, start, hidden.dtype, kv_length, first_row, layout)
         for i in self.block_indices:
             hidden = self.model.layers[str(i)](hidden, ctx, states[i])
         if self.model.norm is None or self.lm_head is None:
             return StageOutput(hidden, None)
-        if not all_logits:
+        if layout is not None:
+            if not layout.logits:
+                return StageOutput(hidden[:0], None)
+            hidden = hidden.index_select(0, ctx.logit_tokens)  # (S, 1, H)
+        elif not all_logits:
             hidden = hidden[:, -1:]
         features = self.model.norm(hidden)
         logits = self.lm_head(features).float()  # (B, T', V)

@@ -71,15 +71,16 @@ class KVCache:
         self.table = table
 
     def write(self, positions: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int | None,
-              rows: slice) -> None:
-        """Store ``key``/``value`` ``(B, kvH, T, D)`` of ``rows`` at ``positions`` ``(B, T)``, through the table
+              rows: slice | torch.Tensor) -> None:
+        """Store ``key``/``value`` ``(B, kvH, T, D)`` of ``rows`` (a span, or each batch row's state row
+        ``(B,)``) at ``positions`` ``(B, T)``, through the table
         (``start``, the common first position when there is one, is not needed: every write scatters)."""
         blocks, offsets = self.table.slots(positions, rows)  # (B, T) each
         self.key[blocks, :, offsets] = key.transpose(1, 2)  # (B, T, kvH, D)
         self.value[blocks, :, offsets] = value.transpose(1, 2)
 
-    def view(self, rows: slice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``rows``' first ``length`` positions, gathered from their blocks:
+    def view(self, rows: slice | torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``rows``' (a span, or state rows ``(B,)``) first ``length`` positions, gathered from their blocks:
         ``(B, kvH, length, D)`` (a copy, laid out as a dense per-row cache would be)."""
         blocks = self.table.row_blocks(rows, length)  # (B, nb)
         return self._gather(self.key, blocks, length), self._gather(self.value, blocks, length)

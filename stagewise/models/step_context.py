@@ -8,6 +8,17 @@ from dataclasses import dataclass, field
 import torch
 
 from stagewise.models.layers.rotary import rotary_cos_sin
+from stagewise.models.step_layout import StepLayout
+
+
+def causal_mask(positions: torch.Tensor, kv_length: int, query_groups: int = 1) -> torch.Tensor:
+    """``(B, 1, G·T, kv_length)``: True where key position ``j <=`` the query's position, for
+    ``positions`` ``(B, T)``, repeated for the ``G`` query heads of a KV head (group-major)."""
+    keys = torch.arange(kv_length, device=positions.device)
+    mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, L)
+    if query_groups > 1:
+        mask = mask.repeat(1, 1, query_groups, 1)  # (B, 1, G*T, L)
+    return mask
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,8 @@ class StepContext:
     ``inv_freq`` ``(rotary_dim // 2,)`` float32: the rotary frequencies; ``rotary`` the reference
     path's ``(cos, sin)`` tables ``(B, T, rotary_dim)`` in ``dtype``, also built on first use (the
     Triton path computes the angles inside its rotary kernel and never builds them).
+    ``layout``: a packed step (:class:`StepLayout`): ``B`` is its ``N`` tokens, ``T`` is 1, and each
+    token's state row is ``token_rows[i]`` (``rows`` is then unused).
     """
 
     positions: torch.Tensor
@@ -33,6 +46,7 @@ class StepContext:
     dtype: torch.dtype
     query_groups: int = 1
     rows: slice = field(default_factory=lambda: slice(0, 1))
+    layout: StepLayout | None = None
 
     @functools.cached_property
     def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,11 +54,35 @@ class StepContext:
 
     @functools.cached_property
     def mask(self) -> torch.Tensor:
-        keys = torch.arange(self.kv_length, device=self.positions.device)
-        mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # (B, 1, T, L)
-        if self.query_groups > 1:
-            mask = mask.repeat(1, 1, self.query_groups, 1)  # (B, 1, G*T, L)
-        return mask
+        return causal_mask(self.positions, self.kv_length, self.query_groups)
+
+    @functools.cached_property
+    def token_rows(self) -> torch.Tensor:
+        """A packed step's state row of every token ``(N,)`` int64 on the positions' device."""
+        assert self.layout is not None, "only a packed step has per-token rows"
+        return _on_device(self.layout.token_rows(), self.positions.device)
+
+    @functools.cached_property
+    def packed_masks(self) -> tuple[torch.Tensor, ...]:
+        """A packed step's causal masks, built once for every attention block: the decoding rows'
+        ``(Nd, 1, G, L)`` (first, where there are decoding rows), then each later segment's
+        ``(1, 1, G·n, start + n)`` over its own row."""
+        layout = self.layout
+        assert layout is not None, "only a packed step has per-segment masks"
+        offsets, masks = layout.offsets, []
+        if layout.decoding:
+            length = max(layout.starts[: layout.decoding]) + 1
+            masks.append(causal_mask(self.positions[: offsets[layout.decoding]], length, self.query_groups))
+        for s in range(layout.decoding, len(layout.rows)):
+            segment = self.positions[offsets[s] : offsets[s + 1]].view(1, -1)  # (1, n)
+            masks.append(causal_mask(segment, layout.starts[s] + layout.lengths[s], self.query_groups))
+        return tuple(masks)
+
+    @functools.cached_property
+    def logit_tokens(self) -> torch.Tensor:
+        """A packed step's tokens whose logits the exit computes ``(S,)`` int64 on the positions' device."""
+        assert self.layout is not None, "only a packed step selects its logit tokens"
+        return _on_device(self.layout.logit_tokens(), self.positions.device)
 
     @property
     def batch(self) -> int:
@@ -56,6 +94,16 @@ class StepContext:
 
     @staticmethod
     def build(positions: torch.Tensor, start: int | None, kv_length: int, inv_freq: torch.Tensor,
-              dtype: torch.dtype, query_groups: int = 1, first_row: int = 0) -> StepContext:
+              dtype: torch.dtype, query_groups: int = 1, first_row: int = 0,
+              layout: StepLayout | None = None) -> StepContext:
         rows = slice(first_row, first_row + int(positions.shape[0]))
-        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows)
+        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows, layout)
+
+
+def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as int64 on ``device``, in stream order (pinned on the host: the copy never waits for
+    the steps already queued, which a copy from pageable memory would)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
+    return host.to(device, non_blocking=True)

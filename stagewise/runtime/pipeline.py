@@ -16,6 +16,8 @@ import torch
 
 from stagewise.errors import StagewiseError, StepCancelled, StepFailed
 from stagewise.models.stage_model import StageOutput
+from stagewise.models.state import RecurrentState
+from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.channel import Channel
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.stage import Stage
@@ -125,10 +127,13 @@ class Pipeline:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
-             eager: bool = False) -> StageOutput:
+             eager: bool = False, layout: StepLayout | None = None) -> StageOutput:
         """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish. The ``B``
         sequences are state rows ``first_row .. first_row + B - 1`` (sequence slots) on every stage.
         ``eager``: never replay (or capture) a CUDA graph for this step (shapes not worth a graph).
+        ``layout``: a packed step (:class:`StepLayout`, only where :attr:`packed_steps`): ``(N, 1)``
+        tokens and positions, each of the row the layout names; runs eagerly; the output's logits are
+        the layout's ``logits`` segments' ``(S, 1, V)``.
 
         Raises :class:`StepCancelled` or :class:`StepFailed` after rolling every stage back.
         """
@@ -140,7 +145,9 @@ class Pipeline:
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
         shapes = [tuple(tokens.shape)] + [(batch, steps, self.hidden_size)] * (len(self.stages) - 1)
         kv_end = int(positions.max()) + 1
-        graphed = [stage.graphed(steps, all_logits) and not eager for stage in self.stages]
+        if layout is not None and not self.packed_steps:
+            raise ValueError("this pipeline cannot run packed steps (a stage holds recurrent state)")
+        graphed = [stage.graphed(steps, all_logits) and not eager and layout is None for stage in self.stages]
         try:
             # every stage's positions go first: their copies never wait behind the previous stage
             pos = [stage.put_positions(staged_pos, shapes[k], graphed[k], first_row)
@@ -159,7 +166,7 @@ class Pipeline:
                 if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
                     raise StepCancelled(f"step {step_id} cancelled before it started")
                 t0 = time.perf_counter()
-                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end, graph=graphed[k])
+                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end, graph=graphed[k], layout=layout)
                 self._sync(stage.device)
                 timings.stage_s.append(time.perf_counter() - t0)
                 if k == len(self.stages) - 1:
@@ -207,13 +214,15 @@ class Pipeline:
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
                all_logits: bool = False, first_row: int = 0, eager: bool = False,
-               greedy: bool = False) -> StepHandle:
+               greedy: bool = False, layout: StepLayout | None = None) -> StepHandle:
         """Launch a step as :meth:`step` does; its output (or typed error) comes from the handle. Up to
         :attr:`max_in_flight` steps over disjoint rows may be launched before their results are read;
         a step over rows of an unsettled one waits for it. ``greedy``: the caller needs only each
         row's greedy token and log-probability (a pipeline may then return ``pairs`` for the logits).
-        Here the step is settled at once: its failure raises from this call, as :meth:`step`'s does."""
-        return StepHandle(self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager))
+        ``layout``: a packed step, as :meth:`step` takes it. Here the step is settled at once: its
+        failure raises from this call, as :meth:`step`'s does."""
+        return StepHandle(self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager,
+                                    layout=layout))
 
     def rollback(self) -> None:
         for stage in self.stages:
@@ -248,6 +257,12 @@ class Pipeline:
         """Make ``rows`` steppable together: one published recurrent buffer for all of them, on every stage."""
         for stage in self.stages:
             stage.align(rows)
+
+    @property
+    def packed_steps(self) -> bool:
+        """Whether :meth:`step` takes a packed step (:class:`StepLayout`): stages in process whose
+        blocks hold no recurrent state (attention only; a linear-attention row runs token by token)."""
+        return not any(isinstance(state, RecurrentState) for stage in self.stages for state in stage.states.values())
 
     @property
     def step_graphs(self) -> bool:

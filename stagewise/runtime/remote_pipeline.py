@@ -49,6 +49,7 @@ from stagewise.errors import (
 )
 from stagewise.models.stage_model import StageOutput
 from stagewise.models.state import rows_overlap
+from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.distributed_group import choose_backend
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.pipeline import CancelCheck, Pipeline, StepHandle, StepTimings
@@ -283,6 +284,11 @@ class DistributedPipeline(Pipeline):
         return self.batch
 
     @property
+    def packed_steps(self) -> bool:
+        """False: a step's rows travel to the workers as one span (the wire has no packed layout)."""
+        return False
+
+    @property
     def step_graphs(self) -> bool:
         """Whether the workers replay CUDA graphs (``cuda_graphs`` and a stage on a CUDA device)."""
         return self.cuda_graphs and any(torch.device(s.torch_device).type == "cuda" for s in self.specs)
@@ -303,18 +309,21 @@ class DistributedPipeline(Pipeline):
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
-             eager: bool = False) -> StageOutput:
-        """As :meth:`Pipeline.step` (workers decide their graphs themselves); also raises
-        :class:`WorkerLost` when a worker is lost. Waits for the step: :meth:`submit` does not."""
+             eager: bool = False, layout: StepLayout | None = None) -> StageOutput:
+        """As :meth:`Pipeline.step` (workers decide their graphs themselves; no packed steps: ``layout``
+        must be None); also raises :class:`WorkerLost` when a worker is lost. Waits for the step:
+        :meth:`submit` does not."""
+        _refuse_packed(layout)
         return self._submit(tokens, positions, start, all_logits, first_row, cancel, eager, False).result()
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
                all_logits: bool = False, first_row: int = 0, eager: bool = False,
-               greedy: bool = False) -> StepHandle:
+               greedy: bool = False, layout: StepLayout | None = None) -> StepHandle:
         """Send the step's ``run`` to every worker and return at once; the handle's ``result()`` waits
         for the acknowledgements, then publishes the step (or rolls it back and raises its typed
         error). A step over rows of an unsettled one settles that one first (module doc). ``greedy``:
-        the exit worker sends each row's greedy pair, not the logits."""
+        the exit worker sends each row's greedy pair, not the logits. No packed steps (``layout``)."""
+        _refuse_packed(layout)
         return self._submit(tokens, positions, start, all_logits, first_row, None, eager, greedy)
 
     def _submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool,
@@ -639,3 +648,8 @@ def _describe(problems: dict[int, str]) -> str:
 def _is_typed(error_type: str) -> bool:
     cls = getattr(errors, error_type, None)
     return isinstance(cls, type) and issubclass(cls, StagewiseError)
+
+
+def _refuse_packed(layout: StepLayout | None) -> None:
+    if layout is not None:
+        raise ValueError("a distributed pipeline runs no packed steps (packed_steps is False)")

@@ -12,6 +12,7 @@ from stagewise.models.block_table import BlockTable
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.state import BlockState, RecurrentState
+from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.runtime.step_graphs import StepGraphs
 from stagewise.spec.kv_pool import default_pool_blocks
@@ -177,14 +178,16 @@ class Stage:
         return slot
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None,
-            all_logits: bool, first_row: int = 0, kv_end: int | None = None, graph: bool = True) -> StageOutput:
+            all_logits: bool, first_row: int = 0, kv_end: int | None = None, graph: bool = True,
+            layout: StepLayout | None = None) -> StageOutput:
         """Run one step: ``inputs`` token ids ``(B, T)`` (entry) or an activation ``(B, T, H)``, on this device
         or another (copied in), at ``positions`` ``(B, T)`` on this device, for state rows ``first_row ..``;
         ``kv_end``: the largest position + 1 (needed to replay a graph; known to the host); ``graph``
-        False: run eagerly even where a graph would be replayed."""
+        False: run eagerly even where a graph would be replayed; ``layout``: a packed step (eager,
+        :meth:`StageModel.forward`)."""
         if kv_end is None and start is not None:
             kv_end = start + int(inputs.shape[1])
-        if graph and kv_end is not None and self.graphed(inputs.shape[1], all_logits):
+        if graph and layout is None and kv_end is not None and self.graphed(inputs.shape[1], all_logits):
             assert self.graphs is not None
             return self.graphs.run(inputs, positions, kv_end, first_row)
         if inputs.device != self.device:
@@ -193,7 +196,7 @@ class Stage:
         # this stage's device current, or a second GPU's stage would run its kernels on the first
         with self._device_context(), torch.inference_mode():
             return self.model(inputs, positions, self.states, start=start, all_logits=all_logits,
-                              first_row=first_row)
+                              first_row=first_row, layout=layout)
 
     def _device_context(self) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

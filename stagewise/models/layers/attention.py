@@ -74,6 +74,8 @@ class Attention(nn.Module):
             q = q_out.reshape(batch, steps, self.heads, self.head_dim)
         k = k_out.reshape(batch, steps, self.kv_heads, self.head_dim)
         v = v_out.reshape(batch, steps, self.kv_heads, self.head_dim)
+        if ctx.layout is not None:
+            return self.o_proj(self._packed(q, k, v, gate_heads, ctx, cache))
         if use_triton(q):
             from stagewise.kernels.decode_attention_triton import decode_attention
             from stagewise.kernels.rope_store_triton import QKNorm, rope_store
@@ -95,13 +97,68 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             cache.write(ctx.positions, k, v, ctx.start, ctx.rows)
         keys, values = cache.view(ctx.rows, ctx.kv_length)  # (B, kvH, L, D)
+        return self.o_proj(self._attend(q, keys, values, ctx.mask, gate_heads))
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                gate_heads: torch.Tensor | None) -> torch.Tensor:
+        """Attention of rotated queries ``q`` ``(B, H, T, D)`` over ``keys``/``values`` ``(B, kvH, L, D)``
+        under ``mask`` ``(B, 1, G·T, L)``, times ``sigmoid(gate_heads)`` ``(B, T, H, D)``: ``(B, T, H·D)``."""
+        batch, _, steps, _ = q.shape
         # grouped-query attention without repeating keys/values: the G query heads that share a
         # kv head become G * T query rows of that head (rows ordered group-major, then token)
         groups = self.heads // self.kv_heads
         rows = q.reshape(batch, self.kv_heads, groups * steps, self.head_dim)  # (B, kvH, G*T, D)
-        out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=ctx.mask)  # (B, kvH, G*T, D)
+        out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)  # (B, kvH, G*T, D)
         out = out.reshape(batch, self.heads, steps, self.head_dim)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
         if gate_heads is not None:
             out = out * torch.sigmoid(gate_heads.reshape(batch, steps, self.heads * self.head_dim))
-        return self.o_proj(out)
+        return out
+
+    def _packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_heads: torch.Tensor | None,
+                ctx: StepContext, cache: KVCache) -> torch.Tensor:
+        """A packed step (``ctx.layout``): ``q`` ``(N, 1, H, D)``, ``k``/``v`` ``(N, 1, kvH, D)``, one token a
+        batch row, each of its segment's state row. Every token's key and value are written first,
+        then the decoding rows' segments are attended as one decode batch and each
+        later segment (a prompt's chunk) over its own row's positions, causally. Returns ``(N, 1, H·D)``."""
+        layout = ctx.layout
+        assert layout is not None
+        token_rows = ctx.token_rows  # (N,)
+        if use_triton(q):
+            from stagewise.kernels.decode_attention_triton import decode_attention
+            from stagewise.kernels.rope_store_triton import QKNorm, rope_store
+
+            norm = None
+            if self.q_norm is not None and self.k_norm is not None:
+                norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered)
+            table = cache.table.table.index_select(0, token_rows)  # (N, blocks per row)
+            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm)  # (N, 1, H, D)
+        else:
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            cos, sin = ctx.rotary  # (N, 1, rd)
+            q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)  # (N, 1, H, D)
+            k = apply_rotary(k.transpose(1, 2), cos, sin)  # (N, kvH, 1, D)
+            cache.write(ctx.positions, k, v.transpose(1, 2), None, token_rows)
+        offsets = layout.offsets
+        decoding = layout.decoding
+        parts: list[torch.Tensor] = []
+        if decoding:
+            lo, hi = 0, offsets[decoding]  # one token per row
+            length = max(layout.starts[:decoding]) + 1
+            gate = gate_heads[lo:hi] if gate_heads is not None else None
+            if use_triton(q):
+                parts.append(decode_attention(q[lo:hi], cache.key, cache.value, table[lo:hi],
+                                              ctx.positions[lo:hi], length, gate))  # (Nd, 1, H*D)
+            else:
+                keys, values = cache.view(token_rows[lo:hi], length)  # (Nd, kvH, L, D)
+                parts.append(self._attend(q[lo:hi].transpose(1, 2), keys, values, ctx.packed_masks[0], gate))
+        for s in range(decoding, len(layout.rows)):
+            lo, hi = offsets[s], offsets[s + 1]
+            row, length = layout.rows[s], layout.starts[s] + layout.lengths[s]
+            keys, values = cache.view(slice(row, row + 1), length)  # (1, kvH, L, D)
+            seg = q[lo:hi].transpose(0, 1).transpose(1, 2)  # (1, H, n, D)
+            mask = ctx.packed_masks[s - decoding + (1 if decoding else 0)]  # (1, 1, G*n, L)
+            gate = gate_heads[lo:hi].transpose(0, 1) if gate_heads is not None else None  # (1, n, H, D)
+            parts.append(self._attend(seg, keys, values, mask, gate).view(hi - lo, 1, -1))  # (n, 1, H*D)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, 1, H*D)

@@ -1,0 +1,71 @@
+"""The packed step's plan on host integers: decoding rows first, prompt chunks first come, first served
+within what they leave of the budget, logits for decoding rows and prompts ending unless recomputed;
+the plan, the staging area and the decode groups import without torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import stagewise
+from stagewise.engine.staging_area import StagingArea
+from stagewise.engine.step_plan import plan_packed_step
+
+
+@dataclass
+class _Decoding:
+    row: int
+    length: int
+    next_token: int
+
+
+@dataclass
+class _Staged:
+    row: int
+    ids: tuple[int, ...]
+    prefilled: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+
+def _area(*members: _Staged) -> StagingArea[_Staged]:
+    return StagingArea(16, first=members[0].row if members else 0, members=list(members), packed=True)
+
+
+def test_decoding_rows_then_chunks_within_the_budget() -> None:
+    decoding = [_Decoding(0, 7, 101), _Decoding(1, 3, 102)]
+    area = _area(_Staged(2, tuple(range(10, 20)), prefilled=5), _Staged(3, tuple(range(30, 50))))
+    plan = plan_packed_step(decoding, area, 16)
+    assert plan is not None and plan.decoding == 2
+    assert plan.members == (0, 1) and plan.chunks == (5, 9)  # 14 of the 16: the second runs 9 of its 20
+    assert plan.layout.rows == (0, 1, 2, 3) and plan.layout.starts == (7, 3, 5, 0)
+    assert plan.token_ids == (101, 102, *range(15, 20), *range(30, 39))
+    assert plan.sampled == (0,) and plan.layout.logits == (0, 1, 2)  # the first prompt ends: its first token
+
+
+def test_a_recomputed_prompt_samples_nothing() -> None:
+    area = _area(_Staged(0, (1, 2, 3), tokens=[9]), _Staged(1, (4, 5)))
+    plan = plan_packed_step([], area, 16)
+    assert plan is not None and plan.sampled == (1,) and plan.layout.logits == (1,)
+
+
+def test_prompts_never_starve_and_nothing_runs_without_tokens() -> None:
+    decoding = [_Decoding(r, 4, 1) for r in range(20)]  # more decoding rows than the budget
+    plan = plan_packed_step(decoding, _area(_Staged(20, (1, 2, 3))), 16)
+    assert plan is not None and plan.chunks == (1,)
+    assert plan_packed_step([], _area(), 16) is None
+
+
+@pytest.mark.parametrize("module", ["stagewise.engine.step_plan", "stagewise.engine.staging_area",
+                                    "stagewise.engine.decode_groups", "stagewise.models.step_layout"])
+def test_imports_without_torch(module: str) -> None:
+    code = (f"import json, sys; import {module}; "
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3]))")
+    root = Path(stagewise.__file__).parent.parent
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
