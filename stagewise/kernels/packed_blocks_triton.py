@@ -8,9 +8,7 @@ the type's block (32 values; 256 for the K-quants and IQ4_XS).
 
 Each row's bytes are read once, as contiguous runs (a super-block's 32-128-byte quant runs), and the
 2, 4 or 8 values a byte holds are unpacked by broadcasting shifts over an extra axis; scales are a
-few small gathers per block. Q4_K and Q5_K are also read by 8-byte slots (:func:`k_slots`: the
-GEMV's and the dequantizer's fast path), each slot's 16 values at two runs of 8 contiguous offsets, so
-a tile of them shares the layout of the inputs or outputs it meets. The 16-entry codebooks of IQ4_NL, IQ4_XS and MXFP4 are two int64
+few small gathers per block. The 16-entry codebooks of IQ4_NL, IQ4_XS and MXFP4 are two int64
 constants (eight signed bytes each) indexed by shifting, not a table in memory.
 """
 
@@ -18,9 +16,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from gguf.constants import GGMLQuantizationType
-
-SLOT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})  # read by 8-byte slots (k_slots)
 
 # TYPE ids: Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q2_K 10, Q3_K 11, Q4_K 12, Q5_K 13, Q6_K 14, IQ4_NL 20,
 # IQ4_XS 23, MXFP4 39 (GGMLQuantizationType's values)
@@ -213,51 +208,6 @@ def _iq4_xs(base, mask, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     dl = _f16(base, mask)[:, :, None] * ((low | (high << 4)) - 32).to(tl.float32)
     kk = tl.arange(0, NB)[None, :, None, None, None] * 256 + sb[:, :, :, None, :] * 32 + h * 16 + l16[:, :, :, None, :]
     return dl[:, :, :, None, None] * _codebook(q, IQ4_LO, IQ4_HI).to(tl.float32), kk
-
-
-@triton.jit
-def k_slots(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
-    """One K step of Q4_K / Q5_K super-blocks by 8-byte slots: quant bytes ``32c + 8g + l`` ``(BN, NB, 4, 4, 8)``
-    (chunk ``c``, slot ``g``), Q5_K's high-bit bytes ``8g + l`` of the same values (zeros for Q4_K), and
-    the scale and min of sub-blocks ``2c`` and ``2c + 1`` ``(BN, NB, 4, 1)`` each.
-
-    A slot's 8 bytes hold values ``64c + 8g + l`` (low nibbles) and ``64c + 32 + 8g + l`` (high): 8
-    contiguous inputs each, so the input loads take the quant bytes' layout (one thread, one slot)."""
-    b = k0 // 256 + tl.arange(0, NB)
-    BB: tl.constexpr = 144 if TYPE == 12 else 176  # bytes a super-block
-    QS_AT: tl.constexpr = 16 if TYPE == 12 else 48
-    mask = n_mask[:, None] & (b < K // 256)[None, :]  # (BN, NB)
-    m5 = mask[:, :, None, None, None]
-    blk = rows[:, None] + b[None, :] * BB  # (BN, NB) each super-block's first byte
-    c = tl.arange(0, 4)[None, None, :, None, None]
-    g = tl.arange(0, 4)[None, None, None, :, None]
-    l8 = tl.arange(0, 8)[None, None, None, None, :]
-    quants = tl.load(blk[:, :, None, None, None] + QS_AT + 32 * c + 8 * g + l8, mask=m5, other=0).to(tl.int32)
-    if TYPE == 13:
-        high = tl.load(blk[:, :, None, None, None] + 16 + 8 * g + l8 + 0 * c, mask=m5, other=0).to(tl.int32)
-    else:
-        high = tl.zeros((1, 1, 1, 1, 1), dtype=tl.int32)
-    head = rows32[:, None] + b[None, :] * (BB // 4)  # (BN, NB) the same super-blocks as 32-bit words
-    w0 = tl.load(head, mask=mask, other=0)[:, :, None, None]  # d, dmin
-    w1 = tl.load(head + 1, mask=mask, other=0)[:, :, None, None]  # scale bytes 0-3
-    w2 = tl.load(head + 2, mask=mask, other=0)[:, :, None, None]  # 4-7
-    w3 = tl.load(head + 3, mask=mask, other=0)[:, :, None, None]  # 8-11
-    c4 = tl.arange(0, 4)[None, None, :, None]
-    d = ((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
-    dmin = (((w0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
-    sh = 16 * (c4 & 1)  # sub-blocks 2c, 2c + 1: scale bytes (2c) & 3 and (2c + 1) & 3 of each word
-    lo = c4 < 2
-    a0 = (w1 >> sh) & 0xFF
-    a1 = (w1 >> (sh + 8)) & 0xFF
-    m0 = (w2 >> sh) & 0xFF
-    m1 = (w2 >> (sh + 8)) & 0xFF
-    e0 = (w3 >> sh) & 0xFF
-    e1 = (w3 >> (sh + 8)) & 0xFF
-    scale0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
-    scale1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
-    min0 = dmin * tl.where(lo, m0 & 0x3F, (e0 >> 4) | ((m0 >> 2) & 0x30)).to(tl.float32)
-    min1 = dmin * tl.where(lo, m1 & 0x3F, (e1 >> 4) | ((m1 >> 2) & 0x30)).to(tl.float32)
-    return quants, high, scale0, scale1, min0, min1
 
 
 @triton.jit

@@ -28,10 +28,12 @@ from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.gemv_triton import gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.packed_blocks_triton import SLOT_TYPES, block_tile, k_slots
+from stagewise.kernels.packed_blocks_triton import block_tile
 from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
 from stagewise.weights.quant.packed_types import PACKED, block_elements, row_bytes
 
+# types whose GEMV reads 8-byte slots and applies scales once a sub-block
+WORD_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})
 GEMV_MAX_ROWS = 16  # output rows (tokens, or routed (token, expert) pairs) the kernel is meant for
 
 
@@ -41,9 +43,54 @@ def _input_tile(x_row, k, K):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _k_slots(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q4_K / Q5_K super-blocks by 8-byte slots: quant bytes ``32c + 8g + l`` ``(BN, NB, 4, 4, 8)``
+    (chunk ``c``, slot ``g``), Q5_K's high-bit bytes ``8g + l`` of the same values (zeros for Q4_K), and
+    the scale and min of sub-blocks ``2c`` and ``2c + 1`` ``(BN, NB, 4, 1)`` each.
+
+    A slot's 8 bytes hold values ``64c + 8g + l`` (low nibbles) and ``64c + 32 + 8g + l`` (high): 8
+    contiguous inputs each, so the input loads take the quant bytes' layout (one thread, one slot)."""
+    b = k0 // 256 + tl.arange(0, NB)
+    BB: tl.constexpr = 144 if TYPE == 12 else 176  # bytes a super-block
+    QS_AT: tl.constexpr = 16 if TYPE == 12 else 48
+    mask = n_mask[:, None] & (b < K // 256)[None, :]  # (BN, NB)
+    m5 = mask[:, :, None, None, None]
+    blk = rows[:, None] + b[None, :] * BB  # (BN, NB) each super-block's first byte
+    c = tl.arange(0, 4)[None, None, :, None, None]
+    g = tl.arange(0, 4)[None, None, None, :, None]
+    l8 = tl.arange(0, 8)[None, None, None, None, :]
+    quants = tl.load(blk[:, :, None, None, None] + QS_AT + 32 * c + 8 * g + l8, mask=m5, other=0).to(tl.int32)
+    if TYPE == 13:
+        high = tl.load(blk[:, :, None, None, None] + 16 + 8 * g + l8 + 0 * c, mask=m5, other=0).to(tl.int32)
+    else:
+        high = tl.zeros((1, 1, 1, 1, 1), dtype=tl.int32)
+    head = rows32[:, None] + b[None, :] * (BB // 4)  # (BN, NB) the same super-blocks as 32-bit words
+    w0 = tl.load(head, mask=mask, other=0)[:, :, None, None]  # d, dmin
+    w1 = tl.load(head + 1, mask=mask, other=0)[:, :, None, None]  # scale bytes 0-3
+    w2 = tl.load(head + 2, mask=mask, other=0)[:, :, None, None]  # 4-7
+    w3 = tl.load(head + 3, mask=mask, other=0)[:, :, None, None]  # 8-11
+    c4 = tl.arange(0, 4)[None, None, :, None]
+    d = ((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    dmin = (((w0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    sh = 16 * (c4 & 1)  # sub-blocks 2c, 2c + 1: scale bytes (2c) & 3 and (2c + 1) & 3 of each word
+    lo = c4 < 2
+    a0 = (w1 >> sh) & 0xFF
+    a1 = (w1 >> (sh + 8)) & 0xFF
+    m0 = (w2 >> sh) & 0xFF
+    m1 = (w2 >> (sh + 8)) & 0xFF
+    e0 = (w3 >> sh) & 0xFF
+    e1 = (w3 >> (sh + 8)) & 0xFF
+    scale0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
+    scale1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
+    min0 = dmin * tl.where(lo, m0 & 0x3F, (e0 >> 4) | ((m0 >> 2) & 0x30)).to(tl.float32)
+    min1 = dmin * tl.where(lo, m1 & 0x3F, (e1 >> 4) | ((m1 >> 2) & 0x30)).to(tl.float32)
+    return quants, high, scale0, scale1, min0, min1
+
+
+@triton.jit
 def _k_dot(quants, high, scale0, scale1, min0, min1, x_row, k0, K, TYPE: tl.constexpr,
            NB: tl.constexpr):  # type: ignore[no-untyped-def]
-    """One K step of a Q4_K / Q5_K GEMV from :func:`~stagewise.kernels.packed_blocks_triton.k_slots`: ``scale * sum(q * x) - min * sum(x)`` of
+    """One K step of a Q4_K / Q5_K GEMV from :func:`_k_slots`: ``scale * sum(q * x) - min * sum(x)`` of
     each slot's two sub-blocks, ``(BN, NB, 4, 4)`` (summed over the rest at the end)."""
     b = k0 // 256 + tl.arange(0, NB)[None, :, None, None, None]
     c = tl.arange(0, 4)[None, None, :, None, None]
@@ -83,12 +130,12 @@ def _packed_gemv_kernel(
         NB: tl.constexpr = BLOCK_K // 256
         rows32 = w32_ptr + (e * stride_we + offs_n.to(tl.int64) * stride_wn) // 4  # the same rows as 32-bit words
         # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
-        qs, hs, s0, s1, n0, n1 = k_slots(rows, rows32, 0, K, n_mask, TYPE, NB)
+        qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, 0, K, n_mask, TYPE, NB)
         if not GATHER:
             wait_for_predecessor(GDC)
         part = _k_dot(qs, hs, s0, s1, n0, n1, x_row, 0, K, TYPE, NB)  # (BN, NB, 4, 4)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            qs, hs, s0, s1, n0, n1 = k_slots(rows, rows32, k0, K, n_mask, TYPE, NB)
+            qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, k0, K, n_mask, TYPE, NB)
             part += _k_dot(qs, hs, s0, s1, n0, n1, x_row, k0, K, TYPE, NB)
         y = tl.sum(tl.reshape(part, (BLOCK_N, NB * 16)), axis=1)
     else:
@@ -128,7 +175,7 @@ def _aligned(raw: torch.Tensor, unit: int) -> bool:
 def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) -> tuple[int, int, int, int]:
     """The tile config of a ``(n, k)`` weight (``gather``: an expert stack) of ``ggml_type``: a pure
     function of its arguments, so every stage reduces in the same order."""
-    if gather and ggml_type in SLOT_TYPES:
+    if gather and ggml_type in WORD_TYPES:
         block_n, block_k, warps, stages = SLOT_GATHER_CONFIG
     elif gather:
         block_n, block_k, warps, stages = GATHER_CONFIG if k >= 1024 else GATHER_SHORT_CONFIG
@@ -151,7 +198,7 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
     row, and output row ``m`` reads input row ``m // x_repeat`` (a token's routed experts share its
     row). ``k`` must be a multiple of the type's block. No host synchronization, output sized by
     shapes only (CUDA graph safe). ``config`` overrides :func:`config_for` and ``words=False`` turns
-    the slot path of :data:`SLOT_TYPES` off (benchmarks only).
+    the word path of :data:`WORD_TYPES` off (benchmarks only).
     """
     if ggml_type not in PACKED:
         raise ValueError(f"{ggml_type.name} is not a packed block type")
@@ -169,7 +216,7 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
         raise ValueError("a 3-D packed stack needs one expert index per output row")
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    slots = ggml_type in SLOT_TYPES and words is not False
+    slots = ggml_type in WORD_TYPES and words is not False
     if slots and not _aligned(raw, 4):  # the path is a function of type and shape only: never switch on an address
         raise ValueError(f"{ggml_type.name} rows must start 16-byte aligned with strides a multiple of 4 bytes")
     raw32 = raw.view(torch.int32) if slots else raw  # the super-blocks' headers as 32-bit words
