@@ -27,7 +27,7 @@ from bench.gemv_graph import _graph_us, _rel
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
-from stagewise.kernels.packed_gemv_triton import WORD_TYPES, config_for, packed_gemv
+from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv
 from stagewise.weights.quant.packed_types import PACKED, block_bytes, block_elements, row_bytes
 
 T = GGMLQuantizationType
@@ -115,10 +115,10 @@ def main() -> int:
             current = str(config_for(qtype, n, k, False))
             if current not in fns:
                 fns[current] = lambda i, x=x, raws=raws, qtype=qtype, k=k: packed_gemv(x, raws[i], qtype, k)
-            if qtype in WORD_TYPES:  # the byte path beside the word path, same configs
+            if qtype in SLOT_TYPES:  # the byte path beside the word path, same configs
                 for cfg in [*CANDIDATES[:4], config_for(qtype, n, k, False)]:
                     fns[f"bytes {cfg}"] = (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k:
-                                           packed_gemv(x, raws[i], qtype, k, config=cfg, words=False))
+                                           packed_gemv(x, raws[i], qtype, k, config=cfg, slots=False))
             rows.append(_sweep(f"{qtype.name} {label}", nbytes, fns, ref, copies, current, dense_us))
             del raws
     report["rows"] = rows

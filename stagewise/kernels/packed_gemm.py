@@ -9,11 +9,20 @@ alignment to the one expert is the identity (cached per ``(rows, block_m, device
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from gguf.constants import GGMLQuantizationType
 
-from stagewise.kernels.moe_grouped_triton import PackedTensors, grouped_gemm, packed_tiles
+from stagewise.kernels.moe_grouped_triton import GemmTiles, PackedTensors, grouped_gemm, packed_tiles
 from stagewise.kernels.q8_0_gemm import _identity_alignment
+
+# (block_m, tiles) by rows, the fastest of `bench/packed_matmul.py --sweep-fused` on an H200 at Llama-3.1-8B's
+# Q4_K shapes (bench/results/packed_h200_r2/packed_gemm_tiles_h200.json): 16-32 rows, gate/up 0.28 / 0.46 ms
+# against 0.69 with (64, n64 w8); 33-127 rows, down 0.39 against 0.58 (gate/up within 3 %)
+FEW_ROWS_MAX = 32
+FEW_ROWS = (16, GemmTiles(block_n=128, block_k=256, num_warps=4, num_stages=2))
+MANY_ROWS = (64, GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=2))
 
 
 def packed_gemm(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int) -> torch.Tensor:
@@ -25,7 +34,11 @@ def packed_gemm(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
         a = a.contiguous()
     rows = a.shape[0]
     stack = PackedTensors(raw[None], ggml_type, in_features)  # (1, out, row_bytes): a view
-    block_m = 16 if a.device.type != "cuda" else (128 if rows >= 1024 else 64)
-    tiles = packed_tiles(a.device, stack, in_features)
+    tiles = packed_tiles(a.device, stack, in_features)  # block_k for this K
+    if a.device.type != "cuda":
+        block_m = 16
+    else:
+        block_m, shape = (FEW_ROWS if rows <= FEW_ROWS_MAX else MANY_ROWS) if rows < 1024 else (128, tiles)
+        tiles = dataclasses.replace(shape, block_k=tiles.block_k)
     y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)

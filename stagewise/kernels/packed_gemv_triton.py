@@ -33,7 +33,7 @@ from stagewise.kernels.triton_launch import dependent_launch, int32_index, launc
 from stagewise.weights.quant.packed_types import PACKED, block_elements, row_bytes
 
 # types whose GEMV reads 8-byte slots and applies scales once a sub-block
-WORD_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})
+SLOT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})
 GEMV_MAX_ROWS = 16  # output rows (tokens, or routed (token, expert) pairs) the kernel is meant for
 
 
@@ -118,7 +118,7 @@ def _packed_gemv_kernel(
     N, K,
     stride_xm, stride_we, stride_wn, stride_ym,
     x_repeat,
-    TYPE: tl.constexpr, WORDS: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TYPE: tl.constexpr, SLOTS: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GDC: tl.constexpr,
 ):
     if GATHER:  # the expert index is the router's output: wait before reading it
@@ -126,7 +126,7 @@ def _packed_gemv_kernel(
     m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
     rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn  # (BN,) each row's first byte (word)
     x_row = x_ptr + xm * stride_xm
-    if WORDS:  # Q4_K / Q5_K by 8-byte slots, scales applied once a sub-block
+    if SLOTS:  # Q4_K / Q5_K by 8-byte slots, scales applied once a sub-block
         NB: tl.constexpr = BLOCK_K // 256
         rows32 = w32_ptr + (e * stride_we + offs_n.to(tl.int64) * stride_wn) // 4  # the same rows as 32-bit words
         # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
@@ -175,7 +175,7 @@ def _aligned(raw: torch.Tensor, unit: int) -> bool:
 def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) -> tuple[int, int, int, int]:
     """The tile config of a ``(n, k)`` weight (``gather``: an expert stack) of ``ggml_type``: a pure
     function of its arguments, so every stage reduces in the same order."""
-    if gather and ggml_type in WORD_TYPES:
+    if gather and ggml_type in SLOT_TYPES:
         block_n, block_k, warps, stages = SLOT_GATHER_CONFIG
     elif gather:
         block_n, block_k, warps, stages = GATHER_CONFIG if k >= 1024 else GATHER_SHORT_CONFIG
@@ -190,15 +190,15 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
 
 def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationType, k: int,
                 expert_index: torch.Tensor | None = None, x_repeat: int = 1,
-                config: tuple[int, int, int, int] | None = None, words: bool | None = None) -> torch.Tensor:
+                config: tuple[int, int, int, int] | None = None, slots: bool | None = None) -> torch.Tensor:
     """``x (M / x_repeat, k)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
 
     ``raw`` uint8 ``(N, row_bytes)`` holds the weight's GGUF rows of ``k`` values of ``ggml_type`` byte
     for byte; a 3-D ``(E, N, row_bytes)`` stack needs ``expert_index (M,)``, the matrix of each output
     row, and output row ``m`` reads input row ``m // x_repeat`` (a token's routed experts share its
     row). ``k`` must be a multiple of the type's block. No host synchronization, output sized by
-    shapes only (CUDA graph safe). ``config`` overrides :func:`config_for` and ``words=False`` turns
-    the word path of :data:`WORD_TYPES` off (benchmarks only).
+    shapes only (CUDA graph safe). ``config`` overrides :func:`config_for` and ``slots=False`` turns
+    the slot path of :data:`SLOT_TYPES` off (benchmarks only).
     """
     if ggml_type not in PACKED:
         raise ValueError(f"{ggml_type.name} is not a packed block type")
@@ -216,16 +216,16 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
         raise ValueError("a 3-D packed stack needs one expert index per output row")
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    slots = ggml_type in WORD_TYPES and words is not False
-    if slots and not _aligned(raw, 4):  # the path is a function of type and shape only: never switch on an address
+    use_slots = ggml_type in SLOT_TYPES and slots is not False
+    if use_slots and not _aligned(raw, 4):  # the path is a function of type and shape only: never switch on an address
         raise ValueError(f"{ggml_type.name} rows must start 16-byte aligned with strides a multiple of 4 bytes")
-    raw32 = raw.view(torch.int32) if slots else raw  # the super-blocks' headers as 32-bit words
+    raw32 = raw.view(torch.int32) if use_slots else raw  # the super-blocks' headers as 32-bit words
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     with launch_device(x):
         _packed_gemv_kernel[(triton.cdiv(n, block_n), m)](
             x2, raw, raw32, y, e, n, k,
             x2.stride(0), raw.stride(0) if gather else 0, raw.stride(-2), y.stride(0), x_repeat,
-            TYPE=int(ggml_type), WORDS=slots, GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,
+            TYPE=int(ggml_type), SLOTS=use_slots, GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,
             num_warps=warps, num_stages=stages, **dependent_launch(x),
         )
     return y
