@@ -208,13 +208,18 @@ def _prompts(url: str, count: int, length: int, rng: random.Random) -> list[list
     return out
 
 
+def _python_path() -> str:
+    """This checkout first, then whatever PYTHONPATH already names (packages installed beside it)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def _serve(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
     model = [] if args.model == "demo" else [args.model]
     cmd = [sys.executable, "-m", "stagewise", "serve", *model, "--port", str(port),
            "--queue", str(args.queue or max(args.concurrency)), *_device_args(args)]
     if args.max_seqs:
         cmd += ["--max-seqs", str(args.max_seqs)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "300"}  # banner lines unwrapped in the log
+    env = {**os.environ, "PYTHONPATH": _python_path(), "COLUMNS": "300"}  # banner lines unwrapped in the log
     env.pop("STAGEWISE_API_KEY", None)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
@@ -255,7 +260,7 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
         extra = _device_args(args)
     cmd = [sys.executable, "-m", "stagewise", "bench", model, *extra, "--concurrency",
            ",".join(map(str, args.concurrency)), "--prompt", str(args.prompt), "--gen", str(args.gen), "--json"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": _python_path()}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.bench_timeout_s)
     if done.returncode != 0:
         return {"command": " ".join(cmd), "error": (done.stderr or done.stdout)[-2000:]}

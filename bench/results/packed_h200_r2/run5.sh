@@ -6,11 +6,7 @@ O=${OUT:-/tmp/out}; mkdir -p "$O"
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
 export PYTHONPATH=$PWD:/tmp/site
-stamp "concurrency llama-3.1-8b@q4_k"
-timeout 80 python3 -m stagewise bench random:llama-3.1-8b@q4_k --devices cuda:0 --placement single --concurrency 1,32 --prompt 128 --gen 128 --repeats 1 --json \
-  > "$O/bench5_concurrency_llama_q4_k.json" 2> "$O/conc.err" || tail -3 "$O/conc.err"
-python3 -c "import json,sys; [print({k: v for k, v in l.items() if not isinstance(v, (dict, list))}) for l in json.load(open(sys.argv[1]))['levels']]" "$O/bench5_concurrency_llama_q4_k.json"
 stamp serve_load llama-3.1-8b
-timeout 230 python3 bench/serve_load.py random:llama-3.1-8b --devices cuda:0 --placement single --max-seqs 64 \
-  --concurrency 1,8,32,64 --prompt 208 --gen 128 --status-poll-s 1 --rate 8 --requests 64 --json "$O/serve_load_llama8b_h200.json" 2>&1 | tail -30
+timeout 160 python3 bench/serve_load.py random:llama-3.1-8b --devices cuda:0 --placement single --max-seqs 64 \
+  --concurrency 8,64 --prompt 208 --gen 128 --status-poll-s 1 --no-in-process --json "$O/serve_load_llama8b_h200.json" 2>&1 | tail -30
 stamp done
