@@ -70,12 +70,17 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 async def _one(client: openai.AsyncOpenAI, prompt: list[int], gen: int, trace: Trace) -> None:
+    """One streamed request: TTFT and gaps from the chunks that carry text, the token count from the
+    final usage chunk (a random tokenizer's tokens often decode to no text, so chunks undercount them)."""
     t0 = time.perf_counter()
     last = None
+    chunks = 0
     try:
         stream = await client.completions.create(model=client.served_model, prompt=prompt, max_tokens=gen,  # type: ignore[attr-defined]
-                                                 temperature=0, stream=True)
+                                                 temperature=0, stream=True, stream_options={"include_usage": True})
         async for chunk in stream:
+            if chunk.usage is not None:
+                trace.tokens = chunk.usage.completion_tokens
             if not chunk.choices or not chunk.choices[0].text:
                 continue
             now = time.perf_counter()
@@ -84,7 +89,8 @@ async def _one(client: openai.AsyncOpenAI, prompt: list[int], gen: int, trace: T
             else:
                 trace.gaps_s.append(now - last)
             last = now
-            trace.tokens += 1  # NOTE: one chunk per token; a token whose text is held back (partial UTF-8) joins the next
+            chunks += 1
+        trace.tokens = trace.tokens or chunks
         trace.e2e_s = time.perf_counter() - t0
         trace.status = "completed"
     except openai.RateLimitError:
