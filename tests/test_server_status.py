@@ -71,6 +71,9 @@ def test_page_is_open_status_asks_for_the_key(loading_app: TestClient) -> None:
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert loading_app.get("/webui/main.js").headers["content-type"].startswith("text/javascript")
     assert loading_app.get("/webui/nothing.js").status_code == 404
+    head = loading_app.head("/")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-type"].startswith("text/html")
+    assert loading_app.head("/webui/main.js").status_code == 200
     assert loading_app.get("/v1/stagewise/status").status_code == 401
     status = loading_app.get("/v1/stagewise/status", headers={"Authorization": "Bearer sekret"})
     assert status.status_code == 200

@@ -29,7 +29,8 @@ def webui_files() -> dict[str, bytes]:
 
 
 def add_webui(app: FastAPI) -> None:
-    """``GET /`` (the page) and ``GET /webui/NAME`` (its files) on ``app``."""
+    """``GET /`` (the page) and ``GET /webui/NAME`` (its files) on ``app``; ``HEAD`` of each answers its
+    headers (uptime checks and link previews ask that way)."""
     files = webui_files()
 
     def answer(name: str) -> Response:
@@ -38,10 +39,10 @@ def add_webui(app: FastAPI) -> None:
             raise NotFound(f"no web UI file {name!r}")
         return Response(body, media_type=_TYPES["." + name.rpartition(".")[2]], headers=_HEADERS)
 
-    @app.get("/")
+    @app.api_route("/", methods=["GET", "HEAD"])
     async def page() -> Response:
         return answer("index.html")
 
-    @app.get("/webui/{name}")
+    @app.api_route("/webui/{name}", methods=["GET", "HEAD"])
     async def asset(name: str) -> Response:
         return answer(name)
