@@ -41,35 +41,19 @@ Every step is the pipeline's transactional step; a failed step fails the sequenc
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.in_flight import InFlight, read_greedy_pairs
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.step_plan import plan_packed_step
 from stagewise.engine.step_scheduler import StepScheduler
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError
-from stagewise.runtime.greedy_pairs import greedy_pairs
-from stagewise.runtime.pipeline import Pipeline, StepHandle
+from stagewise.runtime.pipeline import Pipeline
 from stagewise.spec.kv_pool import KVPool
-
-
-@dataclass(eq=False)
-class _InFlight:
-    """A launched step whose tokens have not been collected: a decode group or a prefill chunk."""
-
-    rows: tuple[Sequence | None, ...]  # per row of the step (None: padding)
-    logits: torch.Tensor | None  # (P, 1, V) on the exit device
-    pairs: torch.Tensor | None  # (P, 2) greedy token and log-probability, host (pinned) once ready
-    ready: object = None  # CUDA event the host copy of ``pairs`` completes at
-    tokens: torch.Tensor | None = None  # (P, 1) the greedy tokens on the exit device (every row greedy)
-    group: int = -1  # decode group index; -1 for a prefill chunk
-    final: bool = True  # prefill: the prompt's last chunk (its logits give the first token)
-    sample_rows: tuple[bool, ...] | None = None  # prefill: the rows whose first token this step samples
-    handle: StepHandle | None = None  # a step whose output (and failure) comes when it is collected
 
 
 class Batcher:
@@ -99,7 +83,7 @@ class Batcher:
         self.packed = can_pack if packed is None else packed
         if self.packed and not can_pack:
             raise ValueError("this pipeline takes no packed steps (or settles its steps only when read)")
-        self.in_flight: deque[_InFlight] = deque()
+        self.in_flight: deque[InFlight] = deque()
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.prefill_tokens = 0  # prompt tokens launched in prefill steps since construction
         self.launched_shapes: set[tuple[int, int]] = set()  # decode steps' (first row, rows run) so far
@@ -303,11 +287,11 @@ class Batcher:
         sample_rows = tuple(seq.prefilled >= len(seq.ids) and not seq.tokens for seq in members)
         final = any(seq.prefilled >= len(seq.ids) for seq in members)
         if self.pipeline.deferred_results:
-            self.in_flight.append(_InFlight(tuple(members), None, None, final=final, sample_rows=sample_rows,
+            self.in_flight.append(InFlight(tuple(members), None, None, final=final, sample_rows=sample_rows,
                                             handle=handle))
             return
         logits = handle.result().logits if any(sample_rows) else None
-        self.in_flight.append(_InFlight(tuple(members), logits, None, final=final, sample_rows=sample_rows))
+        self.in_flight.append(InFlight(tuple(members), logits, None, final=final, sample_rows=sample_rows))
 
     def _launch_packed(self, g: int | None) -> None:
         """One packed step: group ``g``'s decoding rows (none when None), then the staging rows' chunks
@@ -343,8 +327,8 @@ class Batcher:
         logits = handle.result().logits if rows else None  # (S, 1, V)
         pairs, ready = None, None
         if logits is not None and any(s.device_greedy for s in rows):
-            _, pairs, ready = _greedy_pairs(logits[:, -1])
-        self.in_flight.append(_InFlight(rows, logits, pairs, ready, group=-1 if g is None else g))
+            _, pairs, ready = read_greedy_pairs(logits[:, -1])
+        self.in_flight.append(InFlight(rows, logits, pairs, ready, group=-1 if g is None else g))
 
     # ----- decode -------------------------------------------------------------------------------
     def _launch_decode(self, g: int, device_tokens: torch.Tensor | None = None) -> None:
@@ -373,16 +357,16 @@ class Batcher:
             if seq is not None:
                 seq.length += 1
         if self.pipeline.deferred_results:
-            self.in_flight.append(_InFlight(tuple(rows), None, None, group=g, handle=handle))
+            self.in_flight.append(InFlight(tuple(rows), None, None, group=g, handle=handle))
             return
         logits = handle.result().logits  # (P, 1, V)
         assert logits is not None
         pairs, ready, greedy = None, None, None
         if any(s is not None and s.device_greedy for s in rows):
-            greedy, pairs, ready = _greedy_pairs(logits[:, -1])
+            greedy, pairs, ready = read_greedy_pairs(logits[:, -1])
             if not all_greedy:
                 greedy = None  # some row samples on the host: its token is not known on the device
-        self.in_flight.append(_InFlight(tuple(rows), logits, pairs, ready, greedy, group=g))
+        self.in_flight.append(InFlight(tuple(rows), logits, pairs, ready, greedy, group=g))
 
     # ----- collecting results ----------------------------------------------------------------------
     def _retire_group(self, g: int) -> None:
@@ -398,29 +382,9 @@ class Batcher:
         while self.in_flight:
             self._retire(self.in_flight.popleft())
 
-    def _settle(self, item: _InFlight) -> bool:
-        """Read a deferred step's output into ``item`` (publishing it); False when it failed (its
-        sequences are failed with its typed error)."""
-        assert item.handle is not None
-        try:
-            out = item.handle.result()
-        except StagewiseError as exc:
-            self.sched.fail(item.rows, exc)
-            return False
-        item.handle = None
-        if item.sample_rows is not None and not any(item.sample_rows):
-            return True  # a prefill chunk with nothing to sample
-        if out.pairs is not None:  # the exit computed every row's greedy pair (all rows greedy)
-            item.pairs = out.pairs
-            return True
-        item.logits = out.logits
-        assert item.logits is not None
-        if item.group >= 0 and any(s is not None and s.device_greedy for s in item.rows):
-            _, item.pairs, item.ready = _greedy_pairs(item.logits[:, -1])
-        return True
-
-    def _retire(self, item: _InFlight) -> None:
-        if item.handle is not None and not self._settle(item):
+    def _retire(self, item: InFlight) -> None:
+        if item.handle is not None and (error := item.settle()) is not None:
+            self.sched.fail(item.rows, error)
             return
         if item.logits is None and item.pairs is None:
             return  # prefill chunks before the prompts' last: nothing to sample
@@ -440,27 +404,3 @@ class Batcher:
                 self.sched.fail((seq,), exc)
                 continue
             self._emit(seq, sample)
-
-
-_read_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _greedy_pairs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, object]:
-    """Greedy token and its log-probability for every row of ``logits`` ``(P, V)`` on their device; the
-    ``(P, 2)`` result is copied to the host on a side stream. Returns the tokens ``(P, 1)`` on the
-    device, the host tensor and the event its copy completes at (None: already on the host)."""
-    device_tokens, pairs = greedy_pairs(logits)  # (P, 1), (P, 2)
-    if pairs.device.type != "cuda":
-        return device_tokens, pairs, None
-    host = torch.empty(pairs.shape, dtype=pairs.dtype, pin_memory=True)
-    side = _read_streams.get(pairs.device)
-    if side is None:
-        side = _read_streams[pairs.device] = torch.cuda.Stream(pairs.device)
-    side.wait_stream(torch.cuda.current_stream(pairs.device))
-    pairs.record_stream(side)
-    with torch.cuda.device(pairs.device), torch.cuda.stream(side):
-        host.copy_(pairs, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record(side)
-    return device_tokens, host, ready
-

@@ -96,7 +96,7 @@ class StepScheduler:
     """The queue, the state rows and their KV blocks of a batcher (module doc).
 
     Args:
-        rows_ops: the pipeline's row operations.
+        row_ops: the pipeline's row operations.
         kv: the KV blocks of each sequence's positions.
         slots: state rows on every stage.
         max_context: positions per sequence slot.
