@@ -5,17 +5,21 @@ One :class:`BlockAllocator` hands out block ids, the same on every stage. A sequ
 blocks when it starts (:meth:`assign_prompt`), one more each time it crosses a block boundary while
 decoding (:meth:`grant_next`), and gives them all back when it ends or is preempted (:meth:`release`),
 its table row then pointing at the scratch block (padding steps in a free row write there). What to
-do when no block is free (preempt the newest sequence) is the batcher's policy, not this book's.
+do when no block is free (preempt the newest sequence) is the scheduler's policy, not this book's.
 A pipeline without a KV pool keeps every row's whole context: every method is then a no-op or
 answers as if blocks were unlimited.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from stagewise.engine.block_allocator import BlockAllocator
-from stagewise.engine.sequence import Sequence
 from stagewise.errors import ContextLengthExceeded, StagewiseError
-from stagewise.runtime.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from stagewise.engine.sequence import Sequence
+    from stagewise.runtime.pipeline import Pipeline
 
 
 class SequenceBlocks:

@@ -1,0 +1,360 @@
+"""StepScheduler: the batcher's policy on host integers — which sequences hold which state rows, which
+start, which is preempted, where rows move. No tensors (nano-vllm's scheduler; the batcher is the runner).
+
+Each sequence owns a state row (slot) on every stage while it runs (until it ends or is preempted).
+Rows ``0 .. D-1`` are the decoding sequences, kept contiguous and split into decode groups
+(:func:`~stagewise.engine.decode_groups.plan_groups`); new sequences are prefilled together in the
+staging rows above them (:class:`StagingArea`). Queued sequences start, the queue's head first, while
+a row is free above the staging rows, their prefill's KV blocks are free and the staging area takes
+them (its order and the step's token budget). A sequence that ends leaves a hole in the decoding rows;
+before the next steps, :meth:`StepScheduler.regroup` fills each hole with the last live row
+(:func:`plan_compaction`), moves the finished staging rows down to join them and plans the groups.
+
+KV blocks (paged cache): a sequence holds the blocks of its positions (the bookkeeping:
+:class:`~stagewise.engine.sequence_blocks.SequenceBlocks`); it starts when its prompt's blocks are
+free, and a decoding sequence takes its next block when it crosses a block boundary. When none is
+free, the newest admitted sequence (possibly the one asking) is preempted: everything in flight is
+collected first, its blocks and row are freed and it goes back to the front of the queue. When it
+restarts it prefills its prompt and the tokens it already generated (all but the last, which is its
+next input) and goes on decoding: nothing is sampled or reported twice.
+
+Row operations (reset, move, align, block-table rows) go through :class:`RowOps` (the pipeline);
+a refused one (a lost worker) raises :class:`~stagewise.errors.StagewiseError` to the caller,
+except a staging row's reset, which fails only its sequence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from stagewise.engine.decode_groups import plan_groups
+from stagewise.engine.staging_area import StagingArea
+from stagewise.errors import StagewiseError, StepCancelled
+
+if TYPE_CHECKING:
+    from stagewise.engine.sequence import Sequence
+    from stagewise.engine.sequence_blocks import SequenceBlocks
+
+
+class RowOps(Protocol):
+    """The row operations the scheduler asks of the pipeline."""
+
+    def reset(self, slot: int) -> None: ...
+
+    def move(self, src: int, dst: int, length: int) -> None: ...
+
+    def align(self, rows: slice) -> None: ...
+
+
+@dataclass(frozen=True)
+class RowMove:
+    """Move the state of row ``src`` (``length`` positions) to row ``dst``."""
+
+    src: int
+    dst: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.src < 0 or self.dst < 0 or self.length < 0:
+            raise ValueError(f"a row move needs rows and a length >= 0, got {self}")
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The decoding rows closed up: ``moves`` in order (each sequence moves at most once, last live row
+    into the lowest hole) and ``rows``, the live rows' sequences' former indices in their new order."""
+
+    moves: tuple[RowMove, ...]
+    rows: tuple[int, ...]
+
+
+def plan_compaction(lengths: list[int | None]) -> Compaction:
+    """Close the holes of the decoding rows; ``lengths[i]``: row ``i``'s positions (None: a hole)."""
+    rows = list(range(len(lengths)))
+    live = [n is not None for n in lengths]
+    while rows and not live[rows[-1]]:
+        rows.pop()
+    moves: list[RowMove] = []
+    for hole in range(len(rows)):
+        if hole >= len(rows):
+            break
+        if not live[rows[hole]]:
+            src = rows.pop()
+            length = lengths[src]
+            assert length is not None
+            moves.append(RowMove(src, hole, length))
+            rows[hole] = src
+            while rows and not live[rows[-1]]:
+                rows.pop()
+    return Compaction(tuple(moves), tuple(rows))
+
+
+class StepScheduler:
+    """The queue, the state rows and their KV blocks of a batcher (module doc).
+
+    Args:
+        row_ops: the pipeline's row operations.
+        kv: the KV blocks of each sequence's positions.
+        slots: state rows on every stage.
+        max_context: positions per sequence slot.
+        prefill_chunk: tokens per step that prefills prompts.
+        micro_batches: decode groups.
+        graphs: decode groups run graph buckets (padding rows).
+        packed: prompts are prefilled in packed steps (no rectangle).
+    """
+
+    def __init__(self, row_ops: RowOps, kv: SequenceBlocks, slots: int, max_context: int, prefill_chunk: int,
+                 micro_batches: int, graphs: bool, packed: bool) -> None:
+        self.row_ops = row_ops
+        self.kv = kv
+        self.slots = slots
+        self.max_context = max_context
+        self.prefill_chunk = prefill_chunk
+        self.micro_batches = micro_batches
+        self.graphs = graphs
+        self.packed = packed
+        self.queue: deque[Sequence] = deque()
+        self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
+        self.area: StagingArea[Sequence] = StagingArea(prefill_chunk, packed=packed)  # prefilling in, or ready to join from, the staging rows
+        self.area_aligned = True  # the staging rows share one recurrent buffer (else align before a step)
+        self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
+        self.regroup_needed = False
+        self.preemptions = 0  # sequences preempted (blocks ran out) since construction
+        self._admissions = 0
+
+    @property
+    def staging(self) -> list[Sequence]:
+        """The sequences in the staging rows, bottom first."""
+        return self.area.members
+
+    @property
+    def active(self) -> int:
+        """Sequences admitted and not finished."""
+        return len(self.queue) + len(self.staging) + sum(s is not None for s in self.decoding)
+
+    def rows_in_use(self) -> int:
+        """State rows holding a live sequence."""
+        return len(self.staging) + sum(s is not None for s in self.decoding)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq`` (checked by the caller) with its token budget; it starts in order."""
+        seq.budget = min(seq.request.max_tokens, self.kv.sequence_tokens(self.max_context) - seq.prompt_len)
+        self.queue.append(seq)
+
+    def reset(self) -> None:
+        """No sequence anywhere, every block free (after :meth:`fail_all`)."""
+        self.decoding, self.groups = [], []
+        self.area = StagingArea(self.prefill_chunk, packed=self.packed)
+        self.regroup_needed = False
+        self.kv.clear()
+
+    def fail_all(self, error: StagewiseError) -> None:
+        """End every sequence with ``error`` and start afresh."""
+        live = [*self.queue, *self.staging, *(s for s in self.decoding if s)]
+        self.queue.clear()
+        self.fail(tuple(live), error)
+        self.reset()
+
+    # ----- admission ---------------------------------------------------------------------------
+    @staticmethod
+    def prefill_ids(seq: Sequence) -> tuple[int, ...]:
+        """The prompt, and after a preemption the tokens generated before it but the last (the next input)."""
+        return tuple(seq.request.prompt_ids) + tuple(seq.tokens[:-1])
+
+    def _staging_floor(self) -> int:
+        """The lowest row the staging rows may start at: above the decoding rows and their groups'
+        padding (a padding row's state is overwritten by every step of its group)."""
+        padded = max((first + run for first, _, run in self.groups), default=0)
+        return max(len(self.decoding), padded)
+
+    def _first_staging_row(self, seq: Sequence) -> int:
+        """Where an empty staging area starts for ``seq``: just above the decoding rows when another
+        queued sequence could be prefilled with it (packing), else the top row (its chunks replay the
+        top row's graphs) — or row 0 when nothing decodes."""
+        floor = self._staging_floor()
+        if floor == 0:
+            return 0
+        if self.packed:
+            return floor  # a packed step runs eagerly: no graph's rows to aim for
+        probe = StagingArea(self.prefill_chunk, floor, [seq])
+        others = [s for s in self.queue if s is not seq][:1]
+        if others and floor + 1 < self.slots and probe.accepts(len(self.prefill_ids(others[0]))):
+            return floor
+        return self.slots - 1
+
+    def can_start(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may start now: a free row on top of the staging rows, its prefill's blocks
+        free, and the staging rows' order and step budget kept (see :class:`StagingArea`)."""
+        if self.regroup_needed:
+            return False  # rows are about to move
+        first = self.area.first if self.staging else self._staging_floor()
+        if first + len(self.staging) >= self.slots:
+            return False
+        ids = self.prefill_ids(seq)
+        return self.area.accepts(len(ids)) and self.kv.fits(len(ids))
+
+    def admit(self) -> None:
+        """Start queued sequences in the staging rows, the queue's head first, while they may."""
+        while self.queue and self.can_start(self.queue[0]):
+            self._start_staging(self.queue.popleft())
+
+    def _start_staging(self, seq: Sequence) -> None:
+        seq.ids = self.prefill_ids(seq)
+        seq.prefilled = 0
+        if not self.staging:
+            self.area.first = self._first_staging_row(seq)
+        row = self.area.add(seq)
+        self.area_aligned = len(self.staging) == 1
+        seq.row = row
+        seq.length = 0
+        seq.admitted = self._admissions
+        self._admissions += 1
+        self.kv.assign_prompt(seq)
+        try:
+            self.row_ops.reset(row)
+            self.kv.name_blocks(seq)
+        except StagewiseError as exc:  # stages in worker processes: a lost worker refuses it
+            self.fail((seq,), exc)
+
+    # ----- sequences out -----------------------------------------------------------------------
+    def _free_row(self, seq: Sequence) -> None:
+        """Take ``seq`` off its row: the staging row, or a hole in the decoding rows until the next
+        compaction; its blocks go back to the allocator and its table row to scratch."""
+        if seq in self.staging:
+            if seq is not self.staging[-1]:
+                self.regroup_needed = True  # the staging rows above it close the gap
+            self.staging.remove(seq)
+        elif 0 <= seq.row < len(self.decoding) and self.decoding[seq.row] is seq:
+            self.decoding[seq.row] = None
+            self.regroup_needed = True
+        self.kv.release(seq)
+
+    def end(self, seq: Sequence) -> None:
+        """``seq`` is finished: free its row and blocks (or drop it from the queue)."""
+        seq.done = True
+        if seq in self.queue:
+            self.queue.remove(seq)
+        self._free_row(seq)
+
+    def cancel(self, seq: Sequence) -> None:
+        self.end(seq)
+        seq.errored = True
+        seq.on_error(StepCancelled("cancelled by the client"))
+
+    def fail(self, seqs: tuple[Sequence | None, ...], error: StagewiseError) -> None:
+        """End every live one of ``seqs`` with ``error``."""
+        for seq in seqs:
+            if seq is not None and not seq.done:
+                self.end(seq)
+                seq.errored = True
+                seq.on_error(error)
+
+    def cancel_queued(self) -> None:
+        """End the queued sequences whose clients went away."""
+        for seq in [s for s in self.queue if s.cancelled()]:
+            self.queue.remove(seq)
+            self.cancel(seq)
+
+    def cancel_staging(self) -> None:
+        """End the staging sequences whose clients went away."""
+        for seq in [s for s in self.staging if s.cancelled()]:
+            self.cancel(seq)
+
+    def cancel_group(self, g: int) -> None:
+        """End group ``g``'s sequences whose clients went away."""
+        for seq in self.members(g):
+            if seq is not None and not seq.done and seq.cancelled():
+                self.cancel(seq)
+
+    # ----- KV blocks ---------------------------------------------------------------------------
+    def _preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and row and put it first in the queue, to be recomputed (nothing in flight)."""
+        self._free_row(seq)
+        seq.row = -1
+        seq.length = 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.queue.appendleft(seq)
+
+    def newest(self) -> Sequence | None:
+        """The live sequence admitted last (the one preempted first)."""
+        live = [s for s in (*self.decoding, *self.staging) if s is not None and not s.done]
+        return max(live, key=lambda s: s.admitted, default=None)
+
+    def reserve_blocks(self, g: int, drain: Callable[[], None]) -> None:
+        """Give every sequence of group ``g`` the block of its next position, preempting the newest
+        sequences while none is free; ``drain`` collects every step in flight first (module doc)."""
+        for seq in self.members(g):
+            if seq is None or seq.done or seq.row < 0 or not self.kv.needs_block(seq):
+                continue  # gone, preempted above, or its next position is in a block it has
+            if self.kv.exhausted:
+                drain()  # steps in flight may end sequences; nothing may move while they run
+            while self.kv.exhausted and not seq.done and seq.row >= 0:
+                victim = self.newest()
+                assert victim is not None
+                self._preempt(victim)
+            if seq.done or seq.row < 0:
+                continue  # it finished while draining, or was the newest itself
+            self.kv.grant_next(seq)
+
+    # ----- rows and groups ---------------------------------------------------------------------
+    def regroup(self) -> None:
+        """Compact the decoding rows, join the finished staging sequences, split the rows into groups
+        (nothing in flight)."""
+        plan = plan_compaction([s.length if s is not None else None for s in self.decoding])
+        before = list(self.decoding)
+        for move in plan.moves:
+            seq = before[move.src]
+            assert seq is not None
+            self.row_ops.move(move.src, move.dst, move.length)
+            seq.row = move.dst
+        live: list[Sequence] = [s for s in (before[i] for i in plan.rows) if s is not None]
+        assert all(s.row == i for i, s in enumerate(live))
+        for ready in self.area.finished():  # the bottom staging rows, in order: each moves down or stays
+            self.staging.remove(ready)
+            dst = len(live)
+            if ready.row != dst:
+                self.row_ops.move(ready.row, dst, ready.length)
+                ready.row = dst
+            live.append(ready)
+        self._close_staging(len(live))
+        self.decoding = list(live)
+        self.groups = self._plan_groups(len(live))
+        for first, _, run in self.groups:
+            if run > 1:
+                self.row_ops.align(slice(first, first + run))
+        self.regroup_needed = False
+
+    def _close_staging(self, floor: int) -> None:
+        """Give the staging rows left contiguous rows again (bottom up, each moves down or stays),
+        starting no lower than ``floor`` (the decoding rows end there)."""
+        first = max(floor, min((s.row for s in self.staging), default=floor))
+        for i, seq in enumerate(self.staging):
+            if seq.row != first + i:
+                self.row_ops.move(seq.row, first + i, seq.length)
+                seq.row = first + i
+                self.area_aligned = False
+        self.area.first = first
+
+    def _plan_groups(self, count: int) -> list[tuple[int, int, int]]:
+        # padding never reaches a staging row, and leaves one row for the next sequence to start in
+        limit = self.area.first if self.staging else (self.slots - 1 if count < self.slots else self.slots)
+        return plan_groups(count, self.micro_batches, self.graphs, limit)
+
+    def decode_shapes(self) -> dict[tuple[int, int], int]:
+        """Every decode step shape ``(first row, rows run)`` launched with no sequence in the staging
+        rows, each with the fewest decoding sequences that launch it (what warm-up runs)."""
+        shapes: dict[tuple[int, int], int] = {}
+        for count in range(1, self.slots + 1):
+            limit = self.slots - 1 if count < self.slots else self.slots
+            for first, _, run in plan_groups(count, self.micro_batches, self.graphs, limit):
+                shapes.setdefault((first, run), count)
+        return shapes
+
+    def members(self, g: int) -> list[Sequence | None]:
+        """Group ``g``'s decoding rows' sequences (None: a hole)."""
+        first, members, _ = self.groups[g]
+        return list(self.decoding[first : first + members])
