@@ -62,7 +62,8 @@ def test_prompts_never_starve_and_nothing_runs_without_tokens() -> None:
 
 @pytest.mark.parametrize("module", ["stagewise.engine.step_plan", "stagewise.engine.staging_area",
                                     "stagewise.engine.decode_groups", "stagewise.models.step_layout",
-                                    "stagewise.engine.step_scheduler", "stagewise.engine.sequence_blocks"])
+                                    "stagewise.engine.step_scheduler", "stagewise.engine.row_compaction",
+                                    "stagewise.engine.sequence_blocks"])
 def test_imports_without_torch(module: str) -> None:
     code = (f"import json, sys; import {module}; "
             "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3]))")

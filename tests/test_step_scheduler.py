@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagewise.engine.row_compaction import Compaction, RowMove, plan_compaction
 from stagewise.engine.sequence_blocks import SequenceBlocks
-from stagewise.engine.step_scheduler import Compaction, RowMove, StepScheduler, plan_compaction
+from stagewise.engine.step_scheduler import StepScheduler
 from stagewise.spec.kv_pool import KVPool
 
 

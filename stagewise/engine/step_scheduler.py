@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from stagewise.engine.decode_groups import plan_groups
+from stagewise.engine.row_compaction import plan_compaction
 from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import StagewiseError, StepCancelled
 
@@ -47,49 +47,6 @@ class RowOps(Protocol):
     def move(self, src: int, dst: int, length: int) -> None: ...
 
     def align(self, rows: slice) -> None: ...
-
-
-@dataclass(frozen=True)
-class RowMove:
-    """Move the state of row ``src`` (``length`` positions) to row ``dst``."""
-
-    src: int
-    dst: int
-    length: int
-
-    def __post_init__(self) -> None:
-        if self.src < 0 or self.dst < 0 or self.length < 0:
-            raise ValueError(f"a row move needs rows and a length >= 0, got {self}")
-
-
-@dataclass(frozen=True)
-class Compaction:
-    """The decoding rows closed up: ``moves`` in order (each sequence moves at most once, last live row
-    into the lowest hole) and ``rows``, the live rows' sequences' former indices in their new order."""
-
-    moves: tuple[RowMove, ...]
-    rows: tuple[int, ...]
-
-
-def plan_compaction(lengths: list[int | None]) -> Compaction:
-    """Close the holes of the decoding rows; ``lengths[i]``: row ``i``'s positions (None: a hole)."""
-    rows = list(range(len(lengths)))
-    live = [n is not None for n in lengths]
-    while rows and not live[rows[-1]]:
-        rows.pop()
-    moves: list[RowMove] = []
-    for hole in range(len(rows)):
-        if hole >= len(rows):
-            break
-        if not live[rows[hole]]:
-            src = rows.pop()
-            length = lengths[src]
-            assert length is not None
-            moves.append(RowMove(src, hole, length))
-            rows[hole] = src
-            while rows and not live[rows[-1]]:
-                rows.pop()
-    return Compaction(tuple(moves), tuple(rows))
 
 
 class StepScheduler:
