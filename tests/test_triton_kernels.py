@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
+from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
 from stagewise.kernels.gemv_triton import TALL_OVERLAPPED_CONFIG, config_for, gemv
@@ -217,28 +218,33 @@ def test_model_with_kernels_matches_reference_path(preset: str, monkeypatch: pyt
 def test_packed_step_with_kernels_matches_reference_path(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A packed step (a decoding row beside two prompts' chunks) through rope_store + decode_attention
     + SDPA per chunk gives the reference path's logits and KV."""
-    from tests.test_packed_steps import LAYOUT, prepare_packed
-
     results = []
     for fused in (False, True):
         monkeypatch.setenv("STAGEWISE_KERNELS", "triton" if fused else "torch")
         devices = "cuda:0" if DEVICE == "cuda" else "cpu:1x1GiB"
         loaded = load_model(f"random:{preset}", devices=devices, placement="single", context=64, dtype="float32",
                             max_seqs=4)
-        try:
-            with kernels_on_host():
-                tokens, positions, _ = prepare_packed(loaded.pipeline, loaded.config.vocab_size)
-                logits = loaded.pipeline.step(tokens, positions, layout=LAYOUT).logits
-            assert logits is not None
-            kv = {(i, n): t.cpu() for stage in loaded.pipeline.stages for i, state in stage.states.items()
-                  for n, t in state.tensors().items()}
-            results.append((logits.cpu(), kv))
-        finally:
-            loaded.close()
+        results.append(_packed_step_result(loaded))
     (want, want_kv), (got, got_kv) = results
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for key, tensor in want_kv.items():
         torch.testing.assert_close(got_kv[key], tensor, atol=1e-5, rtol=1e-5)
+
+
+def _packed_step_result(loaded: LoadedModel) -> tuple[torch.Tensor, dict[tuple[int, str], torch.Tensor]]:
+    """One packed step of ``loaded`` (closed afterwards): its logits and every stage's KV state, on the host."""
+    from tests.test_packed_steps import LAYOUT, prepare_packed
+
+    try:
+        with kernels_on_host():
+            tokens, positions, _ = prepare_packed(loaded.pipeline, loaded.config.vocab_size)
+            logits = loaded.pipeline.step(tokens, positions, layout=LAYOUT).logits
+        assert logits is not None
+        kv = {(i, n): t.cpu() for stage in loaded.pipeline.stages for i, state in stage.states.items()
+              for n, t in state.tensors().items()}
+        return logits.cpu(), kv
+    finally:
+        loaded.close()
 
 
 def _two_stage_pairs() -> tuple[tuple[str, str], tuple[str, str]]:
@@ -252,23 +258,12 @@ def _two_stage_pairs() -> tuple[tuple[str, str], tuple[str, str]]:
 def test_packed_step_with_kernels_two_stages_bit_identical_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """One packed step (a decoding row beside two prompts' chunks) with the kernels: two stages give one
     stage's logits and KV exactly."""
-    from tests.test_packed_steps import LAYOUT, prepare_packed
-
     monkeypatch.setenv("STAGEWISE_KERNELS", "triton")
     results = []
     for devices, placement in _two_stage_pairs():
         loaded = load_model("random:tiny-llama", devices=devices, placement=placement, context=64,
                             dtype="bfloat16" if DEVICE == "cuda" else "float32", max_seqs=4)  # the interpreter's bf16 is slow
-        try:
-            with kernels_on_host():
-                tokens, positions, _ = prepare_packed(loaded.pipeline, loaded.config.vocab_size)
-                logits = loaded.pipeline.step(tokens, positions, layout=LAYOUT).logits
-            assert logits is not None
-            kv = {(i, n): t.cpu() for stage in loaded.pipeline.stages for i, state in stage.states.items()
-                  for n, t in state.tensors().items()}
-            results.append((logits.cpu(), kv))
-        finally:
-            loaded.close()
+        results.append(_packed_step_result(loaded))
     (one, one_kv), (two, two_kv) = results
     assert torch.equal(one, two)
     assert one_kv.keys() == two_kv.keys() and all(torch.equal(one_kv[k], two_kv[k]) for k in one_kv)
