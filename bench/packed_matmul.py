@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from gguf.constants import GGMLQuantizationType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.moe_grouped import _time_ms
 from bench.packed_gemv import _random_raw
 from stagewise.kernels.moe_grouped_triton import TILES_PACKED, GemmTiles, PackedTensors, grouped_gemm
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
@@ -40,18 +40,8 @@ ROWS = (16, 64, 128, 256, 512, 2048)
 TILES = (1 << 22, 1 << 24)
 
 
-def _ms(fn: Callable[[], torch.Tensor], reps: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _ms(fn: Callable[[], torch.Tensor]) -> float:
+    return _time_ms(fn, warmup=1, iters=7)
 
 
 FUSED = [(64, TILES_PACKED), (16, GemmTiles(64, 256, 4, 2)), (16, GemmTiles(128, 256, 4, 2)),
@@ -90,19 +80,10 @@ def _sweep_fused(dev: torch.device, types: list[GGMLQuantizationType]) -> list[d
     return rows_out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results/packed_matmul_h200.json")
-    ap.add_argument("--types", default="q4_k,q6_k")
-    ap.add_argument("--sweep-fused", action="store_true", help="time the fused GEMM's tiles at 16-64 rows")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench/packed_matmul.py needs a CUDA GPU", file=sys.stderr)
-        return 1
-    dev = torch.device("cuda:0")
-    types = [T[t.strip().upper()] for t in args.types.split(",") if t.strip()]
-    rows_out: list[dict[str, object]] = _sweep_fused(dev, types) if args.sweep_fused else []
-    for label, (n, k) in ({} if args.sweep_fused else SHAPES).items():
+def _compare(dev: torch.device, types: list[GGMLQuantizationType]) -> list[dict[str, object]]:
+    """The fused GEMM beside dequantized tiles + cuBLAS and the dense matmul, every shape, type and row count."""
+    rows_out: list[dict[str, object]] = []
+    for label, (n, k) in SHAPES.items():
         dense = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
         for qtype in types:
             raw = _random_raw(qtype, n, k, dev)
@@ -123,6 +104,21 @@ def main() -> int:
                 rows_out.append(res)
                 print(f"{qtype.name:5s} {label:20s} rows {m:5d}  dense {res['dense_bf16_ms']:.3f} ms  " + "  ".join(
                     f"{name} {res[name]['ms']:.3f}" for name in fns), flush=True)  # type: ignore[index]
+    return rows_out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results/packed_matmul_h200.json")
+    ap.add_argument("--types", default="q4_k,q6_k")
+    ap.add_argument("--sweep-fused", action="store_true", help="time the fused GEMM's tiles at 16-64 rows")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/packed_matmul.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    dev = torch.device("cuda:0")
+    types = [T[t.strip().upper()] for t in args.types.split(",") if t.strip()]
+    rows_out = _sweep_fused(dev, types) if args.sweep_fused else _compare(dev, types)
     report = {"command": "python3 " + " ".join(sys.argv), "device": torch.cuda.get_device_name(dev),
               "date": datetime.datetime.now(datetime.UTC).isoformat(), "rows": rows_out}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
