@@ -6,15 +6,17 @@ routed experts). Each program owns ``BLOCK_N`` output rows of one output row ``m
 ``BLOCK_K`` steps; each step dequantizes its blocks in registers
 (:func:`~stagewise.kernels.packed_blocks_triton.block_values`: each row's step is one contiguous run
 of bytes, e.g. 576 bytes of Q4_K at ``BLOCK_K = 1024``) and accumulates ``w * x`` in float32, summed
-once at the end. The output is in ``x``'s dtype.
+once at the end. Q4_K and Q5_K (:data:`SLOT_TYPES`) are read by 8-byte slots instead, whose 8 + 8
+inputs are contiguous, so the input loads share the quant bytes' layout; each 32-value sub-block's
+``scale * sum(q x) - min * sum(x)`` is accumulated. The output is in ``x``'s dtype.
 
 Meant for at most :data:`GEMV_MAX_ROWS` output rows (decode; MoE decode's routed rows): every output
 row's programs read the weight tile again (from L2 when the rows share a matrix), so beyond that a
 dequantized tile and the device's matmul win. It is correct for any number of rows.
 
 Tile configs are a pure function of the type and shape (:func:`config_for`), never autotuned, so
-every pipeline stage reduces in the same order. They are unmeasured defaults (shaped like the Q8_0
-GEMV's, ``q8_0_gemv_triton``); ``bench/packed_gemv.py`` times candidates inside CUDA graphs.
+every pipeline stage reduces in the same order; ``bench/packed_gemv.py`` times candidates inside CUDA
+graphs (Q4_K, Q5_K and Q6_K measured, the other types' defaults not).
 The values may differ from ``gguf.quants``' in the last bit where the compiler fuses ``d * q + m``
 into one FMA; the products' sum differs from a float32 ``x @ W.T`` by summation order.
 """
@@ -167,9 +169,9 @@ GATHER_CONFIG = (4, 512, 4, 3)  # routed experts, K >= 1024
 GATHER_SHORT_CONFIG = (4, 256, 2, 4)  # routed experts, short K
 
 
-def _aligned(raw: torch.Tensor, unit: int) -> bool:
-    """Whether ``raw``'s rows can be read in ``unit``-byte integers (every stride and the start aligned)."""
-    return all(st % unit == 0 for st in raw.stride()[:-1]) and raw.shape[-1] % unit == 0 and raw.data_ptr() % 16 == 0
+def _word_aligned(raw: torch.Tensor) -> bool:
+    """Whether ``raw``'s rows can be read as 32-bit words (every stride a multiple of 4, the start of 16)."""
+    return all(st % 4 == 0 for st in raw.stride()[:-1]) and raw.shape[-1] % 4 == 0 and raw.data_ptr() % 16 == 0
 
 
 def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) -> tuple[int, int, int, int]:
@@ -190,7 +192,7 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
 
 def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationType, k: int,
                 expert_index: torch.Tensor | None = None, x_repeat: int = 1,
-                config: tuple[int, int, int, int] | None = None, slots: bool | None = None) -> torch.Tensor:
+                config: tuple[int, int, int, int] | None = None, slots: bool = True) -> torch.Tensor:
     """``x (M / x_repeat, k)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
 
     ``raw`` uint8 ``(N, row_bytes)`` holds the weight's GGUF rows of ``k`` values of ``ggml_type`` byte
@@ -216,8 +218,8 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
         raise ValueError("a 3-D packed stack needs one expert index per output row")
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    use_slots = ggml_type in SLOT_TYPES and slots is not False
-    if use_slots and not _aligned(raw, 4):  # the path is a function of type and shape only: never switch on an address
+    use_slots = slots and ggml_type in SLOT_TYPES
+    if use_slots and not _word_aligned(raw):  # the path is a function of type and shape only: never switch on an address
         raise ValueError(f"{ggml_type.name} rows must start 16-byte aligned with strides a multiple of 4 bytes")
     raw32 = raw.view(torch.int32) if use_slots else raw  # the super-blocks' headers as 32-bit words
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
