@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.test_server_support import ServedModel, make_model_dir, start_server
+from tests.test_server_support import ServedModel, make_model_dir, serving, start_server
 
 KEY = "test-key"
 HELLO = [{"role": "user", "content": "Hello, world! How are you today?"}]
@@ -39,11 +39,8 @@ def server(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: py
     log = tmp_path_factory.mktemp("log") / "serve.log"
     served = start_server(model_dir, log, *PLACEMENTS[request.param], "--queue", "1",
                           "--max-seqs", str(MAX_SEQS), api_key=KEY)
-    try:
-        served.wait_ready()
+    with serving(served):
         yield served
-    finally:
-        assert served.stop() == 0, log.read_text()[-3000:]
 
 
 @pytest.fixture

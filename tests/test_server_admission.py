@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.test_server_support import ServedModel, make_model_dir, start_server
+from tests.test_server_support import ServedModel, make_model_dir, serving, start_server
 
 MAX_SEQS = 4
 QUEUE = 2
@@ -34,11 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
     log = tmp_path_factory.mktemp("log") / "serve.log"
     served = start_server(model_dir, log, "--placement", "single", "--max-seqs", str(MAX_SEQS),
                           "--queue", str(QUEUE))
-    try:
-        served.wait_ready()
+    with serving(served):
         yield served
-    finally:
-        assert served.stop() == 0, log.read_text()[-3000:]
 
 
 def _set_delay(server: ServedModel, seconds: float) -> None:

@@ -159,22 +159,28 @@ def _read_to_close(sock: socket.socket) -> bytes:
     return reply
 
 
+def _trickled_reply(served: ServedModel, start: bytes) -> bytes:
+    """Send ``start`` (headers and a first byte of body), then trickle the body until the server closes:
+    everything it answered."""
+    done = threading.Event()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
+        sock.sendall(start)
+        trickler = threading.Thread(target=_trickle, args=(sock, done))
+        trickler.start()
+        try:
+            return _read_to_close(sock)
+        finally:
+            done.set()
+            trickler.join()
+
+
 @pytest.mark.parametrize("path", [CHAT, TEXT, "/tokenize"])
 def test_a_trickled_body_is_cut_off_with_408(served: ServedModel, path: str) -> None:
     """Headers, then a body trickled one byte at a time (slowloris on the body): the server answers 408 in
     OpenAI's shape once --body-timeout-s (2 s) has passed since it began reading, and closes the
     connection, however long the client would go on."""
-    done = threading.Event()
-    with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: 100000\r\n\r\n{\"messages\": ".encode())
-        trickler = threading.Thread(target=_trickle, args=(sock, done))
-        trickler.start()
-        try:
-            reply = _read_to_close(sock)
-        finally:
-            done.set()
-            trickler.join()
+    reply = _trickled_reply(served, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                     "Content-Length: 100000\r\n\r\n{\"messages\": ".encode())
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), reply[:300]
     error = json.loads(body)["error"]
@@ -186,16 +192,7 @@ def test_a_trickled_body_is_cut_off_with_408(served: ServedModel, path: str) -> 
 def test_a_body_trickled_to_a_route_that_reads_none_is_not_held(served: ServedModel) -> None:
     """A body after GET /health headers: the answer comes at once and the connection is closed with it,
     not kept alive for the rest of a body that may never end."""
-    done = threading.Event()
-    with socket.create_connection(("127.0.0.1", served.port), timeout=60) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
-        trickler = threading.Thread(target=_trickle, args=(sock, done))
-        trickler.start()
-        try:
-            reply = _read_to_close(sock)
-        finally:
-            done.set()
-            trickler.join()
+    reply = _trickled_reply(served, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"status":"ok"}'), reply[:300]
     _still_serving(served)
 

@@ -21,7 +21,7 @@ from stagewise.server.live_window import LiveWindow
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 from stagewise.server.webui import webui_files
-from tests.test_server_support import REPO, ServedModel, start_demo
+from tests.test_server_support import REPO, ServedModel, serving, start_demo
 
 
 def _snap(time_s: float, generated: int, prefilled: int, step: Timing) -> MetricsSnapshot:
@@ -100,11 +100,8 @@ def test_page_is_small_and_self_contained() -> None:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
     served = start_demo(tmp_path_factory.mktemp("status") / "serve.log")
-    try:
-        served.wait_ready()
+    with serving(served):
         yield served
-    finally:
-        assert served.stop() == 0, served.log.read_text()[-3000:]
 
 
 def plan_of_demo() -> dict:

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +84,16 @@ class ServedModel:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout_s)
+
+
+@contextlib.contextmanager
+def serving(served: ServedModel) -> Iterator[ServedModel]:
+    """``served`` once ready; stopped afterwards, which must exit 0 (else its log's tail is the failure)."""
+    try:
+        served.wait_ready()
+        yield served
+    finally:
+        assert served.stop() == 0, served.log.read_text()[-3000:]
 
 
 def start_server(model_dir: Path, log: Path, *extra: str, api_key: str | None = None,

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.test_server_status import plan_of_demo
-from tests.test_server_support import REPO, ServedModel, start_demo
+from tests.test_server_support import REPO, ServedModel, serving, start_demo
 
 CHROMIUM = os.environ.get("STAGEWISE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -72,11 +72,8 @@ def page(browser: Any) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
     served = start_demo(tmp_path_factory.mktemp("webui") / "serve.log")
-    try:
-        served.wait_ready()
+    with serving(served):
         yield served
-    finally:
-        assert served.stop() == 0, served.log.read_text()[-3000:]
 
 
 def _ready(page: Any, polls_after: int = 0) -> None:
