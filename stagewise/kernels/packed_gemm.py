@@ -1,4 +1,4 @@
-"""Packed matmul for many rows in one Triton launch (prefill, batched decode), for every packed type.
+"""Packed matmul of 17-127 rows in one Triton launch (batched decode; prefill takes dequantized tiles), every packed type.
 
 :func:`~stagewise.kernels.moe_grouped_triton.grouped_gemm` with a single "expert": each program reads
 its tile's GGUF blocks once, dequantizes them in registers
