@@ -9,12 +9,16 @@ for the built-in demo model. For each concurrency level N, N streamed ``/v1/comp
 (prompts of exactly ``--prompt`` token ids, ``--gen`` tokens out, greedy) are sent at once; with
 ``--rate``, ``--requests`` more arrive as a Poisson process of that rate. Reported per run, as
 ``vllm bench serve`` reports them: completed, refused (429), failed, output tok/s (every streamed
-token over the run's wall time), TTFT p50/p99, inter-token latency p50/p99 (every gap between two
+token over the run's wall time), decode tok/s (each stream's tokens after its first over its time after
+its first, summed: the prefill's share left out), TTFT p50/p99, inter-token latency p50/p99 (every gap between two
 streamed tokens), end-to-end latency p50/p99. The first run after the server came up is marked
 ``first_burst`` (its TTFT includes whatever warm-up did not cover). With ``--status-poll-s S`` each
 level runs a second time while ``GET /v1/stagewise/status`` is polled every S seconds (the web page
-polls every 1 s): that run's output tok/s over the first's (``status_on_over_off``) and the polls'
-latency (p50/p99/max at the client, an upper bound on what each read takes from the engine loop). Then, with the server stopped
+polls every 1 s), in ``--status-rounds`` rounds of unpolled, polled, polled, unpolled: the polled runs'
+output tok/s over the unpolled ones' (``status_on_over_off``, and each round's) and the polls'
+latency (p50/p99/max at the client) and the server's own time building them
+(``stagewise_status_seconds_total``: ms per poll, and ms per second of the run: what they took from the
+engine loop at most, which waits for the GIL meanwhile). Then, with the server stopped
 (its devices freed), ``stagewise bench MODEL --concurrency LEVELS`` runs in process on the same
 devices and its aggregate and decode tok/s are written beside the HTTP figures with their ratio.
 JSON (command, machine, date, both sets of figures) goes to ``--json``; a table is printed.
@@ -105,11 +109,15 @@ def _summary(name: str, traces: list[Trace], wall_s: float, first_burst: bool) -
     gaps = [g for t in done for g in t.gaps_s]
     e2e = [t.e2e_s for t in done if t.e2e_s is not None]
     tokens = sum(t.tokens for t in done)
+    # each stream's rate after its first token, summed: the decode throughput, without the prefill's share
+    decode = sum((t.tokens - 1) / (t.e2e_s - t.ttft_s) for t in done
+                 if t.ttft_s is not None and t.e2e_s is not None and t.e2e_s > t.ttft_s and t.tokens > 1)
     errors = sorted({t.error for t in traces if t.error})[:3]
     return {"run": name, "requests": len(traces), "completed": len(done),
             "refused": sum(t.status == "refused" for t in traces), "failed": sum(t.status == "failed" for t in traces),
             "first_burst": first_burst, "wall_s": wall_s, "output_tokens": tokens,
             "output_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+            "decode_tokens_per_s": decode or None,
             "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
             "itl_p50_s": _pct(gaps, 50), "itl_p99_s": _pct(gaps, 99),
             "e2e_p50_s": _pct(e2e, 50), "e2e_p99_s": _pct(e2e, 99), "errors": errors}
@@ -159,6 +167,20 @@ async def _burst_polled(client: openai.AsyncOpenAI, url: str, prompts: list[list
     return traces, wall, latencies
 
 
+async def _status_seconds(url: str) -> float:
+    """The server's ``stagewise_status_seconds_total``: time spent building status bodies so far."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("stagewise_status_seconds_total "):
+            return float(line.split()[1])
+    raise SystemExit("the server exports no stagewise_status_seconds_total")
+
+
+def _mean_rate(runs: list[dict[str, Any]], key: str = "output_tokens_per_s") -> float:
+    return sum(r[key] or 0 for r in runs) / len(runs)
+
+
 async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[list[int]],
                  rng: random.Random) -> list[dict[str, Any]]:
     """Every burst level, then the Poisson run, on one event loop and one client."""
@@ -173,26 +195,46 @@ async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[
             runs.append({"concurrency": level, **_summary(f"burst {level}", traces, wall, i == 0)})
             print(f"burst {level}: {runs[-1]['completed']} completed, {runs[-1]['refused']} refused, "
                   f"{runs[-1]['failed']} failed", flush=True)
-            if args.status_poll_s:  # A B B A: polled twice between two unpolled runs, so drift cancels
+            if args.status_poll_s:  # A B B A rounds: polled twice between two unpolled runs, so drift cancels
                 off = [runs[-1]]
-                for label in ("polled", "polled", "off"):
-                    if label == "off":
-                        traces, wall = await _burst(client, prompts[:level], args.gen)
-                        off.append({"concurrency": level, **_summary(f"burst {level}", traces, wall, False)})
-                        runs.append(off[-1])
-                        continue
-                    traces, wall, polls = await _burst_polled(client, url, prompts[:level], args.gen,
-                                                              args.status_poll_s)
-                    runs.append({"concurrency": level, **_summary(f"burst {level} + status", traces, wall, False),
-                                 "status_poll_s": args.status_poll_s, "status_polls": len(polls),
-                                 "status_p50_s": _pct(polls, 50), "status_p99_s": _pct(polls, 99),
-                                 "status_max_s": max(polls, default=None)})
-                on = runs[-3:-1]
+                on = []
+                ratios, decode_ratios = [], []
+                for _round in range(args.status_rounds):
+                    round_on, round_off = [], [off[-1]]
+                    for label in ("polled", "polled", "off"):
+                        if label == "off":
+                            traces, wall = await _burst(client, prompts[:level], args.gen)
+                            off.append({"concurrency": level, **_summary(f"burst {level}", traces, wall, False)})
+                            runs.append(off[-1])
+                            round_off.append(off[-1])
+                            continue
+                        spent_s = await _status_seconds(url)
+                        traces, wall, polls = await _burst_polled(client, url, prompts[:level], args.gen,
+                                                                  args.status_poll_s)
+                        spent_s = await _status_seconds(url) - spent_s
+                        runs.append({"concurrency": level,
+                                     **_summary(f"burst {level} + status", traces, wall, False),
+                                     "status_poll_s": args.status_poll_s, "status_polls": len(polls),
+                                     "status_p50_s": _pct(polls, 50), "status_p99_s": _pct(polls, 99),
+                                     "status_max_s": max(polls, default=None),
+                                     "status_build_ms_per_s": 1e3 * spent_s / wall,
+                                     "status_build_ms_per_poll": 1e3 * spent_s / max(1, len(polls))})
+                        on.append(runs[-1])
+                        round_on.append(runs[-1])
+                    round_off = [r for r in round_off if not r["first_burst"]] or round_off
+                    ratios.append(_mean_rate(round_on) / _mean_rate(round_off))
+                    decode_ratios.append(_mean_rate(round_on, "decode_tokens_per_s")
+                                         / _mean_rate(round_off, "decode_tokens_per_s"))
                 off = [r for r in off if not r["first_burst"]] or off  # the server's first burst: warm-up
-                rate_on = sum(r["output_tokens_per_s"] or 0 for r in on) / len(on)
-                rate_off = sum(r["output_tokens_per_s"] or 0 for r in off) / len(off)
-                runs[-2]["status_on_over_off"] = rate_on / rate_off if rate_off else None
-                print(f"burst {level} + status every {args.status_poll_s:g} s: on/off {runs[-2]['status_on_over_off']}, "
+                rate_off = _mean_rate(off)
+                runs[-2]["status_on_over_off"] = _mean_rate(on) / rate_off if rate_off else None
+                runs[-2]["status_on_over_off_rounds"] = ratios
+                runs[-2]["status_decode_on_over_off"] = (_mean_rate(on, "decode_tokens_per_s")
+                                                         / _mean_rate(off, "decode_tokens_per_s"))
+                runs[-2]["status_decode_on_over_off_rounds"] = decode_ratios
+                print(f"burst {level} + status every {args.status_poll_s:g} s: on/off {runs[-2]['status_on_over_off']:.4f} "
+                      f"(decode {runs[-2]['status_decode_on_over_off']:.4f}), building bodies "
+                      f"{sum(r['status_build_ms_per_s'] for r in on) / len(on):.3f} ms/s, "
                       f"status p99 {runs[-2]['status_p99_s']}", flush=True)
         if args.rate:
             traces, wall = await _poisson(client, prompts[: args.requests], args.gen, args.rate, rng)
@@ -304,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-in-process", dest="in_process", action="store_false")
     p.add_argument("--status-poll-s", type=float, default=None,
                    help="also run each level while polling /v1/stagewise/status this often (the web page: 1)")
+    p.add_argument("--status-rounds", type=int, default=1,
+                   help="A B B A rounds (unpolled, polled, polled, unpolled) a level with --status-poll-s")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     args.model = args.model_flag or args.model

@@ -128,6 +128,21 @@ def test_status_is_the_certified_plan(demo: ServedModel) -> None:
     assert placement["links"][0]["between"] == ["cpu:0", "cpu:1"] and placement["links"][0]["boundary"]
 
 
+def _status_seconds(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith("stagewise_status_seconds_total ")))
+
+
+def test_status_time_is_counted(demo: ServedModel) -> None:
+    """Each status body's build time is added to ``stagewise_status_seconds_total`` (the serving bench's
+    measure of what the page costs the engine loop)."""
+    before = _status_seconds(demo.url)
+    for _ in range(3):
+        httpx.get(f"{demo.url}/v1/stagewise/status", timeout=10).raise_for_status()
+    assert _status_seconds(demo.url) > before
+
+
 def test_status_counters_move_with_a_request(demo: ServedModel) -> None:
     before = httpx.get(f"{demo.url}/v1/stagewise/status", timeout=10).json()["live"]
     body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12, "temperature": 0}

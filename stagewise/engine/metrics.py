@@ -52,6 +52,9 @@ class EngineMetrics:
                                  ["boundary"], buckets=_LATENCY_BUCKETS_S, registry=r)
         self.memory_charge = Gauge("stagewise_device_memory_charge_bytes", "Bytes charged in each stage's ledger",
                                    ["stage", "device", "category"], registry=r)
+        self.status_seconds = Counter("stagewise_status_seconds",
+                                      "Time spent building GET /v1/stagewise/status bodies, on the event loop",
+                                      registry=r)
         self.loaded = Gauge("stagewise_model_loaded", "1 once the model is loaded and serving", registry=r)
 
     def observe_step(self, pipeline: Pipeline, timings: StepTimings) -> None:

@@ -191,7 +191,10 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/stagewise/status")
     async def stagewise_status() -> Response:
-        return JSONResponse(status.body())  # reads only: see StatusReport; never waits for the engine
+        started = time.perf_counter()
+        response = JSONResponse(status.body())  # reads only: see StatusReport; never waits for the engine
+        state.metrics.status_seconds.inc(time.perf_counter() - started)  # its whole cost: it holds the GIL
+        return response
 
     if settings.webui:
         add_webui(app)
