@@ -27,7 +27,7 @@ from bench.gemv_graph import _graph_us, _rel
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
-from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, SlotVariant, config_for, packed_gemv
+from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv
 from stagewise.weights.quant.packed_types import PACKED, block_bytes, block_elements, row_bytes
 
 T = GGMLQuantizationType
@@ -38,15 +38,7 @@ F16_AT = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
 CANDIDATES = [(1, 2048, 4, 3), (2, 1024, 4, 4), (4, 512, 2, 3), (2, 1024, 2, 3), (2, 2048, 4, 3), (4, 1024, 2, 3),
               (4, 1024, 4, 3), (1, 1024, 2, 3), (1, 4096, 4, 2), (8, 512, 2, 3), (2, 512, 2, 4), (4, 2048, 4, 2),
               (8, 1024, 4, 2)]
-# the slot path's variants (slot bytes, one FMA a value, next step read first), each at these configs
-SLOT_VARIANTS = [SlotVariant(8, False, True), SlotVariant(8, True, True), SlotVariant(16, False, True),
-                 SlotVariant(16, True, False), SlotVariant(16, True, True)]
-VARIANT_CONFIGS = [(4, 1024, 2, 3), (2, 1024, 2, 3), (2, 2048, 4, 3), (1, 2048, 4, 3), (4, 512, 2, 3)]
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
-
-
-def _variant_name(v: SlotVariant) -> str:
-    return f"slot{v.slot_bytes}{'-fma' if v.fma else ''}{'-prefetch' if v.prefetch else ''}"
 
 
 def _random_raw(qtype: GGMLQuantizationType, n: int, k: int, dev: torch.device) -> torch.Tensor:
@@ -123,15 +115,10 @@ def main() -> int:
             current = str(config_for(qtype, n, k, False))
             if current not in fns:
                 fns[current] = lambda i, x=x, raws=raws, qtype=qtype, k=k: packed_gemv(x, raws[i], qtype, k)
-            if qtype in SLOT_TYPES:  # the slot path's variants beside the current one, and the byte path
-                for variant in SLOT_VARIANTS:
-                    for cfg in VARIANT_CONFIGS:
-                        fns[f"{_variant_name(variant)} {cfg}"] = (
-                            lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k, variant=variant:
-                            packed_gemv(x, raws[i], qtype, k, config=cfg, variant=variant))
-                cfg = config_for(qtype, n, k, False)
-                fns[f"bytes {cfg}"] = (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k:
-                                       packed_gemv(x, raws[i], qtype, k, config=cfg, slots=False))
+            if qtype in SLOT_TYPES:  # the byte path beside the word path, same configs
+                for cfg in [*CANDIDATES[:4], config_for(qtype, n, k, False)]:
+                    fns[f"bytes {cfg}"] = (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k:
+                                           packed_gemv(x, raws[i], qtype, k, config=cfg, slots=False))
             rows.append(_sweep(f"{qtype.name} {label}", nbytes, fns, ref, copies, current, dense_us))
             del raws
     report["rows"] = rows

@@ -20,7 +20,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
-from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, SlotVariant, config_for, packed_gemv
+from stagewise.kernels.packed_gemv_triton import config_for, packed_gemv
 
 T = GGMLQuantizationType
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -95,18 +95,6 @@ def test_packed_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, config: t
     y_half = packed_gemv(x[:1].to(DEVICE, torch.float16), _on_device(raw), qtype, k, config=config)
     assert y_half.dtype == torch.float16 and y_half.shape == (1, n)
     _close(y_half.cpu(), x[:1].half().float() @ w.T, HALF_TOL)
-
-
-@pytest.mark.parametrize("qtype", sorted(SLOT_TYPES, key=int), ids=lambda t: t.name)
-@pytest.mark.parametrize("variant", [SlotVariant(8, True, True), SlotVariant(16, False, True), SlotVariant(16, True, False)],
-                         ids=str)
-def test_slot_variants_match_dense_matmul(qtype: GGMLQuantizationType, variant: SlotVariant) -> None:
-    """Every slot variant (slot bytes, one FMA a value, next step read first) computes the same GEMV."""
-    n, k = 13, 768
-    raw = _random_rows(qtype, rows=n, k=k, seed=int(qtype) + 2)
-    x = torch.randn(2, k)
-    y = packed_gemv(x.to(DEVICE), _on_device(raw), qtype, k, config=(4, 256, 4, 1), variant=variant)
-    _close(y.cpu(), x @ _dense(raw, qtype).T, GEMV_TOL)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -48,16 +48,6 @@ def _f16(ptr, mask):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def exact_f32(u, OFFSET: tl.constexpr = 0):  # type: ignore[no-untyped-def]
-    """``float(u - OFFSET)`` for int32 ``0 <= u < 2**23``, exactly, without a conversion instruction:
-    ``u`` as the mantissa of ``2**23`` (one OR), then one float subtraction.
-
-    NOTE: int-to-float conversions run at a fraction of the float units' rate; a GEMV converts every
-    quant, so they, not the memory, bounded it."""
-    return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
-
-
-@triton.jit
 def _signed(byte):  # type: ignore[no-untyped-def]
     return (byte ^ 0x80) - 0x80
 

@@ -23,8 +23,6 @@ into one FMA; the products' sum differs from a float32 ``x @ W.T`` by summation 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -32,29 +30,12 @@ from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.gemv_triton import gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.packed_blocks_triton import block_tile, exact_f32
+from stagewise.kernels.packed_blocks_triton import block_tile
 from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
 from stagewise.weights.quant.packed_types import PACKED, block_elements, row_bytes
 
 # types whose GEMV reads 8-byte slots and applies scales once a sub-block
 SLOT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})
-
-
-@dataclass(frozen=True)
-class SlotVariant:
-    """How the slot path reads and sums: quant bytes a slot (8 or 16), one FMA a value (else a dot a
-    slot), the next K step's bytes read before this step's math."""
-
-    slot_bytes: int = 8
-    fma: bool = False
-    prefetch: bool = False
-
-    def __post_init__(self) -> None:
-        if self.slot_bytes not in (8, 16):
-            raise ValueError(f"a slot is 8 or 16 bytes, not {self.slot_bytes}")
-
-
-SLOT_VARIANT = SlotVariant()
 GEMV_MAX_ROWS = 16  # output rows (tokens, or routed (token, expert) pairs) the kernel is meant for
 
 
@@ -64,13 +45,12 @@ def _input_tile(x_row, k, K):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _k_raw(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr, SLOT: tl.constexpr):  # type: ignore[no-untyped-def]
-    """One K step's bytes of Q4_K / Q5_K super-blocks, by ``SLOT``-byte slots: quant bytes ``32c + SLOT g + l``
-    ``(BN, NB, 4, 32 / SLOT, SLOT)`` (chunk ``c``, slot ``g``), Q5_K's high-bit bytes ``SLOT g + l`` of the
-    same values (zeros for Q4_K), and each super-block's header as words ``(BN, NB, 1, 1)``: d and dmin,
-    then the 12 scale bytes. Past ``K`` (or a masked row) everything is zero and nothing is read.
+def _k_slots(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q4_K / Q5_K super-blocks by 8-byte slots: quant bytes ``32c + 8g + l`` ``(BN, NB, 4, 4, 8)``
+    (chunk ``c``, slot ``g``), Q5_K's high-bit bytes ``8g + l`` of the same values (zeros for Q4_K), and
+    the scale and min of sub-blocks ``2c`` and ``2c + 1`` ``(BN, NB, 4, 1)`` each.
 
-    A slot's bytes hold values ``64c + SLOT g + l`` (low nibbles) and ``64c + 32 + SLOT g + l`` (high):
+    A slot's 8 bytes hold values ``64c + 8g + l`` (low nibbles) and ``64c + 32 + 8g + l`` (high): 8
     contiguous inputs each, so the input loads take the quant bytes' layout (one thread, one slot)."""
     b = k0 // 256 + tl.arange(0, NB)
     BB: tl.constexpr = 144 if TYPE == 12 else 176  # bytes a super-block
@@ -79,11 +59,11 @@ def _k_raw(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr, SL
     m5 = mask[:, :, None, None, None]
     blk = rows[:, None] + b[None, :] * BB  # (BN, NB) each super-block's first byte
     c = tl.arange(0, 4)[None, None, :, None, None]
-    g = tl.arange(0, 32 // SLOT)[None, None, None, :, None]
-    ls = tl.arange(0, SLOT)[None, None, None, None, :]
-    quants = tl.load(blk[:, :, None, None, None] + QS_AT + 32 * c + SLOT * g + ls, mask=m5, other=0).to(tl.int32)
+    g = tl.arange(0, 4)[None, None, None, :, None]
+    l8 = tl.arange(0, 8)[None, None, None, None, :]
+    quants = tl.load(blk[:, :, None, None, None] + QS_AT + 32 * c + 8 * g + l8, mask=m5, other=0).to(tl.int32)
     if TYPE == 13:
-        high = tl.load(blk[:, :, None, None, None] + 16 + SLOT * g + ls + 0 * c, mask=m5, other=0).to(tl.int32)
+        high = tl.load(blk[:, :, None, None, None] + 16 + 8 * g + l8 + 0 * c, mask=m5, other=0).to(tl.int32)
     else:
         high = tl.zeros((1, 1, 1, 1, 1), dtype=tl.int32)
     head = rows32[:, None] + b[None, :] * (BB // 4)  # (BN, NB) the same super-blocks as 32-bit words
@@ -91,30 +71,6 @@ def _k_raw(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr, SL
     w1 = tl.load(head + 1, mask=mask, other=0)[:, :, None, None]  # scale bytes 0-3
     w2 = tl.load(head + 2, mask=mask, other=0)[:, :, None, None]  # 4-7
     w3 = tl.load(head + 3, mask=mask, other=0)[:, :, None, None]  # 8-11
-    return quants, high, w0, w1, w2, w3
-
-
-@triton.jit
-def _k_inputs(x_row, k0, K, NB: tl.constexpr, SLOT: tl.constexpr):  # type: ignore[no-untyped-def]
-    """The inputs of one K step in :func:`_k_raw`'s slots: the low and the high nibbles' ``(1, NB, 4, 32 / SLOT, SLOT)``."""
-    b = k0 // 256 + tl.arange(0, NB)[None, :, None, None, None]
-    c = tl.arange(0, 4)[None, None, :, None, None]
-    g = tl.arange(0, 32 // SLOT)[None, None, None, :, None]
-    ls = tl.arange(0, SLOT)[None, None, None, None, :]
-    at = b * 256 + 64 * c + SLOT * g + ls  # the low nibbles' inputs
-    in_k = b < K // 256  # constant along a slot, so the loads stay vectors
-    x0 = tl.load(x_row + at, mask=in_k, other=0.0).to(tl.float32)
-    x1 = tl.load(x_row + at + 32, mask=in_k, other=0.0).to(tl.float32)
-    return x0, x1
-
-
-@triton.jit
-def _k_step(acc0, acc1, quants, high, w0, w1, w2, w3, x0, x1, TYPE: tl.constexpr, FMA: tl.constexpr):  # type: ignore[no-untyped-def]
-    """One K step of a Q4_K / Q5_K GEMV from :func:`_k_raw` and :func:`_k_inputs`, added to the accumulators.
-
-    ``FMA``: each value ``scale * q - min`` (one FMA, as ``gguf.quants`` dequantizes) times its input into
-    ``acc0`` / ``acc1`` (low / high nibbles, the slots' shape). Else ``scale * sum(q x) - min * sum(x)``
-    of each slot's two sub-blocks into ``acc0`` ``(BN, NB, 4, 32 / SLOT)`` (``acc1`` unused)."""
     c4 = tl.arange(0, 4)[None, None, :, None]
     d = ((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
     dmin = (((w0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
@@ -126,28 +82,36 @@ def _k_step(acc0, acc1, quants, high, w0, w1, w2, w3, x0, x1, TYPE: tl.constexpr
     m1 = (w2 >> (sh + 8)) & 0xFF
     e0 = (w3 >> sh) & 0xFF
     e1 = (w3 >> (sh + 8)) & 0xFF
-    scale0 = d * exact_f32(tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)))  # (BN, NB, 4, 1)
-    scale1 = d * exact_f32(tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)))
-    min0 = dmin * exact_f32(tl.where(lo, m0 & 0x3F, (e0 >> 4) | ((m0 >> 2) & 0x30)))
-    min1 = dmin * exact_f32(tl.where(lo, m1 & 0x3F, (e1 >> 4) | ((m1 >> 2) & 0x30)))
+    scale0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
+    scale1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
+    min0 = dmin * tl.where(lo, m0 & 0x3F, (e0 >> 4) | ((m0 >> 2) & 0x30)).to(tl.float32)
+    min1 = dmin * tl.where(lo, m1 & 0x3F, (e1 >> 4) | ((m1 >> 2) & 0x30)).to(tl.float32)
+    return quants, high, scale0, scale1, min0, min1
+
+
+@triton.jit
+def _k_dot(quants, high, scale0, scale1, min0, min1, x_row, k0, K, TYPE: tl.constexpr,
+           NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of a Q4_K / Q5_K GEMV from :func:`_k_slots`: ``scale * sum(q * x) - min * sum(x)`` of
+    each slot's two sub-blocks, ``(BN, NB, 4, 4)`` (summed over the rest at the end)."""
+    b = k0 // 256 + tl.arange(0, NB)[None, :, None, None, None]
     c = tl.arange(0, 4)[None, None, :, None, None]
+    g = tl.arange(0, 4)[None, None, None, :, None]
+    l8 = tl.arange(0, 8)[None, None, None, None, :]
+    at = b * 256 + 64 * c + 8 * g + l8  # (1, NB, 4, 4, 8) the low nibbles' inputs
+    in_k = b < K // 256  # constant along a slot, so the loads stay vectors
+    x0 = tl.load(x_row + at, mask=in_k, other=0.0).to(tl.float32)
+    x1 = tl.load(x_row + at + 32, mask=in_k, other=0.0).to(tl.float32)
     q0 = quants & 15
     q1 = quants >> 4
     if TYPE == 13:
         q0 = q0 | (((high >> (2 * c)) & 1) << 4)
         q1 = q1 | (((high >> (2 * c + 1)) & 1) << 4)
-    if FMA:
-        w_lo = scale0[:, :, :, :, None] * exact_f32(q0) - min0[:, :, :, :, None]
-        w_hi = scale1[:, :, :, :, None] * exact_f32(q1) - min1[:, :, :, :, None]
-        acc0 += w_lo * x0
-        acc1 += w_hi * x1
-    else:
-        dot0 = tl.sum(exact_f32(q0) * x0, axis=4)
-        dot1 = tl.sum(exact_f32(q1) * x1, axis=4)
-        sum0 = tl.sum(x0, axis=4)
-        sum1 = tl.sum(x1, axis=4)
-        acc0 += scale0 * dot0 - min0 * sum0 + scale1 * dot1 - min1 * sum1
-    return acc0, acc1
+    dot0 = tl.sum(q0.to(tl.float32) * x0, axis=4)
+    dot1 = tl.sum(q1.to(tl.float32) * x1, axis=4)
+    sum0 = tl.sum(x0, axis=4)
+    sum1 = tl.sum(x1, axis=4)
+    return scale0 * dot0 - min0 * sum0 + scale1 * dot1 - min1 * sum1
 
 
 @triton.jit
@@ -156,43 +120,26 @@ def _packed_gemv_kernel(
     N, K,
     stride_xm, stride_we, stride_wn, stride_ym,
     x_repeat,
-    TYPE: tl.constexpr, SLOTS: tl.constexpr, SLOT: tl.constexpr, FMA: tl.constexpr, PREFETCH: tl.constexpr,
-    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr,
+    TYPE: tl.constexpr, SLOTS: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     if GATHER:  # the expert index is the router's output: wait before reading it
         wait_for_predecessor(GDC)
     m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
     rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn  # (BN,) each row's first byte (word)
     x_row = x_ptr + xm * stride_xm
-    if SLOTS:  # Q4_K / Q5_K by slots
+    if SLOTS:  # Q4_K / Q5_K by 8-byte slots, scales applied once a sub-block
         NB: tl.constexpr = BLOCK_K // 256
         rows32 = w32_ptr + (e * stride_we + offs_n.to(tl.int64) * stride_wn) // 4  # the same rows as 32-bit words
         # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
-        qs, hs, w0, w1, w2, w3 = _k_raw(rows, rows32, 0, K, n_mask, TYPE, NB, SLOT)
+        qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, 0, K, n_mask, TYPE, NB)
         if not GATHER:
             wait_for_predecessor(GDC)
-        x0, x1 = _k_inputs(x_row, 0, K, NB, SLOT)
-        if FMA:
-            acc0 = tl.zeros((BLOCK_N, NB, 4, 32 // SLOT, SLOT), dtype=tl.float32)
-        else:
-            acc0 = tl.zeros((BLOCK_N, NB, 4, 32 // SLOT), dtype=tl.float32)
-        acc1 = acc0
-        if PREFETCH:  # the next step's bytes are read before this step's math: two steps in flight
-            for k0 in range(BLOCK_K, K + BLOCK_K, BLOCK_K):
-                nqs, nhs, nw0, nw1, nw2, nw3 = _k_raw(rows, rows32, k0, K, n_mask, TYPE, NB, SLOT)
-                nx0, nx1 = _k_inputs(x_row, k0, K, NB, SLOT)
-                acc0, acc1 = _k_step(acc0, acc1, qs, hs, w0, w1, w2, w3, x0, x1, TYPE, FMA)
-                qs, hs, w0, w1, w2, w3, x0, x1 = nqs, nhs, nw0, nw1, nw2, nw3, nx0, nx1
-        else:
-            acc0, acc1 = _k_step(acc0, acc1, qs, hs, w0, w1, w2, w3, x0, x1, TYPE, FMA)
-            for k0 in range(BLOCK_K, K, BLOCK_K):
-                qs, hs, w0, w1, w2, w3 = _k_raw(rows, rows32, k0, K, n_mask, TYPE, NB, SLOT)
-                x0, x1 = _k_inputs(x_row, k0, K, NB, SLOT)
-                acc0, acc1 = _k_step(acc0, acc1, qs, hs, w0, w1, w2, w3, x0, x1, TYPE, FMA)
-        if FMA:
-            y = tl.sum(tl.reshape(acc0 + acc1, (BLOCK_N, NB * 128)), axis=1)
-        else:
-            y = tl.sum(tl.reshape(acc0, (BLOCK_N, NB * 128 // SLOT)), axis=1)
+        part = _k_dot(qs, hs, s0, s1, n0, n1, x_row, 0, K, TYPE, NB)  # (BN, NB, 4, 4)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, k0, K, n_mask, TYPE, NB)
+            part += _k_dot(qs, hs, s0, s1, n0, n1, x_row, k0, K, TYPE, NB)
+        y = tl.sum(tl.reshape(part, (BLOCK_N, NB * 16)), axis=1)
     else:
         w_first, kk = block_tile(rows, 0, K, n_mask, TYPE, BLOCK_K)  # (BN, blocks, ...) float32, offsets in K
         if not GATHER:
@@ -245,8 +192,7 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
 
 def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationType, k: int,
                 expert_index: torch.Tensor | None = None, x_repeat: int = 1,
-                config: tuple[int, int, int, int] | None = None, slots: bool = True,
-                variant: SlotVariant | None = None) -> torch.Tensor:
+                config: tuple[int, int, int, int] | None = None, slots: bool = True) -> torch.Tensor:
     """``x (M / x_repeat, k)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
 
     ``raw`` uint8 ``(N, row_bytes)`` holds the weight's GGUF rows of ``k`` values of ``ggml_type`` byte
@@ -273,7 +219,6 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     use_slots = slots and ggml_type in SLOT_TYPES
-    variant = variant or SLOT_VARIANT
     if use_slots and not _word_aligned(raw):  # the path is a function of type and shape only: never switch on an address
         raise ValueError(f"{ggml_type.name} rows must start 16-byte aligned with strides a multiple of 4 bytes")
     raw32 = raw.view(torch.int32) if use_slots else raw  # the super-blocks' headers as 32-bit words
@@ -282,8 +227,7 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
         _packed_gemv_kernel[(triton.cdiv(n, block_n), m)](
             x2, raw, raw32, y, e, n, k,
             x2.stride(0), raw.stride(0) if gather else 0, raw.stride(-2), y.stride(0), x_repeat,
-            TYPE=int(ggml_type), SLOTS=use_slots, SLOT=variant.slot_bytes, FMA=variant.fma,
-            PREFETCH=variant.prefetch, GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,
+            TYPE=int(ggml_type), SLOTS=use_slots, GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,
             num_warps=warps, num_stages=stages, **dependent_launch(x),
         )
     return y
