@@ -173,8 +173,8 @@ class StepScheduler:
         self._admissions += 1
         assigned = self.kv.assign_prompt(seq)
         assert assigned == cached
-        if seq.generated == 0:
-            seq.cached_tokens = cached  # what its prompt's usage reports
+        if not seq.tokens:
+            seq.cached_tokens = cached  # what its prompt's usage reports (a restart after its first token does not change it)
         try:
             self.row_ops.reset(row)
             self.kv.name_blocks(seq)
