@@ -89,11 +89,16 @@ async def _agents(client: openai.AsyncOpenAI, args: argparse.Namespace, vocab: i
 
 def _workload(url: str, name: str, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     before = _counters(url)
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0)
-    client.served = args.served  # type: ignore[attr-defined]
-    t0 = time.perf_counter()
-    ttfts = asyncio.run(_chat(client, args, vocab) if name == "chat" else _agents(client, args, vocab))
-    wall_s = time.perf_counter() - t0
+    async def drive() -> tuple[list[float], float]:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0)
+        client.served = args.served  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        ttfts = await (_chat(client, args, vocab) if name == "chat" else _agents(client, args, vocab))
+        wall_s = time.perf_counter() - t0
+        await client.close()
+        return ttfts, wall_s
+
+    ttfts, wall_s = asyncio.run(drive())
     after = _counters(url)
     delta = {k.removeprefix("stagewise_").removesuffix("_total"): after.get(k, 0) - before.get(k, 0) for k in after}
     return {"workload": name, "requests": len(ttfts), "wall_s": wall_s, "ttft_p50_s": _pct(ttfts, 50),
