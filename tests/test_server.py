@@ -420,3 +420,26 @@ def test_does_not_fit_exits_2_with_one_line(model_dir: Path, tmp_path: Path) -> 
     assert served.process.wait(60) == 2
     errors = [line for line in log.read_text().splitlines() if line.startswith("stagewise: error:")]
     assert len(errors) == 1 and "Traceback" not in log.read_text()
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(server: ServedModel, client: OpenAI) -> None:
+    system = " ".join(f"rule {i}: answer briefly and cite the pipeline stage." for i in range(6))  # several blocks
+    kw = dict(model="x", messages=[{"role": "system", "content": system}, *HELLO], max_completion_tokens=4,
+              temperature=0)
+    first = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    again = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert first.usage is not None and again.usage is not None
+    prompt = again.usage.prompt_tokens
+    assert prompt > 128
+    cached = again.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached % 64 == 0 and prompt - 64 <= cached < prompt  # every full block but the last token's
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == cached  # type: ignore[union-attr]
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ("stagewise_prefix_cache_hit_tokens_total", "stagewise_prefix_cache_queries_total",
+                 "stagewise_stage_prefix_cache_blocks"):
+        assert name in text, name
+    hits = next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("stagewise_prefix_cache_hit_tokens_total"))
+    assert hits >= 2 * cached

@@ -33,6 +33,9 @@ class _Seq:
     budget: int = 0
     done: bool = False
     errored: bool = False
+    cached_tokens: int = 0
+    prefix_keys: tuple[bytes, ...] = ()
+    prefix_keys_of: int = -1
 
     @property
     def prompt_len(self) -> int:
@@ -65,9 +68,9 @@ class _Rows:
         self.calls.append(("blocks", row, tuple(block_ids)))
 
 
-def _scheduler(blocks: int, slots: int = 4) -> tuple[StepScheduler, _Rows]:
+def _scheduler(blocks: int, slots: int = 4, prefix_key: bytes | None = None) -> tuple[StepScheduler, _Rows]:
     rows = _Rows(KVPool(blocks=blocks, block_tokens=4, blocks_per_row=8))
-    kv = SequenceBlocks(rows, slots)  # type: ignore[arg-type]
+    kv = SequenceBlocks(rows, slots, prefix_key)  # type: ignore[arg-type]
     return StepScheduler(rows, kv, slots, max_context=32, prefill_chunk=64, micro_batches=1,
                          graphs=False, packed=True), rows
 
@@ -111,3 +114,21 @@ def test_compaction_fills_each_hole_with_the_last_live_row() -> None:
     assert plan == Compaction((RowMove(4, 1, 9),), (0, 4, 2))
     assert plan_compaction([None, None]) == Compaction((), ())
     assert plan_compaction([3, None, None, 4]) == Compaction((RowMove(3, 1, 4),), (0, 3))
+
+
+def test_a_cached_prefix_is_shared_and_not_prefilled_again() -> None:
+    sched, rows = _scheduler(blocks=6, prefix_key=b"model")
+    first = _Seq(_Request((1,) * 10))  # blocks of 4: two full, then two positions
+    sched.add(first)  # type: ignore[arg-type]
+    sched.admit()
+    _prefill_all(sched)  # published, joins the decoding rows: its full prompt blocks are keyed
+    assert sched.kv.cached_blocks == 2
+    again, whole = _Seq(_Request((1,) * 9)), _Seq(_Request((1,) * 8))
+    for seq in (again, whole):
+        sched.add(seq)  # type: ignore[arg-type]
+    sched.admit()
+    assert again.prefilled == again.length == again.cached_tokens == 8 and again.blocks[:2] == first.blocks[:2]
+    assert whole.cached_tokens == 4 and whole.blocks[0] == first.blocks[0]  # its last token is computed
+    assert whole.blocks[1] != first.blocks[1]  # written by it alone: a shared block is never written
+    assert ("blocks", again.row, tuple(again.blocks)) in rows.calls
+    assert sched.kv.hit_tokens == 12 and sched.kv.queried_tokens == 10 + 9 + 8

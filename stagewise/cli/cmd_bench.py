@@ -29,6 +29,8 @@ def register(sub: Any) -> None:
                         "and per-request tokens/s and time to first token")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="with --concurrency: decode groups in flight (default: one per stage)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="with --concurrency: no sharing of cached prompt prefixes (each request's prompt differs anyway)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run, context=None, prefill_chunk=None)
 
@@ -85,7 +87,7 @@ def _run_concurrency(args: argparse.Namespace) -> int:
                                   "placement": loaded.placement_json, "summary": loaded.placement_summary,
                                   "prompt_tokens": args.prompt, "gen_tokens": args.gen}
         result["levels"] = bench_concurrency(loaded, args.concurrency, args.prompt, args.gen, args.repeats,
-                                             args.prefill_chunk, args.micro_batches)
+                                             args.prefill_chunk, args.micro_batches, args.prefix_cache)
     finally:
         loaded.close()
     if args.json:

@@ -35,6 +35,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-warmup", dest="warm_up", action="store_false",
                         help="report ready right after loading, without the GPU warm-up (the first requests "
                              "then compile kernels and capture CUDA graphs)")
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                        help="prefill every prompt whole: no sharing of cached prompt prefixes' KV blocks")
     parser.add_argument("--cors-origin", dest="cors_origins", action="append", default=[], metavar="ORIGIN",
                         help="allow browser pages from ORIGIN (e.g. http://localhost:3000, or '*') to call the "
                              "API; repeatable (default: no CORS headers)")
@@ -63,6 +65,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
         worker_secret_file=args.worker_secret_file,
         measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
+        prefix_cache=args.prefix_cache,
         cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,

@@ -46,6 +46,7 @@ import torch
 
 from stagewise.engine.generator import GenerationRequest, TokenEvent
 from stagewise.engine.in_flight import InFlight, read_greedy_pairs
+from stagewise.engine.prefix_root import prefix_root
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
@@ -68,10 +69,12 @@ class Batcher:
         packed: prefill in packed steps beside the decoding rows (default: where the pipeline
             takes them, ``pipeline.packed_steps``, and settles steps when launched); False: rectangles
             of staging rows between decode steps.
+        prefix_cache: share the KV blocks of cached prompt prefixes (:mod:`~stagewise.engine.prefix_cache`);
+            off where a stage holds recurrent state (linear attention: not yet snapshotted) or has no KV pool.
     """
 
     def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
-                 micro_batches: int | None = None, packed: bool | None = None) -> None:
+                 micro_batches: int | None = None, packed: bool | None = None, prefix_cache: bool = True) -> None:
         self.pipeline = pipeline
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
@@ -87,7 +90,7 @@ class Batcher:
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.prefill_tokens = 0  # prompt tokens launched in prefill steps since construction
         self.launched_shapes: set[tuple[int, int]] = set()  # decode steps' (first row, rows run) so far
-        kv = SequenceBlocks(pipeline, self.slots)  # the KV blocks of each sequence's positions
+        kv = SequenceBlocks(pipeline, self.slots, prefix_root(pipeline) if prefix_cache else None)  # each sequence's KV blocks
         self.sched = StepScheduler(pipeline, kv, self.slots, max_context, prefill_chunk, self.micro_batches,
                                    self.graphs, self.packed)
         kv.clear()

@@ -40,19 +40,20 @@ class Engine:
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
         prefill_chunk: tokens per step that prefills prompts (a packed step's decoding rows counted).
         micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
+        prefix_cache: share cached prompt prefixes' KV blocks (``--no-prefix-cache``: off).
 
     The engine runs as many sequences at once as the pipeline has sequence slots
     (``model.max_seqs``); more requests wait in the queue.
     """
 
     def __init__(self, model: LoadedModel, max_waiting: int = 16, metrics: EngineMetrics | None = None,
-                 prefill_chunk: int = 512, micro_batches: int | None = None) -> None:
+                 prefill_chunk: int = 512, micro_batches: int | None = None, prefix_cache: bool = True) -> None:
         if model.tokenizer is None:
             raise RequestError(f"model {model.name} has no tokenizer; the engine needs one to serve text")
         self.model = model
         self.tokenizer = model.tokenizer
         self.metrics = metrics or EngineMetrics()
-        self.batcher = Batcher(model.pipeline, model.max_context, prefill_chunk, micro_batches)
+        self.batcher = Batcher(model.pipeline, model.max_context, prefill_chunk, micro_batches, prefix_cache=prefix_cache)
         self.scheduler = Scheduler(max_waiting, max_running=self.batcher.slots)
         self.generator = Generator(model.pipeline, model.max_context, prefill_chunk)  # warm-up
         self.guard = StepGuard()
@@ -63,6 +64,7 @@ class Engine:
         self.metrics.observe_memory(model.pipeline)
         self._preemptions = 0  # the batcher's count already reported
         self._prefill_tokens = 0  # the batcher's count already reported
+        self._prefix = (0, 0)  # the batcher's prefix-cache (hit, queried) tokens already reported
         self.metrics.observe_blocks(model.pipeline, 0, 0)
 
     def warm_up(self) -> WarmUp:
@@ -72,6 +74,7 @@ class Engine:
             raise RuntimeError("warm up before the engine starts")
         done = warm_up(self.generator, self.batcher, self.model.config.vocab_size)
         self._prefill_tokens = self.batcher.prefill_tokens  # the warm-up's prompts are not the clients'
+        self._prefix = (self.batcher.kv.hit_tokens, self.batcher.kv.queried_tokens)
         return done
 
     # ----- client side -------------------------------------------------------------------------
@@ -137,6 +140,10 @@ class Engine:
         self.metrics.observe_blocks(self.model.pipeline, self.batcher.used_blocks, preempted)
         prefilled, self._prefill_tokens = self.batcher.prefill_tokens - self._prefill_tokens, self.batcher.prefill_tokens
         self.metrics.prefill_tokens.inc(prefilled)
+        kv = self.batcher.kv
+        hit, queried = kv.hit_tokens - self._prefix[0], kv.queried_tokens - self._prefix[1]
+        self._prefix = (kv.hit_tokens, kv.queried_tokens)
+        self.metrics.observe_prefix_cache(self.model.pipeline, hit, queried, kv.cached_blocks)
         self.metrics.observe_step(self.model.pipeline, self.model.pipeline.last_timings)
 
     def _admit(self, handle: RequestHandle) -> None:
@@ -147,6 +154,7 @@ class Engine:
         def on_token(event: TokenEvent) -> bool:
             try:
                 if out.completion_tokens == 0:
+                    out.cached_tokens = seq.cached_tokens
                     handle.first_token_s = time.monotonic()
                     self.metrics.ttft.observe(handle.first_token_s - handle.submitted_s)
                 self.metrics.generation_tokens.inc()
@@ -171,8 +179,9 @@ class Engine:
             else:
                 self._finish(handle, out.end("error", error))
 
+        seq = Sequence(request.generation(), on_token, on_error, handle.is_cancelled)
         try:
-            self.batcher.add(Sequence(request.generation(), on_token, on_error, handle.is_cancelled))
+            self.batcher.add(seq)
         except StagewiseError as exc:
             self._finish(handle, out.end("error", exc))
 

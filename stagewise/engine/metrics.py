@@ -42,6 +42,13 @@ class EngineMetrics:
                                             ["stage", "device"], registry=r)
         self.stage_kv_blocks = Gauge("stagewise_stage_kv_blocks", "KV cache blocks in each stage's pool",
                                      ["stage", "device"], registry=r)
+        self.prefix_hit_tokens = Counter("stagewise_prefix_cache_hit_tokens",
+                                         "Prompt tokens served from the prefix cache (not prefilled)", registry=r)
+        self.prefix_queries = Counter("stagewise_prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache (every start, restarts too)", registry=r)
+        self.stage_prefix_blocks = Gauge("stagewise_stage_prefix_cache_blocks",
+                                         "KV blocks of each stage's pool holding a cached prefix (in use or idle)",
+                                         ["stage", "device"], registry=r)
         self.ttft = Histogram("stagewise_time_to_first_token_seconds", "Submit to first token, seconds",
                               buckets=_LATENCY_BUCKETS_S, registry=r)
         self.decode_rate = Histogram("stagewise_decode_tokens_per_second", "Decode rate per request, tokens/s",
@@ -78,6 +85,14 @@ class EngineMetrics:
                 per_row = sum(s.nbytes for s in stage.states.values() if not isinstance(s, KVCache))
                 nbytes = pooled * (kv_blocks or 0) // table.pool_blocks + per_row * rows // slots
             self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes)
+
+    def observe_prefix_cache(self, pipeline: Pipeline, hit_tokens: int, queried_tokens: int, cached_blocks: int) -> None:
+        """``hit_tokens`` of ``queried_tokens`` more were served from the prefix cache; ``cached_blocks``
+        hold a keyed prefix now (the same block ids on every stage: each stage's gauge reads the same)."""
+        self.prefix_hit_tokens.inc(hit_tokens)
+        self.prefix_queries.inc(queried_tokens)
+        for k, stage in enumerate(pipeline.stages):
+            self.stage_prefix_blocks.labels(str(k), stage.spec.device).set(cached_blocks)
 
     def observe_blocks(self, pipeline: Pipeline, used_blocks: int, preempted: int) -> None:
         """``used_blocks`` of the pool (the same ids on every stage) hold live sequences; ``preempted``

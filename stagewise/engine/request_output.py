@@ -36,6 +36,7 @@ class RequestOutput:
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None
     error: StagewiseError | None = None
+    cached_tokens: int = 0  # of the prompt, positions served from the prefix cache (OpenAI's cached_tokens)
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:

@@ -31,7 +31,10 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # the sampled tokens, in order (recomputed after a preemption)
     ids: tuple[int, ...] = ()  # what the staging row prefills: the prompt, plus tokens[:-1] after a preemption
     prefilled: int = 0  # of ``ids``, positions already run
-    blocks: list[int] = field(default_factory=list)  # KV blocks of its positions, in order
+    blocks: list[int] = field(default_factory=list)  # KV blocks of its positions, in order (a cached prefix's shared)
+    cached_tokens: int = 0  # prompt positions its (latest) start took from the prefix cache
+    prefix_keys: tuple[bytes, ...] = ()  # the prefix keys of ``ids``' full blocks (prefix cache)
+    prefix_keys_of: int = -1  # the length of ``ids`` those keys are of
     admitted: int = -1  # admission order (starts in the staging row); the largest is preempted first
     preemptions: int = 0
     budget: int = 0  # tokens it may generate

@@ -8,6 +8,11 @@ its table row then pointing at the scratch block (padding steps in a free row wr
 do when no block is free (preempt the newest sequence) is the scheduler's policy, not this book's.
 A pipeline without a KV pool keeps every row's whole context: every method is then a no-op or
 answers as if blocks were unlimited.
+
+With ``prefix_key`` (prefix caching, :class:`~stagewise.engine.prefix_cache.PrefixCache`) a starting
+sequence first takes the cached blocks of the longest cached full-block prefix of its ids, capped so
+that at least its last id is computed (its logits), and prefills from there; when its prefill is
+published (:meth:`register_prompt`) its full prompt blocks are keyed for later sequences.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stagewise.engine.block_allocator import BlockAllocator
+from stagewise.engine.block_hashes import block_hashes
+from stagewise.engine.prefix_cache import PrefixCache, PrefixHit
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 
 if TYPE_CHECKING:
@@ -25,16 +32,36 @@ if TYPE_CHECKING:
 class SequenceBlocks:
     """The KV blocks of the sequences on ``pipeline``'s ``rows`` state rows (module doc)."""
 
-    def __init__(self, pipeline: Pipeline, rows: int) -> None:
+    def __init__(self, pipeline: Pipeline, rows: int, prefix_key: bytes | None = None) -> None:
         self.pipeline = pipeline
         self.rows = rows
         self.pool = pipeline.kv_pool
-        self.allocator = BlockAllocator(self.pool) if self.pool is not None else None
+        self.prefix_key = prefix_key if self.pool is not None else None  # the model's hash root; None: no prefix cache
+        self.allocator = self._new_allocator()
+        self.queried_tokens = 0  # ids looked up in the prefix cache at admissions, since construction
+        self.hit_tokens = 0  # of those, served from cached blocks
+
+    def _new_allocator(self) -> BlockAllocator | PrefixCache | None:
+        if self.pool is None:
+            return None
+        return PrefixCache(self.pool) if self.prefix_key is not None else BlockAllocator(self.pool)
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache (None when off, or without a pool)."""
+        return self.allocator if isinstance(self.allocator, PrefixCache) else None
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks holding a keyed prefix (0 without a prefix cache)."""
+        cache = self.prefix_cache
+        return cache.cached_blocks if cache is not None else 0
 
     def clear(self) -> None:
-        """Every block free and every row without blocks (the pipeline's identity table is not ours)."""
+        """Every block free and every row without blocks (the pipeline's identity table is not ours);
+        the prefix cache is emptied."""
         if self.pool is not None:
-            self.allocator = BlockAllocator(self.pool)
+            self.allocator = self._new_allocator()
             for row in range(self.rows):
                 self.unassign(row)
 
@@ -72,10 +99,60 @@ class SequenceBlocks:
         """Whether the blocks of ``tokens`` positions are free now."""
         return self.allocator is None or self.allocator.blocks_for(tokens) <= self.allocator.free_blocks
 
-    def assign_prompt(self, seq: Sequence) -> None:
-        """Give ``seq`` the blocks of its prefill (``seq.ids``); :meth:`name_blocks` puts them in its row."""
-        if self.allocator is not None:
+    def _keys(self, seq: Sequence, ids: tuple[int, ...]) -> list[bytes]:
+        """The prefix keys of ``ids``' full blocks, memoized on ``seq`` (its ids change only on a restart)."""
+        assert self.prefix_key is not None and self.pool is not None
+        if seq.prefix_keys_of != len(ids):
+            seq.prefix_keys = tuple(block_hashes(self.prefix_key, ids, self.pool.block_tokens))
+            seq.prefix_keys_of = len(ids)
+        return list(seq.prefix_keys)
+
+    def prefix_hit(self, seq: Sequence, ids: tuple[int, ...]) -> PrefixHit | None:
+        """The cached prefix ``seq`` would start from with ``ids`` to prefill: full blocks only, and at
+        least the last id left to compute (None without a prefix cache)."""
+        cache = self.prefix_cache
+        if cache is None or self.pool is None or not ids:
+            return None
+        cap = (len(ids) - 1) // self.pool.block_tokens  # blocks wholly before the last id
+        return cache.lookup(self._keys(seq, ids)[:cap])
+
+    def hit_tokens_for(self, seq: Sequence, ids: tuple[int, ...]) -> int:
+        """Positions of ``ids`` a start now would take from the cache."""
+        hit = self.prefix_hit(seq, ids)
+        return hit.tokens(self.pool.block_tokens) if hit is not None and self.pool is not None else 0
+
+    def fits_start(self, seq: Sequence, ids: tuple[int, ...]) -> bool:
+        """Whether ``seq`` can start now with ``ids``: the blocks past its cached prefix are free or
+        evictable without evicting that prefix."""
+        hit = self.prefix_hit(seq, ids)
+        if hit is None or self.allocator is None:
+            return self.fits(len(ids))
+        need = self.allocator.blocks_for(len(ids)) - len(hit.blocks)
+        return need + hit.idle <= self.allocator.free_blocks
+
+    def assign_prompt(self, seq: Sequence) -> int:
+        """Give ``seq`` the blocks of its prefill (``seq.ids``), the cached prefix's first (shared);
+        :meth:`name_blocks` puts them in its row. Returns the positions served from the cache."""
+        if self.allocator is None:
+            return 0
+        hit = self.prefix_hit(seq, seq.ids)
+        cache = self.prefix_cache
+        if hit is None or cache is None:
             seq.blocks = self.allocator.allocate(self.allocator.blocks_for(len(seq.ids)))
+            return 0
+        shared = cache.acquire(hit)  # first: held, so allocating the rest cannot evict them
+        seq.blocks = shared + cache.allocate(cache.blocks_for(len(seq.ids)) - len(shared))
+        cached = hit.tokens(cache.pool.block_tokens)
+        self.queried_tokens += len(seq.ids)
+        self.hit_tokens += cached
+        return cached
+
+    def register_prompt(self, seq: Sequence) -> None:
+        """Key ``seq``'s full blocks of ``seq.ids`` (its prefill is published: nothing in flight)."""
+        cache = self.prefix_cache
+        if cache is not None and seq.blocks and seq.prefilled >= len(seq.ids):
+            keys = self._keys(seq, seq.ids)
+            cache.register(seq.blocks[: len(keys)], keys)
 
     def name_blocks(self, seq: Sequence) -> None:
         """Write ``seq``'s blocks into its block-table row (may raise: a lost worker refuses it)."""

@@ -19,6 +19,7 @@ class SequenceOutput:
         self.decoder = tokenizer.incremental_decoder(skip_special_tokens=True)
         self.matcher = StopMatcher(request.stop)
         self.completion_tokens = 0
+        self.cached_tokens = 0  # the prefix cache's hit for its prompt (set by the engine)
 
     def add(self, event: TokenEvent) -> RequestOutput:
         """The output for one generated token; finished on EOS, a stop string or the length limit."""
@@ -37,10 +38,12 @@ class SequenceOutput:
 
     def end(self, reason: str, error: StagewiseError | None = None) -> RequestOutput:
         """The last output when generation ends early (cancelled or failed)."""
-        return RequestOutput("", self.request.prompt_tokens, self.completion_tokens, finish_reason=reason, error=error)
+        return RequestOutput("", self.request.prompt_tokens, self.completion_tokens, finish_reason=reason, error=error,
+                             cached_tokens=self.cached_tokens)
 
     def _output(self, text: str, logprobs: tuple[TokenLogprob, ...], reason: str | None) -> RequestOutput:
-        return RequestOutput(text, self.request.prompt_tokens, self.completion_tokens, logprobs, reason)
+        return RequestOutput(text, self.request.prompt_tokens, self.completion_tokens, logprobs, reason,
+                             cached_tokens=self.cached_tokens)
 
     def _logprob(self, event: TokenEvent) -> TokenLogprob:
         sample = event.sample

@@ -151,7 +151,8 @@ class StepScheduler:
         if first + len(self.staging) >= self.slots:
             return False
         ids = self.prefill_ids(seq)
-        return self.area.accepts(len(ids)) and self.kv.fits(len(ids))
+        left = len(ids) - self.kv.hit_tokens_for(seq, ids)  # a cached prefix is not prefilled
+        return self.area.accepts(left) and self.kv.fits_start(seq, ids)
 
     def admit(self) -> None:
         """Start queued sequences in the staging rows, the queue's head first, while they may."""
@@ -160,16 +161,20 @@ class StepScheduler:
 
     def _start_staging(self, seq: Sequence) -> None:
         seq.ids = self.prefill_ids(seq)
-        seq.prefilled = 0
+        cached = self.kv.hit_tokens_for(seq, seq.ids)  # the prefix cache's hit (0 without one)
+        seq.prefilled = cached
         if not self.staging:
             self.area.first = self._first_staging_row(seq)
         row = self.area.add(seq)
         self.area_aligned = len(self.staging) == 1
         seq.row = row
-        seq.length = 0
+        seq.length = cached
         seq.admitted = self._admissions
         self._admissions += 1
-        self.kv.assign_prompt(seq)
+        assigned = self.kv.assign_prompt(seq)
+        assert assigned == cached
+        if not seq.tokens:
+            seq.cached_tokens = cached  # what its prompt's usage reports (a restart after its first token does not change it)
         try:
             self.row_ops.reset(row)
             self.kv.name_blocks(seq)
@@ -272,6 +277,7 @@ class StepScheduler:
         assert all(s.row == i for i, s in enumerate(live))
         for ready in self.area.finished():  # the bottom staging rows, in order: each moves down or stays
             self.staging.remove(ready)
+            self.kv.register_prompt(ready)  # its prefill is published (nothing in flight): cache its blocks
             dst = len(live)
             if ready.row != dst:
                 self.row_ops.move(ready.row, dst, ready.length)

@@ -49,7 +49,8 @@ async def respond(built: BuiltRequest, choices: Choices, model: str, request: Re
         entries: list[TokenLogprob] = [e for o in outs for e in o.logprobs]
         logprobs = fmt.chat_logprobs(entries) if built.request.logprobs else None
         body_choices.append(fmt.chat_choice(index, message, reason, logprobs))
-    use = fmt.usage(outputs[0][-1].prompt_tokens, sum(outs[-1].completion_tokens for outs in outputs))
+    use = fmt.usage(outputs[0][-1].prompt_tokens, sum(outs[-1].completion_tokens for outs in outputs),
+                    outputs[0][-1].cached_tokens)
     return JSONResponse(fmt.chat_completion(built.response_id, int(time.time()), model, body_choices, use))
 
 
@@ -78,6 +79,7 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
             yield chunk(index, {}, logprobs=logprobs)
     written = [""] * choices.n  # each choice's output so far (with tools: a forced call's name is read from it)
     completion_tokens = [0] * choices.n
+    cached_tokens = [0] * choices.n  # the prompt's tokens each choice took from the prefix cache
     prompt_tokens = 0
     finished = 0
     try:
@@ -110,9 +112,10 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
                 yield chunk(index, {}, reason)
                 finished += 1
                 completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens
+                cached_tokens[index] = out.cached_tokens
         else:
             if usage_on:
-                yield chunk(0, None, use=fmt.usage(prompt_tokens, sum(completion_tokens)))
+                yield chunk(0, None, use=fmt.usage(prompt_tokens, sum(completion_tokens), cached_tokens[0]))
         yield fmt.sse("[DONE]")
     except ClientGone:
         return  # nobody to tell; the engine requests are cancelled below

@@ -8,10 +8,14 @@ from typing import Any
 from stagewise.engine.request_output import TokenLogprob
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """Token counts; with ``n`` choices the prompt counts once and ``completion_tokens`` is their sum."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """Token counts; with ``n`` choices the prompt counts once and ``completion_tokens`` is their sum;
+    ``cached_tokens`` (chat, as OpenAI): the prompt tokens served from the prefix cache."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def chat_logprobs(entries: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:

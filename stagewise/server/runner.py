@@ -123,7 +123,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
     try:
         if model.tokenizer is None and (settings.model or "").startswith("random:"):
             model = with_demo_tokenizer(model)  # random weights come without a tokenizer
-        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk)
+        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk, prefix_cache=settings.prefix_cache)
         pool = model.pipeline.kv_pool
         pool_text = f", a KV pool of {pool.tokens} positions (--kv-tokens)" if pool is not None else ""
         console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "

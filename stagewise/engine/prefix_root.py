@@ -1,0 +1,24 @@
+"""prefix_root: whether a pipeline's KV blocks may be shared by prompt prefix, and the root of its
+prefix keys (the model's identity)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stagewise.engine.block_hashes import model_key
+from stagewise.models.state import RecurrentState
+
+if TYPE_CHECKING:
+    from stagewise.runtime.pipeline import Pipeline
+
+
+def prefix_root(pipeline: Pipeline) -> bytes | None:
+    """The root key of ``pipeline``'s prefix cache: the hash of its model's config (the cache lives and
+    dies with the pipeline, so its weights are fixed). None where prefix caching does not apply: no KV
+    pool, or a stage that holds recurrent state (a linear-attention row's state is not in its KV
+    blocks; sharing it needs per-block state snapshots, which are not implemented)."""
+    if pipeline.kv_pool is None:
+        return None
+    if any(isinstance(state, RecurrentState) for stage in pipeline.stages for state in stage.states.values()):
+        return None
+    return model_key(repr(pipeline.stages[0].model.config))
