@@ -19,6 +19,7 @@ from stagewise.models.stage_model import StageOutput
 from stagewise.models.state import RecurrentState
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.channel import Channel
+from stagewise.runtime.greedy_pairs import read_greedy_pairs
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.stage import Stage
 from stagewise.spec.kv_pool import KVPool
@@ -42,13 +43,21 @@ class StepTimings:
 
 class StepHandle:
     """A launched step: :meth:`result` gives its output once every stage completed and it is published,
-    or raises the step's typed error (it was rolled back). An in-process pipeline's step is settled
-    when launched (its GPU work runs on in stream order); one whose stages run in worker processes
-    is settled when its result is asked for (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`)."""
+    or raises the step's typed error (it was rolled back). Every pipeline's caller reads it the same
+    way (one batcher schedule); an in-process pipeline's step is settled when launched (its GPU work
+    runs on in stream order), one whose stages run in worker processes when its result is asked for
+    (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`).
 
-    def __init__(self, output: StageOutput | None = None) -> None:
+    ``tokens`` ``(B, 1)``: a greedy step's tokens on the exit's CUDA device, readable at once (the next
+    step may take them before the host reads the pairs); ``ready``: the event the host copy of the
+    output's ``pairs`` completes at (None: already on the host)."""
+
+    def __init__(self, output: StageOutput | None = None, tokens: torch.Tensor | None = None,
+                 ready: object = None) -> None:
         self.output = output
         self.error: StagewiseError | None = None
+        self.tokens = tokens
+        self.ready = ready
 
     def result(self) -> StageOutput:
         if self.error is not None:
@@ -61,7 +70,6 @@ class Pipeline:
     """Ordered stages joined by one channel per boundary. One device is a one-stage pipeline."""
 
     device_tokens = True  # step() takes token ids that live on a device (no host round trip)
-    deferred_results = False  # submit() settles a step when launched, not when its result is read
     supports_rows = True  # step() runs any rows; move() and align() rearrange them (continuous batching)
 
     def __init__(self, stages: list[Stage], channels: list[Channel], timing: bool = False) -> None:
@@ -220,9 +228,15 @@ class Pipeline:
         a step over rows of an unsettled one waits for it. ``greedy``: the caller needs only each
         row's greedy token and log-probability (a pipeline may then return ``pairs`` for the logits).
         ``layout``: a packed step, as :meth:`step` takes it. Here the step is settled at once: its
-        failure raises from this call, as :meth:`step`'s does."""
-        return StepHandle(self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager,
-                                    layout=layout))
+        failure raises from this call, as :meth:`step`'s does. A ``greedy`` step's output has the
+        ``pairs`` (host copy, complete at the handle's ``ready``) and, on a CUDA exit, the handle the
+        tokens on that device; its logits stay (in process they cost nothing to keep)."""
+        out = self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager, layout=layout)
+        if not greedy or all_logits or out.logits is None:
+            return StepHandle(out)
+        device_tokens, pairs, ready = read_greedy_pairs(out.logits[:, -1])  # (P, 1), (P, 2)
+        return StepHandle(StageOutput(out.hidden, out.logits, pairs),
+                          device_tokens if device_tokens.device.type == "cuda" else None, ready)
 
     def rollback(self) -> None:
         for stage in self.stages:

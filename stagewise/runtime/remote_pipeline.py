@@ -1,4 +1,7 @@
-"""DistributedPipeline: a :class:`Pipeline` whose stages run in worker processes (on any host).
+"""DistributedPipeline: an :class:`~stagewise.runtime.executor.Executor` whose stages run in worker
+processes (on any host). It is no :class:`Pipeline`: the coordinator holds only meta-device views of
+the stages (:class:`RemoteStage`) and never touches a device a worker owns (no peer access, no
+allocation, no CUDA context there).
 
 The coordinator (this object, rank 0) hosts the TCPStore. Each step is a two-phase transaction:
 
@@ -51,8 +54,8 @@ from stagewise.models.stage_model import StageOutput
 from stagewise.models.state import rows_overlap
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.distributed_group import choose_backend
-from stagewise.runtime.handoff import Handoff
-from stagewise.runtime.pipeline import CancelCheck, Pipeline, StepHandle, StepTimings
+from stagewise.runtime.greedy_pairs import greedy_pairs
+from stagewise.runtime.pipeline import CancelCheck, FaultHook, StepHandle, StepTimings
 from stagewise.runtime.remote_stage import RemoteStage
 from stagewise.runtime.stage import Stage, StageSpec
 from stagewise.runtime.worker_messages import (
@@ -70,7 +73,7 @@ from stagewise.runtime.worker_messages import (
     tensor_from_bytes,
 )
 from stagewise.runtime.worker_pool import WorkerPool
-from stagewise.spec.kv_pool import default_pool_blocks
+from stagewise.spec.kv_pool import KVPool, default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 OUTCOMES = ("all", "fail", "lost")
@@ -79,17 +82,7 @@ WATCH_S = 0.2
 CLEANUP_EVERY = 32
 
 
-class RemoteBoundary:
-    """Placeholder for a boundary between two workers: the handoff happens inside the workers."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def send(self, handoff: Handoff, into: torch.Tensor | None = None) -> Handoff:
-        raise RuntimeError("a distributed boundary is crossed inside the workers")
-
-
-class DistributedPipeline(Pipeline):
+class DistributedPipeline:
     """Stages ``specs`` run by workers ``owners[k]`` (ranks >= 1) of ``pool``; see the module doc.
 
     Every stage holds ``batch`` state rows of ``context`` positions over a KV pool of ``kv_blocks``
@@ -100,7 +93,6 @@ class DistributedPipeline(Pipeline):
     """
 
     device_tokens = False  # token ids travel to the workers from the host
-    deferred_results = True  # a step is published (or rolled back) when its result is read
     supports_rows = True  # workers hold ``batch`` state rows over one KV pool; row operations are commands
 
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
@@ -111,9 +103,12 @@ class DistributedPipeline(Pipeline):
         self.kv_blocks = kv_blocks or default_pool_blocks(batch, context)  # every stage's pool, in every worker
         for stage in remote:
             stage.describe_state(batch, context, self.kv_blocks)  # shapes, bytes and the block table (kv_pool)
-        stages: list[Stage] = list(remote)
+        self.stages: list[Stage] = list(remote)
         self.backend = choose_backend([s.torch_device for s in specs])
-        super().__init__(stages, [RemoteBoundary(f"distributed-{self.backend}") for _ in specs[1:]])
+        self.step_id = 0
+        self.fault_hook: FaultHook | None = None
+        self.timing = False  # the workers always time their stages and boundaries
+        self.last_timings = StepTimings()
         self.pool = pool
         self.model = model
         self.specs = specs
@@ -284,6 +279,18 @@ class DistributedPipeline(Pipeline):
         return self.batch
 
     @property
+    def kv_pool(self) -> KVPool:
+        """The KV pool every worker's stages hold (same blocks, same table)."""
+        table = next(s.block_table for s in self.stages if s.block_table is not None)
+        return KVPool(table.num_blocks, table.block_tokens, table.blocks_per_row)
+
+    def greedy_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy pair ``(2,)`` and token ``(1, 1)`` of ``logits`` ``(V,)`` on the host (the tokens
+        travel to the workers from the host: ``device_tokens`` is False)."""
+        tokens, pairs = greedy_pairs(logits[None].cpu())  # (1, 1), (1, 2)
+        return pairs[0], tokens
+
+    @property
     def packed_steps(self) -> bool:
         """False: a step's rows travel to the workers as one span (the wire has no packed layout)."""
         return False
@@ -310,7 +317,7 @@ class DistributedPipeline(Pipeline):
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
              eager: bool = False, layout: StepLayout | None = None) -> StageOutput:
-        """As :meth:`Pipeline.step` (workers decide their graphs themselves; no packed steps: ``layout``
+        """As :meth:`Executor.step` (workers decide their graphs themselves; no packed steps: ``layout``
         must be None); also raises :class:`WorkerLost` when a worker is lost. Waits for the step:
         :meth:`submit` does not."""
         _refuse_packed(layout)
@@ -501,15 +508,15 @@ class DistributedPipeline(Pipeline):
         self._rearrange(f"reset of row {slot}", "reset", slot=slot)
 
     def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
-        """As :meth:`Pipeline.set_blocks`, on every worker's stages."""
+        """As :meth:`Executor.set_blocks`, on every worker's stages."""
         self._rearrange(f"set_blocks of row {row}", "set_blocks", slot=row, blocks=[int(b) for b in block_ids])
 
     def move(self, src: int, dst: int, length: int) -> None:
-        """As :meth:`Pipeline.move`, on every worker's stages."""
+        """As :meth:`Executor.move`, on every worker's stages."""
         self._rearrange(f"move {src} -> {dst}", "move", src=src, dst=dst, length=length)
 
     def align(self, rows: slice) -> None:
-        """As :meth:`Pipeline.align`, on every worker's stages."""
+        """As :meth:`Executor.align`, on every worker's stages."""
         first, stop = rows.start or 0, rows.stop
         self._rearrange(f"align of rows {first}..{stop - 1}", "align", first_row=first, rows=stop - first)
 
