@@ -7,7 +7,6 @@ the pipeline stays usable, and a retry gives exactly the results of a run that n
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +19,10 @@ from stagewise.models.state import RecurrentState
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.channel import Channel
 from stagewise.runtime.greedy_pairs import read_greedy_pairs
-from stagewise.runtime.handoff import Handoff
+from stagewise.runtime.segment import Segment, SegmentStep
 from stagewise.runtime.stage import Stage
 from stagewise.spec.kv_pool import KVPool
 
-_SPIN_CYCLES = 2_000_000  # ~1 ms of GPU clock: longer than the host takes to enqueue a handoff (100 us was not, at times)
 FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
 CancelCheck = Callable[[], bool]
 
@@ -82,6 +80,7 @@ class Pipeline:
         self.fault_hook: FaultHook | None = None
         self.last_timings = StepTimings()
         self._pin = any(s.device.type == "cuda" for s in stages) and torch.cuda.is_available()
+        self.segment = Segment(stages, channels, stages[0].model.config.hidden_size, self._pin)  # every stage
         self._token_ready: Any = None  # event: a sampled token written into the entry's input from another GPU
         self._token_peer = False  # whether the exit GPU's sampler may write the entry GPU's memory
         entry, exit_ = stages[0].device, stages[-1].device
@@ -97,17 +96,6 @@ class Pipeline:
     @property
     def hidden_size(self) -> int:
         return self.stages[0].model.config.hidden_size
-
-    def _sync(self, device: torch.device) -> None:
-        if self.timing and device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def _copy_events(self, src: torch.device, dst: torch.device) -> tuple[Any, Any, Any] | None:
-        """Spin-start, copy-start and copy-end events around a GPU-to-GPU handoff, when timing."""
-        if not (self.timing and src.type == "cuda" and dst.type == "cuda"):
-            return None
-        with torch.cuda.device(src):
-            return tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))  # type: ignore[return-value]
 
     def greedy_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy-sample ``logits`` ``(V,)`` (the exit stage's last row) on its device, for the next
@@ -147,19 +135,20 @@ class Pipeline:
         """
         self.step_id += 1
         step_id = self.step_id
-        timings = StepTimings()
-        positions = positions.cpu()
-        staged_pos = positions.pin_memory() if self._pin else positions
-        batch, steps = int(positions.shape[0]), int(positions.shape[1])
-        shapes = [tuple(tokens.shape)] + [(batch, steps, self.hidden_size)] * (len(self.stages) - 1)
-        kv_end = int(positions.max()) + 1
         if layout is not None and not self.packed_steps:
             raise ValueError("this pipeline cannot run packed steps (a stage holds recurrent state)")
-        graphed = [stage.graphed(steps, all_logits) and not eager and layout is None for stage in self.stages]
+        step = SegmentStep(step_id, positions.cpu(), start, all_logits, first_row, eager, layout)
+
+        def before_stage(k: int) -> None:
+            if k > 0 and cancel is not None and cancel():
+                raise StepCancelled(f"step {step_id} cancelled between stage {k - 1} and stage {k}")
+            if self.fault_hook is not None:
+                self.fault_hook(k, step_id)
+            if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
+                raise StepCancelled(f"step {step_id} cancelled before it started")
+
         try:
-            # every stage's positions go first: their copies never wait behind the previous stage
-            pos = [stage.put_positions(staged_pos, shapes[k], graphed[k], first_row)
-                   for k, stage in enumerate(self.stages)]
+            pos = self.segment.put_positions(step, tuple(tokens.shape))
             if self._token_ready is not None:  # greedy_token wrote the entry's input from another GPU
                 torch.cuda.current_stream(self.entry_device).wait_event(self._token_ready)
                 self._token_ready = None
@@ -167,44 +156,7 @@ class Pipeline:
                 x = (tokens.pin_memory() if self._pin else tokens).to(self.entry_device, non_blocking=True)
             else:  # a token sampled on a device (the generator's lookahead): never through the host
                 x = tokens
-            out: StageOutput | None = None
-            for k, stage in enumerate(self.stages):
-                if self.fault_hook is not None:
-                    self.fault_hook(k, step_id)
-                if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
-                    raise StepCancelled(f"step {step_id} cancelled before it started")
-                t0 = time.perf_counter()
-                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end, graph=graphed[k], layout=layout)
-                self._sync(stage.device)
-                timings.stage_s.append(time.perf_counter() - t0)
-                if k == len(self.stages) - 1:
-                    break
-                if cancel is not None and cancel():
-                    raise StepCancelled(f"step {step_id} cancelled between stage {k} and stage {k + 1}")
-                nxt = self.stages[k + 1]
-                into = nxt.input_slot(shapes[k + 1], first_row) if graphed[k + 1] else None  # into its graph's input
-                events = self._copy_events(stage.device, nxt.device)
-                t0 = time.perf_counter()
-                if events is not None:
-                    # NOTE: keep the sending stream busy while the host enqueues the copy, so the events
-                    # time the copy itself, not the host's latency (with graphs the host runs ahead)
-                    stream = torch.cuda.current_stream(stage.device)
-                    events[0].record(stream)
-                    with torch.cuda.device(stage.device):
-                        torch.cuda._sleep(_SPIN_CYCLES)
-                    events[1].record(stream)
-                received = self.channels[k].send(Handoff(step_id, positions, out.hidden), into)
-                if events is not None:
-                    events[2].record(torch.cuda.current_stream(stage.device))
-                received.check(step_id, positions, self.hidden_size, nxt.dtype)
-                self._sync(nxt.device)
-                host_s = time.perf_counter() - t0
-                if events is not None:
-                    events[2].synchronize()
-                    timings.handoff_device_s.append(events[1].elapsed_time(events[2]) * 1e-3)
-                    host_s -= events[0].elapsed_time(events[1]) * 1e-3  # the spin is not the handoff's
-                timings.handoff_s.append(host_s)
-                x = received.hidden
+            out, timed = self.segment.run(step, x, pos, before_stage, self.timing)
         except StagewiseError:
             self.rollback()
             raise
@@ -216,8 +168,7 @@ class Pipeline:
             raise
         for stage in self.stages:
             stage.publish()
-        self.last_timings = timings
-        assert out is not None
+        self.last_timings = StepTimings(timed.stage_s, timed.handoff_s, timed.handoff_device_s)
         return out
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
