@@ -20,9 +20,10 @@ row operation) over rows of an unsettled step settles that one first. A failed s
 alone; a lost worker rolls back every step in flight and fails each with :class:`WorkerLost`.
 
 Row operations (``reset``, ``set_blocks``, ``move``, ``align``: continuous batching over the
-workers' state rows) are commands too, acknowledged by every worker: each worker checks one against
-its rows and KV pool before any stage changes, so a bad one changes nothing and fails with
-:class:`WorkerMessageRejected`; a lost worker fails it with :class:`WorkerLost`.
+workers' state rows) are checked here against the workers' rows, context and KV pool (a bad one
+changes nothing and fails with :class:`WorkerMessageRejected` at once), then ride on the next
+``run`` (``Command.ops``), which every worker checks again and applies them before: no round trip
+of their own. A worker lost before that run fails the run with :class:`WorkerLost`.
 
 A lost worker (process exit, silent heartbeat, no answer in time) fails the request with
 :class:`WorkerLost` (HTTP 503) and leaves the pipeline *degraded*: requests are refused until a
@@ -73,6 +74,7 @@ from stagewise.runtime.worker_messages import (
     tensor_from_bytes,
 )
 from stagewise.runtime.worker_pool import WorkerPool
+from stagewise.runtime.worker_segment import check_row_op
 from stagewise.spec.kv_pool import KVPool, default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
@@ -130,6 +132,7 @@ class DistributedPipeline:
         self._pending: dict[int, _RemoteStep] = {}  # seq of a run not yet settled -> its handle
         self._runs: dict[int, tuple[str, ...] | None] = {}  # run seq -> its output names read (None: unread)
         self._to_publish: list[int] = []  # steps published here, told to the workers with the next command
+        self._row_ops: list[Command] = []  # row operations checked here, applied by the workers before the next run
         self._inflight: int | None = None
         self._lost: dict[int, str] = {}
         self._failed = ""
@@ -362,10 +365,11 @@ class DistributedPipeline:
             except Exception as exc:
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
             pairs_only = greedy and not all_logits  # the exit sends each row's greedy pair, not the logits
+            ops, self._row_ops = self._row_ops, []
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
                                 first_row=first_row, expected_acks=self.pool.count, eager=eager,
-                                greedy=pairs_only)
+                                greedy=pairs_only, ops=ops)
             handle = _RemoteStep(self, seq, step_id, rows, cancel, pairs_only)
             self._pending[seq] = handle
             self._runs[seq] = None
@@ -521,20 +525,22 @@ class DistributedPipeline:
         self._rearrange(f"align of rows {first}..{stop - 1}", "align", first_row=first, rows=stop - first)
 
     def _rearrange(self, what: str, op: str, **fields: Any) -> None:
-        """Send row operation ``op`` to every worker and wait for all to acknowledge it. Raises the
-        workers' typed error (:class:`WorkerMessageRejected`: refused by every worker, nothing changed),
-        :class:`WorkerLost` (the pipeline is degraded) or :class:`StepFailed`."""
+        """Check row operation ``op`` against the workers' rows, context and KV pool
+        (:class:`WorkerMessageRejected`: nothing changed) and queue it: it rides on the next run, which
+        every worker applies it before (no round trip of its own). Raises :class:`WorkerLost` while
+        the pipeline is degraded; a worker lost before the next run fails that run."""
         self._refuse()
         with self._lock:
-            named = Command(0, op, {}, **fields).named_rows()
+            cmd = Command(0, op, {}, **fields)
+            table = self.stages[0].block_table
+            assert table is not None  # described at construction
+            check_row_op(cmd, self.batch, self.context, table)
+            named = cmd.named_rows()
             touched = range(min(named), max(named) + 1)  # a move's span: both its rows
             for handle in [h for h in self._pending.values() if rows_overlap(h.rows, touched)]:
                 self._settle(handle)  # its outcome stays with its handle
             self._refuse()
-            seq = self._command(op, expected_acks=self.pool.count, **fields)
-            outcome, acks = self._collect(seq, self.timeout_s)
-            if outcome != "all" or len(acks) != len(self.pool.members) or not all(a.ok for a in acks.values()):
-                self._fail(what, outcome, acks)
+            self._row_ops.append(cmd)
 
     # ----- health and recovery -------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.errors import WorkerMessageRejected
+from stagewise.models.block_table import BlockTable
 from stagewise.models.stage_model import StageOutput
 from stagewise.models.state import rows_overlap
 from stagewise.runtime.channel import Channel, channel_for
@@ -155,18 +156,10 @@ class WorkerSegment:
                 stage.align(slice(cmd.first_row, cmd.first_row + cmd.rows))
 
     def check_rows(self, cmd: Command) -> None:
-        """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows this segment holds,
-        positions inside the context and block ids of its pool (no more than a row holds)."""
+        """:func:`check_row_op` against this segment's rows, context and KV pool."""
         table = self.stages[0].block_table
         assert table is not None, "allocate_state first"
-        rows = cmd.named_rows()
-        if any(r >= self.batch for r in rows):
-            raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {self.batch} slots")
-        if cmd.op == "move" and cmd.length > self.context:
-            raise WorkerMessageRejected(f"move: {cmd.length} positions, outside the context ({self.context})")
-        if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
-            raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
-                                        f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")
+        check_row_op(cmd, self.batch, self.context, table)
 
     def publish(self, step_id: int = 0) -> None:
         """Accept step ``step_id``'s state (0: every step not settled)."""
@@ -198,3 +191,17 @@ class WorkerSegment:
         for stage in self.stages:
             stage.close()
         self.stages = []
+
+
+def check_row_op(cmd: Command, batch: int, context: int, table: BlockTable) -> None:
+    """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows of the ``batch`` held,
+    positions inside ``context`` and block ids of ``table``'s pool (no more than a row holds). The
+    coordinator checks each before it rides on a run; every worker checks it again."""
+    rows = cmd.named_rows()
+    if any(r >= batch for r in rows):
+        raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {batch} slots")
+    if cmd.op == "move" and cmd.length > context:
+        raise WorkerMessageRejected(f"move: {cmd.length} positions, outside the context ({context})")
+    if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
+        raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
+                                    f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")
