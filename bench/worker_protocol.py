@@ -21,10 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.engine.model_loading import load_model
-from stagewise.runtime.pipeline import Pipeline
+from stagewise.runtime.executor import Executor
 
 
-def _time_steps(pipeline: Pipeline, steps: int) -> float:
+def _time_steps(pipeline: Executor, steps: int) -> float:
     pipeline.reset(0)
     pipeline.step(torch.tensor([[1, 2, 3]]), torch.arange(3)[None], start=0)
     t0 = time.perf_counter()

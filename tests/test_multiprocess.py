@@ -73,14 +73,13 @@ def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -
     vocab = single.config.vocab_size
     together = batch_requests(vocab, [5, 30, 11, 3, 20, 9], [6, 4, 8, 5, 3, 6])  # 6 requests, 4 rows, 1 block each
     crowded = batch_requests(vocab, [40, 70, 10, 60], [30, 10, 60, 10], seed=1)  # crossing blocks: preemption
-    # the workers' schedule: two micro-batches, each step's tokens collected before its group's next launch
-    single.pipeline.deferred_results = roomy.pipeline.deferred_results = True
+    # the workers' schedule: two micro-batches, rectangle prefill (workers take no packed steps)
     try:
-        reference = Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2)
+        reference = Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2, packed=False)
         want_together, _ = run_batch(reference, together)
         want_crowded, _ = run_batch(reference, crowded)
         assert reference.preemptions > 0
-        unpreempted, _ = run_batch(Batcher(roomy.pipeline, BATCH_CONTEXT, 16, micro_batches=2), crowded)
+        unpreempted, _ = run_batch(Batcher(roomy.pipeline, BATCH_CONTEXT, 16, micro_batches=2, packed=False), crowded)
         assert [[t for t, _ in r] for r in want_crowded] == [[t for t, _ in r] for r in unpreempted]
     finally:
         single.close()
@@ -112,10 +111,9 @@ def test_hybrid_model_micro_batches_through_workers_equal_single_device(tmp_path
     make_hf_hybrid_model("qwen3_5-default-pattern", tmp_path, seed=7)
     args = dict(devices="cpu:2x1GiB", context=BATCH_CONTEXT, dtype="float32", max_seqs=4, prefill_chunk=16)
     single = load_model(str(tmp_path), placement="single", **args)  # type: ignore[arg-type]
-    single.pipeline.deferred_results = True  # the workers' schedule (see above)
     requests = batch_requests(single.config.vocab_size, [7, 19, 4, 12, 9], [9, 5, 8, 6, 7], seed=3)
     try:
-        want, _ = run_batch(Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2), requests)
+        want, _ = run_batch(Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2, packed=False), requests)
     finally:
         single.close()
     loaded = load_model(str(tmp_path), workers="local", placement="pipeline:2", worker_timeout_s=20,

@@ -56,3 +56,27 @@ def test_remote_stage_describes_the_workers_state(kind: str, tmp_path: Path) -> 
         metrics.observe_rows(SimpleNamespace(rows=ROWS, stages=[stage]), 2, kv_blocks=3)  # type: ignore[arg-type]
         in_use.append(metrics.stage_state_in_use.labels("0", spec.device)._value.get())
     assert in_use[0] == in_use[1] > 0
+
+
+def test_coordinator_never_touches_a_workers_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator whose stages sit in workers on two GPUs is no in-process ``Pipeline``: building it
+    enables no peer access and initializes no CUDA context, even where CUDA is available; its KV pool
+    and rows are the workers'."""
+    from dataclasses import replace
+
+    import stagewise.kernels.peer_copy_triton as peer_copy
+    from stagewise.runtime.pipeline import Pipeline
+    from stagewise.runtime.remote_pipeline import DistributedPipeline
+
+    config = ModelConfig.from_path(make_model_dir(tmp_path))
+    specs = [replace(s, device=f"cuda:{s.index}", torch_device=f"cuda:{s.index}") for s in specs_for_cuts(config, [1])]
+    touched: list[object] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(peer_copy, "enable_peer_access", lambda *a: touched.append(a) or True)
+    pipeline = DistributedPipeline(SimpleNamespace(), config, "m", specs, [1, 2], torch.float32,  # type: ignore[arg-type]
+                                   batch=ROWS, context=CONTEXT, kv_blocks=BLOCKS)
+    assert not isinstance(pipeline, Pipeline)
+    assert touched == [] and not torch.cuda.is_initialized()
+    assert pipeline.rows == ROWS and pipeline.kv_pool.blocks == BLOCKS
+    assert all(t.device.type == "meta" for s in pipeline.stages for st in s.states.values()
+               for t in vars(st).values() if isinstance(t, torch.Tensor))

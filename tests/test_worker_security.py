@@ -283,7 +283,8 @@ def test_local_workers_ignore_a_forged_stop(loaded: LoadedModel) -> None:
 
 def test_workers_hold_the_rows_and_pool_and_check_row_operations(loaded: LoadedModel) -> None:
     """Auto --max-seqs: the workers hold the planned rows and KV pool; a row operation naming a row, a
-    position or a block they do not hold is refused by every worker before any stage changes."""
+    position or a block they do not hold is refused before any stage changes (by the coordinator before it
+    rides on the next run, and again by every worker)."""
     pipeline = loaded.pipeline
     assert isinstance(pipeline, DistributedPipeline)
     rows, pool = pipeline.rows, pipeline.kv_pool
@@ -312,6 +313,23 @@ def test_workers_check_a_step_against_their_stages(loaded: LoadedModel) -> None:
         pipeline.step(torch.tensor([[1]]), torch.tensor([[CONTEXT]]), start=CONTEXT)
     assert _greedy(pipeline) == expected  # rolled back, still serving
 
+
+def test_row_operations_ride_on_the_next_run_and_workers_check_them_again(loaded: LoadedModel) -> None:
+    """Row operations cost no command of their own: they ride on the next run, which every worker
+    applies them before. One that got past the coordinator's check (put in its queue directly here)
+    is refused by the workers with the step: a typed error naming a worker, nothing degraded."""
+    pipeline = loaded.pipeline
+    assert isinstance(pipeline, DistributedPipeline)
+    expected = _greedy(pipeline)
+    seq = pipeline._seq
+    pipeline.reset(0)
+    pipeline.align(slice(0, 1))
+    assert pipeline._seq == seq and len(pipeline._row_ops) == 2  # nothing sent yet
+    pipeline._row_ops.append(Command(0, "reset", {}, slot=pipeline.rows))  # past the coordinator's check
+    with pytest.raises(WorkerMessageRejected, match=r"worker \d .*reset: rows"):
+        pipeline.step(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], start=0)
+    assert not pipeline.degraded and pipeline._row_ops == []
+    assert _greedy(pipeline) == expected
 
 def test_health_reports_a_killed_worker(loaded: LoadedModel) -> None:
     pipeline = loaded.pipeline
@@ -363,3 +381,4 @@ def test_outputs_over_a_store_message_travel_in_signed_parts(pool: WorkerPool) -
     worker.set(out_key(8, "logits"), tensor_to_bytes(logits))  # never read: the parts are found and deleted
     coordinator.delete_key(out_key(8, "logits"), parts=True)
     assert not any(raw.check([f"out/8/logits#{i}"]) for i in range(parts))
+

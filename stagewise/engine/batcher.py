@@ -17,9 +17,12 @@ staging rows above them (:class:`StagingArea`). An iteration:
 With N stages there are N groups, and up to N steps are in flight: while stage k runs group i,
 stage k+1 runs group i-1 (vLLM's pipeline-parallel batch queue). On one stage there is one group
 and a step's tokens are collected before the next is launched. With stages in N worker processes
-there are N groups too (``Pipeline.max_in_flight``): a step is sent (:meth:`Pipeline.submit`) and
-published when its tokens are collected, so its failure reaches its sequences then; a prefill
-chunk is collected before the next chunk of the same rows is sent. A group's size is rounded up to a
+there are N groups too (``max_in_flight``). One schedule for both: a step is submitted
+(:meth:`Pipeline.submit`) and its handle read when its tokens are collected (in process it was
+published at launch; with workers it is published, or rolled back, then, so its failure reaches
+its sequences then); a prefill chunk is collected before the next chunk of the same rows is sent.
+Where every row of a group is greedy and the exit is a CUDA device, the handle carries the tokens
+on that device and the group's next step takes them before the host reads them. A group's size is rounded up to a
 graph bucket (:func:`~stagewise.engine.decode_groups.batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
 sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
 sample otherwise (temperature, penalties, top log-probabilities) through their own
@@ -45,7 +48,7 @@ from collections import deque
 import torch
 
 from stagewise.engine.generator import GenerationRequest, TokenEvent
-from stagewise.engine.in_flight import InFlight, read_greedy_pairs
+from stagewise.engine.in_flight import InFlight
 from stagewise.engine.prefix_root import prefix_root
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence import Sequence
@@ -53,7 +56,7 @@ from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.step_plan import plan_packed_step
 from stagewise.engine.step_scheduler import StepScheduler
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError
-from stagewise.runtime.pipeline import Pipeline
+from stagewise.runtime.executor import Executor
 from stagewise.spec.kv_pool import KVPool
 
 
@@ -73,7 +76,7 @@ class Batcher:
             off where a stage holds recurrent state (linear attention: not yet snapshotted) or has no KV pool.
     """
 
-    def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512,
+    def __init__(self, pipeline: Executor, max_context: int, prefill_chunk: int = 512,
                  micro_batches: int | None = None, packed: bool | None = None, prefix_cache: bool = True) -> None:
         self.pipeline = pipeline
         self.max_context = max_context
@@ -82,10 +85,10 @@ class Batcher:
         self.slots = pipeline.rows
         self.micro_batches = max(1, micro_batches or pipeline.max_in_flight)
         self.graphs = pipeline.step_graphs
-        can_pack = pipeline.packed_steps and not pipeline.deferred_results  # a packed step is read when launched
+        can_pack = pipeline.packed_steps
         self.packed = can_pack if packed is None else packed
         if self.packed and not can_pack:
-            raise ValueError("this pipeline takes no packed steps (or settles its steps only when read)")
+            raise ValueError("this pipeline takes no packed steps")
         self.in_flight: deque[InFlight] = deque()
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.prefill_tokens = 0  # prompt tokens launched in prefill steps since construction
@@ -258,12 +261,11 @@ class Batcher:
         self.sched.cancel_staging()
         if not self.staging or self.sched.regroup_needed:
             return  # a member left from between the others: the rows close up first
-        if self.pipeline.deferred_results:  # the previous chunk's rows: published before the next chunk runs
-            for item in [item for item in self.in_flight if item.group == -1]:
-                self.in_flight.remove(item)
-                self._retire(item)
-            if not self.staging or self.sched.regroup_needed:
-                return  # it failed, or it ended a member
+        for item in [item for item in self.in_flight if item.group == -1]:  # the previous chunk: read first
+            self.in_flight.remove(item)
+            self._retire(item)
+        if not self.staging or self.sched.regroup_needed:
+            return  # it failed, or it ended a member
         members = list(self.staging)
         steps = self.sched.area.step_tokens()
         if len(members) > 1 and not self.sched.area_aligned:
@@ -289,12 +291,7 @@ class Batcher:
         # a recomputed sequence (preempted) already has its next token: nothing to sample
         sample_rows = tuple(seq.prefilled >= len(seq.ids) and not seq.tokens for seq in members)
         final = any(seq.prefilled >= len(seq.ids) for seq in members)
-        if self.pipeline.deferred_results:
-            self.in_flight.append(InFlight(tuple(members), None, None, final=final, sample_rows=sample_rows,
-                                            handle=handle))
-            return
-        logits = handle.result().logits if any(sample_rows) else None
-        self.in_flight.append(InFlight(tuple(members), logits, None, final=final, sample_rows=sample_rows))
+        self.in_flight.append(InFlight(tuple(members), handle, final=final, sample_rows=sample_rows))
 
     def _launch_packed(self, g: int | None) -> None:
         """One packed step: group ``g``'s decoding rows (none when None), then the staging rows' chunks
@@ -326,12 +323,8 @@ class Batcher:
         for seq, take in zip(members, plan.chunks, strict=True):
             seq.prefilled += take
             seq.length = seq.prefilled
-        rows = (*decoding, *sampled)  # one per logits row
-        logits = handle.result().logits if rows else None  # (S, 1, V)
-        pairs, ready = None, None
-        if logits is not None and any(s.device_greedy for s in rows):
-            _, pairs, ready = read_greedy_pairs(logits[:, -1])
-        self.in_flight.append(InFlight(rows, logits, pairs, ready, group=-1 if g is None else g))
+        rows = (*decoding, *sampled)  # one per logits row (S, 1, V)
+        self.in_flight.append(InFlight(rows, handle, group=-1 if g is None else g))
 
     # ----- decode -------------------------------------------------------------------------------
     def _launch_decode(self, g: int, device_tokens: torch.Tensor | None = None) -> None:
@@ -359,17 +352,8 @@ class Batcher:
         for seq in rows:
             if seq is not None:
                 seq.length += 1
-        if self.pipeline.deferred_results:
-            self.in_flight.append(InFlight(tuple(rows), None, None, group=g, handle=handle))
-            return
-        logits = handle.result().logits  # (P, 1, V)
-        assert logits is not None
-        pairs, ready, greedy = None, None, None
-        if any(s is not None and s.device_greedy for s in rows):
-            greedy, pairs, ready = read_greedy_pairs(logits[:, -1])
-            if not all_greedy:
-                greedy = None  # some row samples on the host: its token is not known on the device
-        self.in_flight.append(InFlight(tuple(rows), logits, pairs, ready, greedy, group=g))
+        # every row greedy on a device that runs ahead of the host: the next step reads these tokens there
+        self.in_flight.append(InFlight(tuple(rows), handle, group=g, tokens=handle.tokens))
 
     # ----- collecting results ----------------------------------------------------------------------
     def _retire_group(self, g: int) -> None:

@@ -10,7 +10,7 @@ import torch
 from stagewise.engine.sampling import Sample, Sampler, SamplingParams
 from stagewise.errors import ContextLengthExceeded, RequestError
 from stagewise.kernels.triton_launch import use_triton
-from stagewise.runtime.pipeline import Pipeline
+from stagewise.runtime.executor import Executor
 
 CancelCheck = Callable[[], bool]
 MAX_TOP_LOGPROBS = 20  # as OpenAI
@@ -48,7 +48,7 @@ class Generator:
     """Runs requests one at a time in sequence slot 0 of a pipeline built for ``max_context``; row 0
     takes the KV pool's first blocks (a context's worth, or the whole pool when it is smaller)."""
 
-    def __init__(self, pipeline: Pipeline, max_context: int, prefill_chunk: int = 512) -> None:
+    def __init__(self, pipeline: Executor, max_context: int, prefill_chunk: int = 512) -> None:
         self.pipeline = pipeline
         pool = pipeline.kv_pool
         self.blocks: list[int] = list(range(min(pool.blocks_per_row, pool.blocks))) if pool is not None else []

@@ -15,7 +15,7 @@ import torch
 from stagewise.engine.chat_template import ChatTemplate
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.hardware.topology import Topology
-from stagewise.runtime.pipeline import Pipeline
+from stagewise.runtime.executor import Executor
 from stagewise.runtime.stage import ChargeCheck
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
@@ -27,7 +27,7 @@ class LoadedModel:
 
     name: str
     config: ModelConfig
-    pipeline: Pipeline
+    pipeline: Executor
     placement_json: dict[str, Any]  # the planner's JSON form of the placement used
     placement_summary: str  # e.g. "Fits across 2 devices: cpu:0 embedding + blocks 0-1 (...) · ..."
     tokenizer: Tokenizer | None

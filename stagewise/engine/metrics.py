@@ -8,7 +8,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from stagewise.models.state import KVCache
-from stagewise.runtime.pipeline import Pipeline, StepTimings
+from stagewise.runtime.executor import Executor
+from stagewise.runtime.pipeline import StepTimings
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
@@ -64,13 +65,13 @@ class EngineMetrics:
                                       registry=r)
         self.loaded = Gauge("stagewise_model_loaded", "1 once the model is loaded and serving", registry=r)
 
-    def observe_step(self, pipeline: Pipeline, timings: StepTimings) -> None:
+    def observe_step(self, pipeline: Executor, timings: StepTimings) -> None:
         for k, seconds in enumerate(timings.stage_s):
             self.stage_step.labels(str(k), pipeline.stages[k].spec.device).observe(seconds)
         for k, seconds in enumerate(timings.handoff_s):
             self.handoff.labels(f"{k}->{k + 1}").observe(seconds)
 
-    def observe_rows(self, pipeline: Pipeline, rows: int, kv_blocks: int | None = None) -> None:
+    def observe_rows(self, pipeline: Executor, rows: int, kv_blocks: int | None = None) -> None:
         """``rows`` sequence slots (and ``kv_blocks`` KV blocks, when the batcher assigns them) hold live
         sequences: the slots gauge and each stage's state bytes in use (KV pools by the blocks in use,
         recurrent state by the rows)."""
@@ -86,7 +87,7 @@ class EngineMetrics:
                 nbytes = pooled * (kv_blocks or 0) // table.pool_blocks + per_row * rows // slots
             self.stage_state_in_use.labels(str(k), stage.spec.device).set(nbytes)
 
-    def observe_prefix_cache(self, pipeline: Pipeline, hit_tokens: int, queried_tokens: int, cached_blocks: int) -> None:
+    def observe_prefix_cache(self, pipeline: Executor, hit_tokens: int, queried_tokens: int, cached_blocks: int) -> None:
         """``hit_tokens`` of ``queried_tokens`` more were served from the prefix cache; ``cached_blocks``
         hold a keyed prefix now (the same block ids on every stage: each stage's gauge reads the same)."""
         self.prefix_hit_tokens.inc(hit_tokens)
@@ -94,7 +95,7 @@ class EngineMetrics:
         for k, stage in enumerate(pipeline.stages):
             self.stage_prefix_blocks.labels(str(k), stage.spec.device).set(cached_blocks)
 
-    def observe_blocks(self, pipeline: Pipeline, used_blocks: int, preempted: int) -> None:
+    def observe_blocks(self, pipeline: Executor, used_blocks: int, preempted: int) -> None:
         """``used_blocks`` of the pool (the same ids on every stage) hold live sequences; ``preempted``
         more sequences were preempted since the last call."""
         pool = pipeline.kv_pool
@@ -106,7 +107,7 @@ class EngineMetrics:
             self.stage_kv_blocks.labels(str(k), stage.spec.device).set(pool.blocks)
             self.stage_kv_blocks_in_use.labels(str(k), stage.spec.device).set(used_blocks)
 
-    def observe_memory(self, pipeline: Pipeline) -> None:
+    def observe_memory(self, pipeline: Executor) -> None:
         for k, stage in enumerate(pipeline.stages):
             for category, nbytes in stage.ledger.charged.items():
                 self.memory_charge.labels(str(k), stage.spec.device, category).set(nbytes)

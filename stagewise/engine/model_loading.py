@@ -29,7 +29,7 @@ from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan, verify
 from stagewise.runtime.builder import StageProgress, build_pipeline
-from stagewise.runtime.pipeline import Pipeline
+from stagewise.runtime.executor import Executor
 from stagewise.runtime.stage import StageSpec
 from stagewise.runtime.worker_mode import check_worker_options
 from stagewise.spec.model_config import ModelConfig
@@ -210,7 +210,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         from stagewise.runtime.distributed_start import start_workers
 
         path = model if model.startswith("random:") else str(Path(model).resolve())
-        pipeline: Pipeline = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
+        pipeline: Executor = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
                                            join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs,
                                            batch=profile.batch, kv_blocks=profile.kv_pool_blocks)
     else:

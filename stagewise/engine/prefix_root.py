@@ -9,10 +9,10 @@ from stagewise.engine.block_hashes import model_key
 from stagewise.models.state import RecurrentState
 
 if TYPE_CHECKING:
-    from stagewise.runtime.pipeline import Pipeline
+    from stagewise.runtime.executor import Executor
 
 
-def prefix_root(pipeline: Pipeline) -> bytes | None:
+def prefix_root(pipeline: Executor) -> bytes | None:
     """The root key of ``pipeline``'s prefix cache: the hash of its model's config (the cache lives and
     dies with the pipeline, so its weights are fixed). None where prefix caching does not apply: no KV
     pool, or a stage that holds recurrent state (a linear-attention row's state is not in its KV

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from stagewise.errors import RequestError, StepFailed
-from stagewise.kernels.triton_launch import use_triton
+from stagewise.runtime.greedy_pairs import greedy_pairs
 
 if TYPE_CHECKING:
     from stagewise.engine.grammar import Grammar
@@ -84,15 +84,8 @@ class Sampler:
         """Choose the next token from ``logits`` ``(V,)`` (float32)."""
         p = self.params
         if self.plain_greedy(top_logprobs):
-            # greedy on the logits' own device: only two scalars come back to the host
-            if use_triton(logits):
-                from stagewise.kernels.greedy_sample_triton import greedy_sample
-
-                pair = greedy_sample(logits)  # two launches instead of six
-            else:
-                token_t = torch.argmax(logits)
-                pair = torch.stack([token_t.float(), torch.log_softmax(logits.float(), dim=-1)[token_t]])
-            token, logprob = pair.tolist()
+            # greedy on the logits' own device, by the one greedy formula: two scalars come back to the host
+            token, logprob = greedy_pairs(logits[None])[1][0].tolist()
             return self.accept(token, logprob)
         logits = logits.detach().float().cpu()
         if not bool(torch.isfinite(logits).all()):

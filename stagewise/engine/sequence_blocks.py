@@ -26,13 +26,13 @@ from stagewise.errors import ContextLengthExceeded, StagewiseError
 
 if TYPE_CHECKING:
     from stagewise.engine.sequence import Sequence
-    from stagewise.runtime.pipeline import Pipeline
+    from stagewise.runtime.executor import Executor
 
 
 class SequenceBlocks:
     """The KV blocks of the sequences on ``pipeline``'s ``rows`` state rows (module doc)."""
 
-    def __init__(self, pipeline: Pipeline, rows: int, prefix_key: bytes | None = None) -> None:
+    def __init__(self, pipeline: Executor, rows: int, prefix_key: bytes | None = None) -> None:
         self.pipeline = pipeline
         self.rows = rows
         self.pool = pipeline.kv_pool

@@ -7,7 +7,6 @@ the pipeline stays usable, and a retry gives exactly the results of a run that n
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,11 +18,11 @@ from stagewise.models.stage_model import StageOutput
 from stagewise.models.state import RecurrentState
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.channel import Channel
-from stagewise.runtime.handoff import Handoff
+from stagewise.runtime.greedy_pairs import read_greedy_pairs
+from stagewise.runtime.segment import Segment, SegmentStep
 from stagewise.runtime.stage import Stage
 from stagewise.spec.kv_pool import KVPool
 
-_SPIN_CYCLES = 2_000_000  # ~1 ms of GPU clock: longer than the host takes to enqueue a handoff (100 us was not, at times)
 FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
 CancelCheck = Callable[[], bool]
 
@@ -42,13 +41,21 @@ class StepTimings:
 
 class StepHandle:
     """A launched step: :meth:`result` gives its output once every stage completed and it is published,
-    or raises the step's typed error (it was rolled back). An in-process pipeline's step is settled
-    when launched (its GPU work runs on in stream order); one whose stages run in worker processes
-    is settled when its result is asked for (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`)."""
+    or raises the step's typed error (it was rolled back). Every pipeline's caller reads it the same
+    way (one batcher schedule); an in-process pipeline's step is settled when launched (its GPU work
+    runs on in stream order), one whose stages run in worker processes when its result is asked for
+    (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`).
 
-    def __init__(self, output: StageOutput | None = None) -> None:
+    ``tokens`` ``(B, 1)``: a greedy step's tokens on the exit's CUDA device, readable at once (the next
+    step may take them before the host reads the pairs); ``ready``: the event the host copy of the
+    output's ``pairs`` completes at (None: already on the host)."""
+
+    def __init__(self, output: StageOutput | None = None, tokens: torch.Tensor | None = None,
+                 ready: object = None) -> None:
         self.output = output
         self.error: StagewiseError | None = None
+        self.tokens = tokens
+        self.ready = ready
 
     def result(self) -> StageOutput:
         if self.error is not None:
@@ -61,7 +68,6 @@ class Pipeline:
     """Ordered stages joined by one channel per boundary. One device is a one-stage pipeline."""
 
     device_tokens = True  # step() takes token ids that live on a device (no host round trip)
-    deferred_results = False  # submit() settles a step when launched, not when its result is read
     supports_rows = True  # step() runs any rows; move() and align() rearrange them (continuous batching)
 
     def __init__(self, stages: list[Stage], channels: list[Channel], timing: bool = False) -> None:
@@ -74,6 +80,7 @@ class Pipeline:
         self.fault_hook: FaultHook | None = None
         self.last_timings = StepTimings()
         self._pin = any(s.device.type == "cuda" for s in stages) and torch.cuda.is_available()
+        self.segment = Segment(stages, channels, stages[0].model.config.hidden_size, self._pin)  # every stage
         self._token_ready: Any = None  # event: a sampled token written into the entry's input from another GPU
         self._token_peer = False  # whether the exit GPU's sampler may write the entry GPU's memory
         entry, exit_ = stages[0].device, stages[-1].device
@@ -89,17 +96,6 @@ class Pipeline:
     @property
     def hidden_size(self) -> int:
         return self.stages[0].model.config.hidden_size
-
-    def _sync(self, device: torch.device) -> None:
-        if self.timing and device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def _copy_events(self, src: torch.device, dst: torch.device) -> tuple[Any, Any, Any] | None:
-        """Spin-start, copy-start and copy-end events around a GPU-to-GPU handoff, when timing."""
-        if not (self.timing and src.type == "cuda" and dst.type == "cuda"):
-            return None
-        with torch.cuda.device(src):
-            return tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))  # type: ignore[return-value]
 
     def greedy_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy-sample ``logits`` ``(V,)`` (the exit stage's last row) on its device, for the next
@@ -139,19 +135,20 @@ class Pipeline:
         """
         self.step_id += 1
         step_id = self.step_id
-        timings = StepTimings()
-        positions = positions.cpu()
-        staged_pos = positions.pin_memory() if self._pin else positions
-        batch, steps = int(positions.shape[0]), int(positions.shape[1])
-        shapes = [tuple(tokens.shape)] + [(batch, steps, self.hidden_size)] * (len(self.stages) - 1)
-        kv_end = int(positions.max()) + 1
         if layout is not None and not self.packed_steps:
             raise ValueError("this pipeline cannot run packed steps (a stage holds recurrent state)")
-        graphed = [stage.graphed(steps, all_logits) and not eager and layout is None for stage in self.stages]
+        step = SegmentStep(step_id, positions.cpu(), start, all_logits, first_row, eager, layout)
+
+        def before_stage(k: int) -> None:
+            if k > 0 and cancel is not None and cancel():
+                raise StepCancelled(f"step {step_id} cancelled between stage {k - 1} and stage {k}")
+            if self.fault_hook is not None:
+                self.fault_hook(k, step_id)
+            if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
+                raise StepCancelled(f"step {step_id} cancelled before it started")
+
         try:
-            # every stage's positions go first: their copies never wait behind the previous stage
-            pos = [stage.put_positions(staged_pos, shapes[k], graphed[k], first_row)
-                   for k, stage in enumerate(self.stages)]
+            pos = self.segment.put_positions(step, tuple(tokens.shape))
             if self._token_ready is not None:  # greedy_token wrote the entry's input from another GPU
                 torch.cuda.current_stream(self.entry_device).wait_event(self._token_ready)
                 self._token_ready = None
@@ -159,44 +156,7 @@ class Pipeline:
                 x = (tokens.pin_memory() if self._pin else tokens).to(self.entry_device, non_blocking=True)
             else:  # a token sampled on a device (the generator's lookahead): never through the host
                 x = tokens
-            out: StageOutput | None = None
-            for k, stage in enumerate(self.stages):
-                if self.fault_hook is not None:
-                    self.fault_hook(k, step_id)
-                if k == 0 and cancel is not None and cancel():  # also one-stage pipelines, every prefill chunk
-                    raise StepCancelled(f"step {step_id} cancelled before it started")
-                t0 = time.perf_counter()
-                out = stage.run(x, pos[k], start, all_logits, first_row, kv_end, graph=graphed[k], layout=layout)
-                self._sync(stage.device)
-                timings.stage_s.append(time.perf_counter() - t0)
-                if k == len(self.stages) - 1:
-                    break
-                if cancel is not None and cancel():
-                    raise StepCancelled(f"step {step_id} cancelled between stage {k} and stage {k + 1}")
-                nxt = self.stages[k + 1]
-                into = nxt.input_slot(shapes[k + 1], first_row) if graphed[k + 1] else None  # into its graph's input
-                events = self._copy_events(stage.device, nxt.device)
-                t0 = time.perf_counter()
-                if events is not None:
-                    # NOTE: keep the sending stream busy while the host enqueues the copy, so the events
-                    # time the copy itself, not the host's latency (with graphs the host runs ahead)
-                    stream = torch.cuda.current_stream(stage.device)
-                    events[0].record(stream)
-                    with torch.cuda.device(stage.device):
-                        torch.cuda._sleep(_SPIN_CYCLES)
-                    events[1].record(stream)
-                received = self.channels[k].send(Handoff(step_id, positions, out.hidden), into)
-                if events is not None:
-                    events[2].record(torch.cuda.current_stream(stage.device))
-                received.check(step_id, positions, self.hidden_size, nxt.dtype)
-                self._sync(nxt.device)
-                host_s = time.perf_counter() - t0
-                if events is not None:
-                    events[2].synchronize()
-                    timings.handoff_device_s.append(events[1].elapsed_time(events[2]) * 1e-3)
-                    host_s -= events[0].elapsed_time(events[1]) * 1e-3  # the spin is not the handoff's
-                timings.handoff_s.append(host_s)
-                x = received.hidden
+            out, timed = self.segment.run(step, x, pos, before_stage, self.timing)
         except StagewiseError:
             self.rollback()
             raise
@@ -208,8 +168,7 @@ class Pipeline:
             raise
         for stage in self.stages:
             stage.publish()
-        self.last_timings = timings
-        assert out is not None
+        self.last_timings = StepTimings(timed.stage_s, timed.handoff_s, timed.handoff_device_s)
         return out
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
@@ -220,9 +179,15 @@ class Pipeline:
         a step over rows of an unsettled one waits for it. ``greedy``: the caller needs only each
         row's greedy token and log-probability (a pipeline may then return ``pairs`` for the logits).
         ``layout``: a packed step, as :meth:`step` takes it. Here the step is settled at once: its
-        failure raises from this call, as :meth:`step`'s does."""
-        return StepHandle(self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager,
-                                    layout=layout))
+        failure raises from this call, as :meth:`step`'s does. A ``greedy`` step's output has the
+        ``pairs`` (host copy, complete at the handle's ``ready``) and, on a CUDA exit, the handle the
+        tokens on that device; its logits stay (in process they cost nothing to keep)."""
+        out = self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager, layout=layout)
+        if not greedy or all_logits or out.logits is None:
+            return StepHandle(out)
+        device_tokens, pairs, ready = read_greedy_pairs(out.logits[:, -1])  # (P, 1), (P, 2)
+        return StepHandle(StageOutput(out.hidden, out.logits, pairs),
+                          device_tokens if device_tokens.device.type == "cuda" else None, ready)
 
     def rollback(self) -> None:
         for stage in self.stages:

@@ -1,4 +1,7 @@
-"""DistributedPipeline: a :class:`Pipeline` whose stages run in worker processes (on any host).
+"""DistributedPipeline: an :class:`~stagewise.runtime.executor.Executor` whose stages run in worker
+processes (on any host). It is no :class:`Pipeline`: the coordinator holds only meta-device views of
+the stages (:class:`RemoteStage`) and never touches a device a worker owns (no peer access, no
+allocation, no CUDA context there).
 
 The coordinator (this object, rank 0) hosts the TCPStore. Each step is a two-phase transaction:
 
@@ -17,9 +20,10 @@ row operation) over rows of an unsettled step settles that one first. A failed s
 alone; a lost worker rolls back every step in flight and fails each with :class:`WorkerLost`.
 
 Row operations (``reset``, ``set_blocks``, ``move``, ``align``: continuous batching over the
-workers' state rows) are commands too, acknowledged by every worker: each worker checks one against
-its rows and KV pool before any stage changes, so a bad one changes nothing and fails with
-:class:`WorkerMessageRejected`; a lost worker fails it with :class:`WorkerLost`.
+workers' state rows) are checked here against the workers' rows, context and KV pool (a bad one
+changes nothing and fails with :class:`WorkerMessageRejected` at once), then ride on the next
+``run`` (``Command.ops``), which every worker checks again and applies them before: no round trip
+of their own. A worker lost before that run fails the run with :class:`WorkerLost`.
 
 A lost worker (process exit, silent heartbeat, no answer in time) fails the request with
 :class:`WorkerLost` (HTTP 503) and leaves the pipeline *degraded*: requests are refused until a
@@ -51,8 +55,8 @@ from stagewise.models.stage_model import StageOutput
 from stagewise.models.state import rows_overlap
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.distributed_group import choose_backend
-from stagewise.runtime.handoff import Handoff
-from stagewise.runtime.pipeline import CancelCheck, Pipeline, StepHandle, StepTimings
+from stagewise.runtime.greedy_pairs import greedy_pairs
+from stagewise.runtime.pipeline import CancelCheck, FaultHook, StepHandle, StepTimings
 from stagewise.runtime.remote_stage import RemoteStage
 from stagewise.runtime.stage import Stage, StageSpec
 from stagewise.runtime.worker_messages import (
@@ -70,7 +74,8 @@ from stagewise.runtime.worker_messages import (
     tensor_from_bytes,
 )
 from stagewise.runtime.worker_pool import WorkerPool
-from stagewise.spec.kv_pool import default_pool_blocks
+from stagewise.runtime.worker_segment import check_row_op
+from stagewise.spec.kv_pool import KVPool, default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 OUTCOMES = ("all", "fail", "lost")
@@ -79,17 +84,7 @@ WATCH_S = 0.2
 CLEANUP_EVERY = 32
 
 
-class RemoteBoundary:
-    """Placeholder for a boundary between two workers: the handoff happens inside the workers."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def send(self, handoff: Handoff, into: torch.Tensor | None = None) -> Handoff:
-        raise RuntimeError("a distributed boundary is crossed inside the workers")
-
-
-class DistributedPipeline(Pipeline):
+class DistributedPipeline:
     """Stages ``specs`` run by workers ``owners[k]`` (ranks >= 1) of ``pool``; see the module doc.
 
     Every stage holds ``batch`` state rows of ``context`` positions over a KV pool of ``kv_blocks``
@@ -100,7 +95,6 @@ class DistributedPipeline(Pipeline):
     """
 
     device_tokens = False  # token ids travel to the workers from the host
-    deferred_results = True  # a step is published (or rolled back) when its result is read
     supports_rows = True  # workers hold ``batch`` state rows over one KV pool; row operations are commands
 
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
@@ -111,9 +105,12 @@ class DistributedPipeline(Pipeline):
         self.kv_blocks = kv_blocks or default_pool_blocks(batch, context)  # every stage's pool, in every worker
         for stage in remote:
             stage.describe_state(batch, context, self.kv_blocks)  # shapes, bytes and the block table (kv_pool)
-        stages: list[Stage] = list(remote)
+        self.stages: list[Stage] = list(remote)
         self.backend = choose_backend([s.torch_device for s in specs])
-        super().__init__(stages, [RemoteBoundary(f"distributed-{self.backend}") for _ in specs[1:]])
+        self.step_id = 0
+        self.fault_hook: FaultHook | None = None
+        self.timing = False  # the workers always time their stages and boundaries
+        self.last_timings = StepTimings()
         self.pool = pool
         self.model = model
         self.specs = specs
@@ -135,6 +132,7 @@ class DistributedPipeline(Pipeline):
         self._pending: dict[int, _RemoteStep] = {}  # seq of a run not yet settled -> its handle
         self._runs: dict[int, tuple[str, ...] | None] = {}  # run seq -> its output names read (None: unread)
         self._to_publish: list[int] = []  # steps published here, told to the workers with the next command
+        self._row_ops: list[Command] = []  # row operations checked here, applied by the workers before the next run
         self._inflight: int | None = None
         self._lost: dict[int, str] = {}
         self._failed = ""
@@ -284,6 +282,18 @@ class DistributedPipeline(Pipeline):
         return self.batch
 
     @property
+    def kv_pool(self) -> KVPool:
+        """The KV pool every worker's stages hold (same blocks, same table)."""
+        table = next(s.block_table for s in self.stages if s.block_table is not None)
+        return KVPool(table.num_blocks, table.block_tokens, table.blocks_per_row)
+
+    def greedy_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy pair ``(2,)`` and token ``(1, 1)`` of ``logits`` ``(V,)`` on the host (the tokens
+        travel to the workers from the host: ``device_tokens`` is False)."""
+        tokens, pairs = greedy_pairs(logits[None].cpu())  # (1, 1), (1, 2)
+        return pairs[0], tokens
+
+    @property
     def packed_steps(self) -> bool:
         """False: a step's rows travel to the workers as one span (the wire has no packed layout)."""
         return False
@@ -310,7 +320,7 @@ class DistributedPipeline(Pipeline):
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
              eager: bool = False, layout: StepLayout | None = None) -> StageOutput:
-        """As :meth:`Pipeline.step` (workers decide their graphs themselves; no packed steps: ``layout``
+        """As :meth:`Executor.step` (workers decide their graphs themselves; no packed steps: ``layout``
         must be None); also raises :class:`WorkerLost` when a worker is lost. Waits for the step:
         :meth:`submit` does not."""
         _refuse_packed(layout)
@@ -355,10 +365,11 @@ class DistributedPipeline(Pipeline):
             except Exception as exc:
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
             pairs_only = greedy and not all_logits  # the exit sends each row's greedy pair, not the logits
+            ops, self._row_ops = self._row_ops, []
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
                                 first_row=first_row, expected_acks=self.pool.count, eager=eager,
-                                greedy=pairs_only)
+                                greedy=pairs_only, ops=ops)
             handle = _RemoteStep(self, seq, step_id, rows, cancel, pairs_only)
             self._pending[seq] = handle
             self._runs[seq] = None
@@ -501,33 +512,35 @@ class DistributedPipeline(Pipeline):
         self._rearrange(f"reset of row {slot}", "reset", slot=slot)
 
     def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
-        """As :meth:`Pipeline.set_blocks`, on every worker's stages."""
+        """As :meth:`Executor.set_blocks`, on every worker's stages."""
         self._rearrange(f"set_blocks of row {row}", "set_blocks", slot=row, blocks=[int(b) for b in block_ids])
 
     def move(self, src: int, dst: int, length: int) -> None:
-        """As :meth:`Pipeline.move`, on every worker's stages."""
+        """As :meth:`Executor.move`, on every worker's stages."""
         self._rearrange(f"move {src} -> {dst}", "move", src=src, dst=dst, length=length)
 
     def align(self, rows: slice) -> None:
-        """As :meth:`Pipeline.align`, on every worker's stages."""
+        """As :meth:`Executor.align`, on every worker's stages."""
         first, stop = rows.start or 0, rows.stop
         self._rearrange(f"align of rows {first}..{stop - 1}", "align", first_row=first, rows=stop - first)
 
     def _rearrange(self, what: str, op: str, **fields: Any) -> None:
-        """Send row operation ``op`` to every worker and wait for all to acknowledge it. Raises the
-        workers' typed error (:class:`WorkerMessageRejected`: refused by every worker, nothing changed),
-        :class:`WorkerLost` (the pipeline is degraded) or :class:`StepFailed`."""
+        """Check row operation ``op`` against the workers' rows, context and KV pool
+        (:class:`WorkerMessageRejected`: nothing changed) and queue it: it rides on the next run, which
+        every worker applies it before (no round trip of its own). Raises :class:`WorkerLost` while
+        the pipeline is degraded; a worker lost before the next run fails that run."""
         self._refuse()
         with self._lock:
-            named = Command(0, op, {}, **fields).named_rows()
+            cmd = Command(0, op, {}, **fields)
+            table = self.stages[0].block_table
+            assert table is not None  # described at construction
+            check_row_op(cmd, self.batch, self.context, table)
+            named = cmd.named_rows()
             touched = range(min(named), max(named) + 1)  # a move's span: both its rows
             for handle in [h for h in self._pending.values() if rows_overlap(h.rows, touched)]:
                 self._settle(handle)  # its outcome stays with its handle
             self._refuse()
-            seq = self._command(op, expected_acks=self.pool.count, **fields)
-            outcome, acks = self._collect(seq, self.timeout_s)
-            if outcome != "all" or len(acks) != len(self.pool.members) or not all(a.ok for a in acks.values()):
-                self._fail(what, outcome, acks)
+            self._row_ops.append(cmd)
 
     # ----- health and recovery -------------------------------------------------------------------
 

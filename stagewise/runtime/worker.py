@@ -211,6 +211,8 @@ class Worker:
             segment.publish(step_id)
         if cmd.op == "run":
             try:
+                for op in cmd.ops:  # row operations decided since the last run, in stream order before it
+                    segment.rearrange(op)
                 result = segment.run(cmd)
                 pairs: list[list[float]] = []
                 if result.output is not None:

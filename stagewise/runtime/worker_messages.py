@@ -44,6 +44,7 @@ OPS = ("run", "publish", "rollback", "reset", "set_blocks", "move", "align", "re
 ROW_OPS = ("reset", "set_blocks", "move", "align")  # rearrange state rows; acknowledged like run
 MAX_BLOCKS = 2**31 - 1  # a KV block id
 MAX_INT_LIST = 2**20  # block ids of one row
+MAX_ROW_OPS = 2**16  # row operations riding on one run
 BACKENDS = ("gloo", "nccl")
 MAX_TEXT = 64 * 1024  # an error message, a host name...
 
@@ -239,7 +240,9 @@ class Command:
     (row ``slot``), ``set_blocks`` (row ``slot``'s KV in ``blocks``), ``move`` (row ``src``'s first
     ``length`` positions to row ``dst``), ``align`` (rows ``first_row .. first_row + rows - 1``) —
     ``regroup`` (rebuild the data group as generation ``gen``), ``exit``. ``run``, the row
-    operations and ``regroup`` are acknowledged, by ``expected_acks`` workers.
+    operations and ``regroup`` are acknowledged, by ``expected_acks`` workers. A ``run`` carries the
+    row operations decided since the last run in ``ops`` (each a row-operation command, checked by the
+    coordinator first): every worker applies them in order before the step, in stream order with it.
     """
 
     seq: int
@@ -262,6 +265,7 @@ class Command:
     eager: bool = False  # run: never replay (or capture) a CUDA graph for this step
     greedy: bool = False  # run: the exit sends each row's greedy (token, log-probability), not the logits
     publish: list[int] = field(default_factory=list)  # any op: steps to publish first (decided since the last command)
+    ops: list[Command] = field(default_factory=list)  # run: row operations to apply first, in order (no round trip)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -309,6 +313,12 @@ class Command:
             raise WorkerMessageRejected(f"{what}: publish must be a list of at most {MAX_RANK} step ids")
         if any(type(p) is not int or not 1 <= p <= MAX_INT for p in publish):
             raise WorkerMessageRejected(f"{what}: publish holds {publish[:4]!r}..., not step ids"[:300])
+        ops = raw.get("ops", [])
+        if not isinstance(ops, list) or len(ops) > MAX_ROW_OPS or (ops and op != "run"):
+            raise WorkerMessageRejected(f"{what}: ops must be a list of at most {MAX_ROW_OPS} row operations, on a run")
+        nested = [Command.from_json(json.dumps(o)) if isinstance(o, dict) and not o.get("ops") else None for o in ops]
+        if any(o is None or o.op not in ROW_OPS for o in nested):
+            raise WorkerMessageRejected(f"{what}: ops holds something other than a row operation")
         rows = _int(raw, "rows", what, 0, MAX_RANK, 0)
         if op == "align" and rows < 1:
             raise WorkerMessageRejected(f"{what}: an align needs at least one row")
@@ -318,7 +328,7 @@ class Command:
                        _int(raw, "expected_acks", what, 0, MAX_RANK, 0), _int(raw, "first_row", what, 0, MAX_RANK, 0),
                        rows, blocks, _int(raw, "src", what, 0, MAX_RANK, 0), _int(raw, "dst", what, 0, MAX_RANK, 0),
                        _int(raw, "length", what, 0, 2**31 - 1, 0), _bool(raw, "eager", what, False),
-                       _bool(raw, "greedy", what, False), publish)
+                       _bool(raw, "greedy", what, False), publish, [o for o in nested if o is not None])
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """WorkerSegment: the contiguous stages one worker process owns, with its two distributed ends.
 
-A segment runs one step as the in-process :class:`Pipeline` would over its stages — receive the
-activation (or take the tokens at the entry), run each stage, hand over in-process between them,
-send the activation on (or keep the exit's output) — and leaves every stage's state provisional
+A segment runs one step through the same loop as the in-process :class:`Pipeline`
+(:class:`~stagewise.runtime.segment.Segment`) over its stages — receive the activation (or take the
+tokens at the entry), run the loop, send the activation on (or keep the exit's output) — and leaves every stage's state provisional
 until the coordinator says publish or rollback. Several steps over disjoint rows may be
 provisional at once (the coordinator keeps one micro-batch per worker in flight); each is settled
 by its step id, for the rows it ran. It rearranges state rows on command as the
@@ -13,19 +13,20 @@ rows and KV pool before any stage changes.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from stagewise.errors import WorkerMessageRejected
+from stagewise.models.block_table import BlockTable
 from stagewise.models.stage_model import StageOutput
 from stagewise.models.state import rows_overlap
 from stagewise.runtime.channel import Channel, channel_for
 from stagewise.runtime.distributed_channel import DistributedChannel
 from stagewise.runtime.distributed_group import wire_device
 from stagewise.runtime.handoff import Handoff
+from stagewise.runtime.segment import Segment, SegmentStep
 from stagewise.runtime.stage import Stage
 from stagewise.runtime.worker_messages import DTYPE_NAMES, Assignment, Command
 from stagewise.spec.model_config import ModelConfig
@@ -57,7 +58,8 @@ class WorkerSegment:
         self.vocab_size = vocab_size  # 0: unchecked
         self.context = context
         self.batch = batch
-        self.local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
+        local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
+        self.segment = Segment(stages, local, hidden_size)  # the one stage loop, as in process
         self.pending: dict[int, slice] = {}  # step id -> the rows it ran, until published or rolled back
 
     @staticmethod
@@ -103,31 +105,21 @@ class WorkerSegment:
         sent = False
         try:
             handoff_s = 0.0
+            one = SegmentStep(cmd.step_id, positions, cmd.start, cmd.all_logits, cmd.first_row, cmd.eager)
             if self.inbound is None:
-                x = torch.tensor(cmd.tokens, dtype=torch.int64).to(self.stages[0].device)  # (B, T)
+                x = torch.tensor(cmd.tokens, dtype=torch.int64)  # (B, T)
             else:
                 x = self.inbound.recv(cmd.step_id, positions, self.hidden_size, self.stages[0].dtype).hidden
                 handoff_s = self.inbound.last_transfer_s
-            stage_s: list[float] = []
-            out: StageOutput | None = None
-            kv_end = max(max(row) for row in cmd.positions) + 1  # as the in-process pipeline: graphs replay
-            for k, stage in enumerate(self.stages):
-                t0 = time.perf_counter()
-                # batched decode (per-row positions) replays graphs too: the batcher pads its groups to
-                # graph buckets (Pipeline.step_graphs), so few graphs are captured
-                out = stage.run(x, positions.to(stage.device), cmd.start, cmd.all_logits, cmd.first_row,
-                                kv_end=kv_end, graph=not cmd.eager)
-                stage_s.append(time.perf_counter() - t0)
-                if k + 1 < len(self.stages):
-                    received = self.local[k].send(Handoff(cmd.step_id, positions, out.hidden))
-                    received.check(cmd.step_id, positions, self.hidden_size, self.stages[k + 1].dtype)
-                    x = received.hidden
-            assert out is not None
+            pos = self.segment.put_positions(one, tuple(x.shape))
+            # batched decode (per-row positions) replays graphs too: the batcher pads its groups to
+            # graph buckets (Executor.step_graphs), so few graphs are captured
+            out, timed = self.segment.run(one, x.to(self.stages[0].device), pos)
             if self.outbound is not None:
                 sent = True
                 self.outbound.send(Handoff(cmd.step_id, positions, out.hidden))
-                return SegmentResult(None, stage_s, handoff_s)
-            return SegmentResult(out, stage_s, handoff_s)
+                return SegmentResult(None, timed.stage_s, handoff_s)
+            return SegmentResult(out, timed.stage_s, handoff_s)
         except BaseException:
             if self.outbound is not None and not sent:
                 try:
@@ -164,18 +156,10 @@ class WorkerSegment:
                 stage.align(slice(cmd.first_row, cmd.first_row + cmd.rows))
 
     def check_rows(self, cmd: Command) -> None:
-        """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows this segment holds,
-        positions inside the context and block ids of its pool (no more than a row holds)."""
+        """:func:`check_row_op` against this segment's rows, context and KV pool."""
         table = self.stages[0].block_table
         assert table is not None, "allocate_state first"
-        rows = cmd.named_rows()
-        if any(r >= self.batch for r in rows):
-            raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {self.batch} slots")
-        if cmd.op == "move" and cmd.length > self.context:
-            raise WorkerMessageRejected(f"move: {cmd.length} positions, outside the context ({self.context})")
-        if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
-            raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
-                                        f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")
+        check_row_op(cmd, self.batch, self.context, table)
 
     def publish(self, step_id: int = 0) -> None:
         """Accept step ``step_id``'s state (0: every step not settled)."""
@@ -207,3 +191,17 @@ class WorkerSegment:
         for stage in self.stages:
             stage.close()
         self.stages = []
+
+
+def check_row_op(cmd: Command, batch: int, context: int, table: BlockTable) -> None:
+    """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows of the ``batch`` held,
+    positions inside ``context`` and block ids of ``table``'s pool (no more than a row holds). The
+    coordinator checks each before it rides on a run; every worker checks it again."""
+    rows = cmd.named_rows()
+    if any(r >= batch for r in rows):
+        raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {batch} slots")
+    if cmd.op == "move" and cmd.length > context:
+        raise WorkerMessageRejected(f"move: {cmd.length} positions, outside the context ({context})")
+    if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
+        raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
+                                    f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")
