@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.block_allocator import BlockAllocator, OutOfBlocks
 from stagewise.engine.generator import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
+from stagewise.engine.prefix_cache import OutOfBlocks, PrefixCache
 from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.errors import ContextLengthExceeded, StagewiseError
@@ -163,7 +163,7 @@ def test_scrambled_block_table_gives_identical_logits() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 7)), max_size=60))
 def test_allocator_never_hands_out_a_block_twice(ops: list[tuple[bool, int]]) -> None:
-    allocator = BlockAllocator(KVPool(blocks=12, block_tokens=KV_BLOCK_TOKENS, blocks_per_row=4))
+    allocator = PrefixCache(KVPool(blocks=12, block_tokens=KV_BLOCK_TOKENS, blocks_per_row=4))
     owners: list[list[int]] = []
     for grow, n in ops:
         if grow:

@@ -24,12 +24,11 @@ import pytest
 import torch
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.block_allocator import OutOfBlocks
 from stagewise.engine.block_hashes import block_hashes, model_key
 from stagewise.engine.generator import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
-from stagewise.engine.prefix_cache import PrefixCache
+from stagewise.engine.prefix_cache import OutOfBlocks, PrefixCache
 from stagewise.engine.sampling import SamplingParams
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool
 from tests.batch_runs import run_batch

@@ -1,6 +1,12 @@
-"""PrefixCache: the pipeline's KV blocks with prefix caching — a block allocator whose full prompt
-blocks stay behind, keyed by their prefix hash (:mod:`~stagewise.engine.block_hashes`), for later
-sequences with the same prefix to share read-only.
+"""PrefixCache: the pipeline's KV block allocator — blocks handed to sequences a block at a time, and
+with prefix caching full prompt blocks that stay behind, keyed by their prefix hash
+(:mod:`~stagewise.engine.block_hashes`), for later sequences with the same prefix to share read-only.
+
+One allocator for the whole pipeline: every stage's pool has the same blocks and every stage's
+block table the same rows, so an id names the same block everywhere (a staged pipeline and a
+single device compute on the same layout). The batcher owns it; a sequence's blocks come back when
+it ends or is preempted. With the prefix cache off nothing is ever keyed (:meth:`register` is not
+called), so it is a plain free list: first freed first reused, as vLLM's free queue.
 
 Every block is in exactly one of three states:
 
@@ -11,8 +17,7 @@ Every block is in exactly one of three states:
 ``allocate`` takes free blocks and only when none is left evicts the least recently used cached one
 (its key is dropped); a block in use is never evicted. A sequence only ever writes positions past
 its shared blocks (the hit is capped below the prompt's last token and covers only full blocks), so a
-shared block is never written after it is keyed. Host integers only (no torch), like
-:class:`~stagewise.engine.block_allocator.BlockAllocator`, whose interface this one extends.
+shared block is never written after it is keyed. Host integers only (no torch).
 """
 
 from __future__ import annotations
@@ -20,8 +25,11 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from stagewise.engine.block_allocator import OutOfBlocks
 from stagewise.spec.kv_pool import KVPool, blocks_for
+
+
+class OutOfBlocks(RuntimeError):
+    """Asked for more blocks than are free (the batcher checks first; this is a bug if it escapes)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class PrefixCache:
         self._idle: OrderedDict[int, None] = OrderedDict()  # keyed blocks no sequence holds, oldest first
         self.evictions = 0
 
-    # ----- the BlockAllocator interface -----------------------------------------------------------
+    # ----- the allocator --------------------------------------------------------------------------
     @property
     def free_blocks(self) -> int:
         """Blocks ``allocate`` can hand out now: free plus cached-and-unowned (evictable)."""
@@ -65,6 +73,7 @@ class PrefixCache:
         return len(self._key_of)
 
     def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold ``tokens`` positions."""
         return blocks_for(tokens, self.pool.block_tokens)
 
     def allocate(self, count: int) -> list[int]:

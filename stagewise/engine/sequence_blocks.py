@@ -1,7 +1,7 @@
 """SequenceBlocks: the batcher's paged-KV bookkeeping — which blocks of the pipeline's KV pool hold
 each sequence's positions, and the pipeline block-table rows that name them.
 
-One :class:`BlockAllocator` hands out block ids, the same on every stage. A sequence gets its prefill's
+One :class:`~stagewise.engine.prefix_cache.PrefixCache` hands out block ids, the same on every stage. A sequence gets its prefill's
 blocks when it starts (:meth:`assign_prompt`), one more each time it crosses a block boundary while
 decoding (:meth:`grant_next`), and gives them all back when it ends or is preempted (:meth:`release`),
 its table row then pointing at the scratch block (padding steps in a free row write there). What to
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stagewise.engine.block_allocator import BlockAllocator
 from stagewise.engine.block_hashes import block_hashes
 from stagewise.engine.prefix_cache import PrefixCache, PrefixHit
 from stagewise.errors import ContextLengthExceeded, StagewiseError
@@ -41,15 +40,13 @@ class SequenceBlocks:
         self.queried_tokens = 0  # ids looked up in the prefix cache at admissions, since construction
         self.hit_tokens = 0  # of those, served from cached blocks
 
-    def _new_allocator(self) -> BlockAllocator | PrefixCache | None:
-        if self.pool is None:
-            return None
-        return PrefixCache(self.pool) if self.prefix_key is not None else BlockAllocator(self.pool)
+    def _new_allocator(self) -> PrefixCache | None:
+        return PrefixCache(self.pool) if self.pool is not None else None
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
-        """The prefix cache (None when off, or without a pool)."""
-        return self.allocator if isinstance(self.allocator, PrefixCache) else None
+        """The allocator where prefixes are cached (None when off, or without a pool)."""
+        return self.allocator if self.prefix_key is not None else None
 
     @property
     def cached_blocks(self) -> int:
