@@ -181,6 +181,52 @@ def _mean_rate(runs: list[dict[str, Any]], key: str = "output_tokens_per_s") -> 
     return sum(r[key] or 0 for r in runs) / len(runs)
 
 
+async def _polled_run(client: openai.AsyncOpenAI, url: str, prompts: list[list[int]],
+                     args: argparse.Namespace) -> dict[str, Any]:
+    """One burst while the status endpoint is polled: its figures, the polls' latency at the client and
+    the server's own time building the bodies (``stagewise_status_seconds_total``'s growth)."""
+    spent_s = await _status_seconds(url)
+    traces, wall, polls = await _burst_polled(client, url, prompts, args.gen, args.status_poll_s)
+    spent_s = await _status_seconds(url) - spent_s
+    return {"concurrency": len(prompts), **_summary(f"burst {len(prompts)} + status", traces, wall, False),
+            "status_poll_s": args.status_poll_s, "status_polls": len(polls),
+            "status_p50_s": _pct(polls, 50), "status_p99_s": _pct(polls, 99), "status_max_s": max(polls, default=None),
+            "status_build_ms_per_s": 1e3 * spent_s / wall, "status_build_ms_per_poll": 1e3 * spent_s / max(1, len(polls))}
+
+
+async def _status_rounds(client: openai.AsyncOpenAI, url: str, prompts: list[list[int]], args: argparse.Namespace,
+                         first: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--status-rounds`` rounds after the unpolled run ``first``: two polled runs, then an unpolled one,
+    so each round's polled pair sits between two unpolled runs (A B B A) and drift cancels. The last
+    polled run carries the polled / unpolled ratios (overall and each round's); the server's first
+    burst (warm-up) counts as unpolled only when nothing else is."""
+    runs: list[dict[str, Any]] = []
+    on: list[dict[str, Any]] = []
+    off = [first]
+    ratios, decode_ratios = [], []
+    for _round in range(args.status_rounds):
+        polled = [await _polled_run(client, url, prompts, args) for _ in range(2)]
+        traces, wall = await _burst(client, prompts, args.gen)
+        off.append({"concurrency": len(prompts), **_summary(f"burst {len(prompts)}", traces, wall, False)})
+        runs += [*polled, off[-1]]
+        on += polled
+        pair = [r for r in off[-2:] if not r["first_burst"]] or off[-2:]
+        ratios.append(_mean_rate(polled) / _mean_rate(pair))
+        decode_ratios.append(_mean_rate(polled, "decode_tokens_per_s") / _mean_rate(pair, "decode_tokens_per_s"))
+    off = [r for r in off if not r["first_burst"]] or off
+    rate_off = _mean_rate(off)
+    last = runs[-2]
+    last["status_on_over_off"] = _mean_rate(on) / rate_off if rate_off else None
+    last["status_on_over_off_rounds"] = ratios
+    last["status_decode_on_over_off"] = _mean_rate(on, "decode_tokens_per_s") / _mean_rate(off, "decode_tokens_per_s")
+    last["status_decode_on_over_off_rounds"] = decode_ratios
+    print(f"burst {len(prompts)} + status every {args.status_poll_s:g} s: on/off {last['status_on_over_off']:.4f} "
+          f"(decode {last['status_decode_on_over_off']:.4f}), building bodies "
+          f"{sum(r['status_build_ms_per_s'] for r in on) / len(on):.3f} ms/s, status p99 {last['status_p99_s']}",
+          flush=True)
+    return runs
+
+
 async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[list[int]],
                  rng: random.Random) -> list[dict[str, Any]]:
     """Every burst level, then the Poisson run, on one event loop and one client."""
@@ -195,47 +241,8 @@ async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[
             runs.append({"concurrency": level, **_summary(f"burst {level}", traces, wall, i == 0)})
             print(f"burst {level}: {runs[-1]['completed']} completed, {runs[-1]['refused']} refused, "
                   f"{runs[-1]['failed']} failed", flush=True)
-            if args.status_poll_s:  # A B B A rounds: polled twice between two unpolled runs, so drift cancels
-                off = [runs[-1]]
-                on = []
-                ratios, decode_ratios = [], []
-                for _round in range(args.status_rounds):
-                    round_on, round_off = [], [off[-1]]
-                    for label in ("polled", "polled", "off"):
-                        if label == "off":
-                            traces, wall = await _burst(client, prompts[:level], args.gen)
-                            off.append({"concurrency": level, **_summary(f"burst {level}", traces, wall, False)})
-                            runs.append(off[-1])
-                            round_off.append(off[-1])
-                            continue
-                        spent_s = await _status_seconds(url)
-                        traces, wall, polls = await _burst_polled(client, url, prompts[:level], args.gen,
-                                                                  args.status_poll_s)
-                        spent_s = await _status_seconds(url) - spent_s
-                        runs.append({"concurrency": level,
-                                     **_summary(f"burst {level} + status", traces, wall, False),
-                                     "status_poll_s": args.status_poll_s, "status_polls": len(polls),
-                                     "status_p50_s": _pct(polls, 50), "status_p99_s": _pct(polls, 99),
-                                     "status_max_s": max(polls, default=None),
-                                     "status_build_ms_per_s": 1e3 * spent_s / wall,
-                                     "status_build_ms_per_poll": 1e3 * spent_s / max(1, len(polls))})
-                        on.append(runs[-1])
-                        round_on.append(runs[-1])
-                    round_off = [r for r in round_off if not r["first_burst"]] or round_off
-                    ratios.append(_mean_rate(round_on) / _mean_rate(round_off))
-                    decode_ratios.append(_mean_rate(round_on, "decode_tokens_per_s")
-                                         / _mean_rate(round_off, "decode_tokens_per_s"))
-                off = [r for r in off if not r["first_burst"]] or off  # the server's first burst: warm-up
-                rate_off = _mean_rate(off)
-                runs[-2]["status_on_over_off"] = _mean_rate(on) / rate_off if rate_off else None
-                runs[-2]["status_on_over_off_rounds"] = ratios
-                runs[-2]["status_decode_on_over_off"] = (_mean_rate(on, "decode_tokens_per_s")
-                                                         / _mean_rate(off, "decode_tokens_per_s"))
-                runs[-2]["status_decode_on_over_off_rounds"] = decode_ratios
-                print(f"burst {level} + status every {args.status_poll_s:g} s: on/off {runs[-2]['status_on_over_off']:.4f} "
-                      f"(decode {runs[-2]['status_decode_on_over_off']:.4f}), building bodies "
-                      f"{sum(r['status_build_ms_per_s'] for r in on) / len(on):.3f} ms/s, "
-                      f"status p99 {runs[-2]['status_p99_s']}", flush=True)
+            if args.status_poll_s:
+                runs += await _status_rounds(client, url, prompts[:level], args, runs[-1])
         if args.rate:
             traces, wall = await _poisson(client, prompts[: args.requests], args.gen, args.rate, rng)
             runs.append({"concurrency": None, "rate_per_s": args.rate,
