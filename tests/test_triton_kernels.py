@@ -390,6 +390,71 @@ def test_decode_attention_matches_masked_sdpa(groups: int, block_tokens: int) ->
     torch.testing.assert_close(decode_attention(q, keys, values, table, positions, bucket, gate), gated, **TOL)
 
 
+@pytest.mark.parametrize("block_tokens", [64, 16])
+@pytest.mark.parametrize("groups", [1, 3, 4])
+def test_prefill_attention_matches_masked_sdpa_per_chunk(groups: int, block_tokens: int) -> None:
+    """Three prompt chunks of three rows (starting at 0, mid-block and past a block, one longer than a
+    program's tokens) in one launch, against SDPA with a causal mask over each row's dense keys; tokens
+    outside every chunk (a decoding row's place) are left as they were."""
+    from stagewise.kernels.prefill_attention_triton import prefill_attention
+
+    torch.manual_seed(12)
+    batch, kv_heads, dim, max_len = 3, 2, 32, 320
+    heads = kv_heads * groups
+    dense_keys = torch.randn(batch, kv_heads, max_len, dim, device=DEVICE)
+    dense_values = torch.randn_like(dense_keys)
+    per_row = max_len // block_tokens
+    gen = torch.Generator().manual_seed(2)
+    table = torch.randperm(batch * per_row + 5, generator=gen)[: batch * per_row].view(batch, per_row)
+    table = table.to(torch.int32).to(DEVICE)
+    keys, values = _paged(dense_keys, table, block_tokens), _paged(dense_values, table, block_tokens)
+    chunks = [(2, 0, 70), (0, 37, 5), (1, 130, 40)]  # (row, start, tokens); one token of room first
+    total = 1 + sum(n for _, _, n in chunks)
+    q = torch.randn(total, heads, dim, device=DEVICE)
+    positions = torch.zeros(total, dtype=torch.long, device=DEVICE)
+    offsets, at = [1], 1
+    for _, start, n in chunks:
+        positions[at : at + n] = torch.arange(start, start + n, device=DEVICE)
+        at += n
+        offsets.append(at)
+    segments = torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+    rows = torch.tensor([r for r, _, _ in chunks], dtype=torch.int32, device=DEVICE)
+    out = torch.full_like(q, 7.0)
+    prefill_attention(q, keys, values, table, positions, segments, rows, 70, out=out)
+    assert torch.equal(out[0], torch.full_like(out[0], 7.0))
+    for (row, start, n), lo in zip(chunks, offsets, strict=False):
+        length = start + n
+        seg = q[lo : lo + n].transpose(0, 1).reshape(kv_heads, groups * n, dim)[None]  # (1, kvH, G*n, D)
+        pos = positions[lo : lo + n].repeat(groups)  # group-major rows
+        mask = (torch.arange(length, device=DEVICE)[None, :] <= pos[:, None])[None, None]
+        want = torch.nn.functional.scaled_dot_product_attention(
+            seg, dense_keys[row : row + 1, :, :length], dense_values[row : row + 1, :, :length], attn_mask=mask)
+        want = want.reshape(heads, n, dim).transpose(0, 1)  # (n, H, D)
+        torch.testing.assert_close(out[lo : lo + n], want, **TOL)
+
+
+def test_prefill_attention_is_independent_of_the_chunking() -> None:
+    """A token's result does not depend on which chunk (or program) it lands in: the prompt attended
+    as one chunk and as two (split mid-block) gives bit-identical outputs, as the prefix cache needs."""
+    from stagewise.kernels.prefill_attention_triton import prefill_attention
+
+    torch.manual_seed(13)
+    kv_heads, groups, dim, length, block = 2, 4, 32, 192, 64
+    pool_k = torch.randn(length // block + 1, kv_heads, block, dim, device=DEVICE)
+    pool_v = torch.randn_like(pool_k)
+    table = torch.arange(length // block, dtype=torch.int32, device=DEVICE)[None]
+    q = torch.randn(length, kv_heads * groups, dim, device=DEVICE)
+    positions = torch.arange(length, device=DEVICE)
+    row = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    whole = prefill_attention(q, pool_k, pool_v, table, positions,
+                              torch.tensor([0, length], dtype=torch.int32, device=DEVICE), row, length)
+    split = torch.empty_like(q)
+    for lo, hi in ((0, 100), (100, length)):
+        prefill_attention(q[lo:hi], pool_k, pool_v, table, positions[lo:hi],
+                          torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE), row, hi - lo, out=split[lo:hi])
+    assert torch.equal(whole, split)
+
+
 def test_greedy_sample_matches_argmax_and_log_softmax() -> None:
     from stagewise.kernels.greedy_sample_triton import greedy_sample
 

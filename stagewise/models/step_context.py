@@ -79,6 +79,25 @@ class StepContext:
         return tuple(masks)
 
     @functools.cached_property
+    def prompt_segments(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The step's prompt chunks for :func:`~stagewise.kernels.prefill_attention_triton.prefill_attention`,
+        built once for every attention block: token offsets ``(S + 1,)`` and state rows ``(S,)``, int32 on
+        the positions' device, and the longest chunk's tokens. A rectangle step's ``B`` rows of ``T``
+        tokens (built on the device: a captured graph holds no host copy); a packed step's segments after
+        its decoding rows (their offsets count the decoding rows' tokens too)."""
+        device = self.positions.device
+        if self.layout is None:
+            batch, steps = self.batch, self.steps
+            offsets = torch.arange(batch + 1, dtype=torch.int32, device=device) * steps
+            rows = torch.arange(self.rows.start, self.rows.start + batch, dtype=torch.int32, device=device)
+            return offsets, rows, steps
+        layout = self.layout
+        prompts = range(layout.decoding, len(layout.rows))
+        table = _on_device([*layout.offsets[layout.decoding :], *(layout.rows[s] for s in prompts)], device, torch.int32)
+        count = len(prompts)
+        return table[: count + 1], table[count + 1 :], max((layout.lengths[s] for s in prompts), default=0)
+
+    @functools.cached_property
     def logit_tokens(self) -> torch.Tensor:
         """A packed step's tokens whose logits the exit computes ``(S,)`` int64 on the positions' device."""
         assert self.layout is not None, "only a packed step selects its logit tokens"
@@ -100,10 +119,10 @@ class StepContext:
         return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows, layout)
 
 
-def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """``values`` as int64 on ``device``, in stream order (pinned on the host: the copy never waits for
+def _on_device(values: list[int], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """``values`` as ``dtype`` (int64 unless said) on ``device``, in stream order (pinned on the host: the copy never waits for
     the steps already queued, which a copy from pageable memory would)."""
-    host = torch.tensor(values, dtype=torch.long)
+    host = torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
         host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
     return host.to(device, non_blocking=True)

@@ -88,7 +88,12 @@ class Attention(nn.Module):
             if steps == 1:  # decode: paged split-K attention over the pool (+ gate), no mask tensor
                 return self.o_proj(decode_attention(q, cache.key, cache.value, table, ctx.positions,
                                                     ctx.kv_length, gate_heads))
-            q = q.transpose(1, 2)  # (B, H, T, D)
+            from stagewise.kernels.prefill_attention_triton import prefill_attention
+
+            segments, rows, longest = ctx.prompt_segments  # a prompt chunk per row, over the paged pool
+            out = prefill_attention(q.reshape(batch * steps, self.heads, self.head_dim), cache.key, cache.value,
+                                    cache.table.table, ctx.positions.reshape(-1), segments, rows, longest)
+            return self.o_proj(self._gated(out.view(batch, steps, -1), gate_heads))
         else:
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
@@ -110,49 +115,40 @@ class Attention(nn.Module):
         rows = q.reshape(batch, self.kv_heads, groups * steps, self.head_dim)  # (B, kvH, G*T, D)
         out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)  # (B, kvH, G*T, D)
         out = out.reshape(batch, self.heads, steps, self.head_dim)  # (B, H, T, D)
-        out = out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
-        if gate_heads is not None:
-            out = out * torch.sigmoid(gate_heads.reshape(batch, steps, self.heads * self.head_dim))
-        return out
+        return self._gated(out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim), gate_heads)
+
+    @staticmethod
+    def _gated(out: torch.Tensor, gate_heads: torch.Tensor | None) -> torch.Tensor:
+        """``out`` ``(B, T, H·D)`` times ``sigmoid(gate_heads)`` (``(B, T, H, D)``) when there is a gate."""
+        if gate_heads is None:
+            return out
+        return out * torch.sigmoid(gate_heads.reshape(out.shape))
 
     def _packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_heads: torch.Tensor | None,
                 ctx: StepContext, cache: KVCache) -> torch.Tensor:
         """A packed step (``ctx.layout``): ``q`` ``(N, 1, H, D)``, ``k``/``v`` ``(N, 1, kvH, D)``, one token a
         batch row, each of its segment's state row. Every token's key and value are written first,
-        then the decoding rows' segments are attended as one decode batch and each
-        later segment (a prompt's chunk) over its own row's positions, causally. Returns ``(N, 1, H·D)``."""
+        then the decoding rows' segments are attended as one decode batch and the later segments
+        (prompts' chunks) each over its own row's positions, causally. Returns ``(N, 1, H·D)``."""
+        if use_triton(q):
+            return self._packed_kernels(q, k, v, gate_heads, ctx, cache)
         layout = ctx.layout
         assert layout is not None
         token_rows = ctx.token_rows  # (N,)
-        if use_triton(q):
-            from stagewise.kernels.decode_attention_triton import decode_attention
-            from stagewise.kernels.rope_store_triton import QKNorm, rope_store
-
-            norm = None
-            if self.q_norm is not None and self.k_norm is not None:
-                norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered)
-            table = cache.table.table.index_select(0, token_rows)  # (N, blocks per row)
-            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm)  # (N, 1, H, D)
-        else:
-            if self.q_norm is not None and self.k_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            cos, sin = ctx.rotary  # (N, 1, rd)
-            q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)  # (N, 1, H, D)
-            k = apply_rotary(k.transpose(1, 2), cos, sin)  # (N, kvH, 1, D)
-            cache.write(ctx.positions, k, v.transpose(1, 2), None, token_rows)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = ctx.rotary  # (N, 1, rd)
+        q = apply_rotary(q.transpose(1, 2), cos, sin).transpose(1, 2)  # (N, 1, H, D)
+        k = apply_rotary(k.transpose(1, 2), cos, sin)  # (N, kvH, 1, D)
+        cache.write(ctx.positions, k, v.transpose(1, 2), None, token_rows)
         offsets = layout.offsets
         decoding = layout.decoding
         parts: list[torch.Tensor] = []
         if decoding:
-            lo, hi = 0, offsets[decoding]  # one token per row
-            length = max(layout.starts[:decoding]) + 1
-            gate = gate_heads[lo:hi] if gate_heads is not None else None
-            if use_triton(q):
-                parts.append(decode_attention(q[lo:hi], cache.key, cache.value, table[lo:hi],
-                                              ctx.positions[lo:hi], length, gate))  # (Nd, 1, H*D)
-            else:
-                keys, values = cache.view(token_rows[lo:hi], length)  # (Nd, kvH, L, D)
-                parts.append(self._attend(q[lo:hi].transpose(1, 2), keys, values, ctx.packed_masks[0], gate))
+            hi = offsets[decoding]  # one token per row
+            gate = gate_heads[:hi] if gate_heads is not None else None
+            keys, values = cache.view(token_rows[:hi], max(layout.starts[:decoding]) + 1)  # (Nd, kvH, L, D)
+            parts.append(self._attend(q[:hi].transpose(1, 2), keys, values, ctx.packed_masks[0], gate))
         for s in range(decoding, len(layout.rows)):
             lo, hi = offsets[s], offsets[s + 1]
             row, length = layout.rows[s], layout.starts[s] + layout.lengths[s]
@@ -162,3 +158,35 @@ class Attention(nn.Module):
             gate = gate_heads[lo:hi].transpose(0, 1) if gate_heads is not None else None  # (1, n, H, D)
             parts.append(self._attend(seg, keys, values, mask, gate).view(hi - lo, 1, -1))  # (n, 1, H*D)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, 1, H*D)
+
+    def _packed_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_heads: torch.Tensor | None,
+                        ctx: StepContext, cache: KVCache) -> torch.Tensor:
+        """:meth:`_packed` in three launches: keys and values stored (rope_store), every prompt chunk
+        attended at once (prefill_attention), the decoding rows split-K (decode_attention, gated there)."""
+        from stagewise.kernels.decode_attention_triton import decode_attention
+        from stagewise.kernels.prefill_attention_triton import prefill_attention
+        from stagewise.kernels.rope_store_triton import QKNorm, rope_store
+
+        layout = ctx.layout
+        assert layout is not None
+        norm = None
+        if self.q_norm is not None and self.k_norm is not None:
+            norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered)
+        table = cache.table.table.index_select(0, ctx.token_rows)  # (N, blocks per row)
+        q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm)  # (N, 1, H, D)
+        tokens, decoding = layout.tokens, layout.decoding
+        out = q.new_empty((tokens, 1, self.heads * self.head_dim))
+        if decoding < len(layout.rows):
+            segments, rows, longest = ctx.prompt_segments
+            prefill_attention(q.view(tokens, self.heads, self.head_dim), cache.key, cache.value, cache.table.table,
+                              ctx.positions.view(-1), segments, rows, longest,
+                              out=out.view(tokens, self.heads, self.head_dim))
+            if gate_heads is not None:
+                lo = layout.offsets[decoding]
+                out[lo:] = self._gated(out[lo:].transpose(0, 1), gate_heads[lo:].transpose(0, 1)).transpose(0, 1)
+        if decoding:  # one token per row: split-K over each row's keys, as a decode step
+            hi = layout.offsets[decoding]
+            gate = gate_heads[:hi] if gate_heads is not None else None
+            out[:hi] = decode_attention(q[:hi], cache.key, cache.value, table[:hi], ctx.positions[:hi],
+                                        max(layout.starts[:decoding]) + 1, gate)
+        return out
