@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from stagewise.models.recurrent_state import RecurrentState
 from stagewise.models.registry import build_stage
-from stagewise.models.state import BlockState, RecurrentState
+from stagewise.models.state import BlockState
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.safetensors_source import SafetensorsSource
 from stagewise.weights.stage_loader import load_stage

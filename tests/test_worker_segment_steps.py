@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from stagewise.errors import WorkerMessageRejected
-from stagewise.models.state import RecurrentState
+from stagewise.models.recurrent_state import RecurrentState
 from stagewise.runtime.builder import build_pipeline
 from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.worker_messages import Command

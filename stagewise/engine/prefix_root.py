@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stagewise.engine.block_hashes import model_key
-from stagewise.models.state import RecurrentState
+from stagewise.models.recurrent_state import RecurrentState
 
 if TYPE_CHECKING:
     from stagewise.runtime.executor import Executor

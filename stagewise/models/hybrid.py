@@ -13,12 +13,14 @@ import torch
 from torch import nn
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.kv_cache import KVCache
 from stagewise.models.layers.attention import Attention
 from stagewise.models.layers.gated_deltanet import GatedDeltaNet
 from stagewise.models.layers.moe import SparseMoE
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.swiglu import SwiGLU
-from stagewise.models.state import BlockState, KVCache, RecurrentState
+from stagewise.models.recurrent_state import RecurrentState
+from stagewise.models.state import BlockState
 from stagewise.models.step_context import StepContext
 from stagewise.spec.model_config import ModelConfig
 

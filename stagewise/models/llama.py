@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.kv_cache import KVCache
 from stagewise.models.layers.attention import Attention
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.swiglu import SwiGLU
-from stagewise.models.state import KVCache
 from stagewise.models.step_context import StepContext
 from stagewise.spec.model_config import ModelConfig
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from stagewise.errors import StagewiseError, StepCancelled, StepFailed
+from stagewise.models.recurrent_state import RecurrentState
 from stagewise.models.stage_model import StageOutput
-from stagewise.models.state import RecurrentState
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.channel import Channel
 from stagewise.runtime.greedy_pairs import read_greedy_pairs

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.recurrent_state import RecurrentState
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
-from stagewise.models.state import BlockState, RecurrentState
+from stagewise.models.state import BlockState
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.runtime.step_graphs import StepGraphs

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from stagewise.models.recurrent_state import RecurrentState
 from stagewise.models.stage_model import StageModel, StageOutput
-from stagewise.models.state import BlockState, RecurrentState
+from stagewise.models.state import BlockState
 
 MIN_BUCKET = 256
 

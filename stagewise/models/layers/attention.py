@@ -11,11 +11,11 @@ from torch import nn
 
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.block_table import BlockTable
+from stagewise.models.kv_cache import KVCache
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import apply_rotary
-from stagewise.models.state import KVCache
 from stagewise.models.step_context import StepContext
 from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig

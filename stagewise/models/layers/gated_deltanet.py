@@ -25,7 +25,7 @@ from stagewise.models.layers.delta_rule import chunked_gated_delta_rule, recurre
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.gated_rms_norm import GatedRMSNorm
 from stagewise.models.layers.linear import Linear
-from stagewise.models.state import RecurrentState
+from stagewise.models.recurrent_state import RecurrentState
 from stagewise.spec.model_config import ModelConfig
 
 
