@@ -56,18 +56,6 @@ class KVCache:
         paged = heads_first.index_select(1, blocks.reshape(-1))  # (kvH, B*nb, bt, D)
         return paged.view(kv_heads, batch, nb * block_tokens, dim).transpose(0, 1)[:, :, :length]
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        pass  # the stage moves the block-table row: the keys and values stay where they are
-
-    def publish(self, rows: slice | None = None) -> None:
-        pass  # acceptance is the pipeline's position bookkeeping
-
-    def rollback(self, rows: slice | None = None) -> None:
-        pass  # provisional positions are masked until accepted
-
-    def reset(self, slot: int) -> None:
-        pass  # a new sequence writes from position 0; the causal mask hides the rest
-
     @property
     def nbytes(self) -> int:
         return 2 * self.key.numel() * self.key.element_size()  # key + value

@@ -25,7 +25,7 @@ class DecoderBlock(nn.Module):
         self.mlp = mlp if mlp is not None else SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
-                  table: BlockTable | None = None) -> KVCache:
+                  table: BlockTable | None = None, slots: object = None) -> KVCache:
         return self.self_attn.new_state(batch, max_context, dtype, device, table)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: KVCache) -> torch.Tensor:

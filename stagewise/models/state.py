@@ -1,21 +1,17 @@
-"""Per-block sequence state: the protocol every block's state keeps (KV caches: kv_cache.py; recurrent
-state: recurrent_state.py).
+"""Per-block sequence state: the protocol every block's state keeps.
 
-State is held in rows (sequence slots): a step runs a contiguous range of rows (``rows``, a
-``slice``), and rows outside it are never read or written. State updates are explicit and
-transactional. A step writes *provisionally*:
-- a :class:`KVCache` writes keys/values at the step's absolute positions (through the stage's
-  block table, :mod:`stagewise.models.block_table`); positions past a
-  sequence's accepted length are ignored by the causal mask until the pipeline accepts them, so
-  rollback needs no copy;
-- a :class:`RecurrentState` keeps two buffers and, per row, which one is published (its parity);
-  a step reads its rows' published buffer and writes the other one; :meth:`RecurrentState.publish`
-  flips the written rows' parity, :meth:`RecurrentState.rollback` discards the write. Rows of one
-  step share a parity (the engine keeps a batch's rows in step and aligns rows that join it).
-  Steps over disjoint rows may be provisional at once (pipelined micro-batches in worker
-  processes): ``publish(rows)`` / ``rollback(rows)`` settle the writes of the step that ran ``rows``
-  only; without ``rows`` they settle every provisional write.
-Nothing is hidden in module attributes: blocks receive their state as an argument.
+State is held in rows (sequence slots), each block's in its own kind of store: a :class:`KVCache`
+(kv_cache.py) keeps keys and values in block pools through the stage's :class:`BlockTable`; a
+:class:`RecurrentState` (recurrent_state.py) keeps fixed-size state in entry pools through the
+stage's :class:`StateSlots`. Both tables are the stage's, one each, shared by its blocks, and every
+state update is explicit and transactional there. A step writes *provisionally*:
+- keys and values at the step's absolute positions; positions past a sequence's accepted length
+  are ignored by the causal mask until the pipeline accepts them, so rollback needs no copy;
+- recurrent state into each row's write entry; publishing makes it the row's read entry, rolling
+  back forgets it (:class:`StateSlots`).
+Steps over disjoint rows may be provisional at once (pipelined micro-batches in worker processes),
+each settled for the rows it ran. Nothing is hidden in module attributes: blocks receive their
+state as an argument.
 """
 
 from __future__ import annotations
@@ -31,23 +27,7 @@ def rows_overlap(a: slice | range, b: slice | range) -> bool:
 
 
 class BlockState(Protocol):
-    """What the pipeline needs from any block's state."""
-
-    def publish(self, rows: slice | None = None) -> None:
-        """Accept the provisional writes to ``rows`` (every provisional write when None)."""
-        ...
-
-    def rollback(self, rows: slice | None = None) -> None:
-        """Discard the provisional writes to ``rows`` (every provisional write when None)."""
-        ...
-
-    def reset(self, slot: int) -> None:
-        """Forget sequence ``slot`` (a new request starts there)."""
-        ...
-
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Copy row ``src``'s published state (its first ``length`` positions) into row ``dst``."""
-        ...
+    """What the stage needs from any block's state (its tables settle, reset and move rows)."""
 
     @property
     def nbytes(self) -> int: ...

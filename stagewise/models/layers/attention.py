@@ -56,7 +56,7 @@ class Attention(nn.Module):
         return q, k, v
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
-                  table: BlockTable | None = None) -> KVCache:
+                  table: BlockTable | None = None, slots: object = None) -> KVCache:
         """This block's KV pool over ``table`` (the stage's); without one, its own identity table of
         ``batch`` rows of ``max_context`` positions."""
         if table is None:
