@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence

@@ -28,7 +28,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stagewise.engine.generator import GenerationRequest, Generator
+from stagewise.engine.generation_request import GenerationRequest
+from stagewise.engine.generator import Generator
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 

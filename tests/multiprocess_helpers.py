@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.engine.generator import GenerationRequest, Generator
+from stagewise.engine.generation_request import GenerationRequest
+from stagewise.engine.generator import Generator
 from stagewise.engine.sampling import SamplingParams
 from stagewise.runtime.pipeline import Pipeline
 

@@ -1,6 +1,6 @@
 """Continuous batching on CPU (virtual devices): staged = single for the same schedule (bit for bit, tokens,
-log-probabilities and every block's state; prompts prefilled in rectangles between decode steps, or packed beside
-the decoding rows), batched = alone within the tolerance transformers itself shows
+log-probabilities and every block's state; prompts prefilled in packed steps beside the decoding rows), for
+attention-only and hybrid models, batched = alone within the tolerance transformers itself shows
 between batch 1 and batch N, seeded sampling independent of the batch, cancellation isolated, slots reused."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.decode_groups import batch_bucket
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
@@ -63,19 +63,15 @@ def _states(model: LoadedModel) -> dict[tuple[int, str], torch.Tensor]:
             for name, tensor in state.tensors().items()}
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
-def test_staged_equals_single_for_the_same_schedule(pair: tuple[LoadedModel, LoadedModel], packed: bool,
+def test_staged_equals_single_for_the_same_schedule(pair: tuple[LoadedModel, LoadedModel],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     single, staged = pair
-    if packed and not single.pipeline.packed_steps:
-        pytest.skip("linear-attention rows take no packed steps")
     requests = _requests(single.config.vocab_size)
     # two micro-batches on both: the same schedule (a staged pipeline's default, asked of one device)
     mixed = _prefill_steps(staged.pipeline, monkeypatch)
-    ours, _ = _run(Batcher(single.pipeline, single.max_context, 16, micro_batches=2, packed=packed), requests)
-    theirs, _ = _run(Batcher(staged.pipeline, staged.max_context, 16, micro_batches=2, packed=packed), requests)
-    if packed:  # prompts were prefilled beside decoding rows, through both stages
-        assert any(prompt < tokens for _, prompt, tokens in mixed), mixed
+    ours, _ = _run(Batcher(single.pipeline, single.max_context, 16, micro_batches=2), requests)
+    theirs, _ = _run(Batcher(staged.pipeline, staged.max_context, 16, micro_batches=2), requests)
+    assert any(prompt < tokens for _, prompt, tokens in mixed), mixed  # prompts beside decoding rows, both stages
     assert ours == theirs  # tokens and log-probabilities, exactly
     assert [len(r) for r in ours] == [r.max_tokens for r in requests]
     a, b = _states(single), _states(staged)
@@ -181,8 +177,8 @@ def test_auto_max_seqs_takes_the_most_slots_that_fit() -> None:
 
 
 def _prefill_steps(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
-    """Record ``(prompts, prompt tokens, tokens)`` of every step ``pipeline`` runs that prefills:
-    a rectangle of rows x tokens, or a packed step's prompt segments beside its decoding rows."""
+    """Record ``(prompts, prompt tokens, tokens)`` of every step ``pipeline`` runs that prefills: a
+    packed step's prompt segments beside its decoding rows (a rectangle of rows x tokens would count too)."""
     steps: list[tuple[int, int, int]] = []
     real = pipeline.step
 
@@ -200,25 +196,22 @@ def _prefill_steps(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> list[
     return steps
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
-def test_new_prompts_are_prefilled_together(pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch,
-                                            packed: bool) -> None:
+def test_new_prompts_are_prefilled_together(pair: tuple[LoadedModel, LoadedModel],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Queued prompts share prefill steps (within the chunk, decoding rows' tokens counted in a packed
     step) and still give their alone outputs."""
     single, _ = pair
-    if packed and not single.pipeline.packed_steps:
-        pytest.skip("linear-attention rows take no packed steps")
     vocab = single.config.vocab_size
     requests = [GenerationRequest(p, 6, GREEDY) for p in _prompts(vocab, [8, 8, 12, 30, 7, 16], seed=9)]
-    batcher = Batcher(single.pipeline, single.max_context, 16, packed=packed)
+    batcher = Batcher(single.pipeline, single.max_context, 16)
     alone = [_run(batcher, [r])[0][0] for r in requests]
     steps = _prefill_steps(single.pipeline, monkeypatch)
     together, _ = _run(batcher, requests)
     assert any(prompts > 1 for prompts, _, _ in steps), steps  # some step prefilled several prompts
     assert all(tokens <= 16 for _, _, tokens in steps)  # the chunk is the step's token budget
     assert sum(prompt for _, prompt, _ in steps) == sum(len(r.prompt_ids) for r in requests)  # no padding
-    if packed:  # first come, first served: every step full but the last prompts' (budget 16, four rows)
-        assert sum(tokens < 16 for _, _, tokens in steps) <= 2, steps
+    # first come, first served: every step full but the last prompts' (budget 16, four rows)
+    assert sum(tokens < 16 for _, _, tokens in steps) <= 2, steps
     for got, want in zip(together, alone, strict=True):
         _assert_close(got, want)
 
@@ -244,17 +237,13 @@ def test_cancelling_a_prompt_while_prefilled_with_others(pair: tuple[LoadedModel
         _assert_close(out[i], full[i])
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
 def test_a_decoding_stream_waits_one_step_per_token_while_prompts_prefill(
-        pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch, packed: bool) -> None:
-    """Packed: while prompts prefill, every step carries the running stream's next token and at most the
-    budget's tokens, so between two of its tokens the pipeline runs one step (rectangles: a prefill
-    step without it runs between its decode steps)."""
+        pair: tuple[LoadedModel, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    """While prompts prefill, every step carries the running stream's next token and at most the
+    budget's tokens, so between two of its tokens the pipeline runs one step."""
     single, _ = pair
-    if packed and not single.pipeline.packed_steps:
-        pytest.skip("linear-attention rows take no packed steps")
     vocab = single.config.vocab_size
-    batcher = Batcher(single.pipeline, single.max_context, 16, micro_batches=1, packed=packed)
+    batcher = Batcher(single.pipeline, single.max_context, 16, micro_batches=1)
     steps: list[tuple[int, bool]] = []  # per step: tokens, whether it decodes row 0 (the stream's)
     real = single.pipeline.step
 
@@ -285,11 +274,8 @@ def test_a_decoding_stream_waits_one_step_per_token_while_prompts_prefill(
         batcher.iterate()
     during = steps[start:]
     assert len(got) < 40 and during  # the stream ran all along
-    if packed:
-        assert all(decodes for _, decodes in during), during
-        assert max(tokens for tokens, _ in during) <= 16  # the stream's token counted in the budget
-    else:
-        assert not all(decodes for _, decodes in during)
+    assert all(decodes for _, decodes in during), during
+    assert max(tokens for tokens, _ in during) <= 16  # the stream's token counted in the budget
     while batcher.active:
         batcher.iterate()
     batcher.drain()

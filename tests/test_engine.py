@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from stagewise.engine.engine import Engine
+from stagewise.engine.generator import Generator
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.request import EngineRequest
@@ -59,9 +60,14 @@ def _text(outputs: list[RequestOutput]) -> str:
     return "".join(o.text for o in outputs)
 
 
+def _alone(engine: Engine) -> Generator:
+    """The single-sequence path over the engine's pipeline (while the engine is idle)."""
+    return Generator(engine.model.pipeline, engine.model.max_context, prefill_chunk=8)
+
+
 def test_text_matches_the_generator(engine: Engine) -> None:
     request = _request(engine)
-    tokens = [e.sample.token for e in engine.generator.stream(request.generation())]
+    tokens = [e.sample.token for e in _alone(engine).stream(request.generation())]
     outputs = _run(engine, request)
     kept = [t for t in tokens if t not in engine.stop_token_ids]
     assert _text(outputs) == engine.tokenizer.decode(kept)
@@ -78,13 +84,13 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     assert not needs_warm_up(loaded)  # CPU stages: nothing to compile or capture
     fresh = Engine(loaded, max_waiting=2, prefill_chunk=8)
     request = _request(fresh)
-    want = [e.sample.token for e in fresh.generator.stream(request.generation())]
+    want = [e.sample.token for e in _alone(fresh).stream(request.generation())]
     warmed = Engine(loaded, max_waiting=2, prefill_chunk=8)
     done = warmed.warm_up()
     assert done.prompt_tokens[:6] == (8, 17, 8, 9, 10, 11) and set(done.prompt_tokens[6:]) <= {1}
     assert done.generated_tokens >= 6 * 4 and done.seconds > 0
     assert done.decode_shapes == done.launchable_shapes and not done.missing_shapes
-    assert [e.sample.token for e in warmed.generator.stream(request.generation())] == want
+    assert [e.sample.token for e in _alone(warmed).stream(request.generation())] == want
     started = warmed.start()
     try:
         with pytest.raises(RuntimeError):

@@ -1,7 +1,8 @@
-"""Greedy decode with the host one token behind the device (Generator._lookahead) against the
-host loop: same tokens, same stops, and a sequence that follows is unaffected by the step the
-lookahead ran past the end. Run through Triton's interpreter on CPU (the device sampler is a Triton
-kernel)."""
+"""Greedy decode with the host one token behind the device (the batcher launches a greedy group's next
+step from the tokens still on the device) against the host sampler: same tokens, same stops, and a
+request that follows is unaffected by the step run past the end; a cancelled request raises and
+leaves the generator ready. Through the Generator (the single-sequence path over the batcher), run
+by Triton's interpreter on CPU (the device sampler is a Triton kernel)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("the device sampler needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from stagewise.engine.generator import GenerationRequest, Generator
+from stagewise.engine.generation_request import GenerationRequest
+from stagewise.engine.generator import Generator
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import StepCancelled
@@ -29,26 +31,15 @@ def _run(generator: Generator, request: GenerationRequest) -> list[tuple[int, fl
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3.6"])
-def test_lookahead_matches_the_host_loop(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_lookahead_matches_the_host_sampler(preset: str) -> None:
     loaded = load_model(f"random:{preset}", devices=DEVICE, placement="single", context=64)
     try:
         generator = Generator(loaded.pipeline, loaded.max_context, prefill_chunk=8)
         request = GenerationRequest(tuple(range(1, 12)), 8, GREEDY)
-        calls: list[int] = []
-        lookahead = Generator._lookahead
-
-        def spy(self: Generator, *args: object) -> object:
-            calls.append(1)
-            return lookahead(self, *args)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(Generator, "_lookahead", spy)
+        host_request = GenerationRequest(request.prompt_ids, 8, GREEDY, top_logprobs=1)  # sampled on the host
         with kernels_on_host():
             ahead = _run(generator, request)
-            assert calls == [1]  # the lookahead path ran
-            monkeypatch.setattr(type(loaded.pipeline), "device_tokens", False)  # the host loop, same kernels
-            host = _run(generator, request)
-            monkeypatch.undo()
-            assert calls == [1]  # ... and the host loop did not take it
+            host = _run(generator, host_request)
             assert [t for t, _, _ in ahead] == [t for t, _, _ in host]
             assert ahead[-1][2] == host[-1][2] == "length"
             for (_, a, _), (_, b, _) in zip(ahead, host, strict=True):
@@ -64,6 +55,10 @@ def test_lookahead_matches_the_host_loop(preset: str, monkeypatch: pytest.Monkey
             with pytest.raises(StepCancelled):
                 for _ in generator.stream(request, cancel=lambda: next(checks) >= 4):
                     pass
+            assert _run(generator, request) == ahead
+            events = generator.stream(request)
+            assert next(events).sample.token == ahead[0][0]
+            events.close()  # the consumer stops reading: the sequence ends, the next request runs alone
             assert _run(generator, request) == ahead
     finally:
         loaded.close()

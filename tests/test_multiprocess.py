@@ -73,13 +73,13 @@ def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -
     vocab = single.config.vocab_size
     together = batch_requests(vocab, [5, 30, 11, 3, 20, 9], [6, 4, 8, 5, 3, 6])  # 6 requests, 4 rows, 1 block each
     crowded = batch_requests(vocab, [40, 70, 10, 60], [30, 10, 60, 10], seed=1)  # crossing blocks: preemption
-    # the workers' schedule: two micro-batches, rectangle prefill (workers take no packed steps)
+    # the workers' schedule: two micro-batches, prompts in packed steps (their layouts travel with the runs)
     try:
-        reference = Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2, packed=False)
+        reference = Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2)
         want_together, _ = run_batch(reference, together)
         want_crowded, _ = run_batch(reference, crowded)
         assert reference.preemptions > 0
-        unpreempted, _ = run_batch(Batcher(roomy.pipeline, BATCH_CONTEXT, 16, micro_batches=2, packed=False), crowded)
+        unpreempted, _ = run_batch(Batcher(roomy.pipeline, BATCH_CONTEXT, 16, micro_batches=2), crowded)
         assert [[t for t, _ in r] for r in want_crowded] == [[t for t, _ in r] for r in unpreempted]
     finally:
         single.close()
@@ -105,7 +105,7 @@ def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -
 
 
 def test_hybrid_model_micro_batches_through_workers_equal_single_device(tmp_path: Path) -> None:
-    """Gated-DeltaNet layers (double-buffered recurrent rows) through two workers with two micro-batches
+    """Gated-DeltaNet layers (recurrent state in entry pools, packed steps) through two workers with two micro-batches
     in flight, each published apart: every request's tokens and log-probabilities equal the same
     schedule on one device in this process."""
     make_hf_hybrid_model("qwen3_5-default-pattern", tmp_path, seed=7)
@@ -113,7 +113,7 @@ def test_hybrid_model_micro_batches_through_workers_equal_single_device(tmp_path
     single = load_model(str(tmp_path), placement="single", **args)  # type: ignore[arg-type]
     requests = batch_requests(single.config.vocab_size, [7, 19, 4, 12, 9], [9, 5, 8, 6, 7], seed=3)
     try:
-        want, _ = run_batch(Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2, packed=False), requests)
+        want, _ = run_batch(Batcher(single.pipeline, BATCH_CONTEXT, 16, micro_batches=2), requests)
     finally:
         single.close()
     loaded = load_model(str(tmp_path), workers="local", placement="pipeline:2", worker_timeout_s=20,

@@ -63,7 +63,7 @@ def batch_reference(model_dir: Path) -> Run:
     single = load_model(str(model_dir), placement="single", context=CONTEXT, dtype="float32", max_seqs=ROWS)
     try:
         requests = batch_requests(single.config.vocab_size, BATCH_LENGTHS, BATCH_BUDGETS)
-        out, _ = run_batch(Batcher(single.pipeline, CONTEXT, 8, micro_batches=2, packed=False), requests)
+        out, _ = run_batch(Batcher(single.pipeline, CONTEXT, 8, micro_batches=2), requests)
         return out
     finally:
         single.close()

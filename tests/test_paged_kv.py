@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.generator import GenerationRequest
+from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.prefix_cache import OutOfBlocks, PrefixCache

@@ -6,7 +6,8 @@ What is compared, exactly (``==`` on (token, log-probability) lists, i.e. bit fo
   with the cache off — with a prefill chunk (16) that divides the 64-position block, so the cached
   run's suffix chunks start at the same positions as the cold run's chunks (a suffix prefill with other
   chunk boundaries would differ in float rounding, as chunked prefill does); on one device and through
-  two stages, attention-only and MoE, rectangles and packed steps;
+  two stages, attention-only and MoE; hybrids (Gated DeltaNet) with their recurrent state restored
+  from a snapshot at a block boundary (chunks of two blocks, cut at block boundaries);
 - under preemption and cancellation (a pool too small for every sequence, prompts sharing a prefix):
   two stages = one device for the same schedule, cache on, and every block's state equal; the same
   requests with the cache on and off give the same tokens and log-probabilities within the batch
@@ -25,7 +26,7 @@ import torch
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.block_hashes import block_hashes, model_key
-from stagewise.engine.generator import GenerationRequest
+from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.prefix_cache import OutOfBlocks, PrefixCache
@@ -120,16 +121,13 @@ def _shared_prefix_requests(vocab: int, seed: int = 0) -> list[GenerationRequest
     return [GenerationRequest(tuple(p), n, GREEDY) for p, n in zip(prompts, budgets, strict=True)]
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["rectangles", "packed"])
-def test_a_cached_request_gives_its_cold_output(pair: tuple[LoadedModel, LoadedModel], packed: bool) -> None:
+def test_a_cached_request_gives_its_cold_output(pair: tuple[LoadedModel, LoadedModel]) -> None:
     for model in pair:
         requests = _shared_prefix_requests(model.config.vocab_size)
-        if packed and not model.pipeline.packed_steps:
-            pytest.skip("this pipeline takes no packed steps")
-        cold = Batcher(model.pipeline, model.max_context, CHUNK, packed=packed, prefix_cache=False)
+        cold = Batcher(model.pipeline, model.max_context, CHUNK, prefix_cache=False)
         want = [run_batch(cold, [r])[0][0] for r in requests]
         assert cold.kv.hit_tokens == 0
-        warm = Batcher(model.pipeline, model.max_context, CHUNK, packed=packed)
+        warm = Batcher(model.pipeline, model.max_context, CHUNK)
         got, hits = [], []
         for request in requests:
             before, prefilled = warm.kv.hit_tokens, warm.prefill_tokens
@@ -205,11 +203,75 @@ def test_preemption_and_cancellation_with_the_cache(tight: tuple[LoadedModel, Lo
             assert max(abs(x - y) for (_, x), (_, y) in zip(got, want, strict=True)) <= BATCH_TOLERANCE
 
 
-def test_hybrid_models_run_without_the_cache() -> None:
+@pytest.fixture(scope="module")
+def hybrid_pair() -> Iterator[tuple[LoadedModel, LoadedModel]]:
+    args = dict(context=320, max_seqs=4, prefill_chunk=HYBRID_CHUNK)
+    single = load_model("random:tiny-qwen3.6", "cpu:1x4GiB", "single", **args)  # type: ignore[arg-type]
+    staged = load_model("random:tiny-qwen3.6", "cpu:2x2GiB", "pipeline:2", **args)  # type: ignore[arg-type]
+    yield single, staged
+    single.close()
+    staged.close()
+
+
+HYBRID_CHUNK = 128  # two blocks: chunks cut at block boundaries, where snapshots are
+
+
+def test_a_cached_hybrid_request_gives_its_cold_output(hybrid_pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """Gated DeltaNet state is restored from a snapshot taken at a block boundary of an earlier prompt
+    (its last full block): the cached request's tokens and log-probabilities are the cold ones, bit for
+    bit, on one device and through two stages; a prefix whose end has no snapshot is not a hit."""
+    for model in hybrid_pair:
+        requests = _shared_prefix_requests(model.config.vocab_size)
+        cold = Batcher(model.pipeline, model.max_context, HYBRID_CHUNK, prefix_cache=False)
+        assert cold.kv.snapshots is None
+        want = [run_batch(cold, [r])[0][0] for r in requests]
+        warm = Batcher(model.pipeline, model.max_context, HYBRID_CHUNK)
+        store = warm.kv.snapshots
+        assert store is not None and store.entries == model.pipeline.snapshot_entries and len(store.entries) == 4
+        got, hits = [], []
+        for request in requests:
+            before, prefilled = warm.kv.hit_tokens, warm.prefill_tokens
+            out, errors = run_batch(warm, [request])
+            assert errors == [None]
+            got.append(out[0])
+            hits.append(warm.kv.hit_tokens - before)
+            assert warm.prefill_tokens - prefilled == len(request.prompt_ids) - hits[-1]  # only the rest ran
+            store.check()
+        # the first prompt snapshots at 128 (its last full block); 128 tokens alone hit no snapshot at 64
+        assert hits == [0, 128, 0, 128]
+        assert got == want  # tokens and log-probabilities, bit for bit
+        assert len(store) == 1
+
+
+def test_hybrid_snapshots_are_evicted_least_recently_used(hybrid_pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """More distinct prefixes than snapshot entries (four): the least recently used snapshots are
+    evicted, the store's entries stay partitioned, and a prefix still cached is a hit that gives the
+    cold output bit for bit (each request alone: the same chunks as cold)."""
+    single, _ = hybrid_pair
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, single.config.vocab_size, (130 + i,), generator=gen).tolist() for i in range(6)]
+    requests = [GenerationRequest(tuple(p), 4, GREEDY) for p in prompts]
+    cold = Batcher(single.pipeline, single.max_context, HYBRID_CHUNK, prefix_cache=False)
+    want = [run_batch(cold, [r])[0][0] for r in requests]
+    warm = Batcher(single.pipeline, single.max_context, HYBRID_CHUNK)
+    store = warm.kv.snapshots
+    assert store is not None
+    for request in requests:
+        _, errors = run_batch(warm, [request])
+        assert errors == [None]
+        store.check()
+    assert store.evictions == 2 and len(store) == 4 and warm.kv.hit_tokens == 0
+    first, _ = run_batch(warm, requests[:1])  # evicted: no hit (the KV blocks alone are not enough)
+    assert warm.kv.hit_tokens == 0 and first[0] == want[0]
+    last, _ = run_batch(warm, requests[-1:])  # still cached: a hit, the cold output
+    assert warm.kv.hit_tokens == 128 and last[0] == want[-1]
+
+
+def test_a_budget_below_a_block_keeps_hybrids_uncached() -> None:
     model = load_model("random:tiny-qwen3.6", "cpu:1x4GiB", "single", 256, max_seqs=2, prefill_chunk=CHUNK)
     try:
         batcher = Batcher(model.pipeline, model.max_context, CHUNK)
-        assert batcher.kv.prefix_cache is None  # recurrent state lives outside the KV blocks
+        assert batcher.kv.prefix_cache is None  # chunks of 16 never stop at a snapshot as a cold prompt does
         requests = _shared_prefix_requests(model.config.vocab_size)[:2]
         _, errors = run_batch(batcher, requests)
         assert errors == [None, None] and batcher.kv.hit_tokens == 0

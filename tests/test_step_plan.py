@@ -33,7 +33,7 @@ class _Staged:
 
 
 def _area(*members: _Staged) -> StagingArea[_Staged]:
-    return StagingArea(16, first=members[0].row if members else 0, members=list(members), packed=True)
+    return StagingArea(16, first=members[0].row if members else 0, members=list(members))
 
 
 def test_decoding_rows_then_chunks_within_the_budget() -> None:
@@ -58,6 +58,10 @@ def test_prompts_never_starve_and_nothing_runs_without_tokens() -> None:
     plan = plan_packed_step(decoding, _area(_Staged(20, (1, 2, 3))), 16)
     assert plan is not None and plan.chunks == (1,)
     assert plan_packed_step([], _area(), 16) is None
+    aligned = StagingArea(128, first=70, members=[_Staged(70, tuple(range(300)))], align_tokens=64)
+    crowded = [_Decoding(r, 4, 1) for r in range(70)]  # 70 of the 128 tokens: 58 left, less than a block
+    plan = plan_packed_step(crowded, aligned, 128)
+    assert plan is not None and plan.chunks == (64,)  # still a whole block
 
 
 @pytest.mark.parametrize("module", ["stagewise.engine.step_plan", "stagewise.engine.staging_area",

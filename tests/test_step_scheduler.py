@@ -34,6 +34,7 @@ class _Seq:
     done: bool = False
     errored: bool = False
     cached_tokens: int = 0
+    restored: int = -1
     prefix_keys: tuple[bytes, ...] = ()
     prefix_keys_of: int = -1
 
@@ -58,11 +59,11 @@ class _Rows:
     def reset(self, slot: int) -> None:
         self.calls.append(("reset", slot))
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        self.calls.append(("move", src, dst, length))
+    def move(self, src: int, dst: int) -> None:
+        self.calls.append(("move", src, dst))
 
-    def align(self, rows: slice) -> None:
-        self.calls.append(("align", rows.start, rows.stop))
+    def restore(self, row: int, entry: int) -> None:
+        self.calls.append(("restore", row, entry))
 
     def set_blocks(self, row: int, block_ids: list[int]) -> None:
         self.calls.append(("blocks", row, tuple(block_ids)))
@@ -72,7 +73,7 @@ def _scheduler(blocks: int, slots: int = 4, prefix_key: bytes | None = None) -> 
     rows = _Rows(KVPool(blocks=blocks, block_tokens=4, blocks_per_row=8))
     kv = SequenceBlocks(rows, slots, prefix_key)  # type: ignore[arg-type]
     return StepScheduler(rows, kv, slots, max_context=32, prefill_chunk=64, micro_batches=1,
-                         graphs=False, packed=True), rows
+                         graphs=False), rows
 
 
 def _prefill_all(sched: StepScheduler) -> None:

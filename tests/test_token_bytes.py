@@ -6,7 +6,7 @@ from tokenizers import AddedToken, decoders
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
-from stagewise.engine.generator import TokenEvent
+from stagewise.engine.generation_request import TokenEvent
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence_output import SequenceOutput

@@ -274,7 +274,7 @@ def test_packed_batch_with_kernels_two_stages_bit_identical_to_one(monkeypatch: 
     """Requests arriving apart through the batcher's packed steps (prompts beside decoding rows) with the
     kernels: two stages give one stage's tokens and log-probabilities exactly."""
     from stagewise.engine.batcher import Batcher
-    from stagewise.engine.generator import GenerationRequest
+    from stagewise.engine.generation_request import GenerationRequest
     from stagewise.engine.sampling import SamplingParams
     from tests.batch_runs import run_batch
 

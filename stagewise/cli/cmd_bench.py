@@ -81,7 +81,8 @@ def _levels(value: str) -> list[int]:
 def _run_concurrency(args: argparse.Namespace) -> int:
     from stagewise.engine.concurrency_bench import bench_concurrency
 
-    loaded = load_model_from_args(args, quiet=args.json, max_seqs=max(args.concurrency))
+    loaded = load_model_from_args(args, quiet=args.json, max_seqs=max(args.concurrency),
+                                  prefix_snapshots=None if args.prefix_cache else 0)
     try:
         result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),
                                   "placement": loaded.placement_json, "summary": loaded.placement_summary,

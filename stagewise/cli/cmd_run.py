@@ -11,7 +11,8 @@ import json
 import sys
 from typing import Any
 
-from stagewise.engine.generator import GenerationRequest, Generator
+from stagewise.engine.generation_request import GenerationRequest
+from stagewise.engine.generator import Generator
 from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
 from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import RequestError

@@ -9,10 +9,21 @@ staging rows above them (:class:`StagingArea`). An iteration:
 1. the scheduler starts queued sequences in the staging rows while rows, their prompts' KV blocks
    and the step's token budget allow (in order: the queue's head first);
 2. when sequences are ready to join or finished rows leave holes: wait for everything in flight,
-   and the scheduler moves rows (compaction, finished staging rows to rows ``D ..``) and regroups;
-3. launch one prefill step of the staging rows (if any);
-4. for each group (micro-batch): collect its previous step's tokens, then launch its next step
-   (when a sequence needs a KV block and none is free, the scheduler preempts after a drain).
+   and the scheduler moves rows (compaction, finished staging rows to rows ``D ..``: table rewrites,
+   no state is copied) and regroups;
+3. for each group (micro-batch): collect its previous step's tokens, then launch its next step —
+   group 0's with the staging rows' prompt chunks packed beside its decoding rows (below), or the
+   prompts' chunks alone when nothing decodes (when a sequence needs a KV block and none is free,
+   the scheduler preempts after a drain).
+
+One step path for every architecture (attention-only and hybrid): prompts are prefilled in packed
+steps (:class:`~stagewise.models.step_layout.StepLayout`; vLLM's chunked prefill mixed with decode),
+runs of each staging row's next tokens, the step's token budget (``prefill_chunk``) given first come,
+first served (:meth:`StagingArea.chunks`, chunks cut at KV block boundaries), flattened into one
+token column beside the decoding rows of the first group: the budget counts those rows' tokens too,
+so a step that carries prompts costs one step, not a decode step and a prefill step, and the rows
+that decode meanwhile wait for no more than one budget's tokens. Steps without prompts are the plain
+decode steps (CUDA graphs).
 
 With N stages there are N groups, and up to N steps are in flight: while stage k runs group i,
 stage k+1 runs group i-1 (vLLM's pipeline-parallel batch queue). On one stage there is one group
@@ -20,22 +31,13 @@ and a step's tokens are collected before the next is launched. With stages in N 
 there are N groups too (``max_in_flight``). One schedule for both: a step is submitted
 (:meth:`Pipeline.submit`) and its handle read when its tokens are collected (in process it was
 published at launch; with workers it is published, or rolled back, then, so its failure reaches
-its sequences then); a prefill chunk is collected before the next chunk of the same rows is sent.
-Where every row of a group is greedy and the exit is a CUDA device, the handle carries the tokens
-on that device and the group's next step takes them before the host reads them. A group's size is rounded up to a
-graph bucket (:func:`~stagewise.engine.decode_groups.batch_bucket`) with free rows as padding, so few CUDA graphs cover all batch
-sizes. Greedy rows are sampled on the exit device (two numbers per row come back); rows that
-sample otherwise (temperature, penalties, top log-probabilities) through their own
-:class:`Sampler` on the host, so a seeded request draws the same tokens in any batch.
-
-Packed steps (a pipeline whose ``packed_steps``: in process, attention only): prefill is not a
-rectangle but runs of each staging row's next tokens, given the step's token budget first come,
-first served (:meth:`StagingArea.chunks`), flattened into one token column beside the decoding rows
-of the first group (:class:`~stagewise.models.step_layout.StepLayout`; vLLM's chunked prefill mixed
-with decode): the budget (``prefill_chunk``) counts those rows' tokens too, so a step that carries
-prompts costs one step, not a decode step and a prefill step, and the rows that decode meanwhile
-wait for no more than one budget's tokens. With nothing decoding, the prompts' chunks make the step
-alone. Steps without prompts are the plain decode steps above (CUDA graphs).
+its sequences then). Where every row of a group is greedy and the exit is a CUDA device, the handle
+carries the tokens on that device and the group's next step takes them before the host reads them.
+A group's size is rounded up to a graph bucket (:func:`~stagewise.engine.decode_groups.batch_bucket`)
+with free rows as padding, so few CUDA graphs cover all batch sizes. Greedy rows are sampled on the
+exit device (two numbers per row come back); rows that sample otherwise (temperature, penalties, top
+log-probabilities) through their own :class:`Sampler` on the host, so a seeded request draws the
+same tokens in any batch.
 
 Every step is the pipeline's transactional step; a failed step fails the sequences it carried
 (rolled back) and no other. The batcher runs on one thread (the engine's worker).
@@ -43,21 +45,24 @@ Every step is the pipeline's transactional step; a failed step fails the sequenc
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import torch
 
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.in_flight import InFlight
-from stagewise.engine.prefix_root import prefix_root
+from stagewise.engine.prefix_root import holds_recurrent_state, prefix_root
+from stagewise.engine.prefix_snapshots import PrefixSnapshots
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.step_plan import plan_packed_step
 from stagewise.engine.step_scheduler import StepScheduler
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError
+from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.executor import Executor
-from stagewise.spec.kv_pool import KVPool
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool
 
 
 class Batcher:
@@ -69,15 +74,13 @@ class Batcher:
         prefill_chunk: tokens per step that prefills prompts (a packed step's decoding rows counted).
         micro_batches: decode groups in flight (default: ``pipeline.max_in_flight``: one per stage in
             process, one per worker with stages in worker processes).
-        packed: prefill in packed steps beside the decoding rows (default: where the pipeline
-            takes them, ``pipeline.packed_steps``, and settles steps when launched); False: rectangles
-            of staging rows between decode steps.
-        prefix_cache: share the KV blocks of cached prompt prefixes (:mod:`~stagewise.engine.prefix_cache`);
-            off where a stage holds recurrent state (linear attention: not yet snapshotted) or has no KV pool.
+        prefix_cache: share the KV blocks of cached prompt prefixes (:mod:`~stagewise.engine.prefix_cache`)
+            and, where stages hold recurrent state, restore its snapshots
+            (:mod:`~stagewise.engine.prefix_snapshots`); off without a KV pool.
     """
 
     def __init__(self, pipeline: Executor, max_context: int, prefill_chunk: int = 512,
-                 micro_batches: int | None = None, packed: bool | None = None, prefix_cache: bool = True) -> None:
+                 micro_batches: int | None = None, prefix_cache: bool = True) -> None:
         self.pipeline = pipeline
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
@@ -85,17 +88,20 @@ class Batcher:
         self.slots = pipeline.rows
         self.micro_batches = max(1, micro_batches or pipeline.max_in_flight)
         self.graphs = pipeline.step_graphs
-        can_pack = pipeline.packed_steps
-        self.packed = can_pack if packed is None else packed
-        if self.packed and not can_pack:
-            raise ValueError("this pipeline takes no packed steps")
         self.in_flight: deque[InFlight] = deque()
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.prefill_tokens = 0  # prompt tokens launched in prefill steps since construction
         self.launched_shapes: set[tuple[int, int]] = set()  # decode steps' (first row, rows run) so far
-        kv = SequenceBlocks(pipeline, self.slots, prefix_root(pipeline) if prefix_cache else None)  # each sequence's KV blocks
+        root = prefix_root(pipeline) if prefix_cache else None
+        snapshots = None
+        if root is not None and holds_recurrent_state(pipeline):
+            # NOTE: a snapshot is a state at a block boundary that chunks aligned to blocks reach as an
+            # uncached prompt does; a budget below a block cuts chunks anywhere: no hybrid prefix cache
+            root = root if prefill_chunk >= KV_BLOCK_TOKENS else None
+            snapshots = PrefixSnapshots(pipeline.snapshot_entries)
+        kv = SequenceBlocks(pipeline, self.slots, root, snapshots)  # each sequence's KV blocks (and snapshots)
         self.sched = StepScheduler(pipeline, kv, self.slots, max_context, prefill_chunk, self.micro_batches,
-                                   self.graphs, self.packed)
+                                   self.graphs)
         kv.clear()
 
     @property
@@ -188,12 +194,12 @@ class Batcher:
             self._drain()
             sched.regroup()
         sched.admit()
-        if self.staging and not self.sched.regroup_needed and not (self.packed and self.sched.groups):
-            self._launch_prefill()  # packed beside decoding rows: with group 0's step below
+        if self.staging and not self.sched.regroup_needed and not self.sched.groups:
+            self._launch_packed(None)  # nothing decodes: the prompts' chunks make the step alone
             self._retire_to(self.micro_batches)
         for g in range(len(self.sched.groups)):
             previous = next((item for item in self.in_flight if item.group == g), None)
-            if g == 0 and self.packed and self.staging and not self.sched.regroup_needed:
+            if g == 0 and self.staging and not self.sched.regroup_needed:
                 self._retire_group(g)
                 self._launch_packed(g)
             elif previous is not None and previous.tokens is not None:
@@ -250,49 +256,10 @@ class Batcher:
             if not keep and not seq.done:
                 self.sched.end(seq)
 
-    # ----- prefill ------------------------------------------------------------------------------
-    def _launch_prefill(self) -> None:
-        """One step of every staging row: ``T`` tokens each (:meth:`StagingArea.step_tokens`), or with
-        packed steps several staging rows' chunks alone (:meth:`_launch_packed`; a lone prompt's
-        chunk is the same step as a rectangle, whose full chunks replay a CUDA graph)."""
-        if self.packed and len(self.staging) > 1:
-            self._launch_packed(None)
-            return
-        self.sched.cancel_staging()
-        if not self.staging or self.sched.regroup_needed:
-            return  # a member left from between the others: the rows close up first
-        for item in [item for item in self.in_flight if item.group == -1]:  # the previous chunk: read first
-            self.in_flight.remove(item)
-            self._retire(item)
-        if not self.staging or self.sched.regroup_needed:
-            return  # it failed, or it ended a member
-        members = list(self.staging)
-        steps = self.sched.area.step_tokens()
-        starts = [seq.prefilled for seq in members]
-        tokens = torch.tensor([seq.ids[lo : lo + steps] for seq, lo in zip(members, starts, strict=True)],
-                              dtype=torch.long)  # (k, T)
-        positions = torch.arange(steps)[None] + torch.tensor(starts)[:, None]  # (k, T)
-        common = starts[0] if len(set(starts)) == 1 else None
-        # graphs (captured per first row and shape) only for one sequence's chunks in the rows a lone
-        # prompt starts in: packed steps and other rows run eagerly, so their shapes capture nothing
-        eager = len(members) > 1 or self.sched.area.first not in (0, self.slots - 1)
-        try:
-            handle = self.pipeline.submit(tokens, positions, start=common, first_row=self.sched.area.first, eager=eager)
-        except StagewiseError as exc:
-            self.sched.fail(tuple(members), exc)
-            return
-        self.prefill_tokens += steps * len(members)  # k rows of T tokens
-        for seq in members:
-            seq.prefilled += steps
-            seq.length = seq.prefilled
-        # a recomputed sequence (preempted) already has its next token: nothing to sample
-        sample_rows = tuple(seq.prefilled >= len(seq.ids) and not seq.tokens for seq in members)
-        final = any(seq.prefilled >= len(seq.ids) for seq in members)
-        self.in_flight.append(InFlight(tuple(members), handle, final=final, sample_rows=sample_rows))
-
+    # ----- prompts ------------------------------------------------------------------------------
     def _launch_packed(self, g: int | None) -> None:
         """One packed step: group ``g``'s decoding rows (none when None), then the staging rows' chunks
-        within what the budget leaves (at least one token), first come, first served; logits for the
+        within what the budget leaves (at least a block), first come, first served; logits for the
         decoding rows and the prompts this step ends (see the module doc)."""
         decoding: list[Sequence] = []
         if g is not None:
@@ -308,11 +275,16 @@ class Batcher:
             return
         members = [self.staging[i] for i in plan.members]
         sampled = [self.staging[i] for i in plan.sampled]
+        layout, snapshots = self._snapshots(plan.layout, members, plan.chunks)
         tokens = torch.tensor(plan.token_ids, dtype=torch.long)[:, None]  # (N, 1)
         positions = torch.tensor(plan.layout.positions(), dtype=torch.long)[:, None]  # (N, 1)
+        rows = (*decoding, *sampled)  # one per logits row (S, 1, V)
+        greedy = bool(rows) and all(s.device_greedy for s in rows)  # two numbers a row suffice
+        self.prefill_tokens += sum(plan.chunks)
         try:
-            handle = self.pipeline.submit(tokens, positions, eager=True, layout=plan.layout)
+            handle = self.pipeline.submit(tokens, positions, eager=True, greedy=greedy, layout=layout)
         except StagewiseError as exc:
+            self._settle_snapshots(snapshots, False)
             self.sched.fail((*decoding, *members), exc)
             return
         for seq in decoding:
@@ -320,8 +292,42 @@ class Batcher:
         for seq, take in zip(members, plan.chunks, strict=True):
             seq.prefilled += take
             seq.length = seq.prefilled
-        rows = (*decoding, *sampled)  # one per logits row (S, 1, V)
-        self.in_flight.append(InFlight(rows, handle, group=-1 if g is None else g))
+            self.sched.restored(seq)  # its restored snapshot is read by this step: evictable again
+        self.in_flight.append(InFlight(rows, handle, group=-1 if g is None else g, snapshots=snapshots))
+
+    def _snapshots(self, layout: StepLayout, members: list[Sequence],
+                   chunks: tuple[int, ...]) -> tuple[StepLayout, tuple[tuple[int, bytes], ...]]:
+        """``layout`` with the prefix snapshots its prompt chunks take (at most one each, where a chunk
+        crosses a snapshot point no snapshot is cached at, while entries are free), and each one's
+        ``(entry, key)`` to register once the step is published."""
+        store = self.kv.snapshots
+        if store is None:
+            return layout, ()
+        taken: list[tuple[int, int, int]] = []
+        pending: list[tuple[int, bytes]] = []
+        for k, (seq, take) in enumerate(zip(members, chunks, strict=True)):
+            point = self.kv.snapshot_point(seq, seq.prefilled, seq.prefilled + take)
+            if point is None:
+                continue
+            key = self.kv.snapshot_key(seq, point)
+            if store.has(key) or any(key == other for _, other in pending):
+                continue
+            entry = store.reserve()
+            if entry is None:
+                break  # every entry is pending or about to be read
+            taken.append((layout.decoding + k, point - seq.prefilled, entry))
+            pending.append((entry, key))
+        return (dataclasses.replace(layout, snapshots=tuple(taken)) if taken else layout), tuple(pending)
+
+    def _settle_snapshots(self, snapshots: tuple[tuple[int, bytes], ...], published: bool) -> None:
+        """Key the snapshots a step wrote (``published``), or free their entries (it failed)."""
+        store = self.kv.snapshots
+        for entry, key in snapshots:
+            assert store is not None
+            if published:
+                store.register(entry, key)
+            else:
+                store.release(entry)
 
     # ----- decode -------------------------------------------------------------------------------
     def _launch_decode(self, g: int, device_tokens: torch.Tensor | None = None) -> None:
@@ -368,15 +374,18 @@ class Batcher:
 
     def _retire(self, item: InFlight) -> None:
         if item.handle is not None and (error := item.settle()) is not None:
+            self._settle_snapshots(item.snapshots, False)
             self.sched.fail(item.rows, error)
             return
+        self._settle_snapshots(item.snapshots, True)
+        item.snapshots = ()
         if item.logits is None and item.pairs is None:
-            return  # prefill chunks before the prompts' last: nothing to sample
+            return  # only prompts' chunks before their last: nothing to sample
         if item.ready is not None:
             item.ready.synchronize()  # type: ignore[attr-defined]
         host_pairs = item.pairs.tolist() if item.pairs is not None else None
         for i, seq in enumerate(item.rows):
-            if seq is None or seq.done or (item.sample_rows is not None and not item.sample_rows[i]):
+            if seq is None or seq.done:
                 continue
             try:
                 if host_pairs is not None and seq.device_greedy:

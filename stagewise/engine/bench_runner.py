@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from stagewise.engine.generator import GenerationRequest, Generator
+from stagewise.engine.generation_request import GenerationRequest
+from stagewise.engine.generator import Generator
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
 from stagewise.hardware.measure import copy_bandwidth_bytes_per_s

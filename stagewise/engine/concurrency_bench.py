@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence

@@ -13,7 +13,7 @@ import threading
 import time
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.generator import Generator, TokenEvent
+from stagewise.engine.generation_request import TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.metrics import EngineMetrics
 from stagewise.engine.request import EngineRequest
@@ -55,7 +55,6 @@ class Engine:
         self.metrics = metrics or EngineMetrics()
         self.batcher = Batcher(model.pipeline, model.max_context, prefill_chunk, micro_batches, prefix_cache=prefix_cache)
         self.scheduler = Scheduler(max_waiting, max_running=self.batcher.slots)
-        self.generator = Generator(model.pipeline, model.max_context, prefill_chunk)  # warm-up
         self.guard = StepGuard()
         model.pipeline.fault_hook = self.guard
         self.stop_token_ids = model.stop_token_ids
@@ -72,7 +71,7 @@ class Engine:
         :mod:`stagewise.engine.warm_up`); not counted in the metrics."""
         if self._worker.is_alive():
             raise RuntimeError("warm up before the engine starts")
-        done = warm_up(self.generator, self.batcher, self.model.config.vocab_size)
+        done = warm_up(self.batcher, self.model.config.vocab_size)
         self._prefill_tokens = self.batcher.prefill_tokens  # the warm-up's prompts are not the clients'
         self._prefix = (self.batcher.kv.hit_tokens, self.batcher.kv.queried_tokens)
         return done

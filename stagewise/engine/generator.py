@@ -1,152 +1,65 @@
-"""Generator: one sequence through the pipeline — chunked prefill, then decode token by token."""
+"""Generator: one sequence at a time through the batcher — the engine's one step path for ``run``,
+``bench`` and tests that follow a single request.
+
+A request becomes a :class:`~stagewise.engine.sequence.Sequence` of a :class:`Batcher` that this
+generator owns (its own KV allocator over the pipeline's rows; no prefix cache, so repeated prompts
+are computed every time, as a benchmark needs): its prompt is prefilled in packed steps of at most
+``prefill_chunk`` tokens, then it decodes, greedy steps one token ahead of the host where the exit
+is a CUDA device, exactly as when it is served beside others. Tokens are yielded as the batcher
+reports them; a consumer that stops reading ends the sequence.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
-import torch
-
-from stagewise.engine.sampling import Sample, Sampler, SamplingParams
-from stagewise.errors import ContextLengthExceeded, RequestError
-from stagewise.kernels.triton_launch import use_triton
+from stagewise.engine.batcher import Batcher
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
+from stagewise.engine.sequence import Sequence
+from stagewise.errors import StagewiseError
 from stagewise.runtime.executor import Executor
 
 CancelCheck = Callable[[], bool]
-MAX_TOP_LOGPROBS = 20  # as OpenAI
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """Token-level request: the prompt ids, how many tokens to generate, and how to sample."""
-
-    prompt_ids: tuple[int, ...]
-    max_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop_token_ids: frozenset[int] = frozenset()
-    top_logprobs: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise RequestError("the prompt is empty")
-        if self.max_tokens < 1:
-            raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One generated token; ``finish_reason`` is set on the last one (``stop`` or ``length``)."""
-
-    index: int
-    sample: Sample
-    finish_reason: str | None = None
 
 
 class Generator:
-    """Runs requests one at a time in sequence slot 0 of a pipeline built for ``max_context``; row 0
-    takes the KV pool's first blocks (a context's worth, or the whole pool when it is smaller)."""
+    """Runs requests one at a time through a :class:`Batcher` over ``pipeline`` (contexts of
+    ``max_context`` positions, prompts in packed steps of ``prefill_chunk`` tokens)."""
 
     def __init__(self, pipeline: Executor, max_context: int, prefill_chunk: int = 512) -> None:
         self.pipeline = pipeline
-        pool = pipeline.kv_pool
-        self.blocks: list[int] = list(range(min(pool.blocks_per_row, pool.blocks))) if pool is not None else []
-        self.max_context = min(max_context, len(self.blocks) * pool.block_tokens) if pool is not None else max_context
+        self.batcher = Batcher(pipeline, max_context, prefill_chunk, prefix_cache=False)
+        self.max_context = self.batcher.sequence_tokens
         self.prefill_chunk = prefill_chunk
-        self.vocab_size = pipeline.stages[0].model.config.vocab_size
 
     def check(self, request: GenerationRequest) -> None:
-        n = len(request.prompt_ids)
-        if n >= self.max_context:
-            raise ContextLengthExceeded(
-                f"the prompt has {n} tokens; this model's context is {self.max_context} tokens"
-            )
-        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        """Raise the typed error ``request`` would fail with (too long, a token outside the vocabulary)."""
+        self.batcher.check(request)
 
     def stream(self, request: GenerationRequest, cancel: CancelCheck | None = None) -> Iterator[TokenEvent]:
-        """Yield tokens as they are decided. Raises StepCancelled / StepFailed (rolled back)."""
-        self.check(request)
-        sampler = Sampler(request.sampling)
-        self.pipeline.reset(0)
-        if self.blocks:
-            self.pipeline.set_blocks(0, self.blocks)  # a batcher may have left row 0 without blocks
-        prompt = torch.tensor(request.prompt_ids, dtype=torch.long)[None]  # (1, P)
-        n = prompt.shape[1]
-        logits = None
-        for lo in range(0, n, self.prefill_chunk):
-            chunk = prompt[:, lo : lo + self.prefill_chunk]
-            positions = torch.arange(lo, lo + chunk.shape[1])[None]
-            logits = self.pipeline.step(chunk, positions, start=lo, cancel=cancel).logits
-        assert logits is not None
-        budget = min(request.max_tokens, self.max_context - n)
-        if sampler.plain_greedy(request.top_logprobs) and use_triton(logits) and self.pipeline.device_tokens:
-            yield from self._lookahead(request, sampler, logits, n, budget, cancel)
-            return
-        position = n
-        for index in range(budget):
-            sample = sampler.sample(logits[0, -1], request.top_logprobs)
-            stop = sample.token in request.stop_token_ids
-            last = stop or index == budget - 1
-            reason = ("stop" if stop else "length") if last else None
-            yield TokenEvent(index, sample, reason)
-            if last:
-                return
-            token = torch.tensor([[sample.token]])
-            logits = self.pipeline.step(token, torch.tensor([[position]]), start=position, cancel=cancel).logits
-            assert logits is not None
-            position += 1
+        """Yield ``request``'s tokens as they are decided. Raises the step's typed error
+        (:class:`~stagewise.errors.StepCancelled` when ``cancel`` says so, ``StepFailed`` …): the
+        steps it ran are rolled back and the batcher is ready for the next request."""
+        events: deque[TokenEvent] = deque()
+        errors: list[StagewiseError] = []
 
-    def _lookahead(self, request: GenerationRequest, sampler: Sampler, logits: torch.Tensor, position: int,
-                   budget: int, cancel: CancelCheck | None) -> Iterator[TokenEvent]:
-        """Greedy decode with the host one token behind the device.
+        def take(event: TokenEvent) -> bool:
+            events.append(event)
+            return True
 
-        Each token is sampled on the device and fed to the next step there; the step is launched
-        before the host reads the token back, so the GPUs never wait for the host between tokens.
-        The step after the last yielded token (a stop token, or the consumer stopping) has then
-        already run: it wrote only past the sequence's end, which the next sequence's reset and
-        positions overwrite. Same tokens as :meth:`stream`'s host loop (the same kernel picks them).
-        """
-        pair, token = self.pipeline.greedy_token(logits[0, -1])  # on the last stage's device
-        for index in range(budget):
-            last = index == budget - 1
-            host, ready = _start_read(pair)
-            following: tuple[torch.Tensor, torch.Tensor] | None = None
-            if not last:
-                step_logits = self.pipeline.step(token, torch.tensor([[position]]), start=position, cancel=cancel).logits
-                assert step_logits is not None
-                following = self.pipeline.greedy_token(step_logits[0, -1])
-            if ready is not None:
-                ready.synchronize()
-            sample = sampler.accept(*host.tolist())
-            stop = sample.token in request.stop_token_ids
-            done = stop or last
-            yield TokenEvent(index, sample, ("stop" if stop else "length") if done else None)
-            if done:
-                return
-            assert following is not None  # launched above: this was not the last token
-            pair, token = following
-            position += 1
-
-
-_read_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _start_read(pair: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Start copying ``pair`` to the host; returns the host tensor and the event to wait on (None:
-    already there)."""
-    if pair.device.type != "cuda":
-        return pair.clone(), None
-    host = torch.empty(pair.shape, dtype=pair.dtype, pin_memory=True)
-    side = _read_streams.get(pair.device)
-    if side is None:
-        side = _read_streams[pair.device] = torch.cuda.Stream(pair.device)
-    side.wait_stream(torch.cuda.current_stream(pair.device))  # on a side stream: the next step never waits for it
-    pair.record_stream(side)
-    with torch.cuda.device(pair.device), torch.cuda.stream(side):
-        host.copy_(pair, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record(side)
-    return host, ready
+        seq = Sequence(request, take, errors.append, cancel or (lambda: False))
+        self.batcher.add(seq)
+        try:
+            while True:
+                while events:
+                    yield events.popleft()
+                if errors:
+                    raise errors[0]
+                if seq.done:
+                    return
+                self.batcher.iterate()
+        finally:
+            if not seq.done:  # the consumer stopped reading (or an error escaped): end it, collect the rest
+                self.batcher.sched.end(seq)
+            self.batcher.drain()

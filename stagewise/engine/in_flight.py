@@ -16,14 +16,13 @@ from stagewise.runtime.pipeline import StepHandle
 
 @dataclass(eq=False)
 class InFlight:
-    """A launched step whose tokens have not been collected: a decode group, a packed step or a
-    prefill chunk. ``handle`` is the executor's until :meth:`settle` reads it."""
+    """A launched step whose tokens have not been collected: a decode group's step or a packed step
+    (decoding rows and prompts' chunks, or prompts' chunks alone). ``handle`` is the executor's until :meth:`settle` reads it."""
 
     rows: tuple[Sequence | None, ...]  # per row of the step (None: padding)
     handle: StepHandle | None  # the step, published (or rolled back) when read
-    group: int = -1  # decode group index; -1 for a prefill chunk or a packed step without decoding rows
-    final: bool = True  # prefill: the prompt's last chunk (its logits give the first token)
-    sample_rows: tuple[bool, ...] | None = None  # rectangle prefill: the rows whose first token this step samples
+    group: int = -1  # decode group index; -1 for a packed step without decoding rows
+    snapshots: tuple[tuple[int, bytes], ...] = ()  # prefix snapshots it writes: (entry, key), keyed once published
     tokens: torch.Tensor | None = None  # (P, 1) the greedy tokens on the exit device (every row greedy, CUDA)
     logits: torch.Tensor | None = None  # (P, 1, V) on the exit device, once settled
     pairs: torch.Tensor | None = None  # (P, 2) greedy token and log-probability, host (pinned) once ready
@@ -37,15 +36,11 @@ class InFlight:
         except StagewiseError as exc:
             return exc
         ready, self.handle = self.handle.ready, None
-        if self.sample_rows is not None and not any(self.sample_rows):
-            return None  # a prefill chunk with nothing to sample
         if out.pairs is not None:  # the exit computed every row's greedy pair (all rows greedy)
             self.pairs, self.ready = out.pairs, ready
             return None
         self.logits = out.logits
-        # decode and packed steps: the greedy rows' pairs where the logits are (a rectangle prefill's
-        # first tokens go through each sequence's sampler)
-        if self.logits is not None and self.sample_rows is None and any(s is not None and s.device_greedy
-                                                                        for s in self.rows):
+        # the greedy rows' pairs where the logits are
+        if self.logits is not None and any(s is not None and s.device_greedy for s in self.rows):
             _, self.pairs, self.ready = read_greedy_pairs(self.logits[:, -1])
         return None

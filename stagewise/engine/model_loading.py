@@ -145,7 +145,7 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
                cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
                join_timeout_s: float = 120.0, rejoin: bool = True, measure_links: bool = True,
                max_seqs: int | None = 1, worker_secret_file: str | None = None,
-               kv_tokens: int | None = None) -> LoadedModel:
+               kv_tokens: int | None = None, prefix_snapshots: int | None = None) -> LoadedModel:
     """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
 
     ``workers``: None runs every stage in this process; ``local`` spawns one worker process per
@@ -161,6 +161,8 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     :data:`AUTO_MAX_SEQS` that fit on as many devices as one sequence needs; stages in worker
     processes hold the same rows and KV pool. ``kv_tokens``: the KV pool every stage holds, in positions shared by
     all sequences (rounded up to blocks); None: ``max_seqs × context`` (every sequence its whole context).
+    ``prefix_snapshots``: recurrent-state snapshot entries for the prefix cache (hybrid models; every
+    stage that keeps recurrent state holds them, charged); None: one per sequence slot.
     """
     if model is None:
         model = str(ensure_demo_model())
@@ -189,11 +191,13 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     spec = model_spec(opened, run_dtype)
     profile = Profile(context_tokens=context, batch=max_seqs or 1, prefill_chunk_tokens=prefill_chunk,
                       runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
-                      activation_dtype=_SPEC_DTYPE[run_dtype], kv_tokens=kv_tokens)
+                      activation_dtype=_SPEC_DTYPE[run_dtype], kv_tokens=kv_tokens,
+                      prefix_snapshots=max_seqs or 1 if prefix_snapshots is None else prefix_snapshots)
     cert = plan(spec, topology, profile, objective=objective, stages=stages).require_fit()
     if max_seqs is None:  # auto: as many sequences as fit without more devices
         for count in AUTO_MAX_SEQS[:-1]:
-            wider = dataclasses.replace(profile, batch=count)
+            wider = dataclasses.replace(profile, batch=count,
+                                        prefix_snapshots=count if prefix_snapshots is None else prefix_snapshots)
             try:
                 candidate = plan(spec, topology, wider, objective=objective, stages=stages or len(cert.stages))
             except PlacementError:  # no legal placement on that many stages with this many slots
@@ -212,13 +216,15 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         path = model if model.startswith("random:") else str(Path(model).resolve())
         pipeline: Executor = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
                                            join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs,
-                                           batch=profile.batch, kv_blocks=profile.kv_pool_blocks)
+                                           batch=profile.batch, kv_blocks=profile.kv_pool_blocks,
+                                           snapshots=profile.prefix_snapshots)
     else:
         pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, profile.batch, context, links,
-                                  progress, timing=timing, kv_blocks=profile.kv_pool_blocks)
+                                  progress, timing=timing, kv_blocks=profile.kv_pool_blocks,
+                                  snapshots=profile.prefix_snapshots)
     if cuda_graphs:
         for stage in pipeline.stages:
-            stage.enable_graphs(prefill_chunk)  # decode steps and full prefill chunks replay as CUDA graphs
+            stage.enable_graphs()  # decode steps replay as CUDA graphs
     tokenizer = opened.tokenizer
     template = ChatTemplate((tokenizer.chat_template if tokenizer else None) or DEFAULT_CHATML)
     placement_json = cert.to_dict()

@@ -14,10 +14,15 @@ if TYPE_CHECKING:
 def prefix_root(pipeline: Executor) -> bytes | None:
     """The root key of ``pipeline``'s prefix cache: the hash of its model's config (the cache lives and
     dies with the pipeline, so its weights are fixed). None where prefix caching does not apply: no KV
-    pool, or a stage that holds recurrent state (a linear-attention row's state is not in its KV
-    blocks; sharing it needs per-block state snapshots, which are not implemented)."""
+    pool, or stages that hold recurrent state (a linear-attention row's state is not in its KV blocks)
+    but no snapshot entries for it (:mod:`~stagewise.engine.prefix_snapshots`)."""
     if pipeline.kv_pool is None:
         return None
-    if any(stage.states is not None and stage.states.slots is not None for stage in pipeline.stages):
+    if holds_recurrent_state(pipeline) and not pipeline.snapshot_entries:
         return None
     return model_key(repr(pipeline.stages[0].model.config))
+
+
+def holds_recurrent_state(pipeline: Executor) -> bool:
+    """Whether a stage of ``pipeline`` keeps recurrent (linear-attention) state."""
+    return any(stage.states is not None and stage.states.slots is not None for stage in pipeline.stages)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stagewise.engine.generator import GenerationRequest
+from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import RequestError
 

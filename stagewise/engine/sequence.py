@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.sampling import Sampler
 from stagewise.errors import StagewiseError
 
@@ -33,6 +33,7 @@ class Sequence:
     prefilled: int = 0  # of ``ids``, positions already run
     blocks: list[int] = field(default_factory=list)  # KV blocks of its positions, in order (a cached prefix's shared)
     cached_tokens: int = 0  # prompt positions its (latest) start took from the prefix cache
+    restored: int = -1  # the prefix snapshot entry its row reads until its first step runs (-1: none)
     prefix_keys: tuple[bytes, ...] = ()  # the prefix keys of ``ids``' full blocks (prefix cache)
     prefix_keys_of: int = -1  # the length of ``ids`` those keys are of
     admitted: int = -1  # admission order (starts in the staging row); the largest is preempted first

@@ -12,7 +12,10 @@ answers as if blocks were unlimited.
 With ``prefix_key`` (prefix caching, :class:`~stagewise.engine.prefix_cache.PrefixCache`) a starting
 sequence first takes the cached blocks of the longest cached full-block prefix of its ids, capped so
 that at least its last id is computed (its logits), and prefills from there; when its prefill is
-published (:meth:`register_prompt`) its full prompt blocks are keyed for later sequences.
+published (:meth:`register_prompt`) its full prompt blocks are keyed for later sequences. Where the
+stages hold recurrent state (``snapshots``, :class:`~stagewise.engine.prefix_snapshots.PrefixSnapshots`),
+the prefix also needs that state at its end: the hit is cut back to the longest cached prefix that
+ends where a snapshot is.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from stagewise.engine.block_hashes import block_hashes
 from stagewise.engine.prefix_cache import PrefixCache, PrefixHit
+from stagewise.engine.prefix_snapshots import PrefixSnapshots
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 
 if TYPE_CHECKING:
@@ -31,11 +35,13 @@ if TYPE_CHECKING:
 class SequenceBlocks:
     """The KV blocks of the sequences on ``pipeline``'s ``rows`` state rows (module doc)."""
 
-    def __init__(self, pipeline: Executor, rows: int, prefix_key: bytes | None = None) -> None:
+    def __init__(self, pipeline: Executor, rows: int, prefix_key: bytes | None = None,
+                 snapshots: PrefixSnapshots | None = None) -> None:
         self.pipeline = pipeline
         self.rows = rows
         self.pool = pipeline.kv_pool
         self.prefix_key = prefix_key if self.pool is not None else None  # the model's hash root; None: no prefix cache
+        self.snapshots = snapshots if self.prefix_key is not None else None  # recurrent state at prefix ends
         self.allocator = self._new_allocator()
         self.queried_tokens = 0  # ids looked up in the prefix cache at admissions, since construction
         self.hit_tokens = 0  # of those, served from cached blocks
@@ -56,7 +62,9 @@ class SequenceBlocks:
 
     def clear(self) -> None:
         """Every block free and every row without blocks (the pipeline's identity table is not ours);
-        the prefix cache is emptied."""
+        the prefix cache (and its snapshots) is emptied."""
+        if self.snapshots is not None:
+            self.snapshots = PrefixSnapshots(self.snapshots.entries, self.snapshots.interval_blocks)
         if self.pool is not None:
             self.allocator = self._new_allocator()
             for row in range(self.rows):
@@ -111,7 +119,35 @@ class SequenceBlocks:
         if cache is None or self.pool is None or not ids:
             return None
         cap = (len(ids) - 1) // self.pool.block_tokens  # blocks wholly before the last id
-        return cache.lookup(self._keys(seq, ids)[:cap])
+        keys = self._keys(seq, ids)
+        hit = cache.lookup(keys[:cap])
+        if self.snapshots is None:
+            return hit
+        cut = len(hit.blocks)
+        while cut and not self.snapshots.has(keys[cut - 1]):
+            cut -= 1  # the recurrent state is known only where a snapshot is
+        return hit if cut == len(hit.blocks) else cache.lookup(keys[:cut])
+
+    def snapshot_key(self, seq: Sequence, tokens: int) -> bytes:
+        """The prefix key of ``seq.ids``' first ``tokens`` positions (a multiple of the block): what a
+        snapshot of the state there is keyed by."""
+        assert self.pool is not None and tokens % self.pool.block_tokens == 0 and tokens > 0
+        return self._keys(seq, seq.ids)[tokens // self.pool.block_tokens - 1]
+
+    def snapshot_point(self, seq: Sequence, start: int, end: int) -> int | None:
+        """Where a chunk of ``seq.ids`` from ``start`` to ``end`` should snapshot its recurrent state: the
+        last of the prompt's last full block and every ``interval_blocks`` blocks that lies in
+        ``(start, end]`` (None: none does, or no snapshots)."""
+        if self.snapshots is None or self.pool is None:
+            return None
+        block = self.pool.block_tokens
+        last_full = len(seq.ids) // block * block
+        points = [last_full] if start < last_full <= end else []
+        if self.snapshots.interval_blocks:
+            step = self.snapshots.interval_blocks * block
+            points.append(end // step * step)
+        best = max((p for p in points if start < p <= end), default=None)
+        return best
 
     def hit_tokens_for(self, seq: Sequence, ids: tuple[int, ...]) -> int:
         """Positions of ``ids`` a start now would take from the cache."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stagewise.engine.generator import TokenEvent
+from stagewise.engine.generation_request import TokenEvent
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_output import RequestOutput, TokenLogprob
 from stagewise.engine.stop_strings import StopMatcher

@@ -1,23 +1,17 @@
-"""StagingArea: the sequences a batcher prefills together, in contiguous state rows.
+"""StagingArea: the sequences whose prompts a batcher is prefilling, in contiguous state rows.
 
-Several new sequences' prompts are prefilled in one step (chunked prefill under a token budget,
-as vLLM's ``max_num_batched_tokens``): the step is a rectangle of ``k`` rows of ``T`` tokens, so
-every member runs exactly ``T`` real tokens (no padding: a padding token would change a
-linear-attention row's recurrent state) and ``k * T <= budget_tokens``.
-
-Members sit in rows ``first .. first + k - 1`` ordered by the prompt tokens they have left, fewest
-at the bottom; a step runs ``T = min(fewest left, budget // k)`` tokens of each, so the members that
-finish are always the bottom rows and join the decoding rows just below without disturbing the
-rest. A new member enters at the top only if it leaves no fewer tokens than the top member (the
-order holds) and only while it raises the step's tokens ``k * T``. The newest member is the top
-row: preempting it keeps the rows contiguous. Pure bookkeeping: the batcher moves the rows.
-
-``packed`` (a pipeline that takes packed steps, :class:`~stagewise.models.step_layout.StepLayout`):
-no rectangle. A step gives the members its budget first come, first served, bottom row first
-(:meth:`chunks`): each runs all its tokens left or what remains of the budget, so every step but a
-prompt's last is full, and the members a step finishes are again the bottom rows (a member that
-does not finish takes the rest of the budget; those above it run nothing). A new member enters at
-the top while the members' tokens left do not fill one step's budget.
+Prompts are prefilled in packed steps (:class:`~stagewise.models.step_layout.StepLayout`; vLLM's
+chunked prefill mixed with decode): a step gives the members its token budget first come, first
+served, bottom row (oldest) first (:meth:`chunks`): each runs all it has left or what remains of
+the budget, so every step but a prompt's last is full. A chunk that does not end its prompt ends at
+an absolute multiple of ``align_tokens`` (the KV block): a prompt is then always cut at the same
+positions however the budget was shared, so its results never depend on how it was split (the
+chunked delta rule's chunks are the KV blocks), and a prompt resumed from the prefix cache at a
+block boundary computes what an uncached one does. The members a step finishes are the bottom
+rows (a member that does not finish takes the rest of the budget; those above it run nothing). A
+new member enters at the top while the members' tokens left do not fill one step's budget; the
+newest member is the top row, so preempting it keeps the rows contiguous. Pure bookkeeping (no
+torch): the batcher moves the rows.
 """
 
 from __future__ import annotations
@@ -46,17 +40,19 @@ def tokens_left(seq: Prefilling) -> int:
 
 @dataclass
 class StagingArea(Generic[S]):
-    """Members in row order from ``first`` (bottom: fewest tokens left, or oldest when ``packed``);
-    ``budget_tokens`` per step."""
+    """Members in row order from ``first`` (bottom: oldest); ``budget_tokens`` per step; chunks that do
+    not end a prompt end at multiples of ``align_tokens`` (1: anywhere)."""
 
     budget_tokens: int
     first: int = 0
     members: list[S] = field(default_factory=list)
-    packed: bool = False
+    align_tokens: int = 1
 
     def __post_init__(self) -> None:
         if self.budget_tokens < 1:
             raise ValueError(f"the prefill budget must be at least one token, got {self.budget_tokens}")
+        if self.align_tokens < 1 or self.align_tokens > self.budget_tokens:
+            raise ValueError(f"chunks aligned to {self.align_tokens} tokens do not fit a budget of {self.budget_tokens}")
 
     @property
     def end(self) -> int:
@@ -67,40 +63,38 @@ class StagingArea(Generic[S]):
     def rows(self) -> slice:
         return slice(self.first, self.end)
 
-    def step_tokens(self) -> int:
-        """Tokens every member runs in the next (rectangle) step (0 with no members)."""
-        if not self.members:
-            return 0
-        return max(1, min(tokens_left(self.members[0]), self.budget_tokens // len(self.members)))
-
     def accepts(self, left: int) -> bool:
-        """Whether a sequence with ``left`` prompt tokens may enter at the top: a rectangle's order kept
-        and its step's tokens raised; packed, while the members' tokens left do not fill a step."""
-        if not self.members:
-            return True
-        if self.packed:
-            return sum(tokens_left(seq) for seq in self.members) < self.budget_tokens
-        if left < tokens_left(self.members[-1]):
-            return False
-        count = len(self.members)
-        now = count * self.step_tokens()
-        after = (count + 1) * min(tokens_left(self.members[0]), self.budget_tokens // (count + 1))
-        return after > now
+        """Whether a sequence with ``left`` prompt tokens may enter at the top: while the members' tokens
+        left do not fill a step."""
+        del left  # any prompt: it takes what the members before it leave
+        return sum(tokens_left(seq) for seq in self.members) < self.budget_tokens
+
+    def chunk(self, seq: S, budget_tokens: int) -> int:
+        """Tokens ``seq`` runs in a step that leaves it ``budget_tokens``: all it has left when they fit,
+        else the most that end at a multiple of ``align_tokens`` (0 when none does)."""
+        left = tokens_left(seq)
+        if left <= budget_tokens:
+            return left
+        end = seq.prefilled + budget_tokens
+        return max(0, end - end % self.align_tokens - seq.prefilled)
 
     def chunks(self, budget_tokens: int) -> list[int]:
         """A packed step's tokens of each member, bottom first, within ``budget_tokens`` (first come,
-        first served: a prefix of the members runs all it has left, the next the rest of the budget)."""
+        first served: a prefix of the members runs all it has left, the next what the rest of the
+        budget allows, those above it nothing)."""
         out = []
         for seq in self.members:
-            take = min(tokens_left(seq), budget_tokens)
+            take = self.chunk(seq, budget_tokens)
             out.append(take)
             budget_tokens -= take
+            if take < tokens_left(seq):
+                budget_tokens = 0  # the first member that does not finish ends the step
         return out
 
     def add(self, seq: S) -> int:
         """Put ``seq`` at the top; returns its row."""
         if not self.accepts(tokens_left(seq)):
-            raise ValueError("the sequence would break the staging rows' order or shrink the step")
+            raise ValueError("the staging rows already fill a step")
         self.members.append(seq)
         return self.end - 1
 

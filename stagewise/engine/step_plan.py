@@ -3,7 +3,8 @@
 Given the decoding rows of the group the step carries and the staging rows (a packed
 :class:`StagingArea`), :func:`plan_packed_step` decides the step within its token budget: every
 decoding row's next token, then each staging row's next chunk first come, first served with what
-the decoding rows leave of the budget (at least one token, so prompts never starve), and which
+the decoding rows leave of the budget (at least one aligned chunk, a KV block, so prompts never
+starve: a step crowded by decoding rows may exceed the budget by less than a block), and which
 segments need logits: every decoding row's, and a prompt's whose last chunk this is unless it was
 recomputed after a preemption (it has its next token already). The batcher's runner turns the plan
 into tensors, submits it and samples (vLLM v1's ``SchedulerOutput`` → model runner).
@@ -82,7 +83,7 @@ class StepPlan:
 def plan_packed_step(decoding: Sequence[Decoding], area: StagingArea[T], budget_tokens: int) -> StepPlan | None:
     """The packed step of ``decoding`` rows and ``area``'s next chunks within ``budget_tokens`` (module
     doc); None when there is nothing to run."""
-    room = max(1, budget_tokens - len(decoding))
+    room = max(area.align_tokens, budget_tokens - len(decoding))  # a prompt always advances by a block
     members: list[int] = []
     chunks: list[int] = []
     for i, take in enumerate(area.chunks(room)):

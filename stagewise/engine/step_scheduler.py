@@ -33,6 +33,7 @@ from stagewise.engine.decode_groups import plan_groups
 from stagewise.engine.row_compaction import plan_compaction
 from stagewise.engine.staging_area import StagingArea
 from stagewise.errors import StagewiseError, StepCancelled
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS
 
 if TYPE_CHECKING:
     from stagewise.engine.sequence import Sequence
@@ -46,6 +47,8 @@ class RowOps(Protocol):
 
     def move(self, src: int, dst: int) -> None: ...
 
+    def restore(self, row: int, entry: int) -> None: ...
+
 
 class StepScheduler:
     """The queue, the state rows and their KV blocks of a batcher (module doc).
@@ -58,11 +61,10 @@ class StepScheduler:
         prefill_chunk: tokens per step that prefills prompts.
         micro_batches: decode groups.
         graphs: decode groups run graph buckets (padding rows).
-        packed: prompts are prefilled in packed steps (no rectangle).
     """
 
     def __init__(self, row_ops: RowOps, kv: SequenceBlocks, slots: int, max_context: int, prefill_chunk: int,
-                 micro_batches: int, graphs: bool, packed: bool) -> None:
+                 micro_batches: int, graphs: bool) -> None:
         self.row_ops = row_ops
         self.kv = kv
         self.slots = slots
@@ -70,10 +72,11 @@ class StepScheduler:
         self.prefill_chunk = prefill_chunk
         self.micro_batches = micro_batches
         self.graphs = graphs
-        self.packed = packed
+        # chunks that do not end a prompt end on a KV block boundary (StagingArea), where the budget allows one
+        self.align_tokens = KV_BLOCK_TOKENS if prefill_chunk >= KV_BLOCK_TOKENS else 1
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
-        self.area: StagingArea[Sequence] = StagingArea(prefill_chunk, packed=packed)  # prefilling in, or ready to join from, the staging rows
+        self.area: StagingArea[Sequence] = self._new_area()  # prefilling in, or ready to join from, the staging rows
         self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
         self.regroup_needed = False
         self.preemptions = 0  # sequences preempted (blocks ran out) since construction
@@ -101,7 +104,7 @@ class StepScheduler:
     def reset(self) -> None:
         """No sequence anywhere, every block free (after :meth:`fail_all`)."""
         self.decoding, self.groups = [], []
-        self.area = StagingArea(self.prefill_chunk, packed=self.packed)
+        self.area = self._new_area()
         self.regroup_needed = False
         self.kv.clear()
 
@@ -124,20 +127,8 @@ class StepScheduler:
         padded = max((first + run for first, _, run in self.groups), default=0)
         return max(len(self.decoding), padded)
 
-    def _first_staging_row(self, seq: Sequence) -> int:
-        """Where an empty staging area starts for ``seq``: just above the decoding rows when another
-        queued sequence could be prefilled with it (packing), else the top row (its chunks replay the
-        top row's graphs) — or row 0 when nothing decodes."""
-        floor = self._staging_floor()
-        if floor == 0:
-            return 0
-        if self.packed:
-            return floor  # a packed step runs eagerly: no graph's rows to aim for
-        probe = StagingArea(self.prefill_chunk, floor, [seq])
-        others = [s for s in self.queue if s is not seq][:1]
-        if others and floor + 1 < self.slots and probe.accepts(len(self.prefill_ids(others[0]))):
-            return floor
-        return self.slots - 1
+    def _new_area(self) -> StagingArea[Sequence]:
+        return StagingArea(self.prefill_chunk, align_tokens=self.align_tokens)
 
     def can_start(self, seq: Sequence) -> bool:
         """Whether ``seq`` may start now: a free row on top of the staging rows, its prefill's blocks
@@ -161,7 +152,7 @@ class StepScheduler:
         cached = self.kv.hit_tokens_for(seq, seq.ids)  # the prefix cache's hit (0 without one)
         seq.prefilled = cached
         if not self.staging:
-            self.area.first = self._first_staging_row(seq)
+            self.area.first = self._staging_floor()  # just above the decoding rows and their padding
         row = self.area.add(seq)
         seq.row = row
         seq.length = cached
@@ -172,15 +163,32 @@ class StepScheduler:
         if not seq.tokens:
             seq.cached_tokens = cached  # what its prompt's usage reports (a restart after its first token does not change it)
         try:
-            self.row_ops.reset(row)
+            snapshots = self.kv.snapshots
+            if cached and snapshots is not None:  # the prefix's recurrent state: its snapshot, read in place
+                entry = snapshots.lookup(self.kv.snapshot_key(seq, cached))
+                assert entry is not None, "a hit on recurrent state ends where a snapshot is"
+                snapshots.pin(entry)
+                seq.restored = entry
+                self.row_ops.restore(row, entry)
+            else:
+                self.row_ops.reset(row)
             self.kv.name_blocks(seq)
         except StagewiseError as exc:  # stages in worker processes: a lost worker refuses it
             self.fail((seq,), exc)
+
+    def restored(self, seq: Sequence) -> None:
+        """``seq``'s first step, which reads its restored snapshot, has run (or it ended): the snapshot
+        may be evicted again."""
+        if seq.restored >= 0:
+            assert self.kv.snapshots is not None
+            self.kv.snapshots.unpin(seq.restored)
+            seq.restored = -1
 
     # ----- sequences out -----------------------------------------------------------------------
     def _free_row(self, seq: Sequence) -> None:
         """Take ``seq`` off its row: the staging row, or a hole in the decoding rows until the next
         compaction; its blocks go back to the allocator and its table row to scratch."""
+        self.restored(seq)
         if seq in self.staging:
             if seq is not self.staging[-1]:
                 self.regroup_needed = True  # the staging rows above it close the gap

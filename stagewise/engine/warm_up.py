@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.generator import GenerationRequest, Generator, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence
@@ -59,7 +59,7 @@ def needs_warm_up(model: LoadedModel) -> bool:
     return any(str(stage.get("device", "")).split(":")[0] == "cuda" for stage in stages)
 
 
-def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
+def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
     """Run greedy requests through ``batcher`` and discard their tokens: a short prompt, then one of two
     of its full prefill chunks and a partial one (the chunk graphs at two attended lengths, the eager
     tail, decode at the longer length), then up to :data:`CONCURRENT` short ones at once (batched
@@ -67,9 +67,7 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
     the batcher can launch (:meth:`Batcher.decode_shapes`: each batch-size bucket, each micro-batch
     group's first row) not launched yet, that many one-token prompts at once; with packed steps, a
     one-token prompt arriving while another decodes (a packed step beside it). The next requests reset the
-    sequence slots, as after any request. ``generator`` is the single-sequence path (``run``,
-    ``bench``); the server does not use it."""
-    del generator
+    sequence slots, as after any request."""
     t0 = time.perf_counter()
     lengths: list[int] = []
     counts: list[int] = []
@@ -104,14 +102,14 @@ def warm_up(generator: Generator, batcher: Batcher, vocab_size: int) -> WarmUp:
         one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
         lengths.append(1)
         run([one_token] * count)
-    if batcher.packed:  # a prompt arriving while a stream decodes: the packed step beside it
-        one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
-        lengths.extend((1, 1))
-        before = len(counts)
-        batcher.add(Sequence(one_token, tally, _raise, lambda: False))
-        while batcher.active and len(counts) == before:  # until it decodes
-            batcher.iterate()
-        run([one_token])
+    # a prompt arriving while a stream decodes: the packed step beside it
+    one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
+    lengths.extend((1, 1))
+    before = len(counts)
+    batcher.add(Sequence(one_token, tally, _raise, lambda: False))
+    while batcher.active and len(counts) == before:  # until it decodes
+        batcher.iterate()
+    run([one_token])
     warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
     return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable))
 

@@ -24,24 +24,21 @@ from collections.abc import Iterable
 
 import torch
 
+from stagewise.spec.state_bytes import recurrent_entries
+
 ZERO_ENTRY = 0  # all zeros, never written: what a fresh sequence reads
 
 
-def entries_for(rows: int, snapshots: int = 0) -> int:
-    """Entries a pool holds for ``rows`` rows and ``snapshots`` prefix snapshots: the zero entry, two
-    per row (published + provisional) and the snapshots."""
-    return 1 + 2 * rows + snapshots  # zero entry + (published + provisional) per row + snapshots
-
-
 class StateSlots:
-    """The read/write entries of ``rows`` state rows over pools of :func:`entries_for` entries."""
+    """The read/write entries of ``rows`` state rows over pools of
+    :func:`~stagewise.spec.state_bytes.recurrent_entries` entries."""
 
     def __init__(self, rows: int, device: torch.device, snapshots: int = 0) -> None:
         if rows < 1 or snapshots < 0:
             raise ValueError(f"state slots need at least one row and no negative snapshots, got {rows}, {snapshots}")
         self.rows = rows
         self.snapshots = snapshots
-        self.entries = entries_for(rows, snapshots)
+        self.entries = recurrent_entries(rows, snapshots)
         self.device = device
         self._own = [(1 + 2 * r, 2 + 2 * r) for r in range(rows)]  # each row's two entries
         self._parity = [0] * rows  # which of its own entries a row has published
@@ -120,6 +117,20 @@ class StateSlots:
         self._parity[src], self._parity[dst] = self._parity[dst], self._parity[src]
         self._source[src], self._source[dst] = self._source[dst], self._source[src]
         self._push([src, dst])
+
+    def check(self) -> None:
+        """Raise AssertionError unless every row owns two entries no other row owns (the zero entry
+        and the snapshots belong to none), a row reads its own published entry or a shared one (zero,
+        a snapshot), writes one of its own, and the device table says what the host does (tests;
+        synchronizes)."""
+        owned = [e for pair in self._own for e in pair]
+        assert sorted(owned) == list(range(1, self.first_snapshot)), "an entry owned twice, or lost"
+        for row in range(self.rows):
+            read, write = self.read_entry(row), self.write_entry(row)
+            assert write in self._own[row] and read != write
+            assert read in self._own[row] or read == ZERO_ENTRY or self.first_snapshot <= read < self.entries
+        if self.device.type != "meta":
+            assert self.table.tolist() == [[self.read_entry(r), self.write_entry(r)] for r in range(self.rows)]
 
     def published_entries(self) -> list[int]:
         """Every row's read entry (tests and state reads)."""

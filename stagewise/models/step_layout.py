@@ -5,15 +5,17 @@ A packed step (chunked prefill mixed with decode, vLLM's ``max_num_batched_token
 positions ``starts[s] ..``, the segments one after another. Every layer that works token by token
 (embedding, projections, MLP, MoE, norms) runs the column as it would any batch; attention writes
 each token's key and value into its row's KV blocks and attends each token over its own row up to
-its position (:meth:`Attention.forward`). No token is padding, so no row's state sees a token it
-does not own; recurrent (linear-attention) blocks, whose state runs token by token per row, cannot
-take a packed step (:attr:`~stagewise.runtime.pipeline.Pipeline.packed_steps`).
+its position (:meth:`Attention.forward`); a linear-attention block runs each segment from its row's
+state entries (:class:`~stagewise.models.layers.gated_deltanet.GatedDeltaNet`). No token is padding,
+so no row's state sees a token it does not own.
 
 ``decoding``: the first segments are decoding rows, one token each: attention runs them as one
 decode batch, and each later segment (a prompt's chunk) on its own. ``logits``: the segments whose
 last token's logits the exit computes (in that order): a decoding row's, and a prompt's whose last
-chunk this is. Host-side integers only: building one never
-synchronizes a device.
+chunk this is. ``snapshots``: ``(segment, tokens, entry)``: the recurrent state of a prompt segment
+after its first ``tokens`` tokens (a block boundary) is also written to state entry ``entry`` (a
+prefix snapshot, :class:`~stagewise.models.state_slots.StateSlots`). Host-side integers only:
+building one never synchronizes a device.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class StepLayout:
     lengths: tuple[int, ...]
     logits: tuple[int, ...] = ()
     decoding: int = 0
+    snapshots: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rows or not len(self.rows) == len(self.starts) == len(self.lengths):
@@ -43,6 +46,12 @@ class StepLayout:
             raise ValueError("the decoding segments are one token each, and at most every segment")
         if any(not 0 <= s < len(self.rows) for s in self.logits) or len(set(self.logits)) != len(self.logits):
             raise ValueError("logits name distinct segments of the step")
+        segments = [s for s, _, _ in self.snapshots]
+        if len(set(segments)) != len(segments) or len({e for _, _, e in self.snapshots}) != len(segments):
+            raise ValueError("a snapshot names its own segment and entry")
+        if any(not self.decoding <= s < len(self.rows) or not 0 < n <= self.lengths[s] or e < 1
+               for s, n, e in self.snapshots):
+            raise ValueError("snapshots name prompt segments, a point inside them and a state entry")
 
     @property
     def tokens(self) -> int:

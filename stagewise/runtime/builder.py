@@ -20,9 +20,10 @@ StageProgress = Callable[[int, str, int], None]  # (stage index, tensor name, by
 def build_pipeline(config: ModelConfig, source: TensorSource, specs: Sequence[StageSpec], dtype: torch.dtype,
                    batch: int, max_context: int, link_kinds: Sequence[str | None] = (),
                    progress: StageProgress | None = None, timing: bool = False,
-                   kv_blocks: int | None = None) -> Pipeline:
+                   kv_blocks: int | None = None, snapshots: int = 0) -> Pipeline:
     """Load every stage (in order) and join them with channels chosen from ``link_kinds``; every stage
-    holds a KV pool of ``kv_blocks`` blocks (default: ``batch`` whole contexts)."""
+    holds a KV pool of ``kv_blocks`` blocks (default: ``batch`` whole contexts) and, where it keeps
+    recurrent state, ``snapshots`` prefix-snapshot entries."""
     if not specs:
         raise PlacementError("a placement needs at least one stage")
     expected = 0
@@ -37,7 +38,7 @@ def build_pipeline(config: ModelConfig, source: TensorSource, specs: Sequence[St
         for spec in specs:
             cb = (lambda name, n, k=spec.index: progress(k, name, n)) if progress else None
             stage = Stage.load(spec, config, source, dtype, cb)
-            stage.allocate_state(batch, max_context, kv_blocks)
+            stage.allocate_state(batch, max_context, kv_blocks, snapshots)
             stages.append(stage)
     except BaseException:
         for stage in stages:

@@ -70,11 +70,18 @@ class Executor(Protocol):
         """Move row ``src``'s state (KV blocks, recurrent entries) to row ``dst`` on every stage, copying nothing."""
         ...
 
+    def restore(self, row: int, entry: int) -> None:
+        """Row ``row``'s next step reads recurrent-state entry ``entry`` (a prefix snapshot) on every stage."""
+        ...
+
     @property
     def kv_pool(self) -> KVPool | None: ...
 
     @property
-    def packed_steps(self) -> bool: ...
+    def snapshot_entries(self) -> range:
+        """The recurrent-state entries every stage keeps for prefix snapshots (empty: none, or no
+        recurrent state)."""
+        ...
 
     @property
     def step_graphs(self) -> bool: ...

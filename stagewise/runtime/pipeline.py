@@ -126,7 +126,7 @@ class Pipeline:
         """Run tokens ``(B, T)`` at ``positions`` ``(B, T)`` through all stages, then publish. The ``B``
         sequences are state rows ``first_row .. first_row + B - 1`` (sequence slots) on every stage.
         ``eager``: never replay (or capture) a CUDA graph for this step (shapes not worth a graph).
-        ``layout``: a packed step (:class:`StepLayout`, only where :attr:`packed_steps`): ``(N, 1)``
+        ``layout``: a packed step (:class:`StepLayout`): ``(N, 1)``
         tokens and positions, each of the row the layout names; runs eagerly; the output's logits are
         the layout's ``logits`` segments' ``(S, 1, V)``.
 
@@ -215,10 +215,17 @@ class Pipeline:
         for stage in self.stages:
             stage.move(src, dst)
 
+    def restore(self, row: int, entry: int) -> None:
+        """Row ``row``'s next step reads recurrent-state entry ``entry`` (a prefix snapshot) on every stage."""
+        for stage in self.stages:
+            stage.restore(row, entry)
+
     @property
-    def packed_steps(self) -> bool:
-        """Whether :meth:`step` takes a packed step (:class:`StepLayout`): in process, always."""
-        return True
+    def snapshot_entries(self) -> range:
+        """The recurrent-state entries every stage keeps for prefix snapshots (the same on every stage
+        that keeps recurrent state; empty where none does)."""
+        slots = next((s.states.slots for s in self.stages if s.states is not None and s.states.slots is not None), None)
+        return range(slots.first_snapshot, slots.entries) if slots is not None else range(0)
 
     @property
     def step_graphs(self) -> bool:

@@ -52,7 +52,6 @@ from stagewise.errors import (
     WorkerNotJoined,
 )
 from stagewise.models.stage_model import StageOutput
-from stagewise.models.state import rows_overlap
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.distributed_group import choose_backend
 from stagewise.runtime.greedy_pairs import greedy_pairs
@@ -77,6 +76,7 @@ from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_segment import check_row_op
 from stagewise.spec.kv_pool import KVPool, default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.state_bytes import recurrent_entries
 
 OUTCOMES = ("all", "fail", "lost")
 FAIL_GRACE_S = 2.0  # after one worker fails, how long the others get to report
@@ -88,7 +88,8 @@ class DistributedPipeline:
     """Stages ``specs`` run by workers ``owners[k]`` (ranks >= 1) of ``pool``; see the module doc.
 
     Every stage holds ``batch`` state rows of ``context`` positions over a KV pool of ``kv_blocks``
-    blocks (default: every row its whole context), as in-process stages would.
+    blocks (default: every row its whole context) and ``snapshots`` prefix-snapshot entries, as
+    in-process stages would.
     ``timeout_s`` bounds one step (and every data-group operation); ``load_timeout_s`` bounds
     joining and loading. ``respawn``: restart lost local workers. ``rejoin=False``: a lost worker
     fails the pipeline for good (callers should exit with the message) instead of waiting.
@@ -100,11 +101,12 @@ class DistributedPipeline:
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
                  dtype: torch.dtype, batch: int, context: int, timeout_s: float = 30.0,
                  load_timeout_s: float = 600.0, respawn: bool = True, rejoin: bool = True,
-                 cuda_graphs: bool = True, kv_blocks: int | None = None) -> None:
+                 cuda_graphs: bool = True, kv_blocks: int | None = None, snapshots: int = 0) -> None:
         remote = [RemoteStage(s, config, dtype, r) for s, r in zip(specs, owners, strict=True)]
         self.kv_blocks = kv_blocks or default_pool_blocks(batch, context)  # every stage's pool, in every worker
+        self.snapshots = snapshots
         for stage in remote:
-            stage.describe_state(batch, context, self.kv_blocks)  # shapes, bytes and the block table (kv_pool)
+            stage.describe_state(batch, context, self.kv_blocks, snapshots)  # shapes, bytes, the block table (kv_pool)
         self.stages: list[Stage] = list(remote)
         self.backend = choose_backend([s.torch_device for s in specs])
         self.step_id = 0
@@ -176,7 +178,7 @@ class DistributedPipeline:
             next_ = self.owners[last + 1] - 1 if last + 1 < len(self.specs) else -1
         return Assignment(self.model, dtype_name(self.dtype), self.batch, self.context, mine, self.gen, rank - 1,
                           self.pool.count, self.backend, prev, next_, first_seq, self.pool.count, self.timeout_s,
-                          self.cuda_graphs, kv_blocks=self.kv_blocks)
+                          self.cuda_graphs, kv_blocks=self.kv_blocks, snapshots=self.snapshots)
 
     def _regroup(self, fresh: dict[int, JoinReport]) -> dict[int, str]:
         """New generation: survivors rebuild the data group, ``fresh`` workers load and join it.
@@ -294,9 +296,11 @@ class DistributedPipeline:
         return pairs[0], tokens
 
     @property
-    def packed_steps(self) -> bool:
-        """False: a step's rows travel to the workers as one span (the wire has no packed layout)."""
-        return False
+    def snapshot_entries(self) -> range:
+        """The prefix-snapshot entries the workers' stages keep (where a stage keeps recurrent state)."""
+        linear = any(getattr(block, "is_linear", False) for stage in self.stages for block in stage.model.model.layers.values())
+        first = recurrent_entries(self.batch)  # past the zero entry and every row's two (models/state_slots.py)
+        return range(first, first + self.snapshots) if linear else range(0)
 
     @property
     def step_graphs(self) -> bool:
@@ -320,11 +324,10 @@ class DistributedPipeline:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
              all_logits: bool = False, cancel: CancelCheck | None = None, first_row: int = 0,
              eager: bool = False, layout: StepLayout | None = None) -> StageOutput:
-        """As :meth:`Executor.step` (workers decide their graphs themselves; no packed steps: ``layout``
-        must be None); also raises :class:`WorkerLost` when a worker is lost. Waits for the step:
+        """As :meth:`Executor.step` (workers decide their graphs themselves; a packed step's ``layout``
+        travels with it); also raises :class:`WorkerLost` when a worker is lost. Waits for the step:
         :meth:`submit` does not."""
-        _refuse_packed(layout)
-        return self._submit(tokens, positions, start, all_logits, first_row, cancel, eager, False).result()
+        return self._submit(tokens, positions, start, all_logits, first_row, cancel, eager, False, layout).result()
 
     def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
                all_logits: bool = False, first_row: int = 0, eager: bool = False,
@@ -332,19 +335,19 @@ class DistributedPipeline:
         """Send the step's ``run`` to every worker and return at once; the handle's ``result()`` waits
         for the acknowledgements, then publishes the step (or rolls it back and raises its typed
         error). A step over rows of an unsettled one settles that one first (module doc). ``greedy``:
-        the exit worker sends each row's greedy pair, not the logits. No packed steps (``layout``)."""
-        _refuse_packed(layout)
-        return self._submit(tokens, positions, start, all_logits, first_row, None, eager, greedy)
+        the exit worker sends each row's greedy pair, not the logits. ``layout``: a packed step."""
+        return self._submit(tokens, positions, start, all_logits, first_row, None, eager, greedy, layout)
 
     def _submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool,
-                first_row: int, cancel: CancelCheck | None, eager: bool, greedy: bool) -> _RemoteStep:
+                first_row: int, cancel: CancelCheck | None, eager: bool, greedy: bool,
+                layout: StepLayout | None = None) -> _RemoteStep:
         self._refuse()
         with self._lock:
-            rows = range(first_row, first_row + int(positions.shape[0]))
-            for earlier in [h for h in self._pending.values() if rows_overlap(h.rows, rows)]:
+            rows = frozenset(layout.rows if layout is not None else range(first_row, first_row + int(positions.shape[0])))
+            for earlier in [h for h in self._pending.values() if h.rows & rows]:
                 self._settle(earlier)
                 if earlier.error is not None:  # its sequences failed: nothing may build on its rows
-                    raise StepFailed(f"step {earlier.step_id} over rows {rows.start}..{rows.stop - 1} failed "
+                    raise StepFailed(f"step {earlier.step_id} over rows {sorted(earlier.rows & rows)} failed "
                                      f"before this one could start ({earlier.error})")
             self._refuse()
             if self._needs_regroup:
@@ -369,7 +372,8 @@ class DistributedPipeline:
             seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
                                 positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
                                 first_row=first_row, expected_acks=self.pool.count, eager=eager,
-                                greedy=pairs_only, ops=ops)
+                                greedy=pairs_only, ops=ops,
+                                layout=Command.layout_fields(layout) if layout is not None else [])
             handle = _RemoteStep(self, seq, step_id, rows, cancel, pairs_only)
             self._pending[seq] = handle
             self._runs[seq] = None
@@ -511,6 +515,10 @@ class DistributedPipeline:
         """Start a new sequence in ``slot`` on every worker (refused while degraded)."""
         self._rearrange(f"reset of row {slot}", "reset", slot=slot)
 
+    def restore(self, row: int, entry: int) -> None:
+        """As :meth:`Executor.restore`, on every worker's stages."""
+        self._rearrange(f"restore of row {row} from entry {entry}", "restore", slot=row, entry=entry)
+
     def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
         """As :meth:`Executor.set_blocks`, on every worker's stages."""
         self._rearrange(f"set_blocks of row {row}", "set_blocks", slot=row, blocks=[int(b) for b in block_ids])
@@ -529,10 +537,9 @@ class DistributedPipeline:
             cmd = Command(0, op, {}, **fields)
             table = self.stages[0].block_table
             assert table is not None  # described at construction
-            check_row_op(cmd, self.batch, table)
-            named = cmd.named_rows()
-            touched = range(min(named), max(named) + 1)  # a move's span: both its rows
-            for handle in [h for h in self._pending.values() if rows_overlap(h.rows, touched)]:
+            check_row_op(cmd, self.batch, table, self.snapshot_entries)
+            named = frozenset(cmd.named_rows())
+            for handle in [h for h in self._pending.values() if h.rows & named]:
                 self._settle(handle)  # its outcome stays with its handle
             self._refuse()
             self._row_ops.append(cmd)
@@ -633,7 +640,7 @@ class DistributedPipeline:
 class _RemoteStep(StepHandle):
     """A step sent to the workers; settled (published or rolled back) when its result is asked for."""
 
-    def __init__(self, pipeline: DistributedPipeline, seq: int, step_id: int, rows: range,
+    def __init__(self, pipeline: DistributedPipeline, seq: int, step_id: int, rows: frozenset[int],
                  cancel: CancelCheck | None, greedy: bool) -> None:
         super().__init__()
         self.greedy = greedy  # the exit sends each row's greedy pair only
@@ -657,7 +664,3 @@ def _is_typed(error_type: str) -> bool:
     cls = getattr(errors, error_type, None)
     return isinstance(cls, type) and issubclass(cls, StagewiseError)
 
-
-def _refuse_packed(layout: StepLayout | None) -> None:
-    if layout is not None:
-        raise ValueError("a distributed pipeline runs no packed steps (packed_steps is False)")

@@ -33,15 +33,15 @@ class RemoteStage(Stage):
     def measured_bytes(self) -> int:
         return self.reported_bytes
 
-    def describe_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
+    def describe_state(self, batch: int, max_context: int, kv_blocks: int | None = None, snapshots: int = 0) -> None:
         """The worker's state as :meth:`Stage.allocate_state` makes it, on the meta device (no memory):
         ``batch`` rows of ``max_context`` positions over ``kv_blocks`` KV blocks; charged to the ledger."""
-        self.block_table, self.states = self._charge_state(batch, max_context, kv_blocks)
+        self.block_table, self.states = self._charge_state(batch, max_context, kv_blocks, snapshots)
 
-    def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
+    def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None, snapshots: int = 0) -> None:
         raise RuntimeError(f"stage {self.spec.index}'s state lives in worker {self.rank}; describe_state() describes it")
 
-    def enable_graphs(self, prefill_tokens: int | None = None) -> bool:
+    def enable_graphs(self) -> bool:
         """False: the worker captures its own graphs (``Assignment.cuda_graphs``)."""
         return False
 

@@ -110,21 +110,22 @@ class Stage:
         model.eval()
         return Stage(spec, model, ledger, dtype)
 
-    def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None) -> None:
+    def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None, snapshots: int = 0) -> None:
         """Charge, then allocate, the state of every block: the KV pools of ``kv_blocks`` blocks (default:
-        every row's whole context) over one block table of ``batch`` rows, conv / recurrent state per row."""
-        blocks = self._charge_state(batch, max_context, kv_blocks)[0].num_blocks
+        every row's whole context) over one block table of ``batch`` rows, conv / recurrent state in
+        entry pools (two entries per row, ``snapshots`` prefix snapshots)."""
+        blocks = self._charge_state(batch, max_context, kv_blocks, snapshots)[0].num_blocks
         self.block_table = BlockTable(batch, max_context, blocks, self.device)
-        self.states = self.model.new_states(batch, max_context, self.dtype, self.device, self.block_table)
+        self.states = self.model.new_states(batch, max_context, self.dtype, self.device, self.block_table, snapshots)
 
     def _charge_state(self, batch: int, max_context: int,
-                      kv_blocks: int | None) -> tuple[BlockTable, StageStates]:
+                      kv_blocks: int | None, snapshots: int = 0) -> tuple[BlockTable, StageStates]:
         """The state :meth:`allocate_state` makes, built on the meta device (no memory) and charged to the
         ledger: its block table and states. Records ``batch`` and ``max_context``."""
         blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
         meta = torch.device("meta")
         table = BlockTable(batch, max_context, blocks, meta)
-        planned = self.model.new_states(batch, max_context, self.dtype, meta, table)
+        planned = self.model.new_states(batch, max_context, self.dtype, meta, table, snapshots)
         nbytes = planned.nbytes
         self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}, {blocks} KV blocks")
         self.max_context = max_context
@@ -137,13 +138,13 @@ class Stage:
         with self._device_context():
             self.block_table.set_row(row, block_ids)
 
-    def enable_graphs(self, prefill_tokens: int | None = None) -> bool:
-        """Replay decode steps, and prefill chunks of exactly ``prefill_tokens`` tokens, as CUDA graphs
-        on this stage's device; False where not possible."""
+    def enable_graphs(self) -> bool:
+        """Replay decode steps (one token per row) as CUDA graphs on this stage's device; False where
+        not possible."""
         if self.device.type != "cuda" or self.states is None:
             return False
         input_dtype = torch.long if self.model.entry else self.dtype
-        self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, input_dtype, prefill_tokens)
+        self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, input_dtype)
         return True
 
     def measured_bytes(self) -> int:
@@ -216,6 +217,12 @@ class Stage:
         if self.states is not None:
             with self._device_context():
                 self.states.reset(slot)
+
+    def restore(self, row: int, entry: int) -> None:
+        """Row ``row``'s next step reads recurrent-state entry ``entry`` (a prefix snapshot)."""
+        if self.states is not None and self.states.slots is not None:
+            with self._device_context():
+                self.states.slots.restore(row, entry)
 
     def move(self, src: int, dst: int) -> None:
         """Move sequence row ``src`` to row ``dst``: its block-table row and recurrent entries move

@@ -1,21 +1,16 @@
-"""StepGraphs: one stage's decode steps, and its full prefill chunks, captured as CUDA graphs.
+"""StepGraphs: one stage's decode steps captured as CUDA graphs.
 
 A decode step (one token per sequence) launches hundreds of small kernels; replaying a captured
-graph removes the host's launch cost and any synchronization inside the step. A prefill chunk
-launches as many, and issuing them from Python costs more host time than a 512-token chunk's
-kernels take on an H200; replayed, a stage's chunk is one launch, so while one stage's GPU
-works on chunk i + 1 the next stage's GPU works on chunk i (the host is no longer the bottleneck).
-Graphs are keyed by (first state row, batch, tokens per sequence, attended-length bucket): the
-attended length is rounded up (the causal mask hides the unused positions); recurrent state is
-read and written through the stage's state-slot table, which a replay reads as it is then. Every
-graph of one (first row, shape) reads the same static input and positions buffers, so a step's inputs can be written into them
-directly (the positions from pinned host memory ahead of time, the previous stage's activation by
-its channel, the sampled token by the sampler) with no copy inside the step. Only one-token steps and
-steps of exactly ``prefill_tokens`` (the generator's chunk) are captured: a prompt's shorter last
-chunk runs eagerly, so odd lengths never multiply the graphs. The stage's KV block table is
-read by the graphs at its fixed address: the batcher changes which blocks a row owns between steps,
-in place, and a replay reads the current table (no recapture, no host sync). Single-device and staged pipelines
-capture the same graphs for the same shapes, so their results stay bit-identical.
+graph removes the host's launch cost and any synchronization inside the step. Graphs are keyed by
+(first state row, batch, attended-length bucket): the attended length is rounded up (the causal
+mask hides the unused positions); recurrent state is read and written through the stage's
+state-slot table and KV through its block table, both at fixed addresses and updated in place
+between steps, so a replay reads them as they are then (no recapture, no host sync). Every graph
+of one (first row, shape) reads the same static input and positions buffers, so a step's inputs can
+be written into them directly (the positions from pinned host memory ahead of time, the previous
+stage's activation by its channel, the sampled token by the sampler) with no copy inside the step.
+Steps that carry prompts (packed steps) run eagerly. Single-device and staged pipelines capture the
+same graphs for the same shapes, so their results stay bit-identical.
 """
 
 from __future__ import annotations
@@ -63,8 +58,7 @@ class StepGraphs:
     """Lazily captured step graphs for one stage on one CUDA device."""
 
     def __init__(self, model: StageModel, states: StageStates, device: torch.device,
-                 max_context: int, input_dtype: torch.dtype, prefill_tokens: int | None = None) -> None:
-        self.prefill_tokens = prefill_tokens
+                 max_context: int, input_dtype: torch.dtype) -> None:
         self.input_dtype = input_dtype  # token ids (entry) or the activation's dtype
         self.model = model
         self.states = states
@@ -79,7 +73,7 @@ class StepGraphs:
 
     def covers(self, steps: int) -> bool:
         """Whether a step of ``steps`` tokens per sequence replays a graph."""
-        return steps == 1 or (self.prefill_tokens is not None and steps == self.prefill_tokens)
+        return steps == 1
 
     def slots_for(self, shape: tuple[int, ...], first_row: int = 0) -> _Slots:
         """The static input (``shape``: token ids ``(B, T)`` or an activation ``(B, T, H)``) and positions

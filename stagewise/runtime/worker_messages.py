@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from stagewise.errors import WorkerMessageRejected
+from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.stage import StageSpec
 
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -40,8 +41,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 MAX_RANK = 4096
 MAX_INT = 2**62
-OPS = ("run", "publish", "rollback", "reset", "set_blocks", "move", "regroup", "exit")
-ROW_OPS = ("reset", "set_blocks", "move")  # rearrange state rows; acknowledged like run
+OPS = ("run", "publish", "rollback", "reset", "set_blocks", "move", "restore", "regroup", "exit")
+ROW_OPS = ("reset", "set_blocks", "move", "restore")  # rearrange state rows; acknowledged like run
 MAX_BLOCKS = 2**31 - 1  # a KV block id
 MAX_INT_LIST = 2**20  # block ids of one row
 MAX_ROW_OPS = 2**16  # row operations riding on one run
@@ -199,6 +200,7 @@ class Assignment:
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs on GPU stages
     refused: str = ""  # non-empty: the coordinator will not use this worker (the message says why)
     kv_blocks: int = 0  # usable KV blocks of every stage's pool; 0: every one of ``batch`` rows its whole context
+    snapshots: int = 0  # prefix-snapshot entries of every stage's recurrent state
 
     def to_json(self) -> str:
         raw = asdict(self)
@@ -227,7 +229,8 @@ class Assignment:
             _int(raw, "prev_rank", what, -1, world - 1), _int(raw, "next_rank", what, -1, world - 1),
             _int(raw, "first_seq", what, 1, MAX_INT), _int(raw, "expected_acks", what, 0, MAX_RANK),
             _float(raw.get("timeout_s"), "timeout_s", what, 1e-3), _bool(raw, "cuda_graphs", what, True),
-            _str(raw, "refused", what, ""), _int(raw, "kv_blocks", what, 0, MAX_BLOCKS, 0))
+            _str(raw, "refused", what, ""), _int(raw, "kv_blocks", what, 0, MAX_BLOCKS, 0),
+            _int(raw, "snapshots", what, 0, MAX_BLOCKS, 0))
 
 
 @dataclass(frozen=True)
@@ -236,9 +239,12 @@ class Command:
     trusts (a worker not listed, or listed with another incarnation, has been replaced and exits).
 
     ``op``: ``run`` (step ``step_id`` over ``tokens``/``positions`` ``(B, T)`` in state rows
-    ``first_row ..``), ``publish``, ``rollback``, the row operations of :data:`ROW_OPS` — ``reset``
-    (row ``slot``), ``set_blocks`` (row ``slot``'s KV in ``blocks``), ``move`` (row ``src``'s KV
-    blocks and recurrent entries to row ``dst``) —
+    ``first_row ..``, or a packed step: ``(N, 1)`` tokens laid out by ``layout`` — its segments'
+    rows, starts, lengths, the segments with logits, ``[decoding]`` and its snapshots flattened
+    ``(segment, tokens, entry)`` after another, as :class:`StepLayout` holds them), ``publish``,
+    ``rollback``, the row operations of :data:`ROW_OPS` — ``reset`` (row ``slot``), ``set_blocks``
+    (row ``slot``'s KV in ``blocks``), ``move`` (row ``src``'s KV blocks and recurrent entries to row
+    ``dst``), ``restore`` (row ``slot``'s next step reads recurrent entry ``entry``) —
     ``regroup`` (rebuild the data group as generation ``gen``), ``exit``. ``run``, the row
     operations and ``regroup`` are acknowledged, by ``expected_acks`` workers. A ``run`` carries the
     row operations decided since the last run in ``ops`` (each a row-operation command, checked by the
@@ -261,6 +267,8 @@ class Command:
     blocks: list[int] = field(default_factory=list)
     src: int = 0
     dst: int = 0
+    entry: int = 0
+    layout: list[list[int]] = field(default_factory=list)  # run: a packed step's [rows, starts, lengths, logits, [decoding]]
     eager: bool = False  # run: never replay (or capture) a CUDA graph for this step
     greedy: bool = False  # run: the exit sends each row's greedy (token, log-probability), not the logits
     publish: list[int] = field(default_factory=list)  # any op: steps to publish first (decided since the last command)
@@ -269,10 +277,32 @@ class Command:
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
+    def step_layout(self) -> StepLayout | None:
+        """A packed run's :class:`StepLayout` (None: a rectangle); :class:`WorkerMessageRejected` when
+        the layout names no step (its checks) or does not fit the run's tokens."""
+        if not self.layout:
+            return None
+        rows, starts, lengths, logits, (decoding,), flat = self.layout
+        snapshots = tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+        try:
+            layout = StepLayout(tuple(rows), tuple(starts), tuple(lengths), tuple(logits), decoding, snapshots)
+        except ValueError as exc:
+            raise WorkerMessageRejected(f"step {self.step_id}: {exc}") from None
+        if len(self.tokens) != layout.tokens or any(len(r) != 1 for r in self.tokens):
+            raise WorkerMessageRejected(f"step {self.step_id}: {len(self.tokens)} tokens for a packed step of {layout.tokens}")
+        return layout
+
+    @staticmethod
+    def layout_fields(layout: StepLayout) -> list[list[int]]:
+        """``layout`` as a run carries it."""
+        return [list(layout.rows), list(layout.starts), list(layout.lengths), list(layout.logits), [layout.decoding],
+                [n for snapshot in layout.snapshots for n in snapshot]]
+
     def named_rows(self) -> list[int]:
         """The rows a row operation names: the row it resets or gives blocks, a move's source and
         destination."""
-        return {"reset": [self.slot], "set_blocks": [self.slot], "move": [self.src, self.dst]}[self.op]
+        return {"reset": [self.slot], "set_blocks": [self.slot], "move": [self.src, self.dst],
+                "restore": [self.slot]}[self.op]
 
     @staticmethod
     def from_json(text: str | bytes, seq: int | None = None) -> Command:
@@ -318,12 +348,15 @@ class Command:
         if any(o is None or o.op not in ROW_OPS for o in nested):
             raise WorkerMessageRejected(f"{what}: ops holds something other than a row operation")
         rows = _int(raw, "rows", what, 0, MAX_RANK, 0)
+        layout = _int_rows(raw, "layout", what, 0, 2**31 - 1)
+        if layout and (op != "run" or len(layout) != 6 or len(layout[4]) != 1 or len(layout[5]) % 3):
+            raise WorkerMessageRejected(f"{what}: a layout is [rows, starts, lengths, logits, [decoding], snapshots], on a run")
         return Command(got, op, checked, _int(raw, "step_id", what, 0, MAX_INT, 0), tokens, positions,
                        _opt_int(raw, "start", what, 0, 2**31 - 1), _bool(raw, "all_logits", what, False),
                        _int(raw, "slot", what, 0, MAX_RANK, 0), _int(raw, "gen", what, 0, MAX_INT, 0),
                        _int(raw, "expected_acks", what, 0, MAX_RANK, 0), _int(raw, "first_row", what, 0, MAX_RANK, 0),
                        rows, blocks, _int(raw, "src", what, 0, MAX_RANK, 0), _int(raw, "dst", what, 0, MAX_RANK, 0),
-                       _bool(raw, "eager", what, False),
+                       _int(raw, "entry", what, 0, MAX_BLOCKS, 0), layout, _bool(raw, "eager", what, False),
                        _bool(raw, "greedy", what, False), publish, [o for o in nested if o is not None])
 
 

@@ -21,7 +21,7 @@ import torch
 from stagewise.errors import WorkerMessageRejected
 from stagewise.models.block_table import BlockTable
 from stagewise.models.stage_model import StageOutput
-from stagewise.models.state import rows_overlap
+from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.channel import Channel, channel_for
 from stagewise.runtime.distributed_channel import DistributedChannel
 from stagewise.runtime.distributed_group import wire_device
@@ -60,7 +60,7 @@ class WorkerSegment:
         self.batch = batch
         local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
         self.segment = Segment(stages, local, hidden_size)  # the one stage loop, as in process
-        self.pending: dict[int, range] = {}  # step id -> the rows it ran, until published or rolled back
+        self.pending: dict[int, frozenset[int]] = {}  # step id -> the rows it ran, until published or rolled back
 
     @staticmethod
     def load(assignment: Assignment, opener: Opener) -> WorkerSegment:
@@ -73,7 +73,8 @@ class WorkerSegment:
         try:
             for spec in assignment.stages:
                 stage = Stage.load(spec, config, source, dtype)
-                stage.allocate_state(assignment.batch, assignment.context, assignment.kv_blocks or None)
+                stage.allocate_state(assignment.batch, assignment.context, assignment.kv_blocks or None,
+                                     assignment.snapshots)
                 if assignment.cuda_graphs:
                     stage.enable_graphs()  # a no-op off CUDA
                 stages.append(stage)
@@ -94,18 +95,19 @@ class WorkerSegment:
         """Run step ``cmd.step_id``; on failure, send an ABORT downstream, then re-raise."""
         if not self.stages:
             return SegmentResult(None, [], 0.0)  # a worker the placement left without a stage
-        self.check(cmd)
-        positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T)
-        rows = range(cmd.first_row, cmd.first_row + len(cmd.positions))
+        layout = self.check(cmd)
+        positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T), or (N, 1) packed
+        rows = frozenset(layout.rows if layout is not None else range(cmd.first_row, cmd.first_row + len(cmd.positions)))
         for step, other in self.pending.items():
-            if rows_overlap(rows, other):
-                raise WorkerMessageRejected(f"step {cmd.step_id}: rows {rows.start}..{rows.stop - 1} overlap step "
+            if rows & other:
+                raise WorkerMessageRejected(f"step {cmd.step_id}: rows {sorted(rows & other)} overlap step "
                                             f"{step}'s, not yet published or rolled back")
         self.pending[cmd.step_id] = rows  # settled by publish / rollback, also after a failure
         sent = False
         try:
             handoff_s = 0.0
-            one = SegmentStep(cmd.step_id, positions, cmd.start, cmd.all_logits, cmd.first_row, cmd.eager)
+            one = SegmentStep(cmd.step_id, positions, cmd.start, cmd.all_logits, cmd.first_row,
+                              cmd.eager or layout is not None, layout)
             if self.inbound is None:
                 x = torch.tensor(cmd.tokens, dtype=torch.int64)  # (B, T)
             else:
@@ -128,19 +130,27 @@ class WorkerSegment:
                     pass  # the next worker is gone too; the coordinator sees it
             raise
 
-    def check(self, cmd: Command) -> None:
+    def check(self, cmd: Command) -> StepLayout | None:
         """:class:`WorkerMessageRejected` unless ``cmd`` fits this segment: token ids inside the
-        vocabulary, positions inside the context, no more rows than sequence slots."""
+        vocabulary, positions inside the context, rows among the sequence slots (a packed step's
+        layout a step's, naming them). Returns the packed step's layout (None: a rectangle)."""
+        layout = cmd.step_layout()
         if self.vocab_size and any(t >= self.vocab_size for row in cmd.tokens for t in row):
             raise WorkerMessageRejected(f"step {cmd.step_id}: a token id is outside the vocabulary ({self.vocab_size})")
         if self.context and any(p >= self.context for row in cmd.positions for p in row):
             raise WorkerMessageRejected(f"step {cmd.step_id}: a position is outside the context ({self.context})")
-        if self.batch and cmd.first_row + len(cmd.positions) > self.batch:
+        if layout is not None:
+            if self.batch and max(layout.rows) >= self.batch:
+                raise WorkerMessageRejected(f"step {cmd.step_id}: row {max(layout.rows)} for {self.batch} slots")
+            if [p for row in cmd.positions for p in row] != layout.positions():
+                raise WorkerMessageRejected(f"step {cmd.step_id}: positions are not the layout's")
+        elif self.batch and cmd.first_row + len(cmd.positions) > self.batch:
             raise WorkerMessageRejected(f"step {cmd.step_id}: rows {cmd.first_row}..{cmd.first_row + len(cmd.positions) - 1} "
                                         f"for {self.batch} slots")
+        return layout
 
     def rearrange(self, cmd: Command) -> None:
-        """Apply row operation ``cmd`` (``reset``, ``set_blocks``, ``move``) to every stage,
+        """Apply row operation ``cmd`` (``reset``, ``set_blocks``, ``move``, ``restore``) to every stage,
         after checking it against the rows and the KV pool (:class:`WorkerMessageRejected`: no stage changed)."""
         if not self.stages:
             return
@@ -152,12 +162,15 @@ class WorkerSegment:
                 stage.set_blocks(cmd.slot, cmd.blocks)
             elif cmd.op == "move":
                 stage.move(cmd.src, cmd.dst)
+            elif cmd.op == "restore":
+                stage.restore(cmd.slot, cmd.entry)
 
     def check_rows(self, cmd: Command) -> None:
         """:func:`check_row_op` against this segment's rows and KV pool."""
         table = self.stages[0].block_table
         assert table is not None, "allocate_state first"
-        check_row_op(cmd, self.batch, table)
+        slots = next((s.states.slots for s in self.stages if s.states is not None and s.states.slots is not None), None)
+        check_row_op(cmd, self.batch, table, range(slots.first_snapshot, slots.entries) if slots else range(0))
 
     def publish(self, step_id: int = 0) -> None:
         """Accept step ``step_id``'s state (0: every step not settled)."""
@@ -171,7 +184,7 @@ class WorkerSegment:
             for stage in self.stages:
                 stage.rollback(rows)
 
-    def _settle(self, step_id: int) -> list[range | None]:
+    def _settle(self, step_id: int) -> list[frozenset[int] | None]:
         if step_id == 0:
             self.pending.clear()
             return [None]
@@ -191,13 +204,16 @@ class WorkerSegment:
         self.stages = []
 
 
-def check_row_op(cmd: Command, batch: int, table: BlockTable) -> None:
-    """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows of the ``batch`` held and
-    block ids of ``table``'s pool (no more than a row holds). The
-    coordinator checks each before it rides on a run; every worker checks it again."""
+def check_row_op(cmd: Command, batch: int, table: BlockTable, snapshots: range) -> None:
+    """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows of the ``batch`` held,
+    block ids of ``table``'s pool (no more than a row holds) and, restoring, one of the ``snapshots``
+    entries. The coordinator checks each before it rides on a run; every worker checks it again."""
     rows = cmd.named_rows()
     if any(r >= batch for r in rows):
         raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {batch} slots")
+    if cmd.op == "restore" and cmd.entry not in snapshots:
+        raise WorkerMessageRejected(f"restore: entry {cmd.entry} is not a snapshot entry ({snapshots.start}.."
+                                    f"{snapshots.stop - 1})")
     if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
         raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
                                     f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")

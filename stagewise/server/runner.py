@@ -115,7 +115,8 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             reserve=settings.reserve, cuda_graphs=settings.cuda_graphs, workers=settings.workers,
             worker_timeout_s=settings.worker_timeout_s, worker_secret_file=settings.worker_secret_file,
             measure_links=settings.measure_links,
-            max_seqs=settings.max_seqs, kv_tokens=settings.kv_tokens)
+            max_seqs=settings.max_seqs, kv_tokens=settings.kv_tokens,
+            prefix_snapshots=None if settings.prefix_cache else 0)  # without the cache: no snapshot memory
     except BaseException as exc:
         state.set_failed(exc)
         server.should_exit = True

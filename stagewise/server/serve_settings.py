@@ -38,7 +38,7 @@ class ServeSettings:
     warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
     max_seqs: int | None = None  # sequences decoded together; None: auto (the most that fit, up to 8)
     kv_tokens: int | None = None  # KV pool positions per stage; None: every sequence slot its whole context
-    prefix_cache: bool = True  # share cached prompt prefixes' KV blocks (--no-prefix-cache: off)
+    prefix_cache: bool = True  # share cached prompt prefixes' KV blocks and state snapshots (--no-prefix-cache: off)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); "*" for any; () = off
     header_timeout_s: float = 10.0  # a connection's request headers must be complete this long after it opens
     body_timeout_s: float = 30.0  # a request's body must be complete this long after the server starts reading it

@@ -25,7 +25,9 @@ class Profile:
     ingested ``prefill_chunk_tokens`` at a time, activations / KV / conv state in
     ``activation_dtype``; each stage also holds ``runtime_workspace_bytes`` for the device runtime.
     ``kv_tokens``: the KV pool's size in positions, shared by all sequences (rounded up to whole
-    blocks); None gives every sequence its whole context (``batch × context``, rounded up per sequence)."""
+    blocks); None gives every sequence its whole context (``batch × context``, rounded up per sequence).
+    ``prefix_snapshots``: entries of recurrent state kept for the prefix cache (a snapshot of a
+    linear-attention block's state at a block boundary; charged only where a block keeps such state)."""
 
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     batch: int = 1
@@ -33,6 +35,7 @@ class Profile:
     activation_dtype: str = "bf16"
     runtime_workspace_bytes: int = 0  # per stage; ACCELERATOR_RUNTIME_WORKSPACE_BYTES on GPUs
     kv_tokens: int | None = None
+    prefix_snapshots: int = 0
 
     def __post_init__(self) -> None:
         for name, top in (("context_tokens", MAX_CONTEXT_TOKENS), ("batch", 4096), ("prefill_chunk_tokens", 1 << 20)):
@@ -43,6 +46,9 @@ class Profile:
         if self.kv_tokens is not None and (isinstance(self.kv_tokens, bool) or not isinstance(self.kv_tokens, int)
                                            or not 1 <= self.kv_tokens <= MAX_KV_TOKENS):
             raise ConfigError(f"profile: kv_tokens must be an integer in 1..{MAX_KV_TOKENS}, got {self.kv_tokens!r}")
+        if isinstance(self.prefix_snapshots, bool) or not isinstance(self.prefix_snapshots, int) \
+                or not 0 <= self.prefix_snapshots <= 1 << 16:
+            raise ConfigError(f"profile: prefix_snapshots must be an integer in 0..{1 << 16}, got {self.prefix_snapshots!r}")
         if isinstance(self.runtime_workspace_bytes, bool) or not 0 <= self.runtime_workspace_bytes < 1 << 40:
             raise ConfigError(f"profile: runtime_workspace_bytes must be in [0, 1 TiB), got {self.runtime_workspace_bytes!r}")
 

@@ -7,8 +7,8 @@ These are the runtime's allocations (docs/accounting.md), compared after loading
   the pool holds ``batch x context`` positions unless the profile sizes it (``kv_tokens``).
 * Gated DeltaNet block: entry pools (``models/state_slots.py``) of conv state ``conv_dim x kernel``
   in the activation dtype and recurrent state ``num_v_heads x key_head_dim x value_head_dim`` in
-  float32 per entry; ``1 + 2 x batch`` entries (the zero entry, then published + provisional per
-  row, so a step can be rolled back).
+  float32 per entry; ``1 + 2 x batch + prefix_snapshots`` entries (the zero entry, published +
+  provisional per row so a step can be rolled back, and the prefix cache's snapshots).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from stagewise.spec.profile import Profile
 F32_BYTES = 4
 
 
-def state_entries(profile: Profile) -> int:
-    """Entries each linear-attention pool holds: the zero entry, and published + provisional per row."""
-    return 1 + 2 * profile.batch  # zero entry + (published + provisional) per sequence row
+def recurrent_entries(rows: int, snapshots: int = 0) -> int:
+    """Entries each linear-attention pool holds (``models/state_slots.py``): the zero entry, published +
+    provisional per row, and the prefix snapshots."""
+    return 1 + 2 * rows + snapshots  # zero entry + (published + provisional) per row + snapshots
 
 
 def kv_pool_bytes(block: BlockSpec, profile: Profile) -> int:
@@ -37,11 +38,11 @@ def kv_context_bytes(block: BlockSpec, profile: Profile) -> int:
 
 
 def conv_state_bytes(block: BlockSpec, profile: Profile) -> int:
-    return state_entries(profile) * block.conv_state_values * profile.activation_bytes
+    return recurrent_entries(profile.batch, profile.prefix_snapshots) * block.conv_state_values * profile.activation_bytes
 
 
 def recurrent_state_bytes(block: BlockSpec, profile: Profile) -> int:
-    return state_entries(profile) * block.recurrent_state_values * F32_BYTES
+    return recurrent_entries(profile.batch, profile.prefix_snapshots) * block.recurrent_state_values * F32_BYTES
 
 
 def block_state_bytes(block: BlockSpec, profile: Profile) -> int:

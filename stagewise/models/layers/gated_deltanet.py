@@ -133,7 +133,9 @@ class GatedDeltaNet(nn.Module):
         if decoding < len(offsets) - 1:  # prompts' chunks: the chunked rule, segment by segment
             lo = offsets[decoding]
             bounds = [o - lo for o in offsets[decoding:]]
-            parts.append(self._prompt_segments(qkv[lo:], b[lo:], a[lo:], state, entries[decoding:], bounds))
+            snapshots = {seg - decoding: (tokens, entry) for seg, tokens, entry in ctx.layout.snapshots} \
+                if ctx.layout is not None else {}
+            parts.append(self._prompt_segments(qkv[lo:], b[lo:], a[lo:], state, entries[decoding:], bounds, snapshots))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, Hv, Dv)
         out = self.norm(out, z)  # (N, Hv, Dv)
         return self.out_proj(out.reshape(batch, steps, self.value_dim))
@@ -186,19 +188,31 @@ class GatedDeltaNet(nn.Module):
         return F.silu(mixed).to(qkv.dtype).transpose(1, 2)  # (B, T, C)
 
     def _prompt_segments(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: RecurrentState,
-                         entries: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+                         entries: torch.Tensor, bounds: list[int],
+                         snapshots: dict[int, tuple[int, int]]) -> torch.Tensor:
         """Prompt chunks: segment ``s`` is tokens ``bounds[s] .. bounds[s+1] - 1`` of ``qkv`` ``(n, C)``, its
-        state read from ``entries[s, 0]`` and written to ``entries[s, 1]``. Returns ``(n, Hv, Dv)``."""
+        state read from ``entries[s, 0]`` and written to ``entries[s, 1]``; ``snapshots[s] = (tokens, entry)``
+        also writes its state after its first ``tokens`` tokens (a chunk boundary) to ``entry``.
+        Returns ``(n, Hv, Dv)``."""
         conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
         outs = []
         for s in range(len(bounds) - 1):
             lo, hi = bounds[s], bounds[s + 1]
             read, write = entries[s : s + 1, 0].long(), entries[s : s + 1, 1].long()
-            mixed = self._conv(qkv[None, lo:hi], conv_pool.index_select(0, read), conv_pool, write)[0]  # (n, C)
-            q, k, v = self._split_heads(mixed)
-            beta, g = self._gates(b[lo:hi], a[lo:hi])
-            out, recurrent = chunked_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
-                                                      rec_pool.index_select(0, read))  # (1, n, Hv, Dv)
-            rec_pool.index_copy_(0, write, recurrent)
-            outs.append(out[0])
+            pieces = [(lo, hi, read, write)]
+            if s in snapshots:
+                tokens, entry = snapshots[s]
+                snap = torch.full_like(read, entry)
+                pieces = [(lo, lo + tokens, read, snap)] + ([(lo + tokens, hi, snap, write)] if lo + tokens < hi else [])
+            for start, end, src, dst in pieces:
+                mixed = self._conv(qkv[None, start:end], conv_pool.index_select(0, src), conv_pool, dst)[0]  # (n, C)
+                q, k, v = self._split_heads(mixed)
+                beta, g = self._gates(b[start:end], a[start:end])
+                out, recurrent = chunked_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                                          rec_pool.index_select(0, src))  # (1, n, Hv, Dv)
+                rec_pool.index_copy_(0, dst, recurrent)
+                outs.append(out[0])
+            if s in snapshots and lo + snapshots[s][0] == hi:  # the snapshot is the segment's final state
+                for pool in (conv_pool, rec_pool):
+                    pool.index_copy_(0, write, pool.index_select(0, pieces[0][3]))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
