@@ -127,7 +127,8 @@ def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, b
             max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context, default_max_tokens),
             sampling=_sampling(body, model.config.vocab_size, grammar),
             stop=_stops(body.stop),
-            stop_token_ids=model.stop_token_ids,
+            # a grammar ends on its end-of-generation token: ignore_eos leaves it be
+            stop_token_ids=frozenset() if body.ignore_eos and grammar is None else model.stop_token_ids,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
         )
