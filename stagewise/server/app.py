@@ -46,6 +46,8 @@ from stagewise.server.status_report import StatusReport
 from stagewise.server.webui import add_webui
 
 _CLIENT_CLOSED = 499
+SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, "
+                 "POST /detokenize, GET /health, GET /metrics and GET /v1/stagewise/status")
 
 
 async def read_json(request: Request, limit_bytes: int, timeout_s: float) -> dict[str, Any]:
@@ -164,7 +166,16 @@ def build_app(state: ServerState) -> FastAPI:
         return JSONResponse(error_body(500, "internal error (a bug, logged by the server)", None), 500)
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> Response:
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        route = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:  # /v1/embeddings, /v1/audio/...: OpenAI's words, then what is served
+            body = error_body(404, f"Invalid URL ({route}): this server does not serve that route; it serves "
+                                   f"{SERVED_ROUTES}", "not_found")
+            return JSONResponse(body, 404)
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            return JSONResponse(error_body(405, f"{route}: that route takes {allowed}", "method_not_allowed"), 405,
+                                headers=exc.headers)
         return JSONResponse(error_body(exc.status_code, str(exc.detail), None), exc.status_code)
 
     @app.get("/health")
@@ -183,8 +194,11 @@ def build_app(state: ServerState) -> FastAPI:
             state.metrics.observe_memory(state.model.pipeline)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def names(model: LoadedModel) -> ServedNames:
+        return ServedNames.of(model.name, settings.model, settings.served_model_names)
+
     def card(model: LoadedModel) -> dict[str, Any]:
-        return {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
+        return {"id": names(model).name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
                 "max_model_len": model.max_context}
 
     status = StatusReport(state)
@@ -207,7 +221,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> Response:
         _, model = state.serving()
-        ServedNames.of(model.name, settings.model).check(model_id)
+        names(model).check(model_id)
         return JSONResponse(card(model))
 
     async def validated(request: Request, schema: Any) -> Any:
@@ -242,14 +256,14 @@ def build_app(state: ServerState) -> FastAPI:
                 body = schema.model_validate(raw)
             except ValidationError as exc:
                 raise from_validation(exc) from exc
-            ServedNames.of(model.name, settings.model).check(body.model)  # 404 model_not_found, as vLLM
+            names(model).check(body.model)  # 404 model_not_found, as vLLM
             return build(body, model, request_id)
 
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
         # worker thread, so /health and the other streams keep being served meanwhile
         built = await anyio.to_thread.run_sync(prepare, limiter=preparing())
         choices = Choices.submit(engine, built.requests)
-        response: Response = await respond(built, choices, model.name, request)
+        response: Response = await respond(built, choices, names(model).name, request)
         return response
 
     @app.post("/v1/chat/completions")
