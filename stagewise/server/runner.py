@@ -8,6 +8,7 @@ cancels at once.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -26,7 +27,7 @@ from stagewise.errors import ConfigError
 from stagewise.hardware.listen_socket import listen_socket
 from stagewise.server.app import guarded_app
 from stagewise.server.http_protocol import protocol_class
-from stagewise.server.load_display import placement_lines
+from stagewise.server.load_display import API_KEY_ENV, placement_lines, usage_lines
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.served_names import ServedNames
@@ -149,11 +150,10 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
 
 
 def _print_usage(settings: ServeSettings, name: str, console: Console) -> None:
-    auth = f" -H 'Authorization: Bearer {'$STAGEWISE_API_KEY'}'" if settings.api_key else ""
     console.print(f"[bold green]Serving {name}[/] at {settings.base_url} (OpenAI-compatible)", highlight=False)
-    console.print(f"  curl {settings.base_url}/chat/completions -H 'Content-Type: application/json'{auth} "
-                  "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'", highlight=False, soft_wrap=True)
-    console.print(f"  or chat in the terminal: stagewise chat {settings.model or ''}".rstrip(), highlight=False)
+    key_in_env = settings.api_key is not None and os.environ.get(API_KEY_ENV) == settings.api_key
+    for line in usage_lines(settings, key_in_env):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def _drain(state: ServerState, server: uvicorn.Server, console: Console, why: str) -> None:
