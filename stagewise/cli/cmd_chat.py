@@ -33,13 +33,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from stagewise.cli.console import console as make_console
     from stagewise.engine.engine import Engine
     from stagewise.engine.model_loading import load_model_from_args
     from stagewise.server.load_display import placement_lines
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     model = load_model_from_args(args)
     if model.tokenizer is None and (args.model or "").startswith("random:"):
         from stagewise.server.random_tokenizer import with_demo_tokenizer

@@ -70,10 +70,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(out))
         else:
-            print(loaded.placement_summary, file=sys.stderr)
-            for check in loaded.charge_checks():
-                print(f"  stage {check.stage} on {check.device}: planned {check.planned_bytes / 1e9:.4g} GB, "
-                      f"measured {check.measured_bytes / 1e9:.4g} GB", file=sys.stderr)
+            from stagewise.server.load_display import placement_lines
+
+            for line in placement_lines(loaded):  # as serve and chat print them
+                print(line, file=sys.stderr)
             print(out.get("text", " ".join(map(str, tokens))))
         return 0
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 from rich.console import Console
 
+from stagewise.cli.console import console as make_console
 from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_with_progress
 from stagewise.engine.request_log import print_requests
@@ -47,7 +48,7 @@ class _Server(uvicorn.Server):
 
 def serve(settings: ServeSettings, console: Console | None = None) -> int:
     """Serve until a signal; returns the exit code. Raises the load error (e.g. DoesNotFit) if loading fails."""
-    console = console or Console()
+    console = console or make_console()
     print_requests()  # one INFO line per finished request on stderr
     state = ServerState(settings)
     config = uvicorn.Config(guarded_app(state), host=settings.host, port=settings.port, log_level="warning",
