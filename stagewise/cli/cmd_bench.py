@@ -21,9 +21,9 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser("bench", help="measure prefill / decode speed of a placement")
     p.add_argument("model", help="model directory, GGUF file, or random:PRESET")
     add_model_arguments(p)
-    p.add_argument("--prompt", type=int, default=512, help="prompt tokens")
-    p.add_argument("--gen", type=int, default=128, help="generated tokens")
-    p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    p.add_argument("--prompt", type=_at_least_one, default=512, help="prompt tokens")
+    p.add_argument("--gen", type=_at_least_one, default=128, help="generated tokens")
+    p.add_argument("--repeats", type=_at_least_one, default=3, help="timed repetitions (median reported)")
     p.add_argument("--baseline", choices=["transformers"], default=None)
     p.add_argument("--concurrency", type=_levels, default=None, metavar="N[,N...]",
                    help="instead: run N requests at once (continuous batching) for each N, and report aggregate "
@@ -67,6 +67,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(result)
     return 0
+
+
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
+    return number
 
 
 def _levels(value: str) -> list[int]:
