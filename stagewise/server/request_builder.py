@@ -160,6 +160,10 @@ def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dic
                     add_generation_prompt: bool = True) -> list[int]:
     """The token ids of ``chat`` rendered through the model's chat template (``tools`` offered)."""
     tokenizer = _tokenizer(model)
+    for i, asked in enumerate(chat):  # as OpenAI: content is required but on an assistant message with tool_calls
+        if asked.content is None and not (asked.role == "assistant" and asked.tool_calls):
+            needs = "content or tool_calls" if asked.role == "assistant" else "content (a string or text parts)"
+            raise InvalidParam(f"messages.{i}: a {asked.role} message needs {needs}", f"messages.{i}.content")
     messages = [m.model_dump(exclude_none=True) for m in chat]
     for message in messages:
         if message["role"] == "developer":  # OpenAI's newer name for the system role
