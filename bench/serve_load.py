@@ -2,7 +2,7 @@
 
     python bench/serve_load.py [--model] MODEL [--devices D] [--placement P] [--max-seqs N] [--queue N]
         [--concurrency 1,8,32,64,128] [--rate R --requests M] [--prompt 208] [--gen 128] [--passes P]
-        [--endpoint completions|chat] [--peer "llama-server ARGS" [--peer-name NAME]]
+        [--fresh-prompts] [--endpoint completions|chat] [--peer "llama-server ARGS" [--peer-name NAME]]
         [--json bench/results/OUT.json]
 
 ``MODEL`` is what ``stagewise serve`` takes (a directory, a GGUF file, ``random:PRESET``), or ``demo``
@@ -11,7 +11,9 @@ greedy, ``ignore_eos``) are sent at once: ``/v1/completions`` with prompts of ex
 ids, or with ``--endpoint chat`` ``/v1/chat/completions`` with one user message, the text of those ids
 (the chat template adds its own few tokens; ``prompt tok`` reports what the server counted). Tokens are
 counted from the final usage chunk; TTFT and the gaps from the chunks that carry text. ``--passes P``
-runs every level P times in turn (the first pass is the first burst after ready). With
+runs every level P times in turn (the first pass is the first burst after ready); ``--fresh-prompts``
+gives every burst prompts not sent before (else each level reuses the first N, and a prefix cache serves
+them again). With
 ``--rate``, ``--requests`` more arrive as a Poisson process of that rate. Reported per run, as
 ``vllm bench serve`` reports them: completed, refused (429), failed, output tok/s (every streamed
 token over the run's wall time), decode tok/s (each stream's tokens after its first over its time after
@@ -279,10 +281,13 @@ async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[
     client.served_model = served  # type: ignore[attr-defined]
     client.endpoint = args.endpoint  # type: ignore[attr-defined]
     runs: list[dict[str, Any]] = []
+    used = 0  # with --fresh-prompts, each burst takes the next prompts
     async with client:
         for round_ in range(args.passes):
             for level in args.concurrency:
-                traces, wall = await _burst(client, prompts[:level], args.gen)
+                start = used if args.fresh_prompts else 0
+                used = start + level
+                traces, wall = await _burst(client, prompts[start:used], args.gen)
                 name = f"burst {level}" + (f" pass {round_ + 1}" if args.passes > 1 else "")
                 runs.append({"concurrency": level, "pass": round_ + 1, **_summary(name, traces, wall, not runs)})
                 print(f"{name}: {runs[-1]['completed']} completed, {runs[-1]['refused']} refused, "
@@ -290,7 +295,8 @@ async def _drive(args: argparse.Namespace, url: str, served: str, prompts: list[
                 if args.status_poll_s:
                     runs += await _status_rounds(client, url, prompts[:level], args, runs[-1])
         if args.rate:
-            traces, wall = await _poisson(client, prompts[: args.requests], args.gen, args.rate, rng)
+            start = used if args.fresh_prompts else 0
+            traces, wall = await _poisson(client, prompts[start:start + args.requests], args.gen, args.rate, rng)
             runs.append({"concurrency": None, "rate_per_s": args.rate,
                          **_summary(f"poisson {args.rate}/s", traces, wall, not runs)})
     return runs
@@ -309,6 +315,15 @@ def _prompts(url: str, count: int, length: int, rng: random.Random) -> list[Prom
         ids = ids[:length]
         out.append(Prompt(ids, httpx.post(f"{url}/detokenize", json={"tokens": ids}, timeout=60).json()["content"]))
     return out
+
+
+def _prompts_needed(args: argparse.Namespace) -> int:
+    """Prompts a run sends: the largest level's (and the Poisson run's), or with ``--fresh-prompts`` one per
+    request of every burst, so no prompt is sent twice (no prefix-cache hit beyond the chat template's)."""
+    poisson = args.requests if args.rate else 0
+    if args.fresh_prompts:
+        return sum(args.concurrency) * args.passes + poisson
+    return max([*args.concurrency, poisson])
 
 
 def _python_path() -> str:
@@ -382,8 +397,7 @@ def _measure(args: argparse.Namespace, start: Any, label: str, prompts: list[Pro
         ready_s = _wait_ready(process, url, log, args.startup_timeout_s, label)
         served = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         if prompts is None:
-            largest = max([*args.concurrency, args.requests if args.rate else 0])
-            prompts = _prompts(url, largest, args.prompt, rng)
+            prompts = _prompts(url, _prompts_needed(args), args.prompt, rng)
         runs = asyncio.run(_drive(args, url, served, prompts, rng))
     finally:
         _stop(process)
@@ -485,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=208, help="prompt tokens per request")
     p.add_argument("--gen", type=int, default=128, help="tokens out per request")
     p.add_argument("--passes", type=int, default=1, help="run every level this many times in turn")
+    p.add_argument("--fresh-prompts", action="store_true",
+                   help="every burst sends prompts never sent before (default: each level reuses the first N, "
+                        "which a prefix cache then serves)")
     p.add_argument("--endpoint", choices=["completions", "chat"], default=None,
                    help="/v1/completions with token ids, or /v1/chat/completions with their text "
                         "(default: completions; chat with --peer)")
