@@ -99,6 +99,7 @@ def test_served_model_names_replace_the_defaults(loaded: LoadedModel, engine: En
         listed = http.get("/v1/models", headers=AUTH).json()["data"]
         assert [m["id"] for m in listed] == ["team/llm"]
         assert http.get("/v1/models/llm", headers=AUTH).json()["id"] == "team/llm"
+        assert http.get("/v1/stagewise/status", headers=AUTH).json()["model"] == "team/llm"  # what the web page sends
         for asked, status in (("llm", 200), ("team/llm", 200), (None, 200), (loaded.name, 404)):
             body = {"prompt": "Hi", "max_tokens": 1} | ({"model": asked} if asked else {})
             r = http.post("/v1/completions", json=body, headers=AUTH)

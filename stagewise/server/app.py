@@ -40,7 +40,6 @@ from stagewise.server.request_builder import build_chat, build_completion
 from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
 from stagewise.server.request_id import RequestIds, request_id_of
 from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
-from stagewise.server.served_names import ServedNames
 from stagewise.server.server_state import ServerState
 from stagewise.server.status_report import StatusReport
 from stagewise.server.webui import add_webui
@@ -200,12 +199,9 @@ def build_app(state: ServerState) -> FastAPI:
             state.metrics.observe_memory(state.model.pipeline)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    def names(model: LoadedModel) -> ServedNames:
-        return ServedNames.of(model.name, settings.model, settings.served_model_names)
-
     def card(model: LoadedModel) -> dict[str, Any]:
-        return {"id": names(model).name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
-                "max_model_len": model.max_context}
+        return {"id": state.served_names(model).name, "object": "model", "created": int(time.time()),
+                "owned_by": "stagewise", "max_model_len": model.max_context}
 
     status = StatusReport(state)
 
@@ -227,7 +223,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> Response:
         _, model = state.serving()
-        names(model).check(model_id)
+        state.served_names(model).check(model_id)
         return JSONResponse(card(model))
 
     async def validated(request: Request, schema: Any) -> Any:
@@ -262,14 +258,14 @@ def build_app(state: ServerState) -> FastAPI:
                 body = schema.model_validate(raw)
             except ValidationError as exc:
                 raise from_validation(exc) from exc
-            names(model).check(body.model)  # 404 model_not_found, as vLLM
+            state.served_names(model).check(body.model)  # 404 model_not_found, as vLLM
             return build(body, model, request_id)
 
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
         # worker thread, so /health and the other streams keep being served meanwhile
         built = await anyio.to_thread.run_sync(prepare, limiter=preparing())
         choices = Choices.submit(engine, built.requests)
-        response: Response = await respond(built, choices, names(model).name, request)
+        response: Response = await respond(built, choices, state.served_names(model).name, request)
         return response
 
     @app.post("/v1/chat/completions")

@@ -31,7 +31,6 @@ from stagewise.server.http_protocol import protocol_class
 from stagewise.server.load_display import API_KEY_ENV, placement_lines, usage_lines
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
-from stagewise.server.served_names import ServedNames
 from stagewise.server.server_state import ServerState
 
 _SHUTDOWN_TIMEOUT_S = 5
@@ -147,7 +146,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         return
     for line in placement_lines(model):
         console.print(line, highlight=False, soft_wrap=True)
-    _print_usage(settings, ServedNames.of(model.name, settings.model, settings.served_model_names).name, console)
+    _print_usage(settings, state.served_names(model).name, console)
 
 
 def _print_usage(settings: ServeSettings, name: str, console: Console) -> None:
