@@ -17,7 +17,8 @@
 #   python3 -m stagewise make-model --config llama-3.1-8b --dtype f16 --device cuda /tmp/w/l8-f16.gguf && \
 #     build/lb/bin/llama-quantize /tmp/w/l8-f16.gguf /tmp/w/llama-3.1-8b-Q4_K_M.gguf Q4_K_M 16 && rm /tmp/w/l8-f16.gguf
 #   python3 -m stagewise make-model --config qwen3.6-35b-a3b --dtype q8_0 --device cuda /tmp/w/qwen3.6-35b-a3b-Q8_0.gguf
-# Each run takes about 3-4 min (8B Q4_K_M) and 5-6 min (Qwen3.6 Q8_0: two loads of 37 GB).
+# Each run takes about 3-4 min (8B Q4_K_M) and 5-6 min (Qwen3.6 Q8_0: two loads of 37 GB), estimated.
+# call1.sh and call2.sh do it all in two calls of a warm machine (build, files, runs).
 set -u
 BUILD=${1:?llama.cpp build directory (bin/llama-server)}; GGUF=${2:?GGUF file}; NAME=${3:?output name}
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -25,7 +26,9 @@ t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 SERVER="$BUILD/bin/llama-server"
 [ -x "$SERVER" ] || { echo "run.sh: $SERVER not found (build the llama-server target)" >&2; exit 2; }
 [ -f "$GGUF" ] || { echo "run.sh: $GGUF not found" >&2; exit 2; }
-if ls .wheels/*.whl > /dev/null 2>&1; then  # the device machine's extra packages, as the other run scripts
+if [[ ":${PYTHONPATH:-}:" == *:/tmp/site:* ]]; then
+  :  # the caller installed them (call1.sh, call2.sh)
+elif ls .wheels/*.whl > /dev/null 2>&1; then  # the device machine's extra packages, as the other run scripts
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
   export PYTHONPATH=$PWD:/tmp/site
 else
