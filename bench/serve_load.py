@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     except Exception:
         device = "unknown"
-    result = {"command": " ".join(["python3", *sys.argv]), "machine": platform.node(), "device": device,
+    result = {"command": shlex.join(["python3", *sys.argv]), "machine": platform.node(), "device": device,
               "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model,
               "serve_args": _device_args(args) + (["--max-seqs", str(args.max_seqs)] if args.max_seqs else []),
               "endpoint": args.endpoint, "prompt_tokens": args.prompt, "gen_tokens": args.gen,
