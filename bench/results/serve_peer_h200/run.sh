@@ -18,7 +18,7 @@
 #     build/lb/bin/llama-quantize /tmp/w/l8-f16.gguf /tmp/w/llama-3.1-8b-Q4_K_M.gguf Q4_K_M 16 && rm /tmp/w/l8-f16.gguf
 #   python3 -m stagewise make-model --config qwen3.6-35b-a3b --dtype q8_0 --device cuda /tmp/w/qwen3.6-35b-a3b-Q8_0.gguf
 # Each run takes about 3-4 min (8B Q4_K_M) and 5-6 min (Qwen3.6 Q8_0: two loads of 37 GB), estimated.
-# call1.sh and call2.sh do it all in two calls of a warm machine (build, files, runs).
+# call1.sh, call2.sh and call3.sh do it all in three calls of one warm machine (build and file, runs).
 set -u
 BUILD=${1:?llama.cpp build directory (bin/llama-server)}; GGUF=${2:?GGUF file}; NAME=${3:?output name}
 O=${OUT:-/tmp/out}; mkdir -p "$O"
