@@ -37,3 +37,14 @@ def test_message_longer_than_the_context_is_reported(model_dir: Path, monkeypatc
     errors = [line for line in out.err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "96-token context" in errors[0], out.err
     assert out.out.strip(), "the next message was answered"
+
+
+def test_random_preset_chats_with_the_demo_tokenizer(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # what `serve random:PRESET`'s banner prints: the same tokenizer serve attaches
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n/exit\n"))
+    code = main(["chat", "random:tiny-qwen3", "--placement", "single", "--context", "64", "--max-tokens", "4",
+                 "--temperature", "0"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "Chatting with" in out.err and out.out  # a reply (random weights: maybe only whitespace)

@@ -112,13 +112,14 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_gguf_lists_every_vocabulary_entry(tmp_path: Path) -> None:
     """llama.cpp refuses a token list shorter than the embedding: rows past the demo tokenizer's
-    named tokens are listed as ``[PAD<id>]`` (type 5), as llama.cpp's converter writes them."""
+    trained tokens are ordinary ``<|extra_N|>`` tokens (type 1), so every sampled id streams text."""
     config = load_hf_config("tiny-qwen3") | {"vocab_size": 6000}
     source = GGUFSource(make_model(config, tmp_path / "m.gguf", "gguf", "f16", seed=1))
     tokens, types = source.fields["tokenizer.ggml.tokens"], source.fields["tokenizer.ggml.token_type"]
     assert len(tokens) == len(types) == 6000 == source.config.vocab_size
-    assert tokens[-1] == "[PAD5999]" and types[-1] == 5
-    assert Tokenizer.from_gguf_fields(source.fields).encode("hello world")
+    assert tokens[-1] == "<|extra_4975|>" and types[-1] == 1
+    tokenizer = Tokenizer.from_gguf_fields(source.fields)
+    assert tokenizer.encode("hello world") and tokenizer.decode([5999]) == "<|extra_4975|>"
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen3.5", "qwen3.5-4b", "qwen3.6-35b-a3b"])

@@ -25,3 +25,20 @@ def test_random_preset_and_demo() -> None:
     demo.check("demo")
     with pytest.raises(UnknownModel):
         demo.check("x")
+
+
+def test_a_model_file_answers_without_its_extension() -> None:
+    names = ServedNames.of("tiny.gguf", "/models/tiny.gguf")
+    assert names.name == "tiny.gguf"
+    for ok in ("tiny.gguf", "tiny", "/models/tiny.gguf", "/models/tiny"):
+        names.check(ok)
+    with pytest.raises(UnknownModel):
+        names.check("tiny.gg")
+    ServedNames.of(".gguf", ".gguf").check(".gguf")  # nothing left without the extension: no empty alias
+
+
+def test_served_model_names_replace_the_defaults() -> None:
+    names = ServedNames.of("tiny.gguf", "/models/tiny.gguf", ["team/tiny", "tiny-alias", "team/tiny"])
+    assert names.names == ("team/tiny", "tiny-alias") and names.name == "team/tiny"
+    with pytest.raises(UnknownModel):
+        names.check("tiny.gguf")

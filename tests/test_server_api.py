@@ -94,6 +94,45 @@ def test_a_model_not_served_through_the_client(client: OpenAI) -> None:
     assert info.value.code == "model_not_found"
 
 
+def test_served_model_names_replace_the_defaults(loaded: LoadedModel, engine: Engine) -> None:
+    with _http(loaded, engine, served_model_names=("team/llm", "llm")) as http:
+        listed = http.get("/v1/models", headers=AUTH).json()["data"]
+        assert [m["id"] for m in listed] == ["team/llm"]
+        assert http.get("/v1/models/llm", headers=AUTH).json()["id"] == "team/llm"
+        assert http.get("/v1/stagewise/status", headers=AUTH).json()["model"] == "team/llm"  # what the web page sends
+        for asked, status in (("llm", 200), ("team/llm", 200), (None, 200), (loaded.name, 404)):
+            body = {"prompt": "Hi", "max_tokens": 1} | ({"model": asked} if asked else {})
+            r = http.post("/v1/completions", json=body, headers=AUTH)
+            assert r.status_code == status, (asked, r.text)
+            if status == 200:
+                assert r.json()["model"] == "team/llm"  # responses carry the first name, as vLLM's
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/v1/audio/speech", "/v1/images/generations", "/v1/nothing"])
+def test_a_route_not_served_is_404_in_openai_shape(http: TestClient, route: str) -> None:
+    error = _error(http.post(route, json={"input": "x"}, headers=AUTH), 404, None)
+    assert error["code"] == "not_found" and f"POST {route}" in str(error["message"])
+    assert "/v1/chat/completions" in str(error["message"])
+    error = _error(http.get("/v1/chat/completions", headers=AUTH), 405, None)
+    assert error["code"] == "method_not_allowed" and "POST" in str(error["message"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_report_cached_tokens(client: OpenAI, stream: bool) -> None:
+    prompt = f"{stream}: " + " ".join(f"rule {i}: answer briefly and cite the stage." for i in range(7))  # 2+ blocks
+    kw = dict(model="m", prompt=prompt, max_tokens=2, temperature=0)
+    first = client.completions.create(**kw)  # type: ignore[call-overload]
+    assert first.usage is not None and first.usage.prompt_tokens > 128
+    if stream:
+        chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))  # type: ignore[call-overload]
+        usage = chunks[-1].usage
+    else:
+        usage = client.completions.create(**kw).usage  # type: ignore[call-overload]
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and cached % 64 == 0 and usage.prompt_tokens - 64 <= cached < usage.prompt_tokens
+
+
 # ----- /tokenize and /detokenize ---------------------------------------------------------------
 def test_tokenize_detokenize_round_trip(http: TestClient, loaded: LoadedModel) -> None:
     text = "Hello, world! café 日本"

@@ -67,7 +67,23 @@ _BAD: list[tuple[str, str, str | None]] = [
     (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "n": ' + "9" * 30 + "}", "n"),
     (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": ' + "9" * 30 + "}",
      "top_logprobs"),
+    # a message without content, as OpenAI refuses it (an assistant's tool_calls stand for its content)
+    (CHAT, '{"messages": [{"role": "user"}]}', "messages.0.content"),
+    (CHAT, '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": null}]}',
+     "messages.1.content"),
+    (CHAT, '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null}]}',
+     "messages.1.content"),
+    (CHAT, '{"messages": [{"role": "tool", "tool_call_id": "c1"}]}', "messages.0.content"),
 ]
+# JSON text is UTF-8 without a byte-order mark (RFC 8259); json.loads alone would take these
+_NOT_UTF8 = [b'\xef\xbb\xbf{"prompt": "hi", "max_tokens": 1}', '{"prompt": "hi", "max_tokens": 1}'.encode("utf-16"),
+             '{"prompt": "hi", "max_tokens": 1}'.encode("utf-16-le")]
+
+
+@pytest.mark.parametrize("raw", _NOT_UTF8, ids=["bom", "utf-16", "utf-16-le"])
+def test_a_body_that_is_not_utf8_json_text_is_400(http: TestClient, raw: bytes) -> None:
+    r = http.post(TEXT, content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
 
 
 @pytest.mark.parametrize(("path", "raw", "param"), _BAD, ids=[f"{i}-{'chat' if p == CHAT else 'text'}" for i, (p, _, _) in enumerate(_BAD)])

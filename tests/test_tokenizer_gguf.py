@@ -76,7 +76,7 @@ def test_special_ids_types_and_template(fields: dict[str, Any]) -> None:
     tok = Tokenizer.from_gguf_fields(fields)
     tokens = fields["tokenizer.ggml.tokens"]
     assert tok.vocab_size == len(tokens)
-    assert tok.eos_token_ids == {tokens.index("<|im_end|>")}
+    assert tok.eos_token_ids == {tokens.index("<|im_end|>"), tokens.index("<|endoftext|>")}  # as llama.cpp's EOG set
     assert tok.bos_token_id == tok.pad_token_id == tokens.index("<|endoftext|>")
     assert tok.special_tokens_map == {
         "bos_token": "<|endoftext|>",

@@ -59,9 +59,9 @@ def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profi
 
 
 def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profile: Profile) -> None:
-    from rich.console import Console
+    from stagewise.cli.console import console as make_console
 
-    console = Console()
+    console = make_console()
     console.print(f"[bold]{headline(cert, topology)}[/bold]  ({spec.name}, {spec.format}, context {profile.context_tokens})")
     used = {s.placement.device_id: s for s in cert.stages}
     whole = stage_charge(spec, profile, 0, spec.num_blocks, True, True)
@@ -119,8 +119,9 @@ def _bar(device_id: str, charge: Charge, budget: int, label: str) -> Any:
 
 
 def _catalog(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from stagewise.cli.console import console as make_console
 
     topology, profile = devices_and_profile(args)
     rows: list[dict[str, Any]] = []
@@ -141,5 +142,5 @@ def _catalog(args: argparse.Namespace) -> int:
         decode = "–".join(f"{v:.0f}" for v in pred.get("decode_tokens_per_s_range", [])) or "-"
         prefill = "–".join(f"{v:.0f}" for v in pred.get("prefill_tokens_per_s_range", [])) or "-"
         table.add_row(r["model"], r["outcome"], devices, decode, prefill)
-    Console().print(table)
+    make_console().print(table)
     return 0

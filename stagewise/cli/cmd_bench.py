@@ -14,15 +14,16 @@ import sys
 from typing import Any
 
 from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
+from stagewise.hardware.sizes import format_bytes
 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser("bench", help="measure prefill / decode speed of a placement")
     p.add_argument("model", help="model directory, GGUF file, or random:PRESET")
     add_model_arguments(p)
-    p.add_argument("--prompt", type=int, default=512, help="prompt tokens")
-    p.add_argument("--gen", type=int, default=128, help="generated tokens")
-    p.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    p.add_argument("--prompt", type=_at_least_one, default=512, help="prompt tokens")
+    p.add_argument("--gen", type=_at_least_one, default=128, help="generated tokens")
+    p.add_argument("--repeats", type=_at_least_one, default=3, help="timed repetitions (median reported)")
     p.add_argument("--baseline", choices=["transformers"], default=None)
     p.add_argument("--concurrency", type=_levels, default=None, metavar="N[,N...]",
                    help="instead: run N requests at once (continuous batching) for each N, and report aggregate "
@@ -68,6 +69,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
+    return number
+
+
 def _levels(value: str) -> list[int]:
     try:
         levels = [int(v) for v in value.split(",")]
@@ -95,27 +106,60 @@ def _run_concurrency(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
         return 0
     print(result["summary"])
-    print(f"{'streams':>8} {'aggregate tok/s':>16} {'decode tok/s':>13} {'per request':>12} {'TTFT med s':>11} "
-          f"{'TTFT max s':>11}")
+    print(f"{'streams':>8} {'aggregate tok/s':>16} {'decode tok/s':>13} {'per request tok/s':>18} {'TTFT median':>12} "
+          f"{'TTFT max':>12}")
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.1f}"
+
     for row in result["levels"]:
-        print(f"{row['streams']:>8} {row['aggregate_tokens_per_s']:>16.1f} {row['decode_tokens_per_s'] or 0:>13.1f} "
-              f"{row['per_request_tokens_per_s'] or 0:>12.1f} {row['ttft_s_median']:>11.3f} {row['ttft_s_max']:>11.3f}")
+        print(f"{row['streams']:>8} {rate(row['aggregate_tokens_per_s']):>16} {rate(row['decode_tokens_per_s']):>13} "
+              f"{rate(row['per_request_tokens_per_s']):>18} {_cell('ttft_s', row['ttft_s_median']):>12} "
+              f"{_cell('ttft_s', row['ttft_s_max']):>12}")
     return 0
 
 
 def _print_table(result: dict[str, Any]) -> None:
     ours = result["stagewise"]
     print(result["summary"])
-    rows = [("prefill tokens/s", "prefill_tokens_per_s"), ("decode tokens/s", "decode_tokens_per_s"),
-            ("time to first token s", "ttft_s"), ("handoff s/token (median)", "handoff_s_per_token"),
-            ("handoff device s/token", "handoff_device_s_per_token"),
-            ("bytes read / token", "bytes_read_per_token"), ("roofline fraction", "roofline_fraction")]
+    rows = [("prefill", "prefill_tokens_per_s"), ("decode", "decode_tokens_per_s"),
+            ("time to first token", "ttft_s"), ("handoff per token (median)", "handoff_s_per_token"),
+            ("handoff per token (device)", "handoff_device_s_per_token"),
+            ("bytes read per token", "bytes_read_per_token"), ("roofline fraction", "roofline_fraction")]
     for label, key in rows:
-        line = f"{label:28s} {ours.get(key)!s:>14}"
+        line = f"{label:28s} {_cell(key, ours.get(key)):>16}"
         if "transformers" in result and key in result["transformers"]:
-            line += f"   transformers {result['transformers'][key]!s:>12}"
+            line += f"   transformers {_cell(key, result['transformers'][key]):>14}"
         print(line)
     for k, t in enumerate(ours.get("stage_step_s", [])):
-        print(f"stage {k} step s (median)      {t:.6f}")
+        print(f"{f'stage {k} step (median)':28s} {_cell('step_s', t):>16}")
     if "ratio_vs_transformers" in result:
-        print("vs transformers:", json.dumps(result["ratio_vs_transformers"]))
+        ratio = result["ratio_vs_transformers"]
+        print(f"vs transformers: decode {ratio['decode']:.2f}x, prefill {ratio['prefill']:.2f}x")
+
+
+def _cell(key: str, value: Any) -> str:
+    """One figure in the unit its key names: tokens/s, seconds (s/ms/us), bytes, a fraction as a percentage;
+    ``-`` where there is none (a one-stage pipeline has no handoff)."""
+    if value is None:
+        return "-"
+    if key.endswith("tokens_per_s"):
+        return f"{value:,.1f} tok/s"
+    if key.endswith("_s") or key.endswith("_s_per_token"):
+        return format_seconds(value)
+    if key.startswith("bytes"):
+        return format_bytes(value)
+    if key.endswith("fraction"):
+        return f"{100 * value:.2f} %"
+    return str(value)
+
+
+def format_seconds(value: float) -> str:
+    """``1.23 s``, ``572.1 ms``, ``12.3 us``: three significant figures or so, the unit by magnitude."""
+    if value == 0:
+        return "0 s"
+    if abs(value) >= 1:
+        return f"{value:.2f} s"
+    if abs(value) >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.1f} us"

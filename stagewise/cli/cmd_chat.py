@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("chat", help="chat with a model in the terminal",
                                    description="Chat with a model in the terminal (loads it in-process).")
     parser.add_argument("model", nargs="?", default=None,
-                        help="model directory or GGUF file (default: the embedded demo model)")
+                        help="model directory, GGUF file or random:PRESET (default: the embedded demo model)")
     add_model_arguments(parser)
     parser.add_argument("--system", default=None, help="system message")
     parser.add_argument("--max-tokens", type=int, default=512, help="max tokens per reply (default 512)")
@@ -33,14 +33,17 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from stagewise.cli.console import console as make_console
     from stagewise.engine.engine import Engine
     from stagewise.engine.model_loading import load_model_from_args
     from stagewise.server.load_display import placement_lines
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     model = load_model_from_args(args)
+    if model.tokenizer is None and (args.model or "").startswith("random:"):
+        from stagewise.server.random_tokenizer import with_demo_tokenizer
+
+        model = with_demo_tokenizer(model)  # as serve attaches it: random weights come without a tokenizer
     engine = Engine(model, prefill_chunk=args.prefill_chunk).start()
     try:
         for line in placement_lines(model):

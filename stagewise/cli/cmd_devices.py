@@ -95,8 +95,9 @@ def _link_dict(topology: Topology, datasheet: Topology, a: str, b: str, beside_d
 
 
 def _render(topology: Topology, datasheet: Topology, owners: dict[str, int] | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from stagewise.cli.console import console as make_console
 
     columns = ["id", "name", "torch", "memory", "free", "budget", "bandwidth GB/s", "matmul TFLOP/s", "pci", "uuid"]
     if owners is not None:
@@ -115,7 +116,7 @@ def _render(topology: Topology, datasheet: Topology, owners: dict[str, int] | No
             format_bytes(d.free_bytes) if d.free_bytes is not None else "-",
             format_bytes(d.budget_bytes), bw, fl, d.pci_bus_id or "-", d.uuid or "-",
         )
-    console = Console()
+    console = make_console()
     console.print(table)
     if len(topology.devices) > 1:
         links = Table("a", "b", "kind", "GB/s", "latency us", "peer")

@@ -140,10 +140,11 @@ def speed_line(cert: CertifiedPlacement) -> str:
 
 
 def render_plan(cert: CertifiedPlacement, topology: Topology) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from stagewise.cli.console import console as make_console
+
+    console = make_console()
     console.print(f"[bold]{headline(cert, topology)}[/bold]  ({cert.model_name}, {cert.objective})")
     if cert.stages:
         table = Table("stage", "device", "blocks", "entry/exit", "weights", "state", "workspace", "reserve", "total", "budget")

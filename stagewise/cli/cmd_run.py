@@ -23,7 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("model", nargs="?", default=None, help="model directory, GGUF file, or random:PRESET (default: demo)")
     add_model_arguments(p)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt-tokens", help="comma-separated prompt token ids, e.g. 1,2,3")
+    src.add_argument("--prompt-tokens", type=_token_ids, help="comma-separated prompt token ids, e.g. 1,2,3")
     src.add_argument("-p", "--prompt", help="prompt text (needs a tokenizer)")
     src.add_argument("--chat", help="a user message, rendered with the model's chat template")
     p.add_argument("--max-tokens", type=int, default=16)
@@ -35,12 +35,20 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _token_ids(value: str) -> list[int]:
+    """``--prompt-tokens 1,2,3``: at least one id, each a non-negative integer."""
+    try:
+        ids = [int(t) for t in value.split(",") if t.strip()]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids (e.g. 1,2,3), got {value!r}")
+    return ids
+
+
 def _prompt_ids(args: argparse.Namespace, loaded: Any) -> list[int]:
-    if args.prompt_tokens:
-        try:
-            return [int(t) for t in args.prompt_tokens.split(",") if t.strip()]
-        except ValueError:
-            raise RequestError(f"--prompt-tokens must be comma-separated integers, got {args.prompt_tokens!r}") from None
+    if args.prompt_tokens is not None:
+        return list(args.prompt_tokens)
     if loaded.tokenizer is None:
         raise RequestError(f"{loaded.name} has no tokenizer: use --prompt-tokens")
     if args.chat is not None:
@@ -54,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model_from_args(args, quiet=args.json)
     try:
         prompt = _prompt_ids(args, loaded)
-        stop = loaded.stop_token_ids if (loaded.tokenizer and not args.prompt_tokens) else frozenset()
+        stop = loaded.stop_token_ids if (loaded.tokenizer and args.prompt_tokens is None) else frozenset()
         request = GenerationRequest(
             tuple(prompt), args.max_tokens,
             SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
@@ -71,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(out))
         else:
-            print(loaded.placement_summary, file=sys.stderr)
-            for check in loaded.charge_checks():
-                print(f"  stage {check.stage} on {check.device}: planned {check.planned_bytes / 1e9:.4g} GB, "
-                      f"measured {check.measured_bytes / 1e9:.4g} GB", file=sys.stderr)
+            from stagewise.server.load_display import placement_lines
+
+            for line in placement_lines(loaded):  # as serve and chat print them
+                print(line, file=sys.stderr)
             print(out.get("text", " ".join(map(str, tokens))))
         return 0
     finally:

@@ -19,6 +19,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="model directory, GGUF file or random:PRESET (default: the embedded demo model)")
     add_model_arguments(parser)
+    parser.add_argument("--served-model-name", dest="served_model_names", action="append", default=[], metavar="NAME",
+                        help="the model's name in the API (/v1/models, responses); repeatable: later names are "
+                             "aliases (default: the model's name, the path given and its last part)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: local only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--api-key", default=None,
@@ -69,6 +72,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,
+        served_model_names=tuple(args.served_model_names),
     )
 
 

@@ -2,7 +2,8 @@
 
 Each command module exposes ``register(subparsers) -> None`` (adds its parser and sets
 ``func``) and a ``run(args) -> int``. Typed :class:`StagewiseError` s are printed as one line
-on stderr and exit with their code; anything else is a bug and keeps its traceback.
+on stderr and exit with their code; so are mistakes in the arguments (exit 2, the flag named, no
+usage block); anything else is a bug and keeps its traceback.
 
 Only the module of the command being run is imported (all of them for the top-level help), so the
 metadata-only commands (``plan``, ``assess``) never import torch: each command module imports its
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from stagewise import __version__
 from stagewise.errors import StagewiseError
@@ -22,9 +24,18 @@ COMMANDS = ("run", "devices", "assess", "plan", "make_model", "serve", "chat", "
 METADATA_ONLY = ("assess", "plan")  # commands that run no kernels (and must not import torch)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a mistake in the arguments as one line (``stagewise: error: argument --context: invalid
+    int value: 'abc' (stagewise run --help)``) and exit 2, instead of the usage block before it. Its
+    subcommands' parsers are of this class too (``add_subparsers`` makes them with the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"stagewise: error: {message} ({self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command, or with only ``command`` (a name of :data:`COMMANDS`)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="stagewise",
         description="Run LLMs as certified pipelines across the devices they need.",
     )
@@ -54,11 +65,37 @@ def _simulated_devices(args: argparse.Namespace) -> bool:
             and not args.workers)
 
 
+def _values_that_look_like_flags(parser: argparse.ArgumentParser, command: str | None, argv: list[str]) -> list[str]:
+    """``argv`` with ``--flag -VALUE`` written ``--flag=-VALUE`` where ``--flag`` takes one value and ``-VALUE``
+    is none of the command's flags: argparse would read ``--reserve -5GiB`` or ``--devices -24GiB`` as a
+    flag and say "expected one argument"; the value's own check names what is wrong with it instead."""
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    name = argv[0] if argv else ""
+    command_parser = subparsers[0].choices.get(name) if command is not None and subparsers else None
+    if command_parser is None:
+        return argv
+    flags = command_parser._option_string_actions
+    out = list(argv[:1])
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        action = flags.get(token)
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if (action is not None and action.nargs is None and action.option_strings and following is not None
+                and following.startswith("-") and following not in flags and following != "--"):
+            out.append(f"{token}={following}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = requested_command(argv)
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_values_that_look_like_flags(parser, command, argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -1,7 +1,8 @@
-"""One line describing a placement, e.g. "Fits across 2 GPUs: cuda:0 embedding + blocks 0-20 (19.3 GB) · …"."""
+"""One line describing a placement, e.g. "Fits across 2 GPUs: cuda:0 embedding + blocks 0-20 (19.318 GB) · …"."""
 
 from __future__ import annotations
 
+from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement
 
@@ -22,7 +23,7 @@ def placement_summary(cert: CertifiedPlacement, topology: Topology) -> str:
             what.append("embedding")
         what.append(f"blocks {p.start}-{p.end - 1}")
         text = " + ".join(what) + (" + head" if p.exit else "")
-        parts.append(f"{p.device_id} {text} ({st.charge.total_bytes / 1e9:.3g} GB)")
+        parts.append(f"{p.device_id} {text} ({format_bytes(st.charge.total_bytes)})")
     n = len(cert.stages)
     noun = _noun(cert, topology)
     head = f"Fits on one {noun}" if n == 1 else f"Fits across {n} {noun}s"

@@ -38,6 +38,8 @@ def parse_bytes(text: str, field: str = "size") -> int:
     scale = _UNITS.get(unit.lower())
     if scale is None:
         raise TopologyError(f"{field}: unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    if number.startswith("-"):
+        raise TopologyError(f"{field}: a size must not be negative, got {text!r}")
     return checked_bytes(float(number) * scale, field)
 
 

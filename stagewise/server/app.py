@@ -40,12 +40,13 @@ from stagewise.server.request_builder import build_chat, build_completion
 from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
 from stagewise.server.request_id import RequestIds, request_id_of
 from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
-from stagewise.server.served_names import ServedNames
 from stagewise.server.server_state import ServerState
 from stagewise.server.status_report import StatusReport
 from stagewise.server.webui import add_webui
 
 _CLIENT_CLOSED = 499
+SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, "
+                 "POST /detokenize, GET /health, GET /metrics and GET /v1/stagewise/status")
 
 
 async def read_json(request: Request, limit_bytes: int, timeout_s: float) -> dict[str, Any]:
@@ -76,9 +77,9 @@ def parse_json(data: bytes) -> dict[str, Any]:
     Parsed on the event loop, holding the GIL (the engine's steps wait meanwhile), so by pydantic-core's
     parser: 6-8x faster than the standard library's on a body of megabytes (0.5 ms for 3.9 MB, not
     3-4 ms), and it stops at once past its nesting limit (deeper than ours). A body it refuses otherwise is
-    parsed again by :mod:`json` (:func:`_parse_slowly`): for a message naming what is wrong and where, and
-    because Python's parser takes a byte-order mark, UTF-16 and lone surrogates (the last refused by
-    :func:`_check_values`, naming the field)."""
+    parsed again by :mod:`json` (:func:`_parse_slowly`), for a message naming what is wrong and where: a body
+    that is not UTF-8 (UTF-16, say), a byte-order mark, a syntax error; lone surrogates, escaped or encoded,
+    are refused by :func:`_check_values`, naming the field."""
     try:
         body = from_json(data)
     except ValueError as exc:
@@ -92,14 +93,20 @@ def parse_json(data: bytes) -> dict[str, Any]:
 
 
 def _parse_slowly(data: bytes) -> Any:
-    """``data`` parsed by :mod:`json`; :class:`InvalidParam` naming what is wrong and where."""
+    """``data`` parsed by :mod:`json` as UTF-8 text without a byte-order mark (RFC 8259; :mod:`json` alone would
+    take UTF-16 and a BOM); :class:`InvalidParam` naming what is wrong and where. Surrogates encoded as UTF-8
+    bytes (CESU-8) decode here, to be refused by :func:`_check_values` naming their field."""
     try:
-        return json.loads(data)
+        text = data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise InvalidParam(f"the request body is not UTF-8 text (byte {exc.start}); JSON bodies are UTF-8") from exc
+    if text.startswith("\ufeff"):
+        raise InvalidParam("the request body starts with a byte-order mark; JSON bodies are UTF-8 without one")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidParam(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
                            ) from exc
-    except UnicodeDecodeError as exc:
-        raise InvalidParam(f"the request body is not UTF-8 text (byte {exc.start})") from exc
     except RecursionError as exc:
         raise InvalidParam(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:  # an integer of over 4300 digits
@@ -164,7 +171,16 @@ def build_app(state: ServerState) -> FastAPI:
         return JSONResponse(error_body(500, "internal error (a bug, logged by the server)", None), 500)
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> Response:
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        route = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:  # /v1/embeddings, /v1/audio/...: OpenAI's words, then what is served
+            body = error_body(404, f"Invalid URL ({route}): this server does not serve that route; it serves "
+                                   f"{SERVED_ROUTES}", "not_found")
+            return JSONResponse(body, 404)
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            return JSONResponse(error_body(405, f"{route}: that route takes {allowed}", "method_not_allowed"), 405,
+                                headers=exc.headers)
         return JSONResponse(error_body(exc.status_code, str(exc.detail), None), exc.status_code)
 
     @app.get("/health")
@@ -184,8 +200,8 @@ def build_app(state: ServerState) -> FastAPI:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     def card(model: LoadedModel) -> dict[str, Any]:
-        return {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "stagewise",
-                "max_model_len": model.max_context}
+        return {"id": state.served_names(model).name, "object": "model", "created": int(time.time()),
+                "owned_by": "stagewise", "max_model_len": model.max_context}
 
     status = StatusReport(state)
 
@@ -207,7 +223,7 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> Response:
         _, model = state.serving()
-        ServedNames.of(model.name, settings.model).check(model_id)
+        state.served_names(model).check(model_id)
         return JSONResponse(card(model))
 
     async def validated(request: Request, schema: Any) -> Any:
@@ -242,14 +258,14 @@ def build_app(state: ServerState) -> FastAPI:
                 body = schema.model_validate(raw)
             except ValidationError as exc:
                 raise from_validation(exc) from exc
-            ServedNames.of(model.name, settings.model).check(body.model)  # 404 model_not_found, as vLLM
+            state.served_names(model).check(body.model)  # 404 model_not_found, as vLLM
             return build(body, model, request_id)
 
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
         # worker thread, so /health and the other streams keep being served meanwhile
         built = await anyio.to_thread.run_sync(prepare, limiter=preparing())
         choices = Choices.submit(engine, built.requests)
-        response: Response = await respond(built, choices, model.name, request)
+        response: Response = await respond(built, choices, state.served_names(model).name, request)
         return response
 
     @app.post("/v1/chat/completions")

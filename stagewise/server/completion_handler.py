@@ -26,7 +26,8 @@ async def respond(built: BuiltRequest, choices: Choices, model: str, request: Re
         entries: list[TokenLogprob] = [e for o in outs for e in o.logprobs]
         logprobs = fmt.completion_logprobs(entries) if built.request.logprobs else None
         body_choices.append(fmt.text_choice(index, "".join(o.text for o in outs), outs[-1].finish_reason, logprobs))
-    use = fmt.usage(outputs[0][-1].prompt_tokens, sum(outs[-1].completion_tokens for outs in outputs))
+    first = outputs[0][-1]
+    use = fmt.usage(first.prompt_tokens, sum(outs[-1].completion_tokens for outs in outputs), first.cached_tokens)
     return JSONResponse(fmt.text_completion(built.response_id, int(time.time()), model, body_choices, use))
 
 
@@ -36,6 +37,7 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
     offsets = [0] * choices.n
     completion_tokens = [0] * choices.n
     prompt_tokens = 0
+    cached_tokens = [0] * choices.n  # the prompt's tokens each choice took from the prefix cache
     finished = 0
     try:
         while finished < choices.n:
@@ -51,9 +53,10 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
             if out.finished:
                 finished += 1
                 completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens
+                cached_tokens[index] = out.cached_tokens
         else:
             if built.include_usage:
-                use = fmt.usage(prompt_tokens, sum(completion_tokens))
+                use = fmt.usage(prompt_tokens, sum(completion_tokens), cached_tokens[0])
                 yield fmt.sse(fmt.text_completion(rid, created, model, [], use, chunk=True))
         yield fmt.sse("[DONE]")
     except ClientGone:

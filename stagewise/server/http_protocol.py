@@ -49,7 +49,13 @@ class HeaderTimeoutProtocol(H11Protocol):
             return
         if self.conn.their_state is h11.SEND_BODY:  # answered before the body was all in: not kept alive
             self._discarding = True
-            self.transport.write_eof()  # FIN once the response is flushed; reading goes on, into nothing
+            try:
+                self.transport.write_eof()  # FIN once the response is flushed; reading goes on, into nothing
+            except OSError as exc:  # the client is gone already (ENOTCONN after its 413): nothing to half-close
+                peer = f"{self.client[0]}:{self.client[1]} - " if self.client else ""
+                self.logger.info("%sclient closed the connection before its response's end (%s)", peer,
+                                 exc.strerror or exc)
+                self.transport.close()
         else:
             self._arm()  # the next request's headers get the same deadline
 

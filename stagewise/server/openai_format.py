@@ -10,7 +10,7 @@ from stagewise.engine.request_output import TokenLogprob
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
     """Token counts; with ``n`` choices the prompt counts once and ``completion_tokens`` is their sum;
-    ``cached_tokens`` (chat, as OpenAI): the prompt tokens served from the prefix cache."""
+    ``cached_tokens`` (as OpenAI): the prompt tokens served from the prefix cache (the first choice's)."""
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                            "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:

@@ -127,7 +127,8 @@ def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, b
             max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context, default_max_tokens),
             sampling=_sampling(body, model.config.vocab_size, grammar),
             stop=_stops(body.stop),
-            stop_token_ids=model.stop_token_ids,
+            # a grammar ends on its end-of-generation token: ignore_eos leaves it be
+            stop_token_ids=frozenset() if body.ignore_eos and grammar is None else model.stop_token_ids,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
         )
@@ -159,6 +160,10 @@ def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dic
                     add_generation_prompt: bool = True) -> list[int]:
     """The token ids of ``chat`` rendered through the model's chat template (``tools`` offered)."""
     tokenizer = _tokenizer(model)
+    for i, asked in enumerate(chat):  # as OpenAI: content is required but on an assistant message with tool_calls
+        if asked.content is None and not (asked.role == "assistant" and asked.tool_calls):
+            needs = "content or tool_calls" if asked.role == "assistant" else "content (a string or text parts)"
+            raise InvalidParam(f"messages.{i}: a {asked.role} message needs {needs}", f"messages.{i}.content")
     messages = [m.model_dump(exclude_none=True) for m in chat]
     for message in messages:
         if message["role"] == "developer":  # OpenAI's newer name for the system role

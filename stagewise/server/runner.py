@@ -8,6 +8,7 @@ cancels at once.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 import uvicorn
 from rich.console import Console
 
+from stagewise.cli.console import console as make_console
 from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_with_progress
 from stagewise.engine.request_log import print_requests
@@ -26,7 +28,7 @@ from stagewise.errors import ConfigError
 from stagewise.hardware.listen_socket import listen_socket
 from stagewise.server.app import guarded_app
 from stagewise.server.http_protocol import protocol_class
-from stagewise.server.load_display import placement_lines
+from stagewise.server.load_display import API_KEY_ENV, placement_lines, usage_lines
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
@@ -45,7 +47,7 @@ class _Server(uvicorn.Server):
 
 def serve(settings: ServeSettings, console: Console | None = None) -> int:
     """Serve until a signal; returns the exit code. Raises the load error (e.g. DoesNotFit) if loading fails."""
-    console = console or Console()
+    console = console or make_console()
     print_requests()  # one INFO line per finished request on stderr
     state = ServerState(settings)
     config = uvicorn.Config(guarded_app(state), host=settings.host, port=settings.port, log_level="warning",
@@ -145,15 +147,14 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         return
     for line in placement_lines(model):
         console.print(line, highlight=False, soft_wrap=True)
-    _print_usage(settings, model.name, console)
+    _print_usage(settings, state.served_names(model).name, console)
 
 
 def _print_usage(settings: ServeSettings, name: str, console: Console) -> None:
-    auth = f" -H 'Authorization: Bearer {'$STAGEWISE_API_KEY'}'" if settings.api_key else ""
     console.print(f"[bold green]Serving {name}[/] at {settings.base_url} (OpenAI-compatible)", highlight=False)
-    console.print(f"  curl {settings.base_url}/chat/completions -H 'Content-Type: application/json'{auth} "
-                  "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'", highlight=False, soft_wrap=True)
-    console.print(f"  or chat in the terminal: stagewise chat {settings.model or ''}".rstrip(), highlight=False)
+    key_in_env = settings.api_key is not None and os.environ.get(API_KEY_ENV) == settings.api_key
+    for line in usage_lines(settings, key_in_env):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def _drain(state: ServerState, server: uvicorn.Server, console: Console, why: str) -> None:

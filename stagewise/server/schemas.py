@@ -48,6 +48,7 @@ class SamplingFields(_Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) → bias in [-100, 100]
+    ignore_eos: bool = False  # vLLM's and llama.cpp's: no end-of-generation token ends it (benchmarks)
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

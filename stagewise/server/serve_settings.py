@@ -45,6 +45,7 @@ class ServeSettings:
     keep_alive_s: int = 5  # an idle keep-alive connection is closed after this long (uvicorn's default)
     max_connections: int = 1024  # open connections (and requests in flight) before new requests get 503
     webui: bool = True  # serve the web page at / (the status endpoint is served either way)
+    served_model_names: tuple[str, ...] = ()  # --served-model-name: the names requests may give (first listed)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -72,6 +73,8 @@ class ServeSettings:
             raise ConfigError(f"--max-connections must be >= 1, got {self.max_connections}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("--api-key must not be empty")
+        if any(not name.strip() for name in self.served_model_names):
+            raise ConfigError("--served-model-name must not be empty")
         for origin in self.cors_origins:
             if origin != "*" and not _ORIGIN.fullmatch(origin):
                 raise ConfigError(f"--cors-origin must be '*' or scheme://host[:port] (no path), got {origin!r}")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
 from stagewise.server.openai_errors import UnknownModel
 
+MODEL_FILE_SUFFIXES = (".gguf",)  # a model file's name answers without its extension too
+
 
 @dataclass(frozen=True)
 class ServedNames:
-    """``name`` (what ``/v1/models`` lists) first, then its aliases: the model as given on the command
-    line (a path, ``random:PRESET``) and that path's last part. A request without ``model`` means it."""
+    """``name`` (what ``/v1/models`` lists and responses carry) first, then its aliases. A request without
+    ``model`` means it."""
 
     names: tuple[str, ...]
 
@@ -20,11 +23,18 @@ class ServedNames:
             raise ValueError("a served model needs a non-empty name")
 
     @classmethod
-    def of(cls, name: str, given: str | None) -> ServedNames:
-        """The names of the model listed as ``name``, loaded from ``given`` (None: the demo)."""
+    def of(cls, name: str, given: str | None, served: Sequence[str] = ()) -> ServedNames:
+        """The names of the model listed as ``name``, loaded from ``given`` (None: the demo).
+
+        ``served`` (``--served-model-name``, repeatable, as vLLM's): those names alone, the first listed.
+        Otherwise ``name``, the model as given (a path, ``random:PRESET``) and that path's last part, each
+        also without a model file's extension (``m.gguf`` answers as ``m``)."""
+        if served:
+            return cls(tuple(dict.fromkeys(served)))
         names = [name]
         if given:
             names += [given, PurePath(given.rstrip("/")).name]
+        names += [n[: -len(s)] for n in names for s in MODEL_FILE_SUFFIXES if n.endswith(s) and len(n) > len(s)]
         return cls(tuple(dict.fromkeys(n for n in names if n)))
 
     @property

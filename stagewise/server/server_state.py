@@ -11,6 +11,7 @@ from stagewise.engine.metrics import EngineMetrics
 from stagewise.engine.scheduler import EngineClosed
 from stagewise.errors import WorkerLost
 from stagewise.server.serve_settings import ServeSettings
+from stagewise.server.served_names import ServedNames
 
 
 class ServerState:
@@ -76,3 +77,8 @@ class ServerState:
             return engine, model
         raise EngineClosed(f"the server is {phase}; retry later" if phase in ("loading", "warming_up")
                            else f"the server is {phase} and accepts no new requests")
+
+    def served_names(self, model: LoadedModel) -> ServedNames:
+        """The names ``model`` answers to here: ``--served-model-name``'s, else its own (the first is listed
+        by ``/v1/models``, carried by responses and shown by the status endpoint)."""
+        return ServedNames.of(model.name, self.settings.model, self.settings.served_model_names)

@@ -34,7 +34,7 @@ class StatusReport:
         state = self.state
         model, engine = state.model, state.engine
         out: dict[str, Any] = {"object": "stagewise.status", "phase": state.phase,
-                               "model": model.name if model is not None else None,
+                               "model": state.served_names(model).name if model is not None else None,
                                "placement": None, "live": None}
         if model is None or engine is None:
             return out

@@ -31,7 +31,6 @@ DENSE_DTYPES = ("f32", "f16", "bf16")  # the only ones safetensors takes
 # q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4 (gguf_export.FILE_TYPES)
 DTYPES = tuple(FILE_TYPES)
 _TOKENIZER_MAX = 1024  # trained vocabulary cap (the built-in corpus runs out of merges before)
-_PAD_MAX = 4096  # name extra embedding rows with <|extra_N|> tokens up to this many
 def model_params(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter the files hold: :func:`~stagewise.models.registry.parameter_shapes`."""
     return parameter_shapes(config)
@@ -94,6 +93,10 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
     else:
         write_safetensors(target, params, chunks, dtype)
     save_for_hf(tokenizer, target, chat_template=DEFAULT_CHATML)
+    # the turn's end and the text's end both stop, as Qwen's generation_config.json says (and as llama.cpp
+    # reads the GGUF form's vocabulary: stagewise.weights.end_of_generation)
+    ends = {"eos_token_id": [vocab["<|im_end|>"], vocab["<|endoftext|>"]]}
+    (target / "generation_config.json").write_text(json.dumps(ends, indent=2) + "\n")
     return target
 
 
@@ -104,6 +107,4 @@ def _tokenizer(vocab_size: int) -> Any:
     size = tok.get_vocab_size(with_added_tokens=True)
     if size > vocab_size:
         raise ConfigError(f"vocab_size {vocab_size} is smaller than the demo tokenizer's {size} tokens")
-    if vocab_size - size <= _PAD_MAX:
-        pad_vocab(tok, vocab_size)  # name every embedding row; larger vocabularies keep unnamed rows
-    return tok
+    return pad_vocab(tok, vocab_size)  # every embedding row named: each sampled id streams text

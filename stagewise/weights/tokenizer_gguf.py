@@ -11,7 +11,8 @@ under llama.cpp's key names. This module converts them once, at the edge, into a
   (:class:`UnsupportedArchitecture` naming it), as llama.cpp refuses it: a guessed regex would
   tokenize differently from the model's training without a word;
 * token type 3 (control) → special added token, 4 (user-defined) → plain added token;
-* ``tokenizer.ggml.add_bos_token`` → a post-processor that prepends BOS when special tokens are added.
+* ``tokenizer.ggml.add_bos_token`` → a post-processor that prepends BOS when special tokens are added;
+* the ids that end generation: the metadata's and the vocabulary's, as llama.cpp's ``special_eog_ids``.
 
 SentencePiece vocabularies (``"llama"``) go through :mod:`stagewise.weights.tokenizer_spm`; other
 models raise :class:`UnsupportedArchitecture`.
@@ -28,6 +29,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
 from stagewise.errors import CorruptModelFile, UnsupportedArchitecture
+from stagewise.weights.end_of_generation import end_of_generation_ids
 from stagewise.weights.tokenizer_spm import sentencepiece_backend
 
 QWEN2_SPLIT = (
@@ -77,7 +79,8 @@ _BYTE_ALPHABET = frozenset(pre_tokenizers.ByteLevel.alphabet())
 class GgufTokenizer:
     """A converted GGUF tokenizer and the special-token facts read beside it.
 
-    ``eos_token_ids`` holds every id that ends generation (``eos``, ``eot`` and ``eom`` ids);
+    ``eos_token_ids`` holds every id that ends generation, as llama.cpp's set: the ``eos``, ``eot`` and
+    ``eom`` ids and the vocabulary's end-of-generation tokens (:mod:`stagewise.weights.end_of_generation`);
     ``eos_token_id`` is the one a chat template writes as ``eos_token``.
     """
 
@@ -144,11 +147,9 @@ def _byte_level_backend(fields: dict[str, Any], tokens: list[str], token_types: 
 def _finish(fields: dict[str, Any], backend: BackendTokenizer, tokens: list[str], add_bos_default: bool) -> GgufTokenizer:
     bos = _optional_id(fields, "tokenizer.ggml.bos_token_id", len(tokens))
     eos = _optional_id(fields, "tokenizer.ggml.eos_token_id", len(tokens))
-    eos_ids = {eos} if eos is not None else set()
-    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        extra = _optional_id(fields, key, len(tokens))
-        if extra is not None:
-            eos_ids.add(extra)
+    named = [_optional_id(fields, f"tokenizer.ggml.{name}_token_id", len(tokens)) for name in ("eot", "eom")]
+    fim = [_optional_id(fields, f"tokenizer.ggml.fim_{name}_token_id", len(tokens)) for name in ("pad", "rep", "sep")]
+    eos_ids = end_of_generation_ids(tokens, [eos, *named], fim)
     add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", add_bos_default)) and bos is not None
     if add_bos and bos is not None:
         bos_text = tokens[bos]
@@ -160,7 +161,7 @@ def _finish(fields: dict[str, Any], backend: BackendTokenizer, tokens: list[str]
         backend=backend,
         bos_token_id=bos,
         eos_token_id=eos,
-        eos_token_ids=frozenset(eos_ids),
+        eos_token_ids=eos_ids,
         pad_token_id=_optional_id(fields, "tokenizer.ggml.padding_token_id", len(tokens)),
         add_bos_token=add_bos,
         chat_template=str(template) if template else None,

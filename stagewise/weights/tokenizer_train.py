@@ -7,9 +7,9 @@ tokenizer.json on every run and machine. Its layout (ids ascending):
 * the 256 byte-alphabet tokens, then learned merges, up to ``vocab_size`` (the ~2.7 KB corpus runs
   out of merges at about 1,100 ids; read ``get_vocab_size(with_added_tokens=True)`` for the real size);
 * the plain (non-special) added tokens ``<tool_call>`` and ``</tool_call>``;
-* with ``pad_to`` set, ``<|extra_0|>``, ``<|extra_1|>``, … special tokens until the size equals
-  ``pad_to`` exactly, so a model whose ``vocab_size`` exceeds the tokenizer's still has a token
-  for every row of its embedding (models may also simply leave the extra rows unnamed).
+* with ``pad_to`` set, ``<|extra_0|>``, ``<|extra_1|>``, … ordinary tokens until the size equals
+  ``pad_to`` exactly, so a model whose ``vocab_size`` exceeds the tokenizer's has a token that
+  streams text for every row of its embedding.
 
 :func:`export_for_gguf` and :func:`save_for_hf` write the same tokenizer in both formats; loading
 either through `stagewise.engine.tokenizer.Tokenizer` (or transformers) encodes identically.
@@ -98,7 +98,7 @@ def train_demo_tokenizer(
     Args:
         vocab_size: target size of specials + byte alphabet + merges (at least ``len(special_tokens) + 256``).
         special_tokens: special tokens, given ids ``0..len-1`` in order.
-        pad_to: if set, append ``<|extra_N|>`` special tokens until the total size is exactly this.
+        pad_to: if set, append ``<|extra_N|>`` ordinary tokens until the total size is exactly this.
     Returns:
         A `tokenizers.Tokenizer`; deterministic for equal arguments.
     Raises:
@@ -119,19 +119,27 @@ def train_demo_tokenizer(
     )
     tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer=trainer)
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TOOL_CALL_TOKENS])
-    if pad_to is not None:
-        pad_vocab(tok, pad_to)
-    return tok
+    return tok if pad_to is None else pad_vocab(tok, pad_to)
 
 
-def pad_vocab(tok: BackendTokenizer, vocab_size: int) -> None:
-    """Append ``<|extra_N|>`` special tokens to ``tok`` until it has exactly ``vocab_size`` ids."""
+def pad_vocab(tok: BackendTokenizer, vocab_size: int) -> BackendTokenizer:
+    """``tok`` with ordinary tokens ``<|extra_0|>``, ``<|extra_1|>``, … appended up to exactly ``vocab_size`` ids.
+
+    They are vocabulary entries no merge produces (normal tokens in a GGUF, not added ones): a model that
+    samples one streams its text, as every id of a random model should (an unnamed or special id would
+    stream nothing). Added tokens keep their ids; the model's vocabulary then covers every id once.
+    """
     size = tok.get_vocab_size(with_added_tokens=True)
     if vocab_size < size:
         raise ConfigError(f"cannot pad a tokenizer of {size} tokens down to vocab_size {vocab_size}")
-    extra = [AddedToken(f"<|extra_{n}|>", normalized=False, special=True) for n in range(vocab_size - size)]
-    if extra:
-        tok.add_special_tokens(extra)
+    if vocab_size == size:
+        return tok
+    body = json.loads(tok.to_str())
+    vocab: dict[str, int] = body["model"]["vocab"]
+    for added in body["added_tokens"]:  # NOTE: an added token missing from the model's vocabulary would
+        vocab.setdefault(added["content"], added["id"])  # get a new id past the extras on loading
+    vocab.update({f"<|extra_{n}|>": size + n for n in range(vocab_size - size)})
+    return BackendTokenizer.from_str(json.dumps(body))
 
 
 def export_for_gguf(
