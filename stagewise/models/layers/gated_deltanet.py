@@ -143,9 +143,13 @@ class GatedDeltaNet(nn.Module):
         from stagewise.kernels.rms_norm_triton import rms_norm
 
         batch = qkv.shape[0]
-        mixed = conv_step(state.read("conv", rows), qkv[:, 0], self.conv1d.weight,
-                          state.provisional("conv", rows))  # (B, C)
-        out = delta_step(mixed, b[:, 0], a[:, 0], self.A_log, self.dt_bias, state.read("recurrent", rows),
-                         state.provisional("recurrent", rows), self.k_heads, self.k_dim)  # (B, Hv, Dv)
+        # the double-buffered rows as pools of 2 x rows entries: read the published, write the provisional
+        parity, slots = state.active(rows), len(state.parity)
+        read, write = parity * slots + rows.start, (1 - parity) * slots + rows.start
+        state.mark_written(rows)
+        conv, recurrent = (state.buffers[name].flatten(0, 1) for name in ("conv", "recurrent"))
+        mixed = conv_step(qkv[:, 0], self.conv1d.weight, conv, read, write)  # (B, C)
+        out = delta_step(mixed, b[:, 0], a[:, 0], self.A_log, self.dt_bias, recurrent, read, write,
+                         self.k_heads, self.k_dim)  # (B, Hv, Dv)
         out = rms_norm(out, self.norm.weight, self.norm.eps, gate=z[:, 0])  # (B, Hv, Dv)
         return self.out_proj(out.reshape(batch, 1, self.value_dim))

@@ -1,0 +1,212 @@
+"""The chunked gated delta rule over a packed step's segments, states read and written by index: two Triton launches.
+
+Same contract as :func:`stagewise.models.layers.delta_rule.packed_chunked_gated_delta_rule`; the
+design follows flash-linear-attention's chunked forward (kkt, solve_tril, recompute w/u, chunk state,
+output), written for our state pool and exactness rules:
+
+1. :func:`_chunk_prep_kernel`, one program per (chunk, value head), all chunks of the step at once:
+   L2-normalizes q/k, cumulates the log decay, and forms the chunk's UT transform: ``L`` (the strictly
+   lower ``beta k k^T`` weighted by the pairwise decay), ``(I + L)^-1`` (forward substitution inside
+   16-row blocks, then the block-strictly-lower rest as a terminating Neumann series), ``w`` (the
+   decayed ``beta k`` through it), ``u`` (``beta v`` through it) and the causal ``q k^T`` weighted by
+   the decay; stores them to float32 scratch.
+2. :func:`_chunk_scan_kernel`, one program per (segment, value head, ``BLOCK_V`` value columns): reads
+   the segment's state entry, walks its chunks in order keeping its state slice in registers
+   (``v_new = u - w S``, ``o = q S + A v_new``, ``S = decay S + k^T v_new``), stores each chunk's readout,
+   the state at the snapshot boundary and the final state.
+
+A chunk's arithmetic depends only on its own tokens (the prep) and the state before it (the scan), and
+the launch configuration only on the model's dimensions, so one call over a prompt and several calls
+over its chunk-aligned pieces (state carried through entries, or a snapshot) agree bit for bit.
+Float32 inputs take IEEE ``tl.dot`` (tests); others TF32 on float32 operands (the state stays float32).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.models.layers.delta_rule import CHUNK
+from stagewise.models.layers.packed_segments import PackedSegments
+
+SUB = 16  # rows of the diagonal blocks inverted by forward substitution
+
+
+@triton.jit
+def _unit_lower_inverse(strict, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr):
+    """``(I + strict)^-1`` of a strictly lower ``(CHUNK, CHUNK)`` float32 tile."""
+    r = tl.arange(0, CHUNK)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    b = tl.arange(0, CHUNK // SUB)
+    blocks = (b[:, None] == b[None, :]).to(tl.float32)  # (NB, NB), NB = CHUNK // SUB blocks
+    diag = tl.sum(tl.reshape(strict, (CHUNK // SUB, SUB, CHUNK // SUB, SUB)) * blocks[:, None, :, None],
+                  axis=2)  # (NB, SUB, SUB)
+    row_id = tl.arange(0, SUB)[None, :, None]
+    inv = tl.zeros((CHUNK // SUB, SUB, SUB), dtype=tl.float32)  # strictly lower part of each block's inverse
+    for i in range(1, SUB):  # row i of every block at once: X_i = -L_i - L_i X
+        row = -tl.sum(tl.where(row_id == i, diag, 0.0), axis=1)  # (NB, SUB)
+        row = row + tl.sum(row[:, :, None] * inv, axis=1)
+        inv = tl.where(row_id == i, row[:, None, :], inv)
+    block_inv = tl.reshape(inv[:, :, None, :] * blocks[:, None, :, None], (CHUNK, CHUNK)) + eye  # (I + D)^-1
+    # I + L = (I + D)(I + N) with N = (I + D)^-1 (L - D) block-strictly-lower: N^NB = 0
+    same = (r[:, None] // SUB) == (r[None, :] // SUB)
+    n = tl.dot(block_inv, tl.where(same, 0.0, strict), input_precision=PRECISION)
+    series = eye - n
+    for _ in tl.static_range(CHUNK // SUB - 2):
+        series = eye - tl.dot(n, series, input_precision=PRECISION)  # I - N + N^2 - ...
+    return tl.dot(series, block_inv, input_precision=PRECISION)
+
+
+@triton.jit
+def _normalized(ptr, t, t_ok, d, d_ok, stride_n):
+    """Rows ``t`` of ``ptr`` (float32, zero where not ``t_ok``) L2-normalized as the reference does."""
+    x = tl.load(ptr + t[:, None].to(tl.int64) * stride_n + d[None, :], mask=t_ok[:, None] & d_ok[None, :],
+                other=0.0).to(tl.float32)
+    return x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+
+
+@triton.jit
+def _chunk_prep_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunks_ptr, w_ptr, u_ptr, a_ptr, cum_ptr,
+    group, dk, dv, scale,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_bn,
+    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr, GDC: tl.constexpr,
+):
+    wait_for_predecessor(GDC)
+    chunk = tl.program_id(0)
+    h = tl.program_id(1)
+    heads = tl.num_programs(1)
+    seg = tl.load(chunks_ptr + 2 * chunk)
+    t = tl.load(chunks_ptr + 2 * chunk + 1) + tl.arange(0, CHUNK)  # the chunk's tokens, padded to CHUNK
+    t_ok = t < tl.load(cu_ptr + seg + 1)
+    r = tl.arange(0, CHUNK)
+    kd = tl.arange(0, BLOCK_K)
+    kd_ok = kd < dk
+    k = _normalized(k_ptr + (h // group) * stride_kh, t, t_ok, kd, kd_ok, stride_kn)  # (C, BK)
+    beta = tl.load(beta_ptr + t.to(tl.int64) * stride_bn + h, mask=t_ok, other=0.0).to(tl.float32)
+    cum = tl.cumsum(tl.load(g_ptr + t.to(tl.int64) * stride_gn + h, mask=t_ok, other=0.0).to(tl.float32), axis=0)
+    lower = r[:, None] >= r[None, :]
+    pair = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)  # (C, C) decay j -> i
+    k_beta = k * beta[:, None]
+    strict = tl.where(r[:, None] > r[None, :], tl.dot(k_beta, tl.trans(k), input_precision=PRECISION) * pair, 0.0)
+    scratch = chunk.to(tl.int64) * heads + h  # this (chunk, head)'s slot in the scratch buffers
+    tl.store(cum_ptr + scratch * CHUNK + r, cum)
+    q = _normalized(q_ptr + (h // group) * stride_qh, t, t_ok, kd, kd_ok, stride_qn) * scale
+    intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * pair  # (C, C)
+    tl.store(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :], intra)
+    inv = _unit_lower_inverse(strict, CHUNK, SUB, PRECISION)
+    w = tl.dot(inv, k_beta * tl.exp(cum)[:, None], input_precision=PRECISION)  # (C, BK)
+    tl.store(w_ptr + scratch * CHUNK * dk + r[:, None] * dk + kd[None, :], w, mask=kd_ok[None, :])
+    vd = tl.arange(0, BLOCK_DV)
+    vd_ok = vd < dv
+    v = tl.load(v_ptr + t[:, None].to(tl.int64) * stride_vn + h * stride_vh + vd[None, :],
+                mask=t_ok[:, None] & vd_ok[None, :], other=0.0).to(tl.float32)
+    u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)  # (C, BDV)
+    tl.store(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + vd[None, :], u, mask=vd_ok[None, :])
+
+
+@triton.jit
+def _chunk_scan_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, cum_ptr, pool_ptr, o_ptr,
+    cu_ptr, chunk_offsets_ptr, read_ptr, write_ptr, snap_ptr, snap_at_ptr,
+    heads, group, dk, dv, scale,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_pe, stride_on, stride_oh,
+    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+    GDC: tl.constexpr,
+):
+    wait_for_predecessor(GDC)
+    blocks_v = tl.cdiv(dv, BLOCK_V)
+    h = tl.program_id(0) // blocks_v
+    vd = (tl.program_id(0) % blocks_v) * BLOCK_V + tl.arange(0, BLOCK_V)
+    seg = tl.program_id(1)
+    bos = tl.load(cu_ptr + seg)
+    eos = tl.load(cu_ptr + seg + 1)
+    first_chunk = tl.load(chunk_offsets_ptr + seg)
+    snap_at = tl.load(snap_at_ptr + seg)
+    snap = tl.load(snap_ptr + seg).to(tl.int64)
+    r = tl.arange(0, CHUNK)
+    kd = tl.arange(0, BLOCK_K)
+    kd_ok = kd < dk
+    vd_ok = vd < dv
+    tile = h * dk * dv + kd[:, None] * dv + vd[None, :]  # this program's (BK, BV) slice of an entry
+    tile_ok = kd_ok[:, None] & vd_ok[None, :]
+    state = tl.load(pool_ptr + tl.load(read_ptr + seg).to(tl.int64) * stride_pe + tile, mask=tile_ok, other=0.0)
+    q_base = q_ptr + (h // group) * stride_qh
+    k_base = k_ptr + (h // group) * stride_kh
+    for i in range(tl.cdiv(eos - bos, CHUNK)):
+        t = bos + i * CHUNK + r
+        t_ok = t < eos
+        scratch = (first_chunk + i).to(tl.int64) * heads + h
+        cum = tl.load(cum_ptr + scratch * CHUNK + r)
+        last = tl.load(cum_ptr + scratch * CHUNK + CHUNK - 1)  # decay over the whole (padded) chunk
+        q = _normalized(q_base, t, t_ok, kd, kd_ok, stride_qn) * scale * tl.exp(cum)[:, None]
+        k = _normalized(k_base, t, t_ok, kd, kd_ok, stride_kn) * tl.exp(last - cum)[:, None]
+        w = tl.load(w_ptr + scratch * CHUNK * dk + r[:, None] * dk + kd[None, :], mask=kd_ok[None, :], other=0.0)
+        u = tl.load(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + vd[None, :], mask=vd_ok[None, :], other=0.0)
+        v_new = u - tl.dot(w, state, input_precision=PRECISION)  # (C, BV)
+        intra = tl.load(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :])
+        out = tl.dot(q, state, input_precision=PRECISION) + tl.dot(intra, v_new, input_precision=PRECISION)
+        tl.store(o_ptr + t[:, None].to(tl.int64) * stride_on + h * stride_oh + vd[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=t_ok[:, None] & vd_ok[None, :])
+        state = state * tl.exp(last) + tl.dot(tl.trans(k), v_new, input_precision=PRECISION)  # (BK, BV)
+        if snap_at == (i + 1) * CHUNK:
+            tl.store(pool_ptr + snap * stride_pe + tile, state, mask=tile_ok)
+    tl.store(pool_ptr + tl.load(write_ptr + seg).to(tl.int64) * stride_pe + tile, state, mask=tile_ok)
+
+
+def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                   beta: torch.Tensor, pool: torch.Tensor, segments: PackedSegments,
+                                   out: torch.Tensor | None = None, block_v: int = 32, scan_warps: int = 4,
+                                   scan_stages: int = 1, prep_warps: int = 4,
+                                   precision: str | None = None) -> torch.Tensor:
+    """:func:`~stagewise.models.layers.delta_rule.packed_chunked_gated_delta_rule` in two launches.
+
+    The keyword tuning (``block_v`` value columns per scan program, warps, pipeline stages, ``tl.dot``
+    precision: ``ieee`` for float32 inputs, else ``tf32`` unless given) is for benchmarks.
+    # NOTE: a serving path must fix them per model, never per step: a different tiling may round differently.
+    """
+    tokens, k_heads, dk = q.shape
+    v_heads, dv = v.shape[1], v.shape[2]
+    if k.shape != q.shape or v.shape[0] != tokens or g.shape != (tokens, v_heads) or beta.shape != g.shape:
+        raise ValueError(f"packed delta rule: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"g {tuple(g.shape)}, beta {tuple(beta.shape)} do not share tokens and heads")
+    if v_heads % k_heads or pool.shape[1:] != (v_heads, dk, dv) or pool.dtype != torch.float32:
+        raise ValueError(f"packed delta rule: pool {pool.dtype} {tuple(pool.shape[1:])} is not float32 "
+                         f"({v_heads}, {dk}, {dv}) entries, or {v_heads} value heads do not share {k_heads} key heads")
+    if any(x.stride(-1) != 1 for x in (q, k, v, g, beta)) or pool[0].stride() != (dk * dv, dv, 1):
+        raise ValueError("packed delta rule needs contiguous head dims and contiguous pool entries")
+    if out is None:
+        out = torch.empty((tokens, v_heads, dv), dtype=q.dtype, device=q.device)
+    elif out.shape != (tokens, v_heads, dv) or out.stride(-1) != 1:
+        raise ValueError(f"packed delta rule: out {tuple(out.shape)} is not ({tokens}, {v_heads}, {dv})")
+    if segments.count == 0:
+        return out
+    chunks = segments.chunk_count
+    precision = precision or ("ieee" if q.dtype == torch.float32 else "tf32")
+    # float32 scratch, per (chunk, value head): w, u, the decay-weighted causal q k^T, the cumulated log decay
+    w, u, intra, cum = (torch.empty((chunks, v_heads, *shape), dtype=torch.float32, device=q.device)
+                        for shape in ((CHUNK, dk), (CHUNK, dv), (CHUNK, CHUNK), (CHUNK,)))
+    block_k = max(16, triton.next_power_of_2(dk))
+    block_v = min(block_v, max(16, triton.next_power_of_2(dv)))
+    group, scale = v_heads // k_heads, dk**-0.5
+    with launch_device(q):
+        _chunk_prep_kernel[(chunks, v_heads)](
+            q, k, v, g, beta, segments.cu_seqlens, segments.chunks, w, u, intra, cum,
+            group, dk, dv, scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+            CHUNK=CHUNK, SUB=SUB, BLOCK_K=block_k, BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+            PRECISION=precision, num_warps=prep_warps, **dependent_launch(q),
+        )
+        _chunk_scan_kernel[(v_heads * triton.cdiv(dv, block_v), segments.count)](
+            q, k, w, u, intra, cum, pool, out,
+            segments.cu_seqlens, segments.chunk_offsets, segments.read, segments.write, segments.snap,
+            segments.snap_at, v_heads, group, dk, dv, scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool.stride(0), out.stride(0), out.stride(1),
+            CHUNK=CHUNK, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision,
+            num_warps=scan_warps, num_stages=scan_stages, **dependent_launch(q),
+        )
+    return out
