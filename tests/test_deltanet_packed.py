@@ -17,10 +17,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from stagewise.models.layers.causal_conv import causal_conv_step, packed_causal_conv
+from stagewise.models.layers.causal_conv import causal_conv_step_reference, packed_causal_conv_reference
 from stagewise.models.layers.delta_rule import (
     chunked_gated_delta_rule,
-    packed_chunked_gated_delta_rule,
+    packed_chunked_gated_delta_rule_reference,
     packed_recurrent_step,
     recurrent_gated_delta_rule,
 )
@@ -73,7 +73,7 @@ def _segments(lengths: tuple[int, ...], read: tuple[int, ...], write: tuple[int,
 
 
 def _reference_rule(step: Step, pool: torch.Tensor, segments: PackedSegments) -> torch.Tensor:
-    return packed_chunked_gated_delta_rule(step.q, step.k, step.v, step.g, step.beta, pool, segments)
+    return packed_chunked_gated_delta_rule_reference(step.q, step.k, step.v, step.g, step.beta, pool, segments)
 
 
 def _triton_rule(step: Step, pool: torch.Tensor, segments: PackedSegments) -> torch.Tensor:
@@ -86,9 +86,11 @@ RULES = [pytest.param(_reference_rule, id="reference"), pytest.param(_triton_rul
 Rule = Callable[[Step, torch.Tensor, PackedSegments], torch.Tensor]
 
 
-def test_reference_rule_equals_the_per_sequence_rule() -> None:
+def test_reference_rule_equals_the_per_sequence_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every segment (1 .. 130 tokens, from the zero entry or a populated one) gives what
-    ``chunked_gated_delta_rule`` gives it alone; entries no segment names keep their bits."""
+    ``chunked_gated_delta_rule`` gives it alone (bit for bit on CPU); entries no segment names keep their bits."""
+    monkeypatch.setenv("STAGEWISE_KERNELS", "torch")  # today's function on its torch path too
+    same = torch.equal if DEVICE == "cpu" else lambda a, b: torch.allclose(a, b, **TOL)
     step = _step(sum(LENGTHS), seed=0)
     pool = step.pool.clone()
     out = _reference_rule(step, pool, _segments(LENGTHS, READ, WRITE))
@@ -96,11 +98,30 @@ def test_reference_rule_equals_the_per_sequence_rule() -> None:
     for n, src, dst in zip(LENGTHS, READ, WRITE, strict=True):
         q, k, v, g, beta = (x[None] for x in step.rows(lo, lo + n))
         want_out, want_state = chunked_gated_delta_rule(q, k, v, g, beta, step.pool[src][None])
-        assert torch.equal(out[lo : lo + n], want_out[0]), f"{n} tokens"
-        assert torch.equal(pool[dst], want_state[0]), f"{n} tokens"
+        assert same(out[lo : lo + n], want_out[0]), f"{n} tokens"
+        assert same(pool[dst], want_state[0]), f"{n} tokens"
         lo += n
     for e in (0, *UNNAMED, *READ):
         assert torch.equal(pool[e], step.pool[e])
+
+
+@needs_kernels
+def test_the_layer_functions_take_the_triton_path_where_use_triton_says() -> None:
+    from stagewise.kernels.triton_launch import kernels_on_host
+    from stagewise.models.layers.causal_conv import packed_causal_conv
+    from stagewise.models.layers.delta_rule import packed_chunked_gated_delta_rule
+
+    step = _step(70, seed=12)
+    x, weight, conv_pool = _conv_inputs(70, seed=13)
+    segments = _segments((5, 65), (3, 0), (9, 10))
+    pools = [(step.pool.clone(), conv_pool.clone()) for _ in range(3)]
+    rule = [_reference_rule(step, pools[0][0], segments), _triton_rule(step, pools[1][0], segments)]
+    conv = [_reference_conv(x, weight, pools[0][1], segments), _triton_conv(x, weight, pools[1][1], segments)]
+    with kernels_on_host():
+        got_rule = packed_chunked_gated_delta_rule(step.q, step.k, step.v, step.g, step.beta, pools[2][0], segments)
+        got_conv = packed_causal_conv(x, weight, pools[2][1], segments)
+    assert torch.equal(got_rule, rule[1]) and torch.equal(got_conv, conv[1])  # the kernels' bits
+    assert not torch.equal(rule[0], rule[1]), "the paths differ in rounding, so the check above means something"
 
 
 @needs_kernels
@@ -184,7 +205,7 @@ CONV_UNNAMED = (6, 10, 13, 14, 15)
 def test_reference_conv_equals_the_per_sequence_conv() -> None:
     x, weight, pool = _conv_inputs(sum(CONV_LENGTHS), seed=3)
     got_pool = pool.clone()
-    out = packed_causal_conv(x, weight, got_pool, _segments(CONV_LENGTHS, CONV_READ, CONV_WRITE))
+    out = packed_causal_conv_reference(x, weight, got_pool, _segments(CONV_LENGTHS, CONV_READ, CONV_WRITE))
     lo = 0
     for n, src, dst in zip(CONV_LENGTHS, CONV_READ, CONV_WRITE, strict=True):
         want, window = _today_conv(x[lo : lo + n], weight, pool[src])
@@ -204,7 +225,7 @@ def test_triton_conv_matches_the_reference(dtype: torch.dtype) -> None:
     segments = _segments(CONV_LENGTHS, CONV_READ, CONV_WRITE, first_token=2,
                          snap=(0, 0, 0, 6, 13, 10), snap_at=(0, 0, 0, 64, 64, 128))
     want_pool, got_pool = pool.clone(), pool.clone()
-    want = packed_causal_conv(x, weight, want_pool, segments)
+    want = packed_causal_conv_reference(x, weight, want_pool, segments)
     got = torch.full_like(x, 7.0)
     packed_causal_conv_triton(x, weight, got_pool, segments, out=got)
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
@@ -214,7 +235,7 @@ def test_triton_conv_matches_the_reference(dtype: torch.dtype) -> None:
 
 
 def _reference_conv(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, segments: PackedSegments) -> torch.Tensor:
-    return packed_causal_conv(x, weight, pool, segments)
+    return packed_causal_conv_reference(x, weight, pool, segments)
 
 
 def _triton_conv(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, segments: PackedSegments) -> torch.Tensor:
@@ -267,7 +288,7 @@ def test_causal_conv_step_continues_the_window() -> None:
     x, weight, pool = _conv_inputs(3, seed=7)
     got_pool = pool.clone()
     read, write = (torch.tensor(e, dtype=torch.int32, device=DEVICE) for e in ((5, 0, 2), (7, 1, 3)))
-    out = causal_conv_step(x, weight, got_pool, read, write)
+    out = causal_conv_step_reference(x, weight, got_pool, read, write)
     for b, (src, dst) in enumerate(zip((5, 0, 2), (7, 1, 3), strict=True)):
         want, window = _today_conv(x[b : b + 1], weight, pool[src])
         assert torch.equal(out[b : b + 1], want)
@@ -295,7 +316,7 @@ def test_indexed_decode_kernels_equal_the_contiguous_rows_and_the_reference() ->
     assert torch.equal(conv_step(x, weight, rows_conv, 10, 13), mixed)
     assert torch.equal(rows_conv[13:16], indexed_conv[[7, 1, 3]])
     ref_conv = conv_pool.clone()
-    torch.testing.assert_close(mixed, causal_conv_step(x, weight, ref_conv, read, write), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(mixed, causal_conv_step_reference(x, weight, ref_conv, read, write), atol=1e-6, rtol=1e-6)
     assert torch.equal(indexed_conv, ref_conv)
 
     out = delta_step(mixed, b, a, a_log, dt_bias, indexed_pool, read, write, K_HEADS, DK)

@@ -61,21 +61,22 @@ def _unit_lower_inverse(strict, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISIO
 
 
 @triton.jit
-def _normalized(ptr, t, t_ok, d, d_ok, stride_n):
-    """Rows ``t`` of ``ptr`` (float32, zero where not ``t_ok``) L2-normalized as the reference does."""
-    x = tl.load(ptr + t[:, None].to(tl.int64) * stride_n + d[None, :], mask=t_ok[:, None] & d_ok[None, :],
-                other=0.0).to(tl.float32)
-    return x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+def _columns(ptr, t, t_ok, d, d_ok, stride_n):
+    """Columns ``d`` of rows ``t`` of ``ptr`` as float32 (zero where not ``t_ok``)."""
+    return tl.load(ptr + t[:, None].to(tl.int64) * stride_n + d[None, :], mask=t_ok[:, None] & d_ok[None, :],
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunks_ptr, w_ptr, u_ptr, a_ptr, cum_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunks_ptr, w_ptr, u_ptr, a_ptr, rows_ptr, decay_ptr,
     group, dk, dv, scale,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_bn,
-    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, GDC: tl.constexpr,
 ):
+    # NOTE: head dims are walked BLOCK_D columns at a time, so that only (C, C) tiles and one
+    # (C, BLOCK_D) column block stay live (whole (C, Dk) rows spill registers at Dk = 128)
     wait_for_predecessor(GDC)
     chunk = tl.program_id(0)
     h = tl.program_id(1)
@@ -84,40 +85,61 @@ def _chunk_prep_kernel(
     t = tl.load(chunks_ptr + 2 * chunk + 1) + tl.arange(0, CHUNK)  # the chunk's tokens, padded to CHUNK
     t_ok = t < tl.load(cu_ptr + seg + 1)
     r = tl.arange(0, CHUNK)
-    kd = tl.arange(0, BLOCK_K)
-    kd_ok = kd < dk
-    k = _normalized(k_ptr + (h // group) * stride_kh, t, t_ok, kd, kd_ok, stride_kn)  # (C, BK)
+    q_base = q_ptr + (h // group) * stride_qh
+    k_base = k_ptr + (h // group) * stride_kh
+    q_sq = tl.zeros((CHUNK,), dtype=tl.float32)
+    k_sq = tl.zeros((CHUNK,), dtype=tl.float32)
+    for d0 in tl.static_range(0, BLOCK_K, BLOCK_D):  # the rows' squared norms
+        d = d0 + tl.arange(0, BLOCK_D)
+        q = _columns(q_base, t, t_ok, d, d < dk, stride_qn)
+        k = _columns(k_base, t, t_ok, d, d < dk, stride_kn)
+        q_sq += tl.sum(q * q, axis=1)
+        k_sq += tl.sum(k * k, axis=1)
+    q_norm = tl.rsqrt(q_sq + 1e-6)
+    k_norm = tl.rsqrt(k_sq + 1e-6)
     beta = tl.load(beta_ptr + t.to(tl.int64) * stride_bn + h, mask=t_ok, other=0.0).to(tl.float32)
+    kk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    qk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    for d0 in tl.static_range(0, BLOCK_K, BLOCK_D):  # beta k k^T and q k^T, normalized
+        d = d0 + tl.arange(0, BLOCK_D)
+        k = _columns(k_base, t, t_ok, d, d < dk, stride_kn) * k_norm[:, None]
+        q = _columns(q_base, t, t_ok, d, d < dk, stride_qn) * q_norm[:, None] * scale
+        kk += tl.dot(k * beta[:, None], tl.trans(k), input_precision=PRECISION)
+        qk += tl.dot(q, tl.trans(k), input_precision=PRECISION)
     cum = tl.cumsum(tl.load(g_ptr + t.to(tl.int64) * stride_gn + h, mask=t_ok, other=0.0).to(tl.float32), axis=0)
     lower = r[:, None] >= r[None, :]
     pair = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)  # (C, C) decay j -> i
-    k_beta = k * beta[:, None]
-    strict = tl.where(r[:, None] > r[None, :], tl.dot(k_beta, tl.trans(k), input_precision=PRECISION) * pair, 0.0)
     scratch = chunk.to(tl.int64) * heads + h  # this (chunk, head)'s slot in the scratch buffers
-    tl.store(cum_ptr + scratch * CHUNK + r, cum)
-    q = _normalized(q_ptr + (h // group) * stride_qh, t, t_ok, kd, kd_ok, stride_qn) * scale
-    intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * pair  # (C, C)
-    tl.store(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :], intra)
-    inv = _unit_lower_inverse(strict, CHUNK, SUB, PRECISION)
-    w = tl.dot(inv, k_beta * tl.exp(cum)[:, None], input_precision=PRECISION)  # (C, BK)
-    tl.store(w_ptr + scratch * CHUNK * dk + r[:, None] * dk + kd[None, :], w, mask=kd_ok[None, :])
-    vd = tl.arange(0, BLOCK_DV)
-    vd_ok = vd < dv
-    v = tl.load(v_ptr + t[:, None].to(tl.int64) * stride_vn + h * stride_vh + vd[None, :],
-                mask=t_ok[:, None] & vd_ok[None, :], other=0.0).to(tl.float32)
-    u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)  # (C, BDV)
-    tl.store(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + vd[None, :], u, mask=vd_ok[None, :])
+    last = tl.sum(tl.where(r == CHUNK - 1, cum, 0.0), axis=0)  # log decay over the whole (padded) chunk
+    tl.store(rows_ptr + scratch * 2 * CHUNK + r, q_norm * scale * tl.exp(cum))  # q's row scale in the scan
+    tl.store(rows_ptr + scratch * 2 * CHUNK + CHUNK + r, k_norm * tl.exp(last - cum))  # k's
+    tl.store(decay_ptr + scratch, tl.exp(last))
+    tl.store(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :], qk * pair)
+    inv = _unit_lower_inverse(tl.where(r[:, None] > r[None, :], kk * pair, 0.0), CHUNK, SUB, PRECISION)
+    k_scale = k_norm * beta * tl.exp(cum)  # w = inv (beta k exp(cum))
+    for d0 in tl.static_range(0, BLOCK_K, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        k = _columns(k_base, t, t_ok, d, d < dk, stride_kn) * k_scale[:, None]
+        w = tl.dot(inv, k, input_precision=PRECISION)  # (C, BLOCK_D)
+        tl.store(w_ptr + scratch * CHUNK * dk + r[:, None] * dk + d[None, :], w, mask=(d < dk)[None, :])
+    for d0 in tl.static_range(0, BLOCK_DV, BLOCK_D):  # u = inv (beta v)
+        d = d0 + tl.arange(0, BLOCK_D)
+        v = _columns(v_ptr + h * stride_vh, t, t_ok, d, d < dv, stride_vn) * beta[:, None]
+        u = tl.dot(inv, v, input_precision=PRECISION)  # (C, BLOCK_D)
+        tl.store(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + d[None, :], u, mask=(d < dv)[None, :])
 
 
 @triton.jit
 def _chunk_scan_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, cum_ptr, pool_ptr, o_ptr,
+    q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, rows_ptr, decay_ptr, pool_ptr, o_ptr,
     cu_ptr, chunk_offsets_ptr, read_ptr, write_ptr, snap_ptr, snap_at_ptr,
-    heads, group, dk, dv, scale,
+    heads, group, dk, dv,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_pe, stride_on, stride_oh,
-    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+    CHUNK: tl.constexpr, HALF_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
     GDC: tl.constexpr,
 ):
+    # NOTE: the state slice is kept as two (HALF_K, BLOCK_V) halves of the key dim, and q/k/w are read
+    # half by half, so that no (C, Dk) float32 tile is live (at Dk = 128 one spills registers)
     wait_for_predecessor(GDC)
     blocks_v = tl.cdiv(dv, BLOCK_V)
     h = tl.program_id(0) // blocks_v
@@ -129,44 +151,61 @@ def _chunk_scan_kernel(
     snap_at = tl.load(snap_at_ptr + seg)
     snap = tl.load(snap_ptr + seg).to(tl.int64)
     r = tl.arange(0, CHUNK)
-    kd = tl.arange(0, BLOCK_K)
-    kd_ok = kd < dk
+    k1 = tl.arange(0, HALF_K)
+    k2 = HALF_K + k1
     vd_ok = vd < dv
-    tile = h * dk * dv + kd[:, None] * dv + vd[None, :]  # this program's (BK, BV) slice of an entry
-    tile_ok = kd_ok[:, None] & vd_ok[None, :]
-    state = tl.load(pool_ptr + tl.load(read_ptr + seg).to(tl.int64) * stride_pe + tile, mask=tile_ok, other=0.0)
+    tile1 = h * dk * dv + k1[:, None] * dv + vd[None, :]  # this program's slices of an entry
+    tile2 = h * dk * dv + k2[:, None] * dv + vd[None, :]
+    ok1 = (k1 < dk)[:, None] & vd_ok[None, :]
+    ok2 = (k2 < dk)[:, None] & vd_ok[None, :]
+    source = pool_ptr + tl.load(read_ptr + seg).to(tl.int64) * stride_pe
+    s1 = tl.load(source + tile1, mask=ok1, other=0.0)  # (HALF_K, BV) float32
+    s2 = tl.load(source + tile2, mask=ok2, other=0.0)
     q_base = q_ptr + (h // group) * stride_qh
     k_base = k_ptr + (h // group) * stride_kh
     for i in range(tl.cdiv(eos - bos, CHUNK)):
         t = bos + i * CHUNK + r
         t_ok = t < eos
         scratch = (first_chunk + i).to(tl.int64) * heads + h
-        cum = tl.load(cum_ptr + scratch * CHUNK + r)
-        last = tl.load(cum_ptr + scratch * CHUNK + CHUNK - 1)  # decay over the whole (padded) chunk
-        q = _normalized(q_base, t, t_ok, kd, kd_ok, stride_qn) * scale * tl.exp(cum)[:, None]
-        k = _normalized(k_base, t, t_ok, kd, kd_ok, stride_kn) * tl.exp(last - cum)[:, None]
-        w = tl.load(w_ptr + scratch * CHUNK * dk + r[:, None] * dk + kd[None, :], mask=kd_ok[None, :], other=0.0)
-        u = tl.load(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + vd[None, :], mask=vd_ok[None, :], other=0.0)
-        v_new = u - tl.dot(w, state, input_precision=PRECISION)  # (C, BV)
-        intra = tl.load(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :])
-        out = tl.dot(q, state, input_precision=PRECISION) + tl.dot(intra, v_new, input_precision=PRECISION)
+        # rows past the segment hold zeros in w and u (and add zeros through intra): not read
+        w_rows = w_ptr + scratch * CHUNK * dk + r[:, None] * dk
+        ws = tl.dot(tl.load(w_rows + k1[None, :], mask=t_ok[:, None] & (k1 < dk)[None, :], other=0.0), s1,
+                    input_precision=PRECISION)
+        ws = tl.dot(tl.load(w_rows + k2[None, :], mask=t_ok[:, None] & (k2 < dk)[None, :], other=0.0), s2, ws,
+                    input_precision=PRECISION)
+        u = tl.load(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + vd[None, :], mask=t_ok[:, None] & vd_ok[None, :],
+                    other=0.0)
+        v_new = u - ws  # (C, BV)
+        q_scale = tl.load(rows_ptr + scratch * 2 * CHUNK + r)[:, None]
+        out = tl.dot(_columns(q_base, t, t_ok, k1, k1 < dk, stride_qn) * q_scale, s1, input_precision=PRECISION)
+        out = tl.dot(_columns(q_base, t, t_ok, k2, k2 < dk, stride_qn) * q_scale, s2, out, input_precision=PRECISION)
+        intra = tl.load(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :], mask=t_ok[:, None], other=0.0)
+        out = tl.dot(intra, v_new, out, input_precision=PRECISION)
         tl.store(o_ptr + t[:, None].to(tl.int64) * stride_on + h * stride_oh + vd[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=t_ok[:, None] & vd_ok[None, :])
-        state = state * tl.exp(last) + tl.dot(tl.trans(k), v_new, input_precision=PRECISION)  # (BK, BV)
+        k_scale = tl.load(rows_ptr + scratch * 2 * CHUNK + CHUNK + r)[:, None]
+        decay = tl.load(decay_ptr + scratch)
+        k_half = _columns(k_base, t, t_ok, k1, k1 < dk, stride_kn) * k_scale
+        s1 = s1 * decay + tl.dot(tl.trans(k_half), v_new, input_precision=PRECISION)
+        k_half = _columns(k_base, t, t_ok, k2, k2 < dk, stride_kn) * k_scale
+        s2 = s2 * decay + tl.dot(tl.trans(k_half), v_new, input_precision=PRECISION)
         if snap_at == (i + 1) * CHUNK:
-            tl.store(pool_ptr + snap * stride_pe + tile, state, mask=tile_ok)
-    tl.store(pool_ptr + tl.load(write_ptr + seg).to(tl.int64) * stride_pe + tile, state, mask=tile_ok)
+            tl.store(pool_ptr + snap * stride_pe + tile1, s1, mask=ok1)
+            tl.store(pool_ptr + snap * stride_pe + tile2, s2, mask=ok2)
+    target = pool_ptr + tl.load(write_ptr + seg).to(tl.int64) * stride_pe
+    tl.store(target + tile1, s1, mask=ok1)
+    tl.store(target + tile2, s2, mask=ok2)
 
 
 def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                    beta: torch.Tensor, pool: torch.Tensor, segments: PackedSegments,
                                    out: torch.Tensor | None = None, block_v: int = 32, scan_warps: int = 4,
-                                   scan_stages: int = 1, prep_warps: int = 4,
+                                   scan_stages: int = 1, prep_warps: int = 4, block_d: int = 32,
                                    precision: str | None = None) -> torch.Tensor:
     """:func:`~stagewise.models.layers.delta_rule.packed_chunked_gated_delta_rule` in two launches.
 
-    The keyword tuning (``block_v`` value columns per scan program, warps, pipeline stages, ``tl.dot``
-    precision: ``ieee`` for float32 inputs, else ``tf32`` unless given) is for benchmarks.
+    The keyword tuning (``block_v`` value columns per scan program, ``block_d`` head-dim columns per
+    step of the prep, warps, pipeline stages, ``tl.dot`` precision: ``ieee`` for float32 inputs, else ``tf32`` unless given) is for benchmarks.
     # NOTE: a serving path must fix them per model, never per step: a different tiling may round differently.
     """
     tokens, k_heads, dk = q.shape
@@ -187,26 +226,28 @@ def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         return out
     chunks = segments.chunk_count
     precision = precision or ("ieee" if q.dtype == torch.float32 else "tf32")
-    # float32 scratch, per (chunk, value head): w, u, the decay-weighted causal q k^T, the cumulated log decay
-    w, u, intra, cum = (torch.empty((chunks, v_heads, *shape), dtype=torch.float32, device=q.device)
-                        for shape in ((CHUNK, dk), (CHUNK, dv), (CHUNK, CHUNK), (CHUNK,)))
-    block_k = max(16, triton.next_power_of_2(dk))
-    block_v = min(block_v, max(16, triton.next_power_of_2(dv)))
-    group, scale = v_heads // k_heads, dk**-0.5
+    # float32 scratch, per (chunk, value head): w, u, the decay-weighted causal q k^T, q's and k's row
+    # scales (norm, decay) and the chunk's decay
+    w, u, intra, rows, decay = (torch.empty((chunks, v_heads, *shape), dtype=torch.float32, device=q.device)
+                                for shape in ((CHUNK, dk), (CHUNK, dv), (CHUNK, CHUNK), (2, CHUNK), ()))
+    block_k = max(32, triton.next_power_of_2(dk))  # two halves of at least 16 columns in the scan
+    block_dv = max(16, triton.next_power_of_2(dv))
+    block_v = min(block_v, block_dv)
+    group = v_heads // k_heads
     with launch_device(q):
         _chunk_prep_kernel[(chunks, v_heads)](
-            q, k, v, g, beta, segments.cu_seqlens, segments.chunks, w, u, intra, cum,
-            group, dk, dv, scale,
+            q, k, v, g, beta, segments.cu_seqlens, segments.chunks, w, u, intra, rows, decay,
+            group, dk, dv, dk**-0.5,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-            CHUNK=CHUNK, SUB=SUB, BLOCK_K=block_k, BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+            CHUNK=CHUNK, SUB=SUB, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_D=min(block_d, block_k, block_dv),
             PRECISION=precision, num_warps=prep_warps, **dependent_launch(q),
         )
         _chunk_scan_kernel[(v_heads * triton.cdiv(dv, block_v), segments.count)](
-            q, k, w, u, intra, cum, pool, out,
+            q, k, w, u, intra, rows, decay, pool, out,
             segments.cu_seqlens, segments.chunk_offsets, segments.read, segments.write, segments.snap,
-            segments.snap_at, v_heads, group, dk, dv, scale,
+            segments.snap_at, v_heads, group, dk, dv,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool.stride(0), out.stride(0), out.stride(1),
-            CHUNK=CHUNK, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision,
+            CHUNK=CHUNK, HALF_K=block_k // 2, BLOCK_V=block_v, PRECISION=precision,
             num_warps=scan_warps, num_stages=scan_stages, **dependent_launch(q),
         )
     return out

@@ -43,6 +43,12 @@ def packed_causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.T
         from stagewise.kernels.causal_conv_triton import packed_causal_conv_triton
 
         return packed_causal_conv_triton(x, weight, conv_pool, segments, out)
+    return packed_causal_conv_reference(x, weight, conv_pool, segments, out)
+
+
+def packed_causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
+                                 segments: PackedSegments, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`packed_causal_conv`'s torch path, on any device (a Python loop over chunks)."""
     channels, kernel = conv_pool.shape[1], conv_pool.shape[2]
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -79,6 +85,12 @@ def causal_conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Ten
         from stagewise.kernels.deltanet_decode_triton import conv_step
 
         return conv_step(x, weight, conv_pool, read, write)
+    return causal_conv_step_reference(x, weight, conv_pool, read, write)
+
+
+def causal_conv_step_reference(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, read: torch.Tensor,
+                               write: torch.Tensor) -> torch.Tensor:
+    """:func:`causal_conv_step`'s torch path, on any device."""
     channels = conv_pool.shape[1]
     window = torch.cat([conv_pool.index_select(0, read)[..., 1:], x[..., None].to(conv_pool.dtype)], dim=-1)  # (B, C, K)
     pool_write(conv_pool, write, window)

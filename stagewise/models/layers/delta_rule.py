@@ -168,6 +168,13 @@ def packed_chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.T
         from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
 
         return packed_gated_delta_rule_triton(q, k, v, g, beta, pool, segments, out)
+    return packed_chunked_gated_delta_rule_reference(q, k, v, g, beta, pool, segments, out)
+
+
+def packed_chunked_gated_delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                              beta: torch.Tensor, pool: torch.Tensor, segments: PackedSegments,
+                                              out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`packed_chunked_gated_delta_rule`'s torch path, on any device (a Python loop over chunks)."""
     heads, dv = v.shape[1], v.shape[2]
     if out is None:
         out = torch.empty((q.shape[0], heads, dv), dtype=q.dtype, device=q.device)
