@@ -94,6 +94,8 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, re
     if indexed != write_indexed:
         raise ValueError("conv_step takes read and write entries both as tensors or both as ints")
     y = out if out is not None else torch.empty((batch, channels), dtype=x.dtype, device=x.device)
+    if y.shape != (batch, channels) or y.stride(-1) != 1:
+        raise ValueError(f"conv_step: out {tuple(y.shape)} is not ({batch}, {channels}) with contiguous rows")
     block = 256
     with launch_device(x):
         _conv_step_kernel[(batch, triton.cdiv(channels, block))](
@@ -175,6 +177,8 @@ def delta_step(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: tor
     if indexed != write_indexed:
         raise ValueError("delta_step takes read and write entries both as tensors or both as ints")
     y = out if out is not None else torch.empty((batch, v_heads, dv), dtype=mixed.dtype, device=mixed.device)
+    if y.shape != (batch, v_heads, dv) or y.stride()[1:] != (dv, 1):
+        raise ValueError(f"delta_step: out {tuple(y.shape)} is not ({batch}, {v_heads}, {dv}) with contiguous heads")
     block_v = min(32, triton.next_power_of_2(dv))
     with launch_device(mixed):
         _delta_step_kernel[(batch * v_heads, triton.cdiv(dv, block_v))](

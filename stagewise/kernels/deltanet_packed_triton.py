@@ -8,17 +8,23 @@ output), written for our state pool and exactness rules:
    L2-normalizes q/k, cumulates the log decay, and forms the chunk's UT transform: ``L`` (the strictly
    lower ``beta k k^T`` weighted by the pairwise decay), ``(I + L)^-1`` (forward substitution inside
    16-row blocks, then the block-strictly-lower rest as a terminating Neumann series), ``w`` (the
-   decayed ``beta k`` through it), ``u`` (``beta v`` through it) and the causal ``q k^T`` weighted by
-   the decay; stores them to float32 scratch.
+   decayed ``beta k`` through it), ``u`` (``beta v`` through it), the causal ``q k^T`` weighted by the
+   decay, and per-token scales of q and k (norm, decay). It stores them to float32 scratch laid out
+   per (token, value head), no padding rows: ``N x Hv x (Dk + Dv + 64 + 2)`` floats, plus one decay per
+   (chunk, value head) (80.5 MiB for 2,048 tokens at Qwen3.6's dims).
 2. :func:`_chunk_scan_kernel`, one program per (segment, value head, ``BLOCK_V`` value columns): reads
    the segment's state entry, walks its chunks in order keeping its state slice in registers
-   (``v_new = u - w S``, ``o = q S + A v_new``, ``S = decay S + k^T v_new``), stores each chunk's readout,
-   the state at the snapshot boundary and the final state.
+   (``v_new = u - w S``, ``o = q S + A v_new``, ``S = decay S + k^T v_new``, q and k read raw and
+   scaled per row), stores each chunk's readout, the state at the snapshot boundary and the final state.
 
 A chunk's arithmetic depends only on its own tokens (the prep) and the state before it (the scan), and
 the launch configuration only on the model's dimensions, so one call over a prompt and several calls
 over its chunk-aligned pieces (state carried through entries, or a snapshot) agree bit for bit.
 Float32 inputs take IEEE ``tl.dot`` (tests); others TF32 on float32 operands (the state stays float32).
+
+Compiled ahead of time for sm_90 with Triton 3.6 at Qwen3.6's dims (bf16, Dk = Dv = 128): the prep
+226 registers (4 warps), the scan 235 (32 value columns, 8 warps), neither spilling; GPU timings are
+``bench/deltanet_packed.py``'s.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ def _columns(ptr, t, t_ok, d, d_ok, stride_n):
 
 @triton.jit
 def _chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunks_ptr, w_ptr, u_ptr, a_ptr, rows_ptr, decay_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunks_ptr, w_ptr, u_ptr, a_ptr, scales_ptr, decay_ptr,
     group, dk, dv, scale,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_bn,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -109,29 +115,29 @@ def _chunk_prep_kernel(
     cum = tl.cumsum(tl.load(g_ptr + t.to(tl.int64) * stride_gn + h, mask=t_ok, other=0.0).to(tl.float32), axis=0)
     lower = r[:, None] >= r[None, :]
     pair = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)  # (C, C) decay j -> i
-    scratch = chunk.to(tl.int64) * heads + h  # this (chunk, head)'s slot in the scratch buffers
+    rows = t.to(tl.int64) * heads + h  # (C,) the tokens' rows in the (N, Hv, ...) scratch
     last = tl.sum(tl.where(r == CHUNK - 1, cum, 0.0), axis=0)  # log decay over the whole (padded) chunk
-    tl.store(rows_ptr + scratch * 2 * CHUNK + r, q_norm * scale * tl.exp(cum))  # q's row scale in the scan
-    tl.store(rows_ptr + scratch * 2 * CHUNK + CHUNK + r, k_norm * tl.exp(last - cum))  # k's
-    tl.store(decay_ptr + scratch, tl.exp(last))
-    tl.store(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :], qk * pair)
+    tl.store(scales_ptr + rows * 2, q_norm * scale * tl.exp(cum), mask=t_ok)  # q's row scale in the scan
+    tl.store(scales_ptr + rows * 2 + 1, k_norm * tl.exp(last - cum), mask=t_ok)  # k's
+    tl.store(decay_ptr + chunk.to(tl.int64) * heads + h, tl.exp(last))
+    tl.store(a_ptr + rows[:, None] * CHUNK + r[None, :], qk * pair, mask=t_ok[:, None])
     inv = _unit_lower_inverse(tl.where(r[:, None] > r[None, :], kk * pair, 0.0), CHUNK, SUB, PRECISION)
     k_scale = k_norm * beta * tl.exp(cum)  # w = inv (beta k exp(cum))
     for d0 in tl.static_range(0, BLOCK_K, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         k = _columns(k_base, t, t_ok, d, d < dk, stride_kn) * k_scale[:, None]
         w = tl.dot(inv, k, input_precision=PRECISION)  # (C, BLOCK_D)
-        tl.store(w_ptr + scratch * CHUNK * dk + r[:, None] * dk + d[None, :], w, mask=(d < dk)[None, :])
+        tl.store(w_ptr + rows[:, None] * dk + d[None, :], w, mask=t_ok[:, None] & (d < dk)[None, :])
     for d0 in tl.static_range(0, BLOCK_DV, BLOCK_D):  # u = inv (beta v)
         d = d0 + tl.arange(0, BLOCK_D)
         v = _columns(v_ptr + h * stride_vh, t, t_ok, d, d < dv, stride_vn) * beta[:, None]
         u = tl.dot(inv, v, input_precision=PRECISION)  # (C, BLOCK_D)
-        tl.store(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + d[None, :], u, mask=(d < dv)[None, :])
+        tl.store(u_ptr + rows[:, None] * dv + d[None, :], u, mask=t_ok[:, None] & (d < dv)[None, :])
 
 
 @triton.jit
 def _chunk_scan_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, rows_ptr, decay_ptr, pool_ptr, o_ptr,
+    q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, scales_ptr, decay_ptr, pool_ptr, o_ptr,
     cu_ptr, chunk_offsets_ptr, read_ptr, write_ptr, snap_ptr, snap_at_ptr,
     heads, group, dk, dv,
     stride_qn, stride_qh, stride_kn, stride_kh, stride_pe, stride_on, stride_oh,
@@ -166,25 +172,24 @@ def _chunk_scan_kernel(
     for i in range(tl.cdiv(eos - bos, CHUNK)):
         t = bos + i * CHUNK + r
         t_ok = t < eos
-        scratch = (first_chunk + i).to(tl.int64) * heads + h
-        # rows past the segment hold zeros in w and u (and add zeros through intra): not read
-        w_rows = w_ptr + scratch * CHUNK * dk + r[:, None] * dk
+        rows = t.to(tl.int64) * heads + h  # (C,) the tokens' rows in the (N, Hv, ...) scratch
+        # the padding rows of the last chunk (zeros in w and u, adding zeros through intra) are not read
+        w_rows = w_ptr + rows[:, None] * dk
         ws = tl.dot(tl.load(w_rows + k1[None, :], mask=t_ok[:, None] & (k1 < dk)[None, :], other=0.0), s1,
                     input_precision=PRECISION)
         ws = tl.dot(tl.load(w_rows + k2[None, :], mask=t_ok[:, None] & (k2 < dk)[None, :], other=0.0), s2, ws,
                     input_precision=PRECISION)
-        u = tl.load(u_ptr + scratch * CHUNK * dv + r[:, None] * dv + vd[None, :], mask=t_ok[:, None] & vd_ok[None, :],
-                    other=0.0)
+        u = tl.load(u_ptr + rows[:, None] * dv + vd[None, :], mask=t_ok[:, None] & vd_ok[None, :], other=0.0)
         v_new = u - ws  # (C, BV)
-        q_scale = tl.load(rows_ptr + scratch * 2 * CHUNK + r)[:, None]
+        q_scale = tl.load(scales_ptr + rows * 2, mask=t_ok, other=0.0)[:, None]
         out = tl.dot(_columns(q_base, t, t_ok, k1, k1 < dk, stride_qn) * q_scale, s1, input_precision=PRECISION)
         out = tl.dot(_columns(q_base, t, t_ok, k2, k2 < dk, stride_qn) * q_scale, s2, out, input_precision=PRECISION)
-        intra = tl.load(a_ptr + scratch * CHUNK * CHUNK + r[:, None] * CHUNK + r[None, :], mask=t_ok[:, None], other=0.0)
+        intra = tl.load(a_ptr + rows[:, None] * CHUNK + r[None, :], mask=t_ok[:, None], other=0.0)
         out = tl.dot(intra, v_new, out, input_precision=PRECISION)
         tl.store(o_ptr + t[:, None].to(tl.int64) * stride_on + h * stride_oh + vd[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=t_ok[:, None] & vd_ok[None, :])
-        k_scale = tl.load(rows_ptr + scratch * 2 * CHUNK + CHUNK + r)[:, None]
-        decay = tl.load(decay_ptr + scratch)
+        k_scale = tl.load(scales_ptr + rows * 2 + 1, mask=t_ok, other=0.0)[:, None]
+        decay = tl.load(decay_ptr + (first_chunk + i).to(tl.int64) * heads + h)
         k_half = _columns(k_base, t, t_ok, k1, k1 < dk, stride_kn) * k_scale
         s1 = s1 * decay + tl.dot(tl.trans(k_half), v_new, input_precision=PRECISION)
         k_half = _columns(k_base, t, t_ok, k2, k2 < dk, stride_kn) * k_scale
@@ -199,7 +204,7 @@ def _chunk_scan_kernel(
 
 def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                    beta: torch.Tensor, pool: torch.Tensor, segments: PackedSegments,
-                                   out: torch.Tensor | None = None, block_v: int = 32, scan_warps: int = 4,
+                                   out: torch.Tensor | None = None, block_v: int = 32, scan_warps: int = 8,
                                    scan_stages: int = 1, prep_warps: int = 4, block_d: int = 32,
                                    precision: str | None = None) -> torch.Tensor:
     """:func:`~stagewise.models.layers.delta_rule.packed_chunked_gated_delta_rule` in two launches.
@@ -226,24 +231,25 @@ def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         return out
     chunks = segments.chunk_count
     precision = precision or ("ieee" if q.dtype == torch.float32 else "tf32")
-    # float32 scratch, per (chunk, value head): w, u, the decay-weighted causal q k^T, q's and k's row
-    # scales (norm, decay) and the chunk's decay
-    w, u, intra, rows, decay = (torch.empty((chunks, v_heads, *shape), dtype=torch.float32, device=q.device)
-                                for shape in ((CHUNK, dk), (CHUNK, dv), (CHUNK, CHUNK), (2, CHUNK), ()))
+    # float32 scratch per (token, value head): w, u, its row of the chunk's decay-weighted causal q k^T,
+    # q's and k's row scales (norm, decay); per (chunk, value head): the chunk's decay
+    w, u, intra, scales = (torch.empty((tokens, v_heads, size), dtype=torch.float32, device=q.device)
+                           for size in (dk, dv, CHUNK, 2))
+    decay = torch.empty((chunks, v_heads), dtype=torch.float32, device=q.device)
     block_k = max(32, triton.next_power_of_2(dk))  # two halves of at least 16 columns in the scan
     block_dv = max(16, triton.next_power_of_2(dv))
     block_v = min(block_v, block_dv)
     group = v_heads // k_heads
     with launch_device(q):
         _chunk_prep_kernel[(chunks, v_heads)](
-            q, k, v, g, beta, segments.cu_seqlens, segments.chunks, w, u, intra, rows, decay,
+            q, k, v, g, beta, segments.cu_seqlens, segments.chunks, w, u, intra, scales, decay,
             group, dk, dv, dk**-0.5,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
             CHUNK=CHUNK, SUB=SUB, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_D=min(block_d, block_k, block_dv),
             PRECISION=precision, num_warps=prep_warps, **dependent_launch(q),
         )
         _chunk_scan_kernel[(v_heads * triton.cdiv(dv, block_v), segments.count)](
-            q, k, w, u, intra, rows, decay, pool, out,
+            q, k, w, u, intra, scales, decay, pool, out,
             segments.cu_seqlens, segments.chunk_offsets, segments.read, segments.write, segments.snap,
             segments.snap_at, v_heads, group, dk, dv,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), pool.stride(0), out.stride(0), out.stride(1),
