@@ -160,14 +160,20 @@ class Problem:
                                             v.reshape(batch, steps, V_HEADS, DV), g, beta, self.pool[read])
         self.pool[write] = state
 
-    def fla(self, chunk_gated_delta_rule: Callable[..., Any]) -> None:
+    def fla(self, chunk_gated_delta_rule: Callable[..., Any]) -> torch.Tensor:
         q, k, v = self.qkv()
         offsets = torch.tensor(self.segments.offsets, dtype=torch.long, device=q.device)
         initial = self.pool[self.read]  # (S, Hv, Dk, Dv): fla takes states by position, not index
-        _, final = chunk_gated_delta_rule(q[None], k[None], v[None], self.g[None], self.beta[None],
+        out, final = chunk_gated_delta_rule(q[None], k[None], v[None], self.g[None], self.beta[None],
                                             scale=DK**-0.5, initial_state=initial, output_final_state=True,
                                             cu_seqlens=offsets, use_qk_l2norm_in_kernel=True)
         self.pool[self.write] = final.float()
+        return out[0]
+
+    def reference(self) -> torch.Tensor:
+        """The float32 torch reference's readout (float32 copies of q/k/v; pool untouched)."""
+        q, k, v = (t.float() for t in self.qkv())
+        return packed_chunked_gated_delta_rule_reference(q, k, v, self.g, self.beta, self.pool.clone(), self.segments)
 
 
 def accuracy(problem: Problem, **settings: Any) -> dict[str, float]:
@@ -175,13 +181,13 @@ def accuracy(problem: Problem, **settings: Any) -> dict[str, float]:
     included), its output from float32 copies of q/k/v with the same settings (the kernel's arithmetic
     alone: TF32 products), and the final states."""
     q, k, v = problem.qkv()
-    exact = [t.float() for t in (q, k, v)]
+    q32, k32, v32 = q.float(), k.float(), v.float()
     want_pool, got_pool = problem.pool.clone(), problem.pool.clone()
-    want = packed_chunked_gated_delta_rule_reference(*exact, problem.g, problem.beta, want_pool, problem.segments)
+    want = packed_chunked_gated_delta_rule_reference(q32, k32, v32, problem.g, problem.beta, want_pool, problem.segments)
     got = packed_gated_delta_rule_triton(q, k, v, problem.g, problem.beta, got_pool, problem.segments, **settings)
     settings = {"precision": "tf32", **{n: s for n, s in settings.items() if s is not None}}
-    got32 = packed_gated_delta_rule_triton(*exact, problem.g, problem.beta, problem.pool.clone(), problem.segments,
-                                           **settings)
+    got32 = packed_gated_delta_rule_triton(q32, k32, v32, problem.g, problem.beta, problem.pool.clone(),
+                                           problem.segments, **settings)
     written = torch.tensor(problem.write, device=q.device)
     scale = want.abs().max()
     return {"max_rel_diff_out": float((got.float() - want).abs().max() / scale),
@@ -273,6 +279,9 @@ def main() -> int:
         if chunk_gated_delta_rule is not None:
             try:
                 row["fla_ms"] = time_ms(functools.partial(problem.fla, chunk_gated_delta_rule), args.warmup, args.reps)
+                want = problem.reference()
+                got = problem.fla(chunk_gated_delta_rule).float()
+                row["fla_max_rel_diff_out"] = float((got - want).abs().max() / want.abs().max())
             except Exception as error:  # an optional oracle: record why it did not run
                 row["fla_error"] = f"{type(error).__name__}: {error}"[:300]
         row["speedup_vs_today"] = row["today_ms"] / row["layer_ms"]
@@ -280,7 +289,7 @@ def main() -> int:
         rows.append(row)
         print(f"{spec:>14}: conv {row['conv_ms']:.3f} rule {row['rule_ms']:.3f} layer {row['layer_ms']:.3f} ms | "
               f"today {row['today_ms']:.3f}" + (f" (rectangle {row['today_batched_ms']:.3f})" if "today_batched_ms" in row else "")
-              + (f" | fla {row['fla_ms']:.3f}" if "fla_ms" in row else "")
+              + (f" | fla {row['fla_ms']:.3f} (diff {row['fla_max_rel_diff_out']:.1e})" if "fla_ms" in row else "")
               + f" | {row['speedup_vs_today']:.1f}x | out rel diff {row['max_rel_diff_out']:.1e} "
               f"({row['max_rel_diff_out_f32_inputs']:.1e} from float32 inputs), "
               f"state diff {row['max_abs_diff_state']:.1e} (of {row['max_abs_state']:.1e})", flush=True)
