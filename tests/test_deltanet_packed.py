@@ -297,8 +297,8 @@ def test_causal_conv_step_continues_the_window() -> None:
 
 @needs_kernels
 def test_indexed_decode_kernels_equal_the_contiguous_rows_and_the_reference() -> None:
-    """conv_step / delta_step with index tensors (entries scattered) = with ints (consecutive entries,
-    the double-buffered rows' layout) = the torch reference."""
+    """conv_step / delta_step with index tensors (entries scattered; the columns of a ``[read, write]``
+    table) = with ints (consecutive entries) = the torch reference."""
     from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
 
     batch = 3
@@ -307,7 +307,8 @@ def test_indexed_decode_kernels_equal_the_contiguous_rows_and_the_reference() ->
     gen = torch.Generator().manual_seed(10)
     b, a = (torch.randn(batch, V_HEADS, generator=gen).to(DEVICE) for _ in range(2))
     a_log, dt_bias = (torch.randn(V_HEADS, generator=gen).to(DEVICE) for _ in range(2))
-    read, write = (torch.tensor(e, dtype=torch.int32, device=DEVICE) for e in ((5, 0, 9), (7, 1, 3)))
+    table = torch.tensor([[5, 7], [0, 1], [9, 3]], dtype=torch.int32, device=DEVICE)  # (rows, [read, write])
+    read, write = table[:, 0], table[:, 1]  # strided views, as a stage's slot table gives them
 
     indexed_conv, indexed_pool = conv_pool.clone(), step.pool.clone()
     mixed = conv_step(x, weight, indexed_conv, read, write)

@@ -11,7 +11,8 @@ q/k heads, casts, two L2 norms and the rank-1 state update. Here:
   writes the new state.
 
 States live in pools of entries (``(E, ...)``): row ``b`` reads entry ``read[b]`` and writes entry
-``write[b]`` (``(B,)`` int32 on the device: CUDA graphs replay with whatever the buffers hold), or,
+``write[b]`` (``(B,)`` int32 on the device, strided views allowed: CUDA graphs replay with whatever
+the buffers hold), or,
 given ints, the consecutive entries ``read + b`` and ``write + b`` (the double-buffered rows of
 ``RecurrentState`` viewed as a pool). A row never reads the entry it writes.
 
@@ -32,14 +33,14 @@ from stagewise.kernels.triton_launch import dependent_launch, launch_device
 @triton.jit
 def _conv_step_kernel(
     state_ptr, read_ptr, x_ptr, w_ptr, new_state_ptr, write_ptr, y_ptr,
-    channels, stride_se, stride_xb, stride_ne, stride_yb,
+    channels, stride_se, stride_xb, stride_ne, stride_yb, stride_r, stride_w,
     KERNEL: tl.constexpr, BLOCK_C: tl.constexpr, INDEXED: tl.constexpr, GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
     b = tl.program_id(0)
     if INDEXED:
-        src = tl.load(read_ptr + b).to(tl.int64)
-        dst = tl.load(write_ptr + b).to(tl.int64)
+        src = tl.load(read_ptr + b * stride_r).to(tl.int64)
+        dst = tl.load(write_ptr + b * stride_w).to(tl.int64)
     else:
         src = b.to(tl.int64)
         dst = b.to(tl.int64)
@@ -60,16 +61,17 @@ def _conv_step_kernel(
     tl.store(y_ptr + b * stride_yb + c, silu.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _entries(pool: torch.Tensor, index: torch.Tensor | int, rows: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """The kernel's view of ``pool`` and its index tensor for ``index`` (module docstring): a tensor of
-    entries as it is, or an int as the pool from that entry on (the kernel then takes entry ``b``)."""
+def _entries(pool: torch.Tensor, index: torch.Tensor | int, rows: int) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+    """The kernel's view of ``pool``, its index tensor and that tensor's stride for ``index`` (module
+    docstring): a tensor of entries as it is (a strided view, e.g. a column of a ``[read, write]``
+    table, is fine), or an int as the pool from that entry on (the kernel then takes entry ``b``)."""
     if isinstance(index, int):
         if not 0 <= index <= pool.shape[0] - rows:
             raise ValueError(f"entries {index}..{index + rows - 1} outside a pool of {pool.shape[0]}")
-        return pool[index:], pool, False
-    if index.shape != (rows,) or index.dtype != torch.int32 or not index.is_contiguous():
-        raise ValueError(f"expected ({rows},) contiguous int32 entries, got {index.dtype} {tuple(index.shape)}")
-    return pool, index, True
+        return pool[index:], pool, 0, False
+    if index.shape != (rows,) or index.dtype != torch.int32:
+        raise ValueError(f"expected ({rows},) int32 entries, got {index.dtype} {tuple(index.shape)}")
+    return pool, index, index.stride(0), True
 
 
 def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, read: torch.Tensor | int,
@@ -89,8 +91,8 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, re
     w = weight.reshape(channels, kernel).contiguous()
     if conv_pool.stride(-1) != 1 or conv_pool.stride(-2) != kernel or x.stride(-1) != 1:
         raise ValueError("conv_step needs row-major windows and a contiguous input row")
-    source, read_index, indexed = _entries(conv_pool, read, batch)
-    target, write_index, write_indexed = _entries(conv_pool, write, batch)
+    source, read_index, stride_r, indexed = _entries(conv_pool, read, batch)
+    target, write_index, stride_w, write_indexed = _entries(conv_pool, write, batch)
     if indexed != write_indexed:
         raise ValueError("conv_step takes read and write entries both as tensors or both as ints")
     y = out if out is not None else torch.empty((batch, channels), dtype=x.dtype, device=x.device)
@@ -100,7 +102,7 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, re
     with launch_device(x):
         _conv_step_kernel[(batch, triton.cdiv(channels, block))](
             source, read_index, x, w, target, write_index, y, channels,
-            conv_pool.stride(0), x.stride(0), conv_pool.stride(0), y.stride(0),
+            conv_pool.stride(0), x.stride(0), conv_pool.stride(0), y.stride(0), stride_r, stride_w,
             KERNEL=kernel, BLOCK_C=block, INDEXED=indexed, num_warps=4, **dependent_launch(x),
         )
     return y
@@ -110,7 +112,7 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, re
 def _delta_step_kernel(
     mixed_ptr, b_ptr, a_ptr, alog_ptr, dtb_ptr, s_ptr, read_ptr, ns_ptr, write_ptr, o_ptr,
     v_heads, group, key_dim, dk, dv, scale,
-    stride_mb, stride_bb, stride_ab, stride_se, stride_ne, stride_ob,
+    stride_mb, stride_bb, stride_ab, stride_se, stride_ne, stride_ob, stride_r, stride_w,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, INDEXED: tl.constexpr, GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
@@ -118,8 +120,8 @@ def _delta_step_kernel(
     bi = pid // v_heads
     h = pid % v_heads
     if INDEXED:
-        src = tl.load(read_ptr + bi).to(tl.int64)
-        dst = tl.load(write_ptr + bi).to(tl.int64)
+        src = tl.load(read_ptr + bi * stride_r).to(tl.int64)
+        dst = tl.load(write_ptr + bi * stride_w).to(tl.int64)
     else:
         src = bi.to(tl.int64)
         dst = bi.to(tl.int64)
@@ -172,8 +174,8 @@ def delta_step(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: tor
         raise ValueError("delta_step needs a pool of contiguous (Hv, Dk, Dv) entries")
     if b.stride(-1) != 1 or a.stride(-1) != 1 or mixed.stride(-1) != 1:
         raise ValueError("delta_step needs contiguous head dims")
-    source, read_index, indexed = _entries(pool, read, batch)
-    target, write_index, write_indexed = _entries(pool, write, batch)
+    source, read_index, stride_r, indexed = _entries(pool, read, batch)
+    target, write_index, stride_w, write_indexed = _entries(pool, write, batch)
     if indexed != write_indexed:
         raise ValueError("delta_step takes read and write entries both as tensors or both as ints")
     y = out if out is not None else torch.empty((batch, v_heads, dv), dtype=mixed.dtype, device=mixed.device)
@@ -184,7 +186,7 @@ def delta_step(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: tor
         _delta_step_kernel[(batch * v_heads, triton.cdiv(dv, block_v))](
             mixed, b, a, a_log, dt_bias, source, read_index, target, write_index, y,
             v_heads, v_heads // k_heads, k_heads * k_dim, dk, dv, dk**-0.5,
-            mixed.stride(0), b.stride(0), a.stride(0), pool.stride(0), pool.stride(0), y.stride(0),
+            mixed.stride(0), b.stride(0), a.stride(0), pool.stride(0), pool.stride(0), y.stride(0), stride_r, stride_w,
             BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, INDEXED=indexed, num_warps=4,
             **dependent_launch(mixed),
         )
