@@ -11,7 +11,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from stagewise.models.block_table import BlockTable
-from stagewise.models.state import KVCache
+from stagewise.models.kv_cache import KVCache
 
 ROWS, CONTEXT, KV_HEADS, HEAD_DIM = 64, 4096, 2, 16  # a pool of 64 rows x 4096 positions
 

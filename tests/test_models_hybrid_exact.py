@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from stagewise.models.recurrent_state import RecurrentState
 from stagewise.models.registry import build_stage
-from stagewise.models.state import BlockState, RecurrentState
+from stagewise.models.stage_states import StageStates
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.safetensors_source import SafetensorsSource
 from stagewise.weights.stage_loader import load_stage
@@ -22,12 +23,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def _publish(states: dict[int, BlockState]) -> None:
-    for state in states.values():
-        state.publish()
+def _publish(states: StageStates) -> None:
+    states.publish()
 
 
-def _check_states(states: dict[int, BlockState], cache: object, what: str) -> int:
+def _check_states(states: StageStates, cache: object, what: str) -> int:
     checked = 0
     for index, state in states.items():
         if isinstance(state, RecurrentState):

@@ -1,6 +1,6 @@
 """Packed steps (StepLayout): a decoding row and several prompts' chunks in one token column give what
 the same tokens give in separate steps (within the batch tolerance transformers itself shows), staged =
-single bit for bit (logits and every block's state), and pipelines with recurrent rows refuse them."""
+single bit for bit (logits and every block's state), for attention-only and hybrid (recurrent-state) models."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.pipeline import Pipeline
 from tests.test_batching import BATCH_TOLERANCE
 
-PRESETS = ["random:tiny-llama", "random:tiny-qwen3", "random:tiny-qwen3-moe"]
+PRESETS = ["random:tiny-llama", "random:tiny-qwen3", "random:tiny-qwen3-moe", "random:tiny-qwen3.6"]
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -95,17 +95,6 @@ def test_only_named_segments_get_logits(pair: tuple[LoadedModel, LoadedModel]) -
     tokens, positions, _ = prepare_packed(single.pipeline, single.config.vocab_size)
     silent = StepLayout(LAYOUT.rows, LAYOUT.starts, LAYOUT.lengths, decoding=1)
     assert single.pipeline.step(tokens, positions, layout=silent).logits is None
-
-
-def test_recurrent_rows_refuse_packed_steps() -> None:
-    hybrid = load_model("random:tiny-qwen3.6", "cpu:1x4GiB", "single", 96, max_seqs=2, prefill_chunk=16)
-    try:
-        assert not hybrid.pipeline.packed_steps
-        layout = StepLayout(rows=(0,), starts=(0,), lengths=(3,), logits=(0,))
-        with pytest.raises(ValueError, match="packed steps"):
-            hybrid.pipeline.step(torch.zeros(3, 1, dtype=torch.long), torch.arange(3)[:, None], layout=layout)
-    finally:
-        hybrid.close()
 
 
 @pytest.mark.parametrize("fields", [

@@ -23,7 +23,7 @@ from stagewise.engine.prefix_cache import OutOfBlocks, PrefixCache
 from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.errors import ContextLengthExceeded, StagewiseError
-from stagewise.models.state import KVCache
+from stagewise.models.kv_cache import KVCache
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool
 from tests.batch_runs import Run, run_batch
 from tests.staged import run_trace

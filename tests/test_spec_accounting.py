@@ -60,9 +60,9 @@ def test_state_formulas() -> None:
     pooled = Profile(context_tokens=1000, batch=3, activation_dtype="bf16", kv_tokens=1000)  # 16 blocks shared
     assert block_state_bytes(attn, pooled) == (16 + 1) * 64 * 2 * c.num_kv_heads * c.head_dim * 2
     assert block_state_bytes(lin, pooled) == block_state_bytes(lin, p)  # recurrent state stays one slot per row
-    conv = 3 * c.linear_conv_dim * c.linear_conv_kernel_dim * 2
-    rec = 3 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
-    assert block_state_bytes(lin, p) == 2 * (conv + rec)  # double-buffered
+    conv = c.linear_conv_dim * c.linear_conv_kernel_dim * 2  # one entry's window, bf16
+    rec = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4  # one entry's state, f32
+    assert block_state_bytes(lin, p) == (1 + 2 * 3) * (conv + rec)  # the zero entry + two per row
 
 
 def test_tied_embeddings_charged_once_per_owner() -> None:

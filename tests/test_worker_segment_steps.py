@@ -1,6 +1,6 @@
 """Micro-batches in flight inside one worker: several steps over disjoint rows provisional at once, each
 published or rolled back by its step id without touching the others — on a hybrid model, whose
-recurrent rows are double-buffered (``RecurrentState``), against an in-process pipeline that settles
+recurrent rows are double-buffered (``StateSlots``), against an in-process pipeline that settles
 every step as it goes (bit-identical logits, features and state)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from stagewise.errors import WorkerMessageRejected
-from stagewise.models.state import RecurrentState
+from stagewise.models.state_slots import ZERO_ENTRY, StateSlots
 from stagewise.runtime.builder import build_pipeline
 from stagewise.runtime.pipeline import Pipeline
 from stagewise.runtime.worker_messages import Command
@@ -95,16 +95,18 @@ def test_steps_in_flight_settle_apart(model_dir: Path) -> None:
 
 
 def test_recurrent_rows_of_an_unsettled_step_are_not_written_again() -> None:
-    state = RecurrentState({"h": ((4, 2), torch.float32)}, torch.device("cpu"))
-    state.write("h", torch.ones(2, 2), slice(0, 2))
-    state.write("h", torch.full((2, 2), 2.0), slice(2, 4))
+    slots = StateSlots(4, torch.device("cpu"))
+    for row in range(4):
+        slots.reset(row)
+    slots.begin(range(0, 2))
+    slots.begin(range(2, 4))
     with pytest.raises(RuntimeError, match="not settled"):
-        state.provisional("h", slice(1, 3))
-    state.rollback(slice(2, 4))
-    state.publish(slice(0, 2))
-    assert state.parity == [1, 1, 0, 0]
-    assert torch.equal(state.read("h", slice(0, 2)), torch.ones(2, 2))
-    assert torch.equal(state.read("h", slice(2, 4)), torch.zeros(2, 2))  # rolled back: never published
+        slots.begin(range(1, 3))
+    fresh = [slots.write_entry(r) for r in range(4)]
+    slots.rollback(range(2, 4))
+    slots.publish(range(0, 2))
+    assert [slots.read_entry(r) for r in range(2)] == fresh[:2]  # published: what the step wrote
+    assert [slots.read_entry(r) for r in range(2, 4)] == [ZERO_ENTRY] * 2  # rolled back: never published
 
 
 def test_local_workers_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -175,7 +175,7 @@ class Batcher:
     # ----- one iteration -----------------------------------------------------------------------
     def iterate(self) -> None:
         """Advance every sequence by (at most) one step; see the module doc. A failed row operation
-        (reset, blocks, move, align: a lost worker) fails every sequence with its typed error."""
+        (reset, blocks, move: a lost worker) fails every sequence with its typed error."""
         try:
             self._advance()
         except StagewiseError as exc:
@@ -268,9 +268,6 @@ class Batcher:
             return  # it failed, or it ended a member
         members = list(self.staging)
         steps = self.sched.area.step_tokens()
-        if len(members) > 1 and not self.sched.area_aligned:
-            self.pipeline.align(self.sched.area.rows)  # members that started apart share one recurrent buffer
-            self.sched.area_aligned = True
         starts = [seq.prefilled for seq in members]
         tokens = torch.tensor([seq.ids[lo : lo + steps] for seq, lo in zip(members, starts, strict=True)],
                               dtype=torch.long)  # (k, T)

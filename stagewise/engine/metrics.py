@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from stagewise.models.state import KVCache
+from stagewise.models.kv_cache import KVCache
 from stagewise.runtime.executor import Executor
 from stagewise.runtime.pipeline import StepTimings
 

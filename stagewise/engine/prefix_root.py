@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stagewise.engine.block_hashes import model_key
-from stagewise.models.state import RecurrentState
 
 if TYPE_CHECKING:
     from stagewise.runtime.executor import Executor
@@ -19,6 +18,6 @@ def prefix_root(pipeline: Executor) -> bytes | None:
     blocks; sharing it needs per-block state snapshots, which are not implemented)."""
     if pipeline.kv_pool is None:
         return None
-    if any(isinstance(state, RecurrentState) for stage in pipeline.stages for state in stage.states.values()):
+    if any(stage.states is not None and stage.states.slots is not None for stage in pipeline.stages):
         return None
     return model_key(repr(pipeline.stages[0].model.config))

@@ -18,7 +18,7 @@ collected first, its blocks and row are freed and it goes back to the front of t
 restarts it prefills its prompt and the tokens it already generated (all but the last, which is its
 next input) and goes on decoding: nothing is sampled or reported twice.
 
-Row operations (reset, move, align, block-table rows) go through :class:`RowOps` (the pipeline);
+Row operations (reset, move, block-table rows) go through :class:`RowOps` (the pipeline);
 a refused one (a lost worker) raises :class:`~stagewise.errors.StagewiseError` to the caller,
 except a staging row's reset, which fails only its sequence.
 """
@@ -44,9 +44,7 @@ class RowOps(Protocol):
 
     def reset(self, slot: int) -> None: ...
 
-    def move(self, src: int, dst: int, length: int) -> None: ...
-
-    def align(self, rows: slice) -> None: ...
+    def move(self, src: int, dst: int) -> None: ...
 
 
 class StepScheduler:
@@ -76,7 +74,6 @@ class StepScheduler:
         self.queue: deque[Sequence] = deque()
         self.decoding: list[Sequence | None] = []  # rows 0 .. D-1 (None: finished, a hole until compaction)
         self.area: StagingArea[Sequence] = StagingArea(prefill_chunk, packed=packed)  # prefilling in, or ready to join from, the staging rows
-        self.area_aligned = True  # the staging rows share one recurrent buffer (else align before a step)
         self.groups: list[tuple[int, int, int]] = []  # (first row, sequences, rows run incl. padding)
         self.regroup_needed = False
         self.preemptions = 0  # sequences preempted (blocks ran out) since construction
@@ -166,7 +163,6 @@ class StepScheduler:
         if not self.staging:
             self.area.first = self._first_staging_row(seq)
         row = self.area.add(seq)
-        self.area_aligned = len(self.staging) == 1
         seq.row = row
         seq.length = cached
         seq.admitted = self._admissions
@@ -271,7 +267,7 @@ class StepScheduler:
         for move in plan.moves:
             seq = before[move.src]
             assert seq is not None
-            self.row_ops.move(move.src, move.dst, move.length)
+            self.row_ops.move(move.src, move.dst)
             seq.row = move.dst
         live: list[Sequence] = [s for s in (before[i] for i in plan.rows) if s is not None]
         assert all(s.row == i for i, s in enumerate(live))
@@ -280,15 +276,12 @@ class StepScheduler:
             self.kv.register_prompt(ready)  # its prefill is published (nothing in flight): cache its blocks
             dst = len(live)
             if ready.row != dst:
-                self.row_ops.move(ready.row, dst, ready.length)
+                self.row_ops.move(ready.row, dst)
                 ready.row = dst
             live.append(ready)
         self._close_staging(len(live))
         self.decoding = list(live)
         self.groups = self._plan_groups(len(live))
-        for first, _, run in self.groups:
-            if run > 1:
-                self.row_ops.align(slice(first, first + run))
         self.regroup_needed = False
 
     def _close_staging(self, floor: int) -> None:
@@ -297,9 +290,8 @@ class StepScheduler:
         first = max(floor, min((s.row for s in self.staging), default=floor))
         for i, seq in enumerate(self.staging):
             if seq.row != first + i:
-                self.row_ops.move(seq.row, first + i, seq.length)
+                self.row_ops.move(seq.row, first + i)
                 seq.row = first + i
-                self.area_aligned = False
         self.area.first = first
 
     def _plan_groups(self, count: int) -> list[tuple[int, int, int]]:

@@ -13,12 +13,15 @@ import torch
 from torch import nn
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.kv_cache import KVCache
 from stagewise.models.layers.attention import Attention
 from stagewise.models.layers.gated_deltanet import GatedDeltaNet
 from stagewise.models.layers.moe import SparseMoE
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.swiglu import SwiGLU
-from stagewise.models.state import BlockState, KVCache, RecurrentState
+from stagewise.models.recurrent_state import RecurrentState
+from stagewise.models.state import BlockState
+from stagewise.models.state_slots import StateSlots
 from stagewise.models.step_context import StepContext
 from stagewise.spec.model_config import ModelConfig
 
@@ -40,18 +43,17 @@ class HybridBlock(nn.Module):
                                else SwiGLU(hidden, config.intermediate_size))
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
-                  table: BlockTable | None = None) -> BlockState:
-        if self.is_linear:  # one fixed-size slot per row: no blocks
-            return self.linear_attn.new_state(batch, max_context, dtype, device)
+                  table: BlockTable | None = None, slots: StateSlots | None = None) -> BlockState:
+        if self.is_linear:  # fixed-size entries addressed through the stage's slots: no KV blocks
+            assert slots is not None, "a linear-attention block's state lives in its stage's state slots"
+            return self.linear_attn.new_state(batch, max_context, dtype, device, slots)
         return self.self_attn.new_state(batch, max_context, dtype, device, table)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: BlockState) -> torch.Tensor:
         normed = self.input_layernorm(hidden)  # (B, T, H)
         if self.is_linear:
             assert isinstance(state, RecurrentState)
-            if ctx.layout is not None:
-                raise ValueError("a linear-attention block cannot take a packed step (its state runs token by token per row)")
-            mixed = self.linear_attn(normed, state, ctx.rows)
+            mixed = self.linear_attn(normed, state, ctx)
         else:
             assert isinstance(state, KVCache)
             mixed = self.self_attn(normed, ctx, state)

@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.kv_cache import KVCache
 from stagewise.models.layers.attention import Attention
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.swiglu import SwiGLU
-from stagewise.models.state import KVCache
 from stagewise.models.step_context import StepContext
 from stagewise.spec.model_config import ModelConfig
 
@@ -25,7 +25,7 @@ class DecoderBlock(nn.Module):
         self.mlp = mlp if mlp is not None else SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
-                  table: BlockTable | None = None) -> KVCache:
+                  table: BlockTable | None = None, slots: object = None) -> KVCache:
         return self.self_attn.new_state(batch, max_context, dtype, device, table)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: KVCache) -> torch.Tensor:

@@ -8,7 +8,7 @@ from ``model.embed_tokens.weight`` (and shared with the embedding when one stage
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +19,8 @@ from stagewise.models.layers.embedding import Embedding
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import inverse_frequencies
-from stagewise.models.state import BlockState
+from stagewise.models.stage_states import StageStates
+from stagewise.models.state_slots import StateSlots
 from stagewise.models.step_context import StepContext
 from stagewise.models.step_layout import StepLayout
 from stagewise.spec.kv_pool import default_pool_blocks
@@ -106,22 +107,28 @@ class StageModel(nn.Module):
             head.weight = embed.weight
 
     def new_states(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
-                   table: BlockTable | None = None) -> dict[int, BlockState]:
+                   table: BlockTable | None = None, snapshots: int = 0) -> StageStates:
         """Fresh state for every block of this stage: KV pools over ``table`` (one table for the whole
-        stage; without one, an identity table of ``batch`` rows of ``max_context``), conv + recurrent state."""
+        stage; without one, an identity table of ``batch`` rows of ``max_context``), conv + recurrent
+        state in entry pools over one :class:`StateSlots` of ``batch`` rows and ``snapshots`` prefix
+        snapshots (where a block keeps recurrent state)."""
         if table is None:
             table = BlockTable(batch, max_context, default_pool_blocks(batch, max_context), device)
-        return {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device, table)  # type: ignore[operator]
-                for i in self.block_indices}
+        linear = any(getattr(self.model.layers[str(i)], "is_linear", False) for i in self.block_indices)
+        slots = StateSlots(batch, device, snapshots) if linear else None
+        blocks = {i: self.model.layers[str(i)].new_state(batch, max_context, dtype, device, table, slots)  # type: ignore[operator]
+                  for i in self.block_indices}
+        return StageStates(blocks, table, slots)
 
     def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype,
-                kv_length: int | None = None, first_row: int = 0, layout: StepLayout | None = None) -> StepContext:
+                kv_length: int | None = None, first_row: int = 0, layout: StepLayout | None = None,
+                slots: StateSlots | None = None) -> StepContext:
         if kv_length is None:
             kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
         groups = self.config.num_attention_heads // self.config.num_kv_heads
-        return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups, first_row, layout)
+        return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups, first_row, layout, slots)
 
-    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: Mapping[int, BlockState],
+    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, states: StageStates,
                 start: int | None = None, all_logits: bool = False, kv_length: int | None = None,
                 first_row: int = 0, layout: StepLayout | None = None) -> StageOutput:
         """Run this stage.
@@ -129,7 +136,7 @@ class StageModel(nn.Module):
         Args:
             inputs: token ids ``(B, T)`` at the entry, else the previous stage's hidden ``(B, T, H)``.
             positions: absolute positions ``(B, T)``.
-            states: this stage's block states (written provisionally).
+            states: this stage's block states (written provisionally; the step's rows are begun here).
             start: the common first position, when all rows are contiguous from it.
             all_logits: logits for every position instead of the last only.
             kv_length: attend over this many cache positions (masked causally) instead of the
@@ -143,7 +150,8 @@ class StageModel(nn.Module):
                 ``(S, 1, V)`` (None when it names none).
         """
         hidden = self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs  # (B, T, H)
-        ctx = self.context(positions, start, hidden.dtype, kv_length, first_row, layout)
+        ctx = self.context(positions, start, hidden.dtype, kv_length, first_row, layout, states.slots)
+        states.begin(layout.rows if layout is not None else range(first_row, first_row + int(positions.shape[0])))
         for i in self.block_indices:
             hidden = self.model.layers[str(i)](hidden, ctx, states[i])
         if self.model.norm is None or self.lm_head is None:

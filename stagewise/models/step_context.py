@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from stagewise.models.layers.rotary import rotary_cos_sin
+from stagewise.models.state_slots import StateSlots
 from stagewise.models.step_layout import StepLayout
 
 
@@ -47,6 +48,30 @@ class StepContext:
     query_groups: int = 1
     rows: slice = field(default_factory=lambda: slice(0, 1))
     layout: StepLayout | None = None
+    slots: StateSlots | None = None
+
+    @functools.cached_property
+    def slot_entries(self) -> torch.Tensor:
+        """Each segment's ``[read, write]`` recurrent-state entries ``(S, 2)`` int32 (:class:`StateSlots`),
+        read once for every linear-attention block: a packed step's segments in order (gathered from
+        the stage's table), or a rectangle step's ``B`` rows (a view of the table: a captured graph
+        reads the entries current at each replay)."""
+        assert self.slots is not None, "only a stage with recurrent state has state slots"
+        if self.layout is None:
+            return self.slots.table[self.rows]
+        rows = _on_device(list(self.layout.rows), self.positions.device)
+        return self.slots.table.index_select(0, rows)
+
+    @property
+    def segment_offsets(self) -> tuple[int, tuple[int, ...]]:
+        """The step's segments on the host: how many of the first are decoding rows (one token each),
+        and each segment's first token in the step's token column (then the tokens in all). A packed
+        step's are its layout's; a rectangle step's ``B`` rows of ``T`` tokens are ``B`` segments,
+        decoding rows when ``T`` is 1."""
+        if self.layout is not None:
+            return self.layout.decoding, self.layout.offsets
+        batch, steps = self.batch, self.steps
+        return (batch if steps == 1 else 0), tuple(range(0, batch * steps + 1, steps))
 
     @functools.cached_property
     def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,9 +139,9 @@ class StepContext:
     @staticmethod
     def build(positions: torch.Tensor, start: int | None, kv_length: int, inv_freq: torch.Tensor,
               dtype: torch.dtype, query_groups: int = 1, first_row: int = 0,
-              layout: StepLayout | None = None) -> StepContext:
+              layout: StepLayout | None = None, slots: StateSlots | None = None) -> StepContext:
         rows = slice(first_row, first_row + int(positions.shape[0]))
-        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows, layout)
+        return StepContext(positions, start, kv_length, inv_freq, dtype, query_groups, rows, layout, slots)
 
 
 def _on_device(values: list[int], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:

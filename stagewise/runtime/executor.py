@@ -66,12 +66,8 @@ class Executor(Protocol):
         """Row ``row``'s KV lives in ``block_ids`` (position order) on every stage."""
         ...
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Move row ``src`` (its first ``length`` positions) to row ``dst`` on every stage."""
-        ...
-
-    def align(self, rows: slice) -> None:
-        """Make ``rows`` steppable together (one published recurrent buffer) on every stage."""
+    def move(self, src: int, dst: int) -> None:
+        """Move row ``src``'s state (KV blocks, recurrent entries) to row ``dst`` on every stage, copying nothing."""
         ...
 
     @property

@@ -15,7 +15,6 @@ import torch
 
 from stagewise.errors import StagewiseError, StepCancelled, StepFailed
 from stagewise.models.stage_model import StageOutput
-from stagewise.models.state import RecurrentState
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.channel import Channel
 from stagewise.runtime.greedy_pairs import read_greedy_pairs
@@ -68,7 +67,7 @@ class Pipeline:
     """Ordered stages joined by one channel per boundary. One device is a one-stage pipeline."""
 
     device_tokens = True  # step() takes token ids that live on a device (no host round trip)
-    supports_rows = True  # step() runs any rows; move() and align() rearrange them (continuous batching)
+    supports_rows = True  # step() runs any rows; move() rearranges them (continuous batching)
 
     def __init__(self, stages: list[Stage], channels: list[Channel], timing: bool = False) -> None:
         if len(channels) != len(stages) - 1:
@@ -135,8 +134,6 @@ class Pipeline:
         """
         self.step_id += 1
         step_id = self.step_id
-        if layout is not None and not self.packed_steps:
-            raise ValueError("this pipeline cannot run packed steps (a stage holds recurrent state)")
         step = SegmentStep(step_id, positions.cpu(), start, all_logits, first_row, eager, layout)
 
         def before_stage(k: int) -> None:
@@ -212,22 +209,16 @@ class Pipeline:
         for stage in self.stages:
             stage.set_blocks(row, block_ids)
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst`` on every stage: its
-        block-table row moves (the KV stays in its blocks), recurrent state is copied."""
+    def move(self, src: int, dst: int) -> None:
+        """Move sequence row ``src`` to row ``dst`` on every stage: its block-table row and recurrent
+        entries move (the state stays where it is: nothing is copied)."""
         for stage in self.stages:
-            stage.move(src, dst, length)
-
-    def align(self, rows: slice) -> None:
-        """Make ``rows`` steppable together: one published recurrent buffer for all of them, on every stage."""
-        for stage in self.stages:
-            stage.align(rows)
+            stage.move(src, dst)
 
     @property
     def packed_steps(self) -> bool:
-        """Whether :meth:`step` takes a packed step (:class:`StepLayout`): stages in process whose
-        blocks hold no recurrent state (attention only; a linear-attention row runs token by token)."""
-        return not any(isinstance(state, RecurrentState) for stage in self.stages for state in stage.states.values())
+        """Whether :meth:`step` takes a packed step (:class:`StepLayout`): in process, always."""
+        return True
 
     @property
     def step_graphs(self) -> bool:

@@ -19,7 +19,7 @@ apart (by step id and rows), so publishing or rolling back one never touches ano
 row operation) over rows of an unsettled step settles that one first. A failed step is rolled back
 alone; a lost worker rolls back every step in flight and fails each with :class:`WorkerLost`.
 
-Row operations (``reset``, ``set_blocks``, ``move``, ``align``: continuous batching over the
+Row operations (``reset``, ``set_blocks``, ``move``: continuous batching over the
 workers' state rows) are checked here against the workers' rows, context and KV pool (a bad one
 changes nothing and fails with :class:`WorkerMessageRejected` at once), then ride on the next
 ``run`` (``Command.ops``), which every worker checks again and applies them before: no round trip
@@ -515,14 +515,9 @@ class DistributedPipeline:
         """As :meth:`Executor.set_blocks`, on every worker's stages."""
         self._rearrange(f"set_blocks of row {row}", "set_blocks", slot=row, blocks=[int(b) for b in block_ids])
 
-    def move(self, src: int, dst: int, length: int) -> None:
+    def move(self, src: int, dst: int) -> None:
         """As :meth:`Executor.move`, on every worker's stages."""
-        self._rearrange(f"move {src} -> {dst}", "move", src=src, dst=dst, length=length)
-
-    def align(self, rows: slice) -> None:
-        """As :meth:`Executor.align`, on every worker's stages."""
-        first, stop = rows.start or 0, rows.stop
-        self._rearrange(f"align of rows {first}..{stop - 1}", "align", first_row=first, rows=stop - first)
+        self._rearrange(f"move {src} -> {dst}", "move", src=src, dst=dst)
 
     def _rearrange(self, what: str, op: str, **fields: Any) -> None:
         """Check row operation ``op`` against the workers' rows, context and KV pool
@@ -534,7 +529,7 @@ class DistributedPipeline:
             cmd = Command(0, op, {}, **fields)
             table = self.stages[0].block_table
             assert table is not None  # described at construction
-            check_row_op(cmd, self.batch, self.context, table)
+            check_row_op(cmd, self.batch, table)
             named = cmd.named_rows()
             touched = range(min(named), max(named) + 1)  # a move's span: both its rows
             for handle in [h for h in self._pending.values() if rows_overlap(h.rows, touched)]:

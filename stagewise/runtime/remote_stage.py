@@ -11,6 +11,8 @@ happen in the worker.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from stagewise.models.registry import build_stage
@@ -46,10 +48,10 @@ class RemoteStage(Stage):
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool) -> None:  # type: ignore[override]
         raise RuntimeError(f"stage {self.spec.index} runs in worker {self.rank}; step the pipeline instead")
 
-    def publish(self, rows: slice | None = None) -> None:  # the worker publishes on the coordinator's command
+    def publish(self, rows: Iterable[int] | None = None) -> None:  # the worker publishes on the coordinator's command
         pass
 
-    def rollback(self, rows: slice | None = None) -> None:
+    def rollback(self, rows: Iterable[int] | None = None) -> None:
         pass
 
     def reset(self, slot: int) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +11,7 @@ import torch
 from stagewise.models.block_table import BlockTable
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
-from stagewise.models.state import BlockState, RecurrentState
+from stagewise.models.stage_states import StageStates
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.ledger import MemoryLedger
 from stagewise.runtime.step_graphs import StepGraphs
@@ -91,7 +91,7 @@ class Stage:
         self.ledger = ledger
         self.dtype = dtype
         self.device = torch.device(spec.torch_device)
-        self.states: dict[int, BlockState] = {}
+        self.states: StageStates | None = None
         self.graphs: StepGraphs | None = None  # CUDA-graph steps, enabled by enable_graphs()
         self.max_context = 0
         self.batch = 0  # sequence slots (state rows)
@@ -118,14 +118,14 @@ class Stage:
         self.states = self.model.new_states(batch, max_context, self.dtype, self.device, self.block_table)
 
     def _charge_state(self, batch: int, max_context: int,
-                      kv_blocks: int | None) -> tuple[BlockTable, dict[int, BlockState]]:
+                      kv_blocks: int | None) -> tuple[BlockTable, StageStates]:
         """The state :meth:`allocate_state` makes, built on the meta device (no memory) and charged to the
         ledger: its block table and states. Records ``batch`` and ``max_context``."""
         blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
         meta = torch.device("meta")
         table = BlockTable(batch, max_context, blocks, meta)
         planned = self.model.new_states(batch, max_context, self.dtype, meta, table)
-        nbytes = sum(s.nbytes for s in planned.values())
+        nbytes = planned.nbytes
         self.ledger.charge("state", nbytes, f"state for batch {batch} x context {max_context}, {blocks} KV blocks")
         self.max_context = max_context
         self.batch = batch
@@ -140,7 +140,7 @@ class Stage:
     def enable_graphs(self, prefill_tokens: int | None = None) -> bool:
         """Replay decode steps, and prefill chunks of exactly ``prefill_tokens`` tokens, as CUDA graphs
         on this stage's device; False where not possible."""
-        if self.device.type != "cuda" or not self.states:
+        if self.device.type != "cuda" or self.states is None:
             return False
         input_dtype = torch.long if self.model.entry else self.dtype
         self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, input_dtype, prefill_tokens)
@@ -148,7 +148,7 @@ class Stage:
 
     def measured_bytes(self) -> int:
         """Weights resident plus state allocated, counted from the real tensors."""
-        return self.model.resident_bytes() + sum(s.nbytes for s in self.states.values())
+        return self.model.resident_bytes() + (self.states.nbytes if self.states is not None else 0)
 
     def charge_check(self) -> ChargeCheck:
         planned = self.spec.planned_weights_bytes + self.spec.planned_state_bytes
@@ -194,6 +194,7 @@ class Stage:
             inputs = inputs.to(self.device, non_blocking=True)
         # NOTE: Triton kernels launch on the *current* CUDA device, not the tensors' device: make
         # this stage's device current, or a second GPU's stage would run its kernels on the first
+        assert self.states is not None, "allocate_state first"
         with self._device_context(), torch.inference_mode():
             return self.model(inputs, positions, self.states, start=start, all_logits=all_logits,
                               first_row=first_row, layout=layout)
@@ -201,40 +202,32 @@ class Stage:
     def _device_context(self) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    def publish(self, rows: slice | None = None) -> None:
+    def publish(self, rows: Iterable[int] | None = None) -> None:
         """Accept the provisional state of the step that ran ``rows`` (of every step not settled: None)."""
-        for state in self.states.values():
-            state.publish(rows)
+        if self.states is not None:
+            self.states.publish(rows)
 
-    def rollback(self, rows: slice | None = None) -> None:
+    def rollback(self, rows: Iterable[int] | None = None) -> None:
         """Discard the provisional state of the step that ran ``rows`` (of every step not settled: None)."""
-        for state in self.states.values():
-            state.rollback(rows)
+        if self.states is not None:
+            self.states.rollback(rows)
 
     def reset(self, slot: int) -> None:
-        for state in self.states.values():
-            state.reset(slot)
+        if self.states is not None:
+            with self._device_context():
+                self.states.reset(slot)
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Move sequence row ``src`` (its first ``length`` positions) to row ``dst``: the block-table row
-        moves (``src`` keeps no blocks), recurrent state is copied."""
+    def move(self, src: int, dst: int) -> None:
+        """Move sequence row ``src`` to row ``dst``: its block-table row and recurrent entries move
+        (``src`` keeps no blocks); no state is copied."""
+        assert self.states is not None, "allocate_state first"
         with self._device_context():
-            if self.block_table is not None:
-                self.block_table.move(src, dst)
-            for state in self.states.values():
-                state.move(src, dst, length)
-
-    def align(self, rows: slice) -> None:
-        """Give every row of ``rows`` the published buffer of its first row (rows stepped together)."""
-        with self._device_context():
-            for state in self.states.values():
-                if isinstance(state, RecurrentState):
-                    state.align(rows, state.parity[rows.start])
+            self.states.move(src, dst)
 
     def close(self) -> None:
         """Free the stage's device memory."""
         self.graphs = None
-        self.states = {}
+        self.states = None
         self.block_table = None
         self.model = None  # type: ignore[assignment]
         if self.device.type == "cuda":

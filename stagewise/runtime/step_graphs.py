@@ -5,9 +5,9 @@ graph removes the host's launch cost and any synchronization inside the step. A 
 launches as many, and issuing them from Python costs more host time than a 512-token chunk's
 kernels take on an H200; replayed, a stage's chunk is one launch, so while one stage's GPU
 works on chunk i + 1 the next stage's GPU works on chunk i (the host is no longer the bottleneck).
-Graphs are keyed by (first state row, batch, tokens per sequence, attended-length bucket, recurrent
-buffer parity of the rows): the attended length is rounded up (the causal mask hides the unused
-positions), and double-buffered recurrent state alternates between two buffer addresses. Every
+Graphs are keyed by (first state row, batch, tokens per sequence, attended-length bucket): the
+attended length is rounded up (the causal mask hides the unused positions); recurrent state is
+read and written through the stage's state-slot table, which a replay reads as it is then. Every
 graph of one (first row, shape) reads the same static input and positions buffers, so a step's inputs can be written into them
 directly (the positions from pinned host memory ahead of time, the previous stage's activation by
 its channel, the sampled token by the sampler) with no copy inside the step. Only one-token steps and
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.models.stage_model import StageModel, StageOutput
-from stagewise.models.state import BlockState, RecurrentState
+from stagewise.models.stage_states import StageStates
 
 MIN_BUCKET = 256
 
@@ -62,7 +62,7 @@ class _Slots:
 class StepGraphs:
     """Lazily captured step graphs for one stage on one CUDA device."""
 
-    def __init__(self, model: StageModel, states: dict[int, BlockState], device: torch.device,
+    def __init__(self, model: StageModel, states: StageStates, device: torch.device,
                  max_context: int, input_dtype: torch.dtype, prefill_tokens: int | None = None) -> None:
         self.prefill_tokens = prefill_tokens
         self.input_dtype = input_dtype  # token ids (entry) or the activation's dtype
@@ -70,15 +70,12 @@ class StepGraphs:
         self.states = states
         self.device = device
         self.max_context = max_context
-        self.graphs: dict[tuple[int, int, int, int, tuple[int, ...]], _Graph] = {}
+        self.graphs: dict[tuple[int, int, int, int], _Graph] = {}
         self.slots: dict[tuple[int, tuple[int, ...]], _Slots] = {}  # by first row and the input's shape
         self.pool = torch.cuda.graph_pool_handle()
         # NOTE: torch.cuda.graph's default capture stream belongs to whichever device was current
         # when it was first made; each stage captures on a stream of its own device.
         self.stream = torch.cuda.Stream(device)
-
-    def _parity(self, rows: slice) -> tuple[int, ...]:
-        return tuple(s.active(rows) for s in self.states.values() if isinstance(s, RecurrentState))
 
     def covers(self, steps: int) -> bool:
         """Whether a step of ``steps`` tokens per sequence replays a graph."""
@@ -101,7 +98,7 @@ class StepGraphs:
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
         bucket = kv_bucket(kv_end, self.max_context)
         rows = slice(first_row, first_row + batch)
-        key = (first_row, batch, steps, bucket, self._parity(rows))
+        key = (first_row, batch, steps, bucket)
         with torch.cuda.device(self.device):  # capture and replay on this stage's own device
             slots = self.slots_for(tuple(inputs.shape), first_row)
             if positions is not slots.positions:
@@ -113,9 +110,7 @@ class StepGraphs:
                 entry = self._capture(slots, bucket, first_row)
                 self.graphs[key] = entry
             entry.graph.replay()
-        for state in self.states.values():
-            if isinstance(state, RecurrentState):
-                state.mark_written(rows)
+        self.states.begin(range(rows.start, rows.stop))  # no Python of the model ran to begin the step
         return entry.output
 
     def _capture(self, slots: _Slots, bucket: int, first_row: int) -> _Graph:

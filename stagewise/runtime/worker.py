@@ -11,7 +11,7 @@
    ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision), for one step
    (``step_id``: several micro-batches may be in flight) or for all (``step_id`` 0); a publish
    decided since the coordinator's last command rides on its next one (``publish``: settled first); ``reset``,
-   ``set_blocks``, ``move`` and ``align`` rearrange state rows and acknowledge; ``regroup``
+   ``set_blocks`` and ``move`` rearrange state rows and acknowledge; ``regroup``
    rebuilds the data group after another worker was replaced; ``exit`` leaves.
 
 It exits when the coordinator's store disappears (a heartbeat thread notices within seconds),

@@ -40,8 +40,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 MAX_RANK = 4096
 MAX_INT = 2**62
-OPS = ("run", "publish", "rollback", "reset", "set_blocks", "move", "align", "regroup", "exit")
-ROW_OPS = ("reset", "set_blocks", "move", "align")  # rearrange state rows; acknowledged like run
+OPS = ("run", "publish", "rollback", "reset", "set_blocks", "move", "regroup", "exit")
+ROW_OPS = ("reset", "set_blocks", "move")  # rearrange state rows; acknowledged like run
 MAX_BLOCKS = 2**31 - 1  # a KV block id
 MAX_INT_LIST = 2**20  # block ids of one row
 MAX_ROW_OPS = 2**16  # row operations riding on one run
@@ -237,8 +237,8 @@ class Command:
 
     ``op``: ``run`` (step ``step_id`` over ``tokens``/``positions`` ``(B, T)`` in state rows
     ``first_row ..``), ``publish``, ``rollback``, the row operations of :data:`ROW_OPS` — ``reset``
-    (row ``slot``), ``set_blocks`` (row ``slot``'s KV in ``blocks``), ``move`` (row ``src``'s first
-    ``length`` positions to row ``dst``), ``align`` (rows ``first_row .. first_row + rows - 1``) —
+    (row ``slot``), ``set_blocks`` (row ``slot``'s KV in ``blocks``), ``move`` (row ``src``'s KV
+    blocks and recurrent entries to row ``dst``) —
     ``regroup`` (rebuild the data group as generation ``gen``), ``exit``. ``run``, the row
     operations and ``regroup`` are acknowledged, by ``expected_acks`` workers. A ``run`` carries the
     row operations decided since the last run in ``ops`` (each a row-operation command, checked by the
@@ -261,7 +261,6 @@ class Command:
     blocks: list[int] = field(default_factory=list)
     src: int = 0
     dst: int = 0
-    length: int = 0
     eager: bool = False  # run: never replay (or capture) a CUDA graph for this step
     greedy: bool = False  # run: the exit sends each row's greedy (token, log-probability), not the logits
     publish: list[int] = field(default_factory=list)  # any op: steps to publish first (decided since the last command)
@@ -272,9 +271,8 @@ class Command:
 
     def named_rows(self) -> list[int]:
         """The rows a row operation names: the row it resets or gives blocks, a move's source and
-        destination, an align's first and last."""
-        return {"reset": [self.slot], "set_blocks": [self.slot], "move": [self.src, self.dst],
-                "align": [self.first_row, self.first_row + self.rows - 1]}[self.op]
+        destination."""
+        return {"reset": [self.slot], "set_blocks": [self.slot], "move": [self.src, self.dst]}[self.op]
 
     @staticmethod
     def from_json(text: str | bytes, seq: int | None = None) -> Command:
@@ -320,14 +318,12 @@ class Command:
         if any(o is None or o.op not in ROW_OPS for o in nested):
             raise WorkerMessageRejected(f"{what}: ops holds something other than a row operation")
         rows = _int(raw, "rows", what, 0, MAX_RANK, 0)
-        if op == "align" and rows < 1:
-            raise WorkerMessageRejected(f"{what}: an align needs at least one row")
         return Command(got, op, checked, _int(raw, "step_id", what, 0, MAX_INT, 0), tokens, positions,
                        _opt_int(raw, "start", what, 0, 2**31 - 1), _bool(raw, "all_logits", what, False),
                        _int(raw, "slot", what, 0, MAX_RANK, 0), _int(raw, "gen", what, 0, MAX_INT, 0),
                        _int(raw, "expected_acks", what, 0, MAX_RANK, 0), _int(raw, "first_row", what, 0, MAX_RANK, 0),
                        rows, blocks, _int(raw, "src", what, 0, MAX_RANK, 0), _int(raw, "dst", what, 0, MAX_RANK, 0),
-                       _int(raw, "length", what, 0, 2**31 - 1, 0), _bool(raw, "eager", what, False),
+                       _bool(raw, "eager", what, False),
                        _bool(raw, "greedy", what, False), publish, [o for o in nested if o is not None])
 
 

@@ -6,7 +6,7 @@ tokens at the entry), run the loop, send the activation on (or keep the exit's o
 until the coordinator says publish or rollback. Several steps over disjoint rows may be
 provisional at once (the coordinator keeps one micro-batch per worker in flight); each is settled
 by its step id, for the rows it ran. It rearranges state rows on command as the
-in-process pipeline does (reset, KV blocks, moves, alignment), each checked against its stages'
+in-process pipeline does (reset, KV blocks, moves), each checked against its stages'
 rows and KV pool before any stage changes.
 """
 
@@ -60,7 +60,7 @@ class WorkerSegment:
         self.batch = batch
         local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
         self.segment = Segment(stages, local, hidden_size)  # the one stage loop, as in process
-        self.pending: dict[int, slice] = {}  # step id -> the rows it ran, until published or rolled back
+        self.pending: dict[int, range] = {}  # step id -> the rows it ran, until published or rolled back
 
     @staticmethod
     def load(assignment: Assignment, opener: Opener) -> WorkerSegment:
@@ -96,7 +96,7 @@ class WorkerSegment:
             return SegmentResult(None, [], 0.0)  # a worker the placement left without a stage
         self.check(cmd)
         positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T)
-        rows = slice(cmd.first_row, cmd.first_row + len(cmd.positions))
+        rows = range(cmd.first_row, cmd.first_row + len(cmd.positions))
         for step, other in self.pending.items():
             if rows_overlap(rows, other):
                 raise WorkerMessageRejected(f"step {cmd.step_id}: rows {rows.start}..{rows.stop - 1} overlap step "
@@ -140,7 +140,7 @@ class WorkerSegment:
                                         f"for {self.batch} slots")
 
     def rearrange(self, cmd: Command) -> None:
-        """Apply row operation ``cmd`` (``reset``, ``set_blocks``, ``move``, ``align``) to every stage,
+        """Apply row operation ``cmd`` (``reset``, ``set_blocks``, ``move``) to every stage,
         after checking it against the rows and the KV pool (:class:`WorkerMessageRejected`: no stage changed)."""
         if not self.stages:
             return
@@ -151,15 +151,13 @@ class WorkerSegment:
             elif cmd.op == "set_blocks":
                 stage.set_blocks(cmd.slot, cmd.blocks)
             elif cmd.op == "move":
-                stage.move(cmd.src, cmd.dst, cmd.length)
-            elif cmd.op == "align":
-                stage.align(slice(cmd.first_row, cmd.first_row + cmd.rows))
+                stage.move(cmd.src, cmd.dst)
 
     def check_rows(self, cmd: Command) -> None:
-        """:func:`check_row_op` against this segment's rows, context and KV pool."""
+        """:func:`check_row_op` against this segment's rows and KV pool."""
         table = self.stages[0].block_table
         assert table is not None, "allocate_state first"
-        check_row_op(cmd, self.batch, self.context, table)
+        check_row_op(cmd, self.batch, table)
 
     def publish(self, step_id: int = 0) -> None:
         """Accept step ``step_id``'s state (0: every step not settled)."""
@@ -173,7 +171,7 @@ class WorkerSegment:
             for stage in self.stages:
                 stage.rollback(rows)
 
-    def _settle(self, step_id: int) -> list[slice | None]:
+    def _settle(self, step_id: int) -> list[range | None]:
         if step_id == 0:
             self.pending.clear()
             return [None]
@@ -193,15 +191,13 @@ class WorkerSegment:
         self.stages = []
 
 
-def check_row_op(cmd: Command, batch: int, context: int, table: BlockTable) -> None:
-    """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows of the ``batch`` held,
-    positions inside ``context`` and block ids of ``table``'s pool (no more than a row holds). The
+def check_row_op(cmd: Command, batch: int, table: BlockTable) -> None:
+    """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows of the ``batch`` held and
+    block ids of ``table``'s pool (no more than a row holds). The
     coordinator checks each before it rides on a run; every worker checks it again."""
     rows = cmd.named_rows()
     if any(r >= batch for r in rows):
         raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {batch} slots")
-    if cmd.op == "move" and cmd.length > context:
-        raise WorkerMessageRejected(f"move: {cmd.length} positions, outside the context ({context})")
     if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
         raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
                                     f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")

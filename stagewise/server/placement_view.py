@@ -21,7 +21,7 @@ def _measured(stage: Stage) -> dict[str, int | None]:
     if isinstance(stage, RemoteStage):
         return {"weights_bytes": None, "state_bytes": None, "total_bytes": stage.measured_bytes()}
     weights = stage.model.resident_bytes()
-    state = sum(s.nbytes for s in stage.states.values())
+    state = stage.states.nbytes if stage.states is not None else 0
     return {"weights_bytes": weights, "state_bytes": state, "total_bytes": weights + state}
 
 

@@ -11,11 +11,11 @@ from torch import nn
 
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.block_table import BlockTable
+from stagewise.models.kv_cache import KVCache
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import apply_rotary
-from stagewise.models.state import KVCache
 from stagewise.models.step_context import StepContext
 from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
@@ -56,7 +56,7 @@ class Attention(nn.Module):
         return q, k, v
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
-                  table: BlockTable | None = None) -> KVCache:
+                  table: BlockTable | None = None, slots: object = None) -> KVCache:
         """This block's KV pool over ``table`` (the stage's); without one, its own identity table of
         ``batch`` rows of ``max_context`` positions."""
         if table is None:

@@ -4,10 +4,12 @@ Per step: project to q, k, v (+ output gate z, write strength b, decay input a),
 a short causal depthwise conv (SiLU), then the gated delta rule over an fp32 recurrent state, then
 a gated RMSNorm per value head and the output projection.
 
-State (a :class:`RecurrentState`, double-buffered, explicit):
-- ``conv`` ``(B, conv_dim, kernel)`` in the activation dtype: the last ``kernel`` conv inputs;
-- ``recurrent`` ``(B, Hv, Dk, Dv)`` float32.
-A fresh sequence starts from zeros, which is exactly the reference's zero left padding.
+State (a :class:`RecurrentState`: entry pools addressed through the stage's :class:`StateSlots`):
+- ``conv`` ``(E, conv_dim, kernel)`` in the activation dtype: the last ``kernel`` conv inputs;
+- ``recurrent`` ``(E, Hv, Dk, Dv)`` float32.
+Each segment of a step (a decoding row's token, a prompt's chunk) reads its row's read entry and
+writes its write entry. A fresh sequence reads the zero entry, which is exactly the reference's
+zero left padding.
 
 Checkpoint layouts: Qwen3-Next packs ``in_proj_qkvz`` / ``in_proj_ba`` grouped per key head;
 Qwen3.5 has separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a``. Both are kept
@@ -25,7 +27,9 @@ from stagewise.models.layers.delta_rule import chunked_gated_delta_rule, recurre
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.gated_rms_norm import GatedRMSNorm
 from stagewise.models.layers.linear import Linear
-from stagewise.models.state import RecurrentState
+from stagewise.models.recurrent_state import RecurrentState
+from stagewise.models.state_slots import StateSlots
+from stagewise.models.step_context import StepContext
 from stagewise.spec.model_config import ModelConfig
 
 
@@ -86,11 +90,14 @@ class GatedDeltaNet(nn.Module):
                 outs[i] = piece
         return [out if out is not None else part(x) for out, part in zip(outs, parts, strict=True)]
 
-    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device) -> RecurrentState:
+    def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
+                  slots: StateSlots) -> RecurrentState:
+        """This block's entry pools over the stage's ``slots``: each entry a conv window ``(C, K)`` in
+        ``dtype`` and a recurrent state ``(Hv, Dk, Dv)`` in float32."""
         return RecurrentState({
-            "conv": ((batch, self.conv_dim, self.kernel), dtype),
-            "recurrent": ((batch, self.v_heads, self.k_dim, self.v_dim), torch.float32),
-        }, device)
+            "conv": ((self.conv_dim, self.kernel), dtype),
+            "recurrent": ((self.v_heads, self.k_dim, self.v_dim), torch.float32),
+        }, slots, device)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``qkv`` ``(B, T, conv_dim)``, ``z`` ``(B, T, Hv, Dv)``, ``b`` and ``a`` ``(B, T, Hv)``."""
@@ -108,48 +115,85 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(batch, steps, self.v_heads, self.v_dim)
         return qkv, z, b.reshape(batch, steps, self.v_heads), a.reshape(batch, steps, self.v_heads)
 
-    def forward(self, x: torch.Tensor, state: RecurrentState, rows: slice) -> torch.Tensor:
-        """``x`` ``(B, T, H)``: every row's ``T`` tokens are new tokens of that row's sequence, whose
-        state is row ``rows.start + b`` of ``state``."""
+    def forward(self, x: torch.Tensor, state: RecurrentState, ctx: StepContext) -> torch.Tensor:
+        """``x`` ``(B, T, H)``: the step's tokens as its context lays them out (:attr:`StepContext.segment_offsets`):
+        a rectangle's ``B`` rows of ``T`` new tokens each, or a packed step's ``N`` tokens ``(N, 1, H)``
+        in segments; each segment's state read from and written to its row's entries
+        (:attr:`StepContext.slot_entries`)."""
         batch, steps, _ = x.shape
         qkv, z, b, a = self._project(x)
-        if steps == 1 and use_triton(x):
-            return self._decode_fused(qkv, z, b, a, state, rows)
+        tokens = batch * steps
+        qkv, z, b, a = (t.reshape(tokens, *t.shape[2:]) for t in (qkv, z, b, a))  # one token column
+        decoding, offsets = ctx.segment_offsets
+        entries = ctx.slot_entries  # (S, 2) [read, write]
+        parts: list[torch.Tensor] = []
+        if decoding:  # one token per row: the recurrent step
+            hi = offsets[decoding]
+            parts.append(self._decode_rows(qkv[:hi], b[:hi], a[:hi], state, entries[:decoding]))  # (Nd, Hv, Dv)
+        if decoding < len(offsets) - 1:  # prompts' chunks: the chunked rule, segment by segment
+            lo = offsets[decoding]
+            bounds = [o - lo for o in offsets[decoding:]]
+            parts.append(self._prompt_segments(qkv[lo:], b[lo:], a[lo:], state, entries[decoding:], bounds))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, Hv, Dv)
+        out = self.norm(out, z)  # (N, Hv, Dv)
+        return self.out_proj(out.reshape(batch, steps, self.value_dim))
 
-        window = torch.cat([state.read("conv", rows), qkv.transpose(1, 2)], dim=-1)  # (B, C, K + T)
-        state.write("conv", window[..., -self.kernel :], rows)
+    def _gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``beta`` (write strength, activation dtype) and ``g`` (log decay, float32), ``(N, Hv)``."""
+        return b.sigmoid(), -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+
+    def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The conv output ``(N, C)`` as q, k ``(N, Hk, Dk)`` and v ``(N, Hv, Dv)``."""
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        n = mixed.shape[0]
+        return (q.reshape(n, self.k_heads, self.k_dim), k.reshape(n, self.k_heads, self.k_dim),
+                v.reshape(n, self.v_heads, self.v_dim))
+
+    def _decode_rows(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: RecurrentState,
+                     entries: torch.Tensor) -> torch.Tensor:
+        """One token of each of ``Nd`` rows (``qkv`` ``(Nd, C)``), reading entries ``entries[:, 0]`` and
+        writing ``entries[:, 1]``. Returns ``(Nd, Hv, Dv)``."""
+        conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
+        if use_triton(qkv):  # the kernels read and write the entries in place (strided table columns)
+            from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
+
+            mixed = conv_step(qkv, self.conv1d.weight, conv_pool, entries[:, 0], entries[:, 1])  # (Nd, C)
+            return delta_step(mixed, b, a, self.A_log, self.dt_bias, rec_pool, entries[:, 0], entries[:, 1],
+                              self.k_heads, self.k_dim)  # (Nd, Hv, Dv)
+        read, write = entries[:, 0].long(), entries[:, 1].long()
+        mixed = self._conv(qkv[:, None], conv_pool.index_select(0, read), conv_pool, write)[:, 0]  # (Nd, C)
+        q, k, v = self._split_heads(mixed)
+        beta, g = self._gates(b, a)
+        out, recurrent = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                                    rec_pool.index_select(0, read))  # (Nd, 1, Hv, Dv)
+        rec_pool.index_copy_(0, write, recurrent)
+        return out[:, 0]
+
+    def _conv(self, qkv: torch.Tensor, window: torch.Tensor, conv_pool: torch.Tensor,
+              write: torch.Tensor) -> torch.Tensor:
+        """Depthwise causal conv + SiLU of ``qkv`` ``(B, T, C)`` after ``window`` ``(B, C, K)`` (the K previous
+        inputs); the last K inputs go to ``conv_pool[write]``. Returns ``(B, T, C)``."""
+        window = torch.cat([window, qkv.transpose(1, 2)], dim=-1)  # (B, C, K + T)
+        conv_pool.index_copy_(0, write, window[..., -self.kernel :])
         weight = self.conv1d.weight  # (C, 1, K)
         # output t sees inputs t+1 .. t+K of the window: the K-1 previous inputs and itself
         mixed = F.conv1d(window[..., 1:].to(weight.dtype), weight, groups=self.conv_dim)  # (B, C, T)
-        mixed = F.silu(mixed).to(x.dtype).transpose(1, 2)  # (B, T, C)
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(batch, steps, self.k_heads, self.k_dim)
-        k = k.reshape(batch, steps, self.k_heads, self.k_dim)
-        v = v.reshape(batch, steps, self.v_heads, self.v_dim)
+        return F.silu(mixed).to(qkv.dtype).transpose(1, 2)  # (B, T, C)
 
-        beta = b.sigmoid()  # (B, T, Hv) write strength
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # (B, T, Hv) log decay
-        rule = recurrent_gated_delta_rule if steps == 1 else chunked_gated_delta_rule
-        out, recurrent = rule(q, k, v, g, beta, state.read("recurrent", rows))  # (B, T, Hv, Dv)
-        state.write("recurrent", recurrent, rows)
-
-        out = self.norm(out, z).reshape(batch, steps, self.value_dim)
-        return self.out_proj(out)
-
-    def _decode_fused(self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                      state: RecurrentState, rows: slice) -> torch.Tensor:
-        """One token per sequence through the Triton decode kernels (same math as ``forward``)."""
-        from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
-        from stagewise.kernels.rms_norm_triton import rms_norm
-
-        batch = qkv.shape[0]
-        # the double-buffered rows as pools of 2 x rows entries: read the published, write the provisional
-        parity, slots = state.active(rows), len(state.parity)
-        read, write = parity * slots + rows.start, (1 - parity) * slots + rows.start
-        state.mark_written(rows)
-        conv, recurrent = (state.buffers[name].flatten(0, 1) for name in ("conv", "recurrent"))
-        mixed = conv_step(qkv[:, 0], self.conv1d.weight, conv, read, write)  # (B, C)
-        out = delta_step(mixed, b[:, 0], a[:, 0], self.A_log, self.dt_bias, recurrent, read, write,
-                         self.k_heads, self.k_dim)  # (B, Hv, Dv)
-        out = rms_norm(out, self.norm.weight, self.norm.eps, gate=z[:, 0])  # (B, Hv, Dv)
-        return self.out_proj(out.reshape(batch, 1, self.value_dim))
+    def _prompt_segments(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: RecurrentState,
+                         entries: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+        """Prompt chunks: segment ``s`` is tokens ``bounds[s] .. bounds[s+1] - 1`` of ``qkv`` ``(n, C)``, its
+        state read from ``entries[s, 0]`` and written to ``entries[s, 1]``. Returns ``(n, Hv, Dv)``."""
+        conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
+        outs = []
+        for s in range(len(bounds) - 1):
+            lo, hi = bounds[s], bounds[s + 1]
+            read, write = entries[s : s + 1, 0].long(), entries[s : s + 1, 1].long()
+            mixed = self._conv(qkv[None, lo:hi], conv_pool.index_select(0, read), conv_pool, write)[0]  # (n, C)
+            q, k, v = self._split_heads(mixed)
+            beta, g = self._gates(b[lo:hi], a[lo:hi])
+            out, recurrent = chunked_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                                      rec_pool.index_select(0, read))  # (1, n, Hv, Dv)
+            rec_pool.index_copy_(0, write, recurrent)
+            outs.append(out[0])
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
