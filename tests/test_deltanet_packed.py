@@ -125,11 +125,11 @@ def test_the_layer_functions_take_the_triton_path_where_use_triton_says() -> Non
 
 
 @needs_kernels
-@pytest.mark.parametrize("block_v", [16, 32])
-def test_triton_rule_matches_the_reference(block_v: int) -> None:
+@pytest.mark.parametrize(("dk", "dv", "block_v"), [(16, 24, 16), (16, 24, 32), (64, 32, 16)])  # masked / whole tiles
+def test_triton_rule_matches_the_reference(dk: int, dv: int, block_v: int) -> None:
     from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
 
-    step = _step(3 + sum(LENGTHS), seed=1, dv=24)  # 3 tokens before the first segment (decoding rows)
+    step = _step(3 + sum(LENGTHS), seed=1, dk=dk, dv=dv)  # 3 tokens before the first segment (decoding rows)
     segments = _segments(LENGTHS, READ, WRITE, first_token=3, snap=(0, 0, 1, 0, 6), snap_at=(0, 0, 64, 0, 128))
     want_pool, got_pool = step.pool.clone(), step.pool.clone()
     want = _reference_rule(step, want_pool, segments)
