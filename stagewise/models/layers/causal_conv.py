@@ -63,10 +63,10 @@ def packed_causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, conv_poo
             mixed = F.conv1d(taps.to(weight.dtype).transpose(0, 1)[None], weight, groups=channels)[0]  # (C, CHUNK)
             lo = offsets[s] + first
             out[lo : lo + n] = F.silu(mixed).transpose(0, 1)[:n].to(out.dtype)
-        pool_write(conv_pool, segments.write[s : s + 1], inputs[-kernel:].transpose(0, 1))
+        _pool_write(conv_pool, segments.write[s : s + 1], inputs[-kernel:].transpose(0, 1))
         at = segments.snap_tokens[s]
         if at:
-            pool_write(conv_pool, segments.snap[s : s + 1], inputs[at : at + kernel].transpose(0, 1))
+            _pool_write(conv_pool, segments.snap[s : s + 1], inputs[at : at + kernel].transpose(0, 1))
     return out
 
 
@@ -93,11 +93,11 @@ def causal_conv_step_reference(x: torch.Tensor, weight: torch.Tensor, conv_pool:
     """:func:`causal_conv_step`'s torch path, on any device."""
     channels = conv_pool.shape[1]
     window = torch.cat([conv_pool.index_select(0, read)[..., 1:], x[..., None].to(conv_pool.dtype)], dim=-1)  # (B, C, K)
-    pool_write(conv_pool, write, window)
+    _pool_write(conv_pool, write, window)
     mixed = F.conv1d(window.to(weight.dtype), weight, groups=channels)[..., 0]  # (B, C)
     return F.silu(mixed).to(x.dtype)
 
 
-def pool_write(pool: torch.Tensor, entries: torch.Tensor, value: torch.Tensor) -> None:
+def _pool_write(pool: torch.Tensor, entries: torch.Tensor, value: torch.Tensor) -> None:
     """``pool[entries[i]] = value[i]`` (``value`` ``(C, K)`` for a single entry), without a host sync."""
     pool.index_put_((entries,), value.reshape(entries.shape[0], *pool.shape[1:]))
