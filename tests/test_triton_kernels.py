@@ -152,11 +152,11 @@ def test_deltanet_decode_step_matches_reference() -> None:
     torch.manual_seed(3)
     batch, k_heads, v_heads, dk, dv, kernel = 2, 2, 4, 16, 8, 4
     channels = 2 * k_heads * dk + v_heads * dv
-    conv_state = torch.randn(batch, channels, kernel, device=DEVICE)
+    conv_pool = torch.randn(2 * batch, channels, kernel, device=DEVICE)  # rows' published windows, then new ones
+    conv_state, new_conv = conv_pool[:batch], conv_pool[batch:]
     x = torch.randn(batch, channels, device=DEVICE)
     weight = torch.randn(channels, 1, kernel, device=DEVICE)
-    new_conv = torch.empty_like(conv_state)
-    mixed = conv_step(conv_state, x, weight, new_conv)
+    mixed = conv_step(x, weight, conv_pool, 0, batch)
     window = torch.cat([conv_state, x[..., None]], dim=-1)
     torch.testing.assert_close(new_conv, window[..., 1:], atol=0, rtol=0)
     want_mixed = torch.nn.functional.silu(torch.nn.functional.conv1d(window[..., 1:], weight, groups=channels))[..., 0]
@@ -164,9 +164,9 @@ def test_deltanet_decode_step_matches_reference() -> None:
 
     b, a = torch.randn(batch, v_heads, device=DEVICE), torch.randn(batch, v_heads, device=DEVICE)
     a_log, dt_bias = torch.randn(v_heads, device=DEVICE), torch.randn(v_heads, device=DEVICE)
-    state = torch.randn(batch, v_heads, dk, dv, device=DEVICE)
-    new_state = torch.empty_like(state)
-    out = delta_step(mixed, b, a, a_log, dt_bias, state, new_state, k_heads, dk)
+    pool = torch.randn(2 * batch, v_heads, dk, dv, device=DEVICE)
+    state, new_state = pool[:batch], pool[batch:]
+    out = delta_step(mixed, b, a, a_log, dt_bias, pool, 0, batch, k_heads, dk)
     q, k, v = torch.split(mixed, [k_heads * dk, k_heads * dk, v_heads * dv], dim=-1)
     g = -a_log.exp() * torch.nn.functional.softplus(a + dt_bias)
     want_out, want_state = recurrent_gated_delta_rule(

@@ -156,18 +156,13 @@ class GatedDeltaNet(nn.Module):
         """One token of each of ``Nd`` rows (``qkv`` ``(Nd, C)``), reading entries ``entries[:, 0]`` and
         writing ``entries[:, 1]``. Returns ``(Nd, Hv, Dv)``."""
         conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
-        read, write = entries[:, 0].long(), entries[:, 1].long()
-        if use_triton(qkv):
+        if use_triton(qkv):  # the kernels read and write the entries in place (strided table columns)
             from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
 
-            window = torch.empty_like(conv_pool[: qkv.shape[0]])  # (Nd, C, K)
-            mixed = conv_step(conv_pool.index_select(0, read), qkv, self.conv1d.weight, window)  # (Nd, C)
-            conv_pool.index_copy_(0, write, window)
-            recurrent = torch.empty_like(rec_pool[: qkv.shape[0]])  # (Nd, Hv, Dk, Dv)
-            out = delta_step(mixed, b, a, self.A_log, self.dt_bias, rec_pool.index_select(0, read), recurrent,
-                             self.k_heads, self.k_dim)  # (Nd, Hv, Dv)
-            rec_pool.index_copy_(0, write, recurrent)
-            return out
+            mixed = conv_step(qkv, self.conv1d.weight, conv_pool, entries[:, 0], entries[:, 1])  # (Nd, C)
+            return delta_step(mixed, b, a, self.A_log, self.dt_bias, rec_pool, entries[:, 0], entries[:, 1],
+                              self.k_heads, self.k_dim)  # (Nd, Hv, Dv)
+        read, write = entries[:, 0].long(), entries[:, 1].long()
         mixed = self._conv(qkv[:, None], conv_pool.index_select(0, read), conv_pool, write)[:, 0]  # (Nd, C)
         q, k, v = self._split_heads(mixed)
         beta, g = self._gates(b, a)
