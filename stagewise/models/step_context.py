@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stagewise.models.layers.packed_segments import PackedSegments
 from stagewise.models.layers.rotary import rotary_cos_sin
 from stagewise.models.state_slots import StateSlots
 from stagewise.models.step_layout import StepLayout
@@ -61,6 +62,25 @@ class StepContext:
             return self.slots.table[self.rows]
         rows = _on_device(list(self.layout.rows), self.positions.device)
         return self.slots.table.index_select(0, rows)
+
+    @functools.cached_property
+    def state_segments(self) -> PackedSegments:
+        """The step's prompt segments as the linear-attention blocks run them, built once for all of
+        them from the host's state slots: each segment's read and write entries (its row's), its
+        snapshot where the layout takes one, token offsets past the decoding rows."""
+        slots = self.slots
+        assert slots is not None, "only a stage with recurrent state has state slots"
+        decoding, offsets = self.segment_offsets
+        if self.layout is not None:
+            rows = self.layout.rows[decoding:]
+            snaps = {s - decoding: (tokens, entry) for s, tokens, entry in self.layout.snapshots}
+        else:
+            rows = tuple(range(self.rows.start, self.rows.start + self.batch))
+            snaps = {}
+        lengths = [b - a for a, b in zip(offsets[decoding:], offsets[decoding + 1 :], strict=False)]
+        return PackedSegments.build(lengths, [slots.read_entry(r) for r in rows], [slots.write_entry(r) for r in rows],
+                                    self.positions.device, [snaps[s][1] if s in snaps else 0 for s in range(len(rows))],
+                                    [snaps[s][0] if s in snaps else 0 for s in range(len(rows))], offsets[decoding])
 
     @property
     def segment_offsets(self) -> tuple[int, tuple[int, ...]]:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from stagewise.kernels.triton_launch import use_triton
-from stagewise.models.layers.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from stagewise.models.layers.causal_conv import causal_conv_step, packed_causal_conv
+from stagewise.models.layers.delta_rule import packed_chunked_gated_delta_rule, packed_recurrent_step
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.gated_rms_norm import GatedRMSNorm
 from stagewise.models.layers.linear import Linear
@@ -118,96 +118,54 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, state: RecurrentState, ctx: StepContext) -> torch.Tensor:
         """``x`` ``(B, T, H)``: the step's tokens as its context lays them out (:attr:`StepContext.segment_offsets`):
         a rectangle's ``B`` rows of ``T`` new tokens each, or a packed step's ``N`` tokens ``(N, 1, H)``
-        in segments; each segment's state read from and written to its row's entries
-        (:attr:`StepContext.slot_entries`)."""
+        in segments. Decoding rows (one token each) take the recurrent step, their state read from and
+        written to their rows' entries (:attr:`StepContext.slot_entries`); prompt segments the chunked
+        rule, by :attr:`StepContext.state_segments` (entries and snapshots)."""
         batch, steps, _ = x.shape
         qkv, z, b, a = self._project(x)
         tokens = batch * steps
         qkv, z, b, a = (t.reshape(tokens, *t.shape[2:]) for t in (qkv, z, b, a))  # one token column
+        conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
         decoding, offsets = ctx.segment_offsets
-        entries = ctx.slot_entries  # (S, 2) [read, write]
-        parts: list[torch.Tensor] = []
-        if decoding:  # one token per row: the recurrent step
-            hi = offsets[decoding]
-            parts.append(self._decode_rows(qkv[:hi], b[:hi], a[:hi], state, entries[:decoding]))  # (Nd, Hv, Dv)
-        if decoding < len(offsets) - 1:  # prompts' chunks: the chunked rule, segment by segment
-            lo = offsets[decoding]
-            bounds = [o - lo for o in offsets[decoding:]]
-            snapshots = {seg - decoding: (tokens, entry) for seg, tokens, entry in ctx.layout.snapshots} \
-                if ctx.layout is not None else {}
-            parts.append(self._prompt_segments(qkv[lo:], b[lo:], a[lo:], state, entries[decoding:], bounds, snapshots))
-        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, Hv, Dv)
+        hi = offsets[decoding]  # the decoding rows' tokens come first
+        mixed = qkv.new_empty(qkv.shape)  # (N, C) the conv's output
+        out = qkv.new_empty((tokens, self.v_heads, self.v_dim))  # (N, Hv, Dv) the rule's readout
+        if decoding:
+            entries = ctx.slot_entries[:decoding]  # (Nd, 2) [read, write], columns of the stage's table
+            mixed[:hi] = causal_conv_step(qkv[:hi], self.conv1d.weight, conv_pool, entries[:, 0], entries[:, 1])
+        if hi < tokens:
+            segments = ctx.state_segments
+            packed_causal_conv(qkv, self.conv1d.weight, conv_pool, segments, out=mixed)
+        q, k, v = self._split_heads(mixed)
+        if decoding:
+            if use_triton(x):  # the gates, L2 norms and the state update in one launch, entries in place
+                from stagewise.kernels.deltanet_decode_triton import delta_step
+
+                delta_step(mixed[:hi], b[:hi], a[:hi], self.A_log, self.dt_bias, rec_pool, entries[:, 0],
+                           entries[:, 1], self.k_heads, self.k_dim, out=out[:hi])
+            else:
+                beta, g = self._gates(b[:hi], a[:hi])
+                out[:hi] = packed_recurrent_step(q[:hi], k[:hi], v[:hi], g, beta, rec_pool, entries[:, 0], entries[:, 1])
+        if hi < tokens:
+            beta, g = self._gates(b, a)
+            packed_chunked_gated_delta_rule(q, k, v, g, beta, rec_pool, segments, out=out)
         out = self.norm(out, z)  # (N, Hv, Dv)
         return self.out_proj(out.reshape(batch, steps, self.value_dim))
 
     def _gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``beta`` (write strength, activation dtype) and ``g`` (log decay, float32), ``(N, Hv)``."""
-        return b.sigmoid(), -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        """``beta`` (write strength, activation dtype) and ``g`` (log decay, float32), ``(N, Hv)``.
+
+        NOTE: sigmoid and softplus written with exp and log: on the CPU, torch's vectorized sigmoid and
+        softplus may round an element differently by where it lies in the tensor (exp and log do not), and
+        a token's gates must not depend on which step carries it (a cached prompt = a cold one, bit for bit)."""
+        beta = torch.reciprocal(1.0 + torch.exp(-b.float())).to(b.dtype)
+        shifted = a.float() + self.dt_bias
+        softplus = torch.where(shifted > 20.0, shifted, torch.log(1.0 + torch.exp(shifted.clamp(max=20.0))))
+        return beta, -self.A_log.float().exp() * softplus
 
     def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The conv output ``(N, C)`` as q, k ``(N, Hk, Dk)`` and v ``(N, Hv, Dv)``."""
+        """The conv output ``(N, C)`` as q, k ``(N, Hk, Dk)`` and v ``(N, Hv, Dv)`` (views)."""
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         n = mixed.shape[0]
         return (q.reshape(n, self.k_heads, self.k_dim), k.reshape(n, self.k_heads, self.k_dim),
                 v.reshape(n, self.v_heads, self.v_dim))
-
-    def _decode_rows(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: RecurrentState,
-                     entries: torch.Tensor) -> torch.Tensor:
-        """One token of each of ``Nd`` rows (``qkv`` ``(Nd, C)``), reading entries ``entries[:, 0]`` and
-        writing ``entries[:, 1]``. Returns ``(Nd, Hv, Dv)``."""
-        conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
-        if use_triton(qkv):  # the kernels read and write the entries in place (strided table columns)
-            from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
-
-            mixed = conv_step(qkv, self.conv1d.weight, conv_pool, entries[:, 0], entries[:, 1])  # (Nd, C)
-            return delta_step(mixed, b, a, self.A_log, self.dt_bias, rec_pool, entries[:, 0], entries[:, 1],
-                              self.k_heads, self.k_dim)  # (Nd, Hv, Dv)
-        read, write = entries[:, 0].long(), entries[:, 1].long()
-        mixed = self._conv(qkv[:, None], conv_pool.index_select(0, read), conv_pool, write)[:, 0]  # (Nd, C)
-        q, k, v = self._split_heads(mixed)
-        beta, g = self._gates(b, a)
-        out, recurrent = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
-                                                    rec_pool.index_select(0, read))  # (Nd, 1, Hv, Dv)
-        rec_pool.index_copy_(0, write, recurrent)
-        return out[:, 0]
-
-    def _conv(self, qkv: torch.Tensor, window: torch.Tensor, conv_pool: torch.Tensor,
-              write: torch.Tensor) -> torch.Tensor:
-        """Depthwise causal conv + SiLU of ``qkv`` ``(B, T, C)`` after ``window`` ``(B, C, K)`` (the K previous
-        inputs); the last K inputs go to ``conv_pool[write]``. Returns ``(B, T, C)``."""
-        window = torch.cat([window, qkv.transpose(1, 2)], dim=-1)  # (B, C, K + T)
-        conv_pool.index_copy_(0, write, window[..., -self.kernel :])
-        weight = self.conv1d.weight  # (C, 1, K)
-        # output t sees inputs t+1 .. t+K of the window: the K-1 previous inputs and itself
-        mixed = F.conv1d(window[..., 1:].to(weight.dtype), weight, groups=self.conv_dim)  # (B, C, T)
-        return F.silu(mixed).to(qkv.dtype).transpose(1, 2)  # (B, T, C)
-
-    def _prompt_segments(self, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, state: RecurrentState,
-                         entries: torch.Tensor, bounds: list[int],
-                         snapshots: dict[int, tuple[int, int]]) -> torch.Tensor:
-        """Prompt chunks: segment ``s`` is tokens ``bounds[s] .. bounds[s+1] - 1`` of ``qkv`` ``(n, C)``, its
-        state read from ``entries[s, 0]`` and written to ``entries[s, 1]``; ``snapshots[s] = (tokens, entry)``
-        also writes its state after its first ``tokens`` tokens (a chunk boundary) to ``entry``.
-        Returns ``(n, Hv, Dv)``."""
-        conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
-        outs = []
-        for s in range(len(bounds) - 1):
-            lo, hi = bounds[s], bounds[s + 1]
-            read, write = entries[s : s + 1, 0].long(), entries[s : s + 1, 1].long()
-            pieces = [(lo, hi, read, write)]
-            if s in snapshots:
-                tokens, entry = snapshots[s]
-                snap = torch.full_like(read, entry)
-                pieces = [(lo, lo + tokens, read, snap)] + ([(lo + tokens, hi, snap, write)] if lo + tokens < hi else [])
-            for start, end, src, dst in pieces:
-                mixed = self._conv(qkv[None, start:end], conv_pool.index_select(0, src), conv_pool, dst)[0]  # (n, C)
-                q, k, v = self._split_heads(mixed)
-                beta, g = self._gates(b[start:end], a[start:end])
-                out, recurrent = chunked_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
-                                                          rec_pool.index_select(0, src))  # (1, n, Hv, Dv)
-                rec_pool.index_copy_(0, dst, recurrent)
-                outs.append(out[0])
-            if s in snapshots and lo + snapshots[s][0] == hi:  # the snapshot is the segment's final state
-                for pool in (conv_pool, rec_pool):
-                    pool.index_copy_(0, write, pool.index_select(0, pieces[0][3]))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

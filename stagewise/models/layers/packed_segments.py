@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.models.layers.delta_rule import CHUNK
-
-ZERO_ENTRY = 0  # the pool entry that stays all zeros: the state of a sequence with no tokens yet
+from stagewise.models.state_slots import ZERO_ENTRY  # the pool entry that stays all zeros
 
 
 @dataclass(frozen=True)
