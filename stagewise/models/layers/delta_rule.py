@@ -71,10 +71,7 @@ def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
     terms = _chunk_terms(q, k, v, g, beta, chunk)
-    scan = chunk_scan
-    if use_triton(q):
-        from stagewise.kernels.delta_rule_scan_triton import chunk_scan_triton as scan
-    out, s = scan(*terms, state.to(terms[2]))
+    out, s = chunk_scan(*terms, state.to(terms[2]))
     out = out.reshape(batch, heads, -1, dv)[:, :, :steps]  # (B, Hv, T, Dv)
     return out.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format), s
 
