@@ -13,7 +13,8 @@ from typing import Any
 
 from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.generator import Generator
-from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
+from stagewise.engine.load_settings import add_model_arguments
+from stagewise.engine.model_loading import load_model_from_args
 from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import RequestError
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
             stop_token_ids=frozenset(stop),
         )
-        generator = Generator(loaded.pipeline, loaded.max_context)
+        generator = Generator(loaded.pipeline, loaded.max_context, prefill_chunk=loaded.prefill_chunk)
         tokens, logprobs = [], []
         for event in generator.stream(request):
             tokens.append(event.sample.token)

@@ -38,22 +38,22 @@ class Engine:
         max_waiting: requests that may wait for a sequence slot (beyond those a free slot takes at
             once); :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
-        prefill_chunk: tokens per step that prefills prompts (a packed step's decoding rows counted).
         micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
         prefix_cache: share cached prompt prefixes' KV blocks (``--no-prefix-cache``: off).
 
-    The engine runs as many sequences at once as the pipeline has sequence slots
-    (``model.max_seqs``); more requests wait in the queue.
+    The engine runs as many sequences at once as the pipeline has sequence slots (the profile's
+    sequences); more requests wait in the queue. Steps prefill up to the profile's prefill chunk.
     """
 
     def __init__(self, model: LoadedModel, max_waiting: int = 16, metrics: EngineMetrics | None = None,
-                 prefill_chunk: int = 512, micro_batches: int | None = None, prefix_cache: bool = True) -> None:
+                 micro_batches: int | None = None, prefix_cache: bool = True) -> None:
         if model.tokenizer is None:
             raise RequestError(f"model {model.name} has no tokenizer; the engine needs one to serve text")
         self.model = model
         self.tokenizer = model.tokenizer
         self.metrics = metrics or EngineMetrics()
-        self.batcher = Batcher(model.pipeline, model.max_context, prefill_chunk, micro_batches, prefix_cache=prefix_cache)
+        self.batcher = Batcher(model.pipeline, model.max_context, model.prefill_chunk, micro_batches,
+                               prefix_cache=prefix_cache)
         self.scheduler = Scheduler(max_waiting, max_running=self.batcher.slots)
         self.guard = StepGuard()
         model.pipeline.fault_hook = self.guard

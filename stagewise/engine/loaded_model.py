@@ -19,11 +19,14 @@ from stagewise.runtime.executor import Executor
 from stagewise.runtime.stage import ChargeCheck
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.profile import Profile
 
 
 @dataclass
 class LoadedModel:
-    """A model ready to run: its pipeline, tokenizer, template and the placement it runs under."""
+    """A model ready to run: its pipeline, tokenizer, template, the placement it runs under and the one
+    :class:`Profile` it was certified for (context, sequences, prefill chunk, KV dtype), which every
+    consumer (engine, batcher, generator, warm-up, bench, status) reads."""
 
     name: str
     config: ModelConfig
@@ -32,10 +35,21 @@ class LoadedModel:
     placement_summary: str  # e.g. "Fits across 2 devices: cpu:0 embedding + blocks 0-1 (...) · ..."
     tokenizer: Tokenizer | None
     chat_template: ChatTemplate
-    max_context: int
+    profile: Profile  # decided once (placement/profile_fit.py), certified with the placement
     dtype: torch.dtype
     spec: ModelSpec | None = None  # the accounting the placement was certified with
     topology: Topology | None = None  # the devices it was planned on
+    choice: str = ""  # what was chosen: "32,768 positions, 1 sequence, prefill chunks of 512: …"
+
+    @property
+    def max_context(self) -> int:
+        """Positions per sequence: the profile's context."""
+        return self.profile.context_tokens
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Tokens per prefill step: the profile's chunk."""
+        return self.profile.prefill_chunk_tokens
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

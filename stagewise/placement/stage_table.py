@@ -42,6 +42,7 @@ class StageTable:
     entry_weight: int
     exit_weight: int
     shared: int
+    stage_weight: int  # tables every stage keeps (the rotary frequencies)
 
     @staticmethod
     def build(spec: ModelSpec, profile: Profile) -> StageTable:
@@ -55,11 +56,12 @@ class StageTable:
             entry_weight=spec.entry.weight_bytes,
             exit_weight=spec.exit.weight_bytes,
             shared=spec.exit.shared_bytes,
+            stage_weight=spec.stage_table_bytes,
         )
 
     def total(self, a: int, b: int, entry: bool, exit: bool, workspace_max: int) -> int:
         """Total charge of ``[a, b)`` given the max block workspace over the range."""
-        w = self.weight_prefix[b] - self.weight_prefix[a]
+        w = self.weight_prefix[b] - self.weight_prefix[a] + self.stage_weight
         if entry:
             w += self.entry_weight
         if exit:

@@ -79,7 +79,8 @@ def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: to
             total += resident_bytes(source, src, owner, dtype.itemsize)
         else:
             total += param.numel() * dtype.itemsize  # missing: the loader will say so
-    return total
+    # buffers (the rotary frequencies): built on meta with their final shape and dtype
+    return total + sum(b.numel() * b.element_size() for b in model.buffers())
 
 
 class Stage:

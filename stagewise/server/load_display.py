@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from stagewise.engine.load_settings import LoadSettings
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.hardware.sizes import format_bytes
 from stagewise.server.serve_settings import ServeSettings
@@ -43,17 +44,18 @@ def usage_lines(settings: ServeSettings, key_in_env: bool) -> list[str]:
 
 def chat_command(settings: ServeSettings) -> list[str]:
     """``stagewise chat`` with the model and the loading options ``serve`` was given (those not at their default)."""
-    defaults = ServeSettings()
-    command = ["stagewise", "chat", *([settings.model] if settings.model else [])]
-    for flag, value, default in (("--devices", settings.devices, defaults.devices),
-                                 ("--placement", settings.placement, defaults.placement),
-                                 ("--context", settings.context, defaults.context),
-                                 ("--dtype", settings.dtype, defaults.dtype),
-                                 ("--prefill-chunk", settings.prefill_chunk, defaults.prefill_chunk),
-                                 ("--reserve", settings.reserve, defaults.reserve),
-                                 ("--kv-tokens", settings.kv_tokens, defaults.kv_tokens)):
+    load, defaults = settings.load, LoadSettings()
+    command = ["stagewise", "chat", *([load.model] if load.model else [])]
+    for flag, value, default in (("--devices", load.devices, defaults.devices),
+                                 ("--placement", load.placement, defaults.placement),
+                                 ("--context", load.context, defaults.context),
+                                 ("--dtype", load.dtype, defaults.dtype),
+                                 ("--kv-dtype", load.kv_dtype, defaults.kv_dtype),
+                                 ("--prefill-chunk", load.prefill_chunk, defaults.prefill_chunk),
+                                 ("--reserve", load.reserve, defaults.reserve),
+                                 ("--kv-tokens", load.kv_tokens, defaults.kv_tokens)):
         if value != default:
             command += [flag, str(value)]
-    if not settings.cuda_graphs:
+    if not load.cuda_graphs:
         command.append("--no-cuda-graphs")
     return command

@@ -72,6 +72,8 @@ def placement_view(model: LoadedModel) -> dict[str, Any]:
         "predicted": plan["predicted"],
         "max_context": model.max_context,
         "sequence_slots": pipeline.rows,
+        "profile": model.profile.to_dict(),  # the one profile the placement was certified for
+        "choice": model.choice,  # "32,768 positions, 1 sequence, prefill chunks of 512: …"
         "devices": _devices(topology, planned_by_device) if topology is not None else [],
         "links": _links(topology, [s["device"] for s in stages]) if topology is not None else [],
         "stages": stages,

@@ -59,7 +59,7 @@ def stage_charge(spec: ModelSpec, profile: Profile, start: int, end: int, entry:
     if not 0 <= start <= end <= spec.num_blocks or (start == end and not (entry or exit)):
         raise ConfigError(f"stage blocks [{start}, {end}) are not a range of {spec.num_blocks} blocks")
     blocks = spec.blocks[start:end]
-    weights = sum(b.weight_bytes for b in blocks)
+    weights = sum(b.weight_bytes for b in blocks) + spec.stage_table_bytes  # every stage keeps its tables
     if entry:
         weights += spec.entry.weight_bytes
     if exit:

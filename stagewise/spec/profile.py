@@ -7,7 +7,7 @@ from typing import Any
 
 from stagewise.errors import ConfigError
 from stagewise.spec.formats import activation_bytes
-from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, blocks_for, default_pool_blocks
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KV_DTYPES, blocks_for, default_pool_blocks, kv_element_bytes
 
 DEFAULT_CONTEXT_TOKENS = 4096  # assess / plan default; run may ask for more
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
@@ -22,8 +22,9 @@ ACCELERATOR_RUNTIME_WORKSPACE_BYTES = 160 << 20
 @dataclass(frozen=True)
 class Profile:
     """Serving profile: ``batch`` sequences of up to ``context_tokens`` positions each, prompts
-    ingested ``prefill_chunk_tokens`` at a time, activations / KV / conv state in
-    ``activation_dtype``; each stage also holds ``runtime_workspace_bytes`` for the device runtime.
+    ingested ``prefill_chunk_tokens`` at a time, activations and conv state in ``activation_dtype``,
+    keys and values in ``kv_dtype`` (None: the activation dtype; ``fp8``: float8 e4m3 with scales);
+    each stage also holds ``runtime_workspace_bytes`` for the device runtime.
     ``kv_tokens``: the KV pool's size in positions, shared by all sequences (rounded up to whole
     blocks); None gives every sequence its whole context (``batch × context``, rounded up per sequence).
     ``prefix_snapshots``: entries of recurrent state kept for the prefix cache (a snapshot of a
@@ -36,8 +37,14 @@ class Profile:
     runtime_workspace_bytes: int = 0  # per stage; ACCELERATOR_RUNTIME_WORKSPACE_BYTES on GPUs
     kv_tokens: int | None = None
     prefix_snapshots: int = 0
+    kv_dtype: str | None = None  # normalized: the activation dtype when not given
 
     def __post_init__(self) -> None:
+        if self.kv_dtype is None:
+            object.__setattr__(self, "kv_dtype", {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(
+                self.activation_dtype, self.activation_dtype))
+        if self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"profile: kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         for name, top in (("context_tokens", MAX_CONTEXT_TOKENS), ("batch", 4096), ("prefill_chunk_tokens", 1 << 20)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -77,6 +84,16 @@ class Profile:
     @property
     def activation_bytes(self) -> int:
         return activation_bytes(self.activation_dtype)
+
+    @property
+    def kv_storage(self) -> str:
+        """The KV cache's storage dtype (``kv_dtype``, normalized)."""
+        assert self.kv_dtype is not None
+        return self.kv_dtype
+
+    @property
+    def kv_element_bytes(self) -> int:
+        return kv_element_bytes(self.kv_storage)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,7 +11,7 @@ from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.quant_presets import QuantModel, preset
 from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
-from stagewise.spec.weight_bytes import split_expert_bytes, total_bytes
+from stagewise.spec.weight_bytes import rope_table_bytes, split_expert_bytes, total_bytes
 
 
 def build_spec(
@@ -63,6 +63,8 @@ def build_spec(
         blocks=tuple(blocks),
         entry=entry,
         exit=exit_,
+        max_context_tokens=c.max_position_embeddings,
+        stage_table_bytes=rope_table_bytes(c),
     )
 
 
