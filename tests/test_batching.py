@@ -161,7 +161,7 @@ def test_batch_buckets() -> None:
 
 
 def test_auto_max_seqs_takes_the_most_slots_that_fit() -> None:
-    # the demo's two 12 MiB devices cannot hold 64 slots on two stages: auto must step down to what
+    # the demo's two 11.5 MiB devices cannot hold 64 slots on two stages: auto must step down to what
     # fits (the planner refusing the larger counts is not an error), and one more slot must not fit
     from stagewise.placement.profile_fit import AUTO_BATCHES
 

@@ -17,6 +17,7 @@ from stagewise.hardware.sizes import format_bytes
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
 from stagewise.placement.sequence_capacity import capacity_line, capacity_table, pool_line, pool_report
+from stagewise.spec.kv_pool import KV_DTYPES
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import (
@@ -24,7 +25,7 @@ from stagewise.spec.profile import (
     DEFAULT_PREFILL_CHUNK_TOKENS,
     Profile,
     default_activation_dtype,
-    runtime_workspace_for,
+    kernel_path_for,
 )
 
 
@@ -37,6 +38,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tokens", type=int, default=None, metavar="N",
                    help="KV pool per stage in positions shared by the sequences (default: batch x context)")
     p.add_argument("--chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS, help="prefill chunk tokens (default 512)")
+    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
+                   help="KV cache storage (default: the activation dtype; fp8: float8 e4m3 with per-head scales)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="charge eager steps (no CUDA graphs' outputs), as `serve --no-cuda-graphs` runs")
     p.add_argument("--activation-dtype", default=None,
                    help="bf16, f16 or f32 (default: what `run`/`serve` use: f32 on CPU devices, bf16 otherwise)")
     p.add_argument("--format", dest="fmt", help="stored weight format: bf16, f16, f32, q8_0, q4_0, q4_k, q6_k…")
@@ -65,7 +70,8 @@ def devices_and_profile(args: argparse.Namespace) -> tuple[Topology, Profile]:
     """The ``--devices`` topology and the profile to charge on it (dtype and runtime workspace by device kind)."""
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
     profile = Profile(args.context, args.batch, args.chunk, activation_dtype(args, topology),
-                      runtime_workspace_for({d.kind for d in topology.devices}), kv_tokens=args.kv_tokens)
+                      kernel_path_for({d.kind for d in topology.devices}), kv_tokens=args.kv_tokens,
+                      kv_dtype=args.kv_dtype, cuda_graphs=args.cuda_graphs)
     return topology, profile
 
 

@@ -60,7 +60,7 @@ class LoadSettings:
                                     ("--prefill-chunk", self.prefill_chunk, 1, 1 << 20),
                                     ("--max-seqs", self.max_seqs, 1, 4096),
                                     ("--kv-tokens", self.kv_tokens, 1, 1 << 36),
-                                    ("prefix_snapshots", self.prefix_snapshots, 0, 1 << 20)):
+                                    ("prefix_snapshots", self.prefix_snapshots, 0, 1 << 16)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi):
                 raise ConfigError(f"{flag} must be an integer in [{lo}, {hi}], got {value!r}")
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
@@ -79,7 +79,7 @@ class LoadSettings:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The options every command that loads a model shares (read back by :func:`load_settings_from_args`)."""
-    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x12MiB)")
+    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x11.5MiB)")
     p.add_argument("--placement", default="auto", help="auto | single | pipeline:N")
     p.add_argument("--context", type=int, default=None,
                    help="positions per sequence (default: the longest that fits one sequence, up to the model's "

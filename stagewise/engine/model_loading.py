@@ -35,7 +35,7 @@ from stagewise.runtime.executor import Executor
 from stagewise.runtime.stage import StageSpec
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import Profile, default_activation_dtype, runtime_workspace_for
+from stagewise.spec.profile import Profile, default_activation_dtype, kernel_path_for
 from stagewise.weights.tensor_source import TensorSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -176,8 +176,8 @@ def load(settings: LoadSettings, progress: StageProgress | None = None,
     topology = cluster.topology if cluster else resolve_device_spec(settings.devices, ReservePolicy.parse(settings.reserve))
     run_dtype = run_dtype_for(settings.dtype, topology)
     spec = model_spec(opened, run_dtype)
-    base = Profile(runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
-                   activation_dtype=_SPEC_DTYPE[run_dtype], kv_tokens=settings.kv_tokens, kv_dtype=settings.kv_dtype)
+    base = Profile(kernel_path=kernel_path_for({d.kind for d in topology.devices}), activation_dtype=_SPEC_DTYPE[run_dtype],
+                   kv_tokens=settings.kv_tokens, kv_dtype=settings.kv_dtype, cuda_graphs=settings.cuda_graphs)
     request = ProfileRequest(base, settings.context, settings.max_seqs, settings.prefill_chunk,
                              settings.prefix_snapshots)
     fitted = fit_profile(spec, topology, request, settings.objective, stages)
