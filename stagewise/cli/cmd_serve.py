@@ -38,6 +38,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-warmup", dest="warm_up", action="store_false",
                         help="report ready right after loading, without the GPU warm-up (the first requests "
                              "then compile kernels and capture CUDA graphs)")
+    parser.add_argument("--no-peak-check", dest="peak_check", action="store_false",
+                        help="warm up without the load check's full-context step (a prompt filling --context in "
+                             "whole prefill chunks, whose allocator peak is the measured workspace on the banner "
+                             "and the status page); the workspace is then reported as not measured")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="prefill every prompt whole: no sharing of cached prompt prefixes' KV blocks")
     parser.add_argument("--cors-origin", dest="cors_origins", action="append", default=[], metavar="ORIGIN",
@@ -64,7 +68,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         load=load_settings_from_args(args),
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
-        warm_up=args.warm_up, prefix_cache=args.prefix_cache,
+        warm_up=args.warm_up, peak_check=args.peak_check, prefix_cache=args.prefix_cache,
         cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,

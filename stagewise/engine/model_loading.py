@@ -122,7 +122,7 @@ def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]
             raise PlacementError(f"device {p.device_id} is simulated: it can be planned for, not run on")
         specs.append(StageSpec(k, p.device_id, device.torch_device, p.start, p.end, p.entry, p.exit,
                                st.budget_bytes, st.charge.weights_bytes, st.charge.state_bytes,
-                               st.charge.workspace_bytes))
+                               st.charge.workspace_bytes, st.charge.reserve_bytes))
     return specs
 
 

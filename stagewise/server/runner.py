@@ -129,7 +129,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
                       highlight=False)
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
-            done = engine.warm_up()
+            done = engine.warm_up(full_context=settings.peak_check)
             console.print(f"stagewise: {done.summary()}", highlight=False)
         engine.start()
     except BaseException as exc:

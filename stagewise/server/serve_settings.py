@@ -26,6 +26,7 @@ class ServeSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     fault_injection: bool = False
     warm_up: bool = True  # on GPU stages, run synthetic requests before reporting ready
+    peak_check: bool = True  # the warm-up ends with a full-context step; its allocator peak is measured
     prefix_cache: bool = True  # share cached prompt prefixes' KV blocks and state snapshots (--no-prefix-cache: off)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (CORS); "*" for any; () = off
     header_timeout_s: float = 10.0  # a connection's request headers must be complete this long after it opens

@@ -81,10 +81,14 @@ def block_workspace_bytes(block: BlockSpec, profile: Profile, fmt: str = "bf16")
 def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int:
     tokens = profile.step_tokens
     tile = tile_bytes(block.matrices, fmt, tokens, profile, path)
+    # a decode of every row reads each row's state entry and writes a new one (models/layers/gated_deltanet.py)
+    decode_state = profile.batch * 2 * (block.recurrent_state_values * F32_BYTES
+                                        + block.conv_state_values * profile.activation_bytes)
     if path == "triton":
         values = tokens * block.step_values_per_token * profile.activation_bytes  # live at any moment, at most
-        # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul: not at once
-        return values + max(tokens * block.step_f32_values_per_token * F32_BYTES, tile)
+        # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul, a decode's
+        # state entries inside its recurrent step: never at once
+        return values + max(tokens * block.step_f32_values_per_token * F32_BYTES, tile, decode_state)
     per_token = (
         max(block.activation_values_per_token, block.step_values_per_token) * profile.activation_bytes
         + (block.f32_values_per_token + block.step_f32_values_per_token) * F32_BYTES
@@ -92,7 +96,7 @@ def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int
     )
     # the torch path attends over keys and values gathered from the pool: every row's attended context
     gathered = profile.batch * profile.context_tokens * block.kv_values_per_token * profile.activation_bytes
-    return tokens * per_token + gathered + tile
+    return tokens * per_token + gathered + tile + decode_state
 
 
 def handoff_buffer_bytes(hidden_size: int, profile: Profile) -> int:
