@@ -13,10 +13,17 @@ from typing import Any
 from stagewise.errors import PlacementError
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
-from stagewise.hardware.sizes import format_bytes
+from stagewise.hardware.sizes import format_bytes, in_binary_units, uses_binary_units
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
-from stagewise.placement.sequence_capacity import capacity_line, capacity_table, pool_line, pool_report
+from stagewise.placement.sequence_capacity import (
+    capacity_line,
+    capacity_table,
+    longest_context,
+    longest_line,
+    pool_line,
+    pool_report,
+)
 from stagewise.spec.kv_pool import KV_DTYPES
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
@@ -105,9 +112,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(placement_json(cert, spec, profile))
     else:
-        render_plan(cert, topology)
+        render_plan(cert, topology, uses_binary_units(args.devices))
         if cert.fits:
             print(pool_line(profile))
+            print(longest_line(longest_context(cert, spec, profile), spec))
             print(capacity_line(capacity_table(cert, spec, profile), profile))
     return 0 if cert.fits else 1
 
@@ -118,19 +126,28 @@ def placement_json(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) 
     body = json.loads(cert.to_json())
     table = capacity_table(cert, spec, profile) if cert.fits else ()
     body["sequence_capacity"] = [row.to_dict() for row in table]
+    body["longest_context_one_sequence"] = longest_context(cert, spec, profile) if cert.fits else None
+    body["model_max_context"] = spec.max_context_tokens or None
     body["kv_pool"] = pool_report(profile)
     body["expanded"] = [{"type": e.type_name, "tensors": e.tensors, "extra_bytes": e.extra_bytes} for e in spec.expanded]
     return json.dumps(body, indent=2)
 
 
-def headline(cert: CertifiedPlacement, topology: Topology) -> str:
+def headline(cert: CertifiedPlacement, topology: Topology, binary: bool = False) -> str:
+    """The outcome in one line, its figures those of the stages drawn below it (for a model that does not
+    fit: the best attempt's overflowing stage), in binary units where the devices were given in them."""
     kind = "GPUs" if all(topology.device(s.placement.device_id).kind == "cuda" for s in cert.stages) else "devices"
     if cert.outcome == "fits_single":
         s = cert.stages[0]
-        return f"Fits on {s.placement.device_id} ({format_bytes(s.headroom_bytes)} headroom)"
+        return f"Fits on {s.placement.device_id} ({format_bytes(s.headroom_bytes, binary)} headroom)"
     if cert.outcome == "fits_across":
         return f"Fits across {len(cert.stages)} {kind}"
-    return cert.reasons[0] if cert.reasons else "Does not fit"
+    if not cert.attempt_devices:
+        return cert.reasons[0] if cert.reasons else "Does not fit"
+    k = cert.attempt_devices
+    return (f"{cert.model_name} does not fit: with {k} device{'s' if k != 1 else ''} the best attempt needs "
+            f"{format_bytes(cert.required_bytes, binary)} on {cert.limiting_device}, budget "
+            f"{format_bytes(cert.budget_bytes, binary)} (short by {format_bytes(cert.deficit_bytes, binary)})")
 
 
 def speed_line(cert: CertifiedPlacement) -> str:
@@ -145,13 +162,14 @@ def speed_line(cert: CertifiedPlacement) -> str:
     )
 
 
-def render_plan(cert: CertifiedPlacement, topology: Topology) -> None:
+def render_plan(cert: CertifiedPlacement, topology: Topology, binary: bool = False) -> None:
     from rich.table import Table
 
     from stagewise.cli.console import console as make_console
 
     console = make_console()
-    console.print(f"[bold]{headline(cert, topology)}[/bold]  ({cert.model_name}, {cert.objective})")
+    units = in_binary_units if binary else str
+    console.print(f"[bold]{headline(cert, topology, binary)}[/bold]  ({cert.model_name}, {cert.objective})")
     if cert.stages:
         table = Table("stage", "device", "blocks", "entry/exit", "weights", "state", "workspace", "reserve", "total", "budget")
         for i, s in enumerate(cert.stages):
@@ -159,11 +177,12 @@ def render_plan(cert: CertifiedPlacement, topology: Topology) -> None:
             ends = "+".join(n for n, on in (("entry", sp.entry), ("exit", sp.exit)) if on) or "-"
             table.add_row(
                 str(i), sp.device_id, f"{sp.start}..{sp.end - 1}", ends,
-                *(format_bytes(v) for v in (c.weights_bytes, c.state_bytes, c.workspace_bytes, c.reserve_bytes, c.total_bytes)),
-                format_bytes(s.budget_bytes),
+                *(format_bytes(v, binary) for v in (c.weights_bytes, c.state_bytes, c.workspace_bytes,
+                                                    c.reserve_bytes, c.total_bytes)),
+                format_bytes(s.budget_bytes, binary),
             )
         console.print(table)
     console.print(speed_line(cert))
     for reason in cert.reasons[1 if not cert.fits else 0 :]:
-        console.print(f"  - {reason}")
+        console.print(f"  - {units(reason)}")
     console.print(f"[dim]{cert.fingerprint}[/dim]")

@@ -75,6 +75,33 @@ def sequence_capacity(cert: CertifiedPlacement, spec: ModelSpec, profile: Profil
     return SequenceCapacity(context_tokens, lo, _fits(cert, spec, replace(base, batch=hi)) or "")
 
 
+def longest_context(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> int:
+    """The longest context one sequence can have on the placement's stages (whole KV blocks, the
+    profile's chunk), up to the model's ``max_position_embeddings`` (or the profile's context when the
+    model does not say); 0 when not even one block fits."""
+    top = max(spec.max_context_tokens, profile.context_tokens) if spec.max_context_tokens else profile.context_tokens
+    base = replace(profile, batch=1, kv_tokens=None)
+    if _fits(cert, spec, replace(base, context_tokens=top)) is None:
+        return top
+    lo, hi = 0, top // KV_BLOCK_TOKENS  # in blocks: lo fits (0: nothing known to), hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(cert, spec, replace(base, context_tokens=mid * KV_BLOCK_TOKENS)) is None:
+            lo = mid
+        else:
+            hi = mid
+    return lo * KV_BLOCK_TOKENS
+
+
+def longest_line(tokens: int, spec: ModelSpec) -> str:
+    """``longest context for 1 sequence on this placement: 52,416 tokens (the model's maximum: 262,144)``."""
+    if not tokens:
+        return "longest context for 1 sequence on this placement: none (not even one KV block)"
+    most = spec.max_context_tokens
+    note = " (the model's maximum)" if most and tokens >= most else (f" (the model's maximum: {most:,})" if most else "")
+    return f"longest context for 1 sequence on this placement: {tokens:,} tokens{note}"
+
+
 def capacity_table(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> tuple[SequenceCapacity, ...]:
     """Capacity at the profile's context and at the usual lengths."""
     contexts = sorted({profile.context_tokens, *REPORTED_CONTEXTS})
