@@ -47,7 +47,8 @@ def run_spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         stage = loaded.pipeline.stages[0]
         pool = loaded.pipeline.kv_pool
         seen["loaded"] = loaded
-        seen["held"] = {"blocks_per_row": stage.block_table.blocks_per_row, "dtype": stage.dtype,
+        kv = [state.key.dtype for state in stage.states.values() if hasattr(state, "key")]
+        seen["held"] = {"blocks_per_row": stage.block_table.blocks_per_row, "dtype": stage.dtype, "kv": kv,
                         "pool_tokens": pool.tokens if pool is not None else None,
                         "devices": [s.spec.device for s in loaded.pipeline.stages]}  # before run closes it
         return loaded
@@ -89,6 +90,8 @@ def test_default_chunk_runs_the_prompt_in_one_step(run_spy: dict[str, Any]) -> N
      lambda m, h: h["dtype"] == torch.bfloat16 and m.profile.activation_dtype == "bf16"),
     (("--context", "64", "--devices", "cpu:2x64MiB", "--placement", "pipeline:2"),
      lambda m, h: h["devices"] == ["cpu:0", "cpu:1"]),
+    (("--context", "64", "--kv-dtype", "fp8"),
+     lambda m, h: m.profile.kv_storage == "fp8" and h["kv"] and set(h["kv"]) == {torch.float8_e4m3fn}),
 ])
 def test_each_run_setting_reaches_its_consumer(run_spy: dict[str, Any], argv: tuple[str, ...], check: Any) -> None:
     out = _run(*argv)

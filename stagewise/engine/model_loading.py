@@ -24,7 +24,7 @@ from stagewise.engine.load_settings import LoadSettings, load_settings_from_args
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.placement_summary import placement_summary
 from stagewise.engine.tokenizer import Tokenizer
-from stagewise.errors import PlacementError
+from stagewise.errors import ConfigError, PlacementError
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.topology import Topology
@@ -111,7 +111,8 @@ def model_spec(opened: OpenedModel, dtype: torch.dtype) -> ModelSpec:
 
 
 def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]:
-    """The executor's view of a certified placement."""
+    """The executor's view of a certified placement (its profile's KV storage included)."""
+    kv_dtype = "fp8" if cert.profile.kv_storage == "fp8" else None
     specs = []
     for k, st in enumerate(cert.stages):
         p = st.placement
@@ -122,7 +123,7 @@ def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]
             raise PlacementError(f"device {p.device_id} is simulated: it can be planned for, not run on")
         specs.append(StageSpec(k, p.device_id, device.torch_device, p.start, p.end, p.entry, p.exit,
                                st.budget_bytes, st.charge.weights_bytes, st.charge.state_bytes,
-                               st.charge.workspace_bytes, st.charge.reserve_bytes))
+                               st.charge.workspace_bytes, st.charge.reserve_bytes, kv_dtype))
     return specs
 
 
@@ -175,6 +176,7 @@ def load(settings: LoadSettings, progress: StageProgress | None = None,
             cluster, joins = cluster_topology(pool, settings.join_timeout_s, settings.measure_links, activation_bytes)
     topology = cluster.topology if cluster else resolve_device_spec(settings.devices, ReservePolicy.parse(settings.reserve))
     run_dtype = run_dtype_for(settings.dtype, topology)
+    _check_kv_dtype(settings, run_dtype)
     spec = model_spec(opened, run_dtype)
     base = Profile(kernel_path=kernel_path_for({d.kind for d in topology.devices}), activation_dtype=_SPEC_DTYPE[run_dtype],
                    kv_tokens=settings.kv_tokens, kv_dtype=settings.kv_dtype, cuda_graphs=settings.cuda_graphs)
@@ -214,6 +216,18 @@ def load_with_progress(settings: LoadSettings, show: bool = True) -> LoadedModel
 
     with LoadProgress(enabled=show) as bar:
         return load(settings, progress=bar.update, on_plan=bar.start)
+
+
+def _check_kv_dtype(settings: LoadSettings, run_dtype: torch.dtype) -> None:
+    """KV kept in the run dtype, or fp8 (in this process: workers keep their KV in the run dtype)."""
+    kv = settings.kv_dtype
+    if kv is None or kv == _SPEC_DTYPE[run_dtype]:
+        return
+    if kv != "fp8":
+        raise ConfigError(f"--kv-dtype {kv}: keys and values are kept in the run dtype ({_SPEC_DTYPE[run_dtype]}) "
+                          "or fp8")
+    if settings.workers is not None:
+        raise ConfigError("--kv-dtype fp8 runs stages in this process only (not with --workers)")
 
 
 def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **overrides: Any) -> LoadedModel:

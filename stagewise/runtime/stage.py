@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.layers.attention import Attention
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.stage_states import StageStates
@@ -42,6 +43,7 @@ class StageSpec:
     planned_state_bytes: int = 0
     planned_workspace_bytes: int = 0
     planned_reserve_bytes: int = 0
+    kv_dtype: str | None = None  # "fp8": keys and values kept as float8 e4m3 with scales; None: the run dtype
 
     def __post_init__(self) -> None:
         if self.start > self.end or self.start < 0:
@@ -153,6 +155,10 @@ class Stage:
         """The state :meth:`allocate_state` makes, built on the meta device (no memory) and charged to the
         ledger: its block table and states. Records ``batch`` and ``max_context``."""
         blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
+        storage = torch.float8_e4m3fn if self.spec.kv_dtype == "fp8" else None
+        for module in self.model.modules():  # every attention block keeps its keys and values so
+            if isinstance(module, Attention):
+                module.kv_storage = storage
         meta = torch.device("meta")
         table = BlockTable(batch, max_context, blocks, meta)
         planned = self.model.new_states(batch, max_context, self.dtype, meta, table, snapshots)
