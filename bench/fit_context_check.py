@@ -27,16 +27,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stagewise.engine.engine import Engine  # noqa: E402
-from stagewise.engine.generator import GenerationRequest, TokenEvent  # noqa: E402
-from stagewise.engine.load_settings import LoadSettings  # noqa: E402
-from stagewise.engine.model_loading import load  # noqa: E402
-from stagewise.engine.sampling import SamplingParams  # noqa: E402
-from stagewise.engine.sequence import Sequence  # noqa: E402
-from stagewise.errors import StagewiseError  # noqa: E402
-from stagewise.runtime.peak_memory import PeakMeter  # noqa: E402
-from stagewise.server.load_display import placement_lines  # noqa: E402
-from stagewise.server.random_tokenizer import with_demo_tokenizer  # noqa: E402
+from stagewise.engine.engine import Engine
+from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.load_settings import LoadSettings
+from stagewise.engine.model_loading import load
+from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
+from stagewise.errors import StagewiseError
+from stagewise.runtime.peak_memory import PeakMeter
+from stagewise.server.load_display import placement_lines
+from stagewise.server.random_tokenizer import with_demo_tokenizer
 
 
 def _raise(error: StagewiseError) -> None:

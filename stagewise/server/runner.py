@@ -125,8 +125,8 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
         engine = Engine(model, settings.queue, state.metrics, prefix_cache=settings.prefix_cache)
         pool = model.pipeline.kv_pool
         pool_text = f", a KV pool of {pool.tokens} positions (--kv-tokens)" if pool is not None else ""
-        console.print(f"stagewise: {model.choice} (--context, --max-seqs, --prefill-chunk){pool_text}",
-                      highlight=False)
+        console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
+                      f"{model.max_context:,} positions each (--max-seqs, --context){pool_text}", highlight=False)
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
             done = engine.warm_up(full_context=settings.peak_check)
