@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.engine.engine import Engine
-from stagewise.engine.generator import GenerationRequest, TokenEvent
+from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.load_settings import LoadSettings
 from stagewise.engine.model_loading import load
 from stagewise.engine.sampling import SamplingParams

@@ -45,8 +45,12 @@ def test_qwen36_q4_k_m_on_one_capped_gpu() -> None:
     at_32k = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "32768")
     assert at_32k["outcome"] == "fits_single" and _sequences(at_32k, 32768) >= 1
     assert at_32k["longest_context_one_sequence"] >= 32768
-    at_8k = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "8192")
+    # four sequences at 8,192 without the prefix cache's recurrent-state snapshots (serve --no-prefix-cache);
+    # with them (one per sequence, 63 MB each here: serve's default) three
+    at_8k = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "8192", "--no-prefix-cache")
     assert _sequences(at_8k, 8192) >= 4
+    cached = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "8192")
+    assert _sequences(cached, 8192) == 3 and cached["profile"]["prefix_snapshots"] == 1
     fp8 = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "65536", "--kv-dtype", "fp8")
     assert fp8["outcome"] == "fits_single" and _sequences(fp8, 65536) >= 1
     assert fp8["profile"]["kv_dtype"] == "fp8"
@@ -82,8 +86,10 @@ def test_unset_context_takes_the_longest_that_fits_one_sequence() -> None:
 
 def test_set_context_trades_sequences_then_the_chunk_then_refuses() -> None:
     spec, topology = _qwen36_on("22.76GB")
-    auto = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=8192, batch=None))
+    auto = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=8192, batch=None, prefix_snapshots=0))
     assert auto.profile.batch == 4 and auto.profile.prefill_chunk_tokens == 512  # sequences first
+    cached = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=8192, batch=None))
+    assert (cached.profile.batch, cached.profile.prefix_snapshots) == (2, 2)  # auto: 64, 32 .. 4, 2, 1; a snapshot a slot
     longest = fit_profile(spec, topology, ProfileRequest(GPU)).profile.context_tokens
     traded = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=longest + 1024, batch=None))
     assert traded.profile.batch == 1 and traded.profile.prefill_chunk_tokens < 512

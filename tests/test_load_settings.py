@@ -140,7 +140,7 @@ def test_serve_max_seqs_and_chunk_reach_the_engine() -> None:
     try:
         engine = Engine(model)
         assert engine.batcher.slots == 3 == model.pipeline.rows == model.profile.batch
-        assert engine.batcher.prefill_chunk == 16 == engine.generator.prefill_chunk
+        assert engine.batcher.prefill_chunk == 16 == model.prefill_chunk
         assert engine.batcher.max_context == 128
     finally:
         model.close()

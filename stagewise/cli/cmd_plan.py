@@ -47,6 +47,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS, help="prefill chunk tokens (default 512)")
     p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
                    help="KV cache storage (default: the activation dtype; fp8: float8 e4m3 with per-head scales)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="charge no recurrent-state prefix snapshots (hybrids), as `serve --no-prefix-cache` "
+                        "holds; default: one per sequence, as `serve` holds")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="charge eager steps (no CUDA graphs' outputs), as `serve --no-cuda-graphs` runs")
     p.add_argument("--activation-dtype", default=None,
@@ -78,7 +81,8 @@ def devices_and_profile(args: argparse.Namespace) -> tuple[Topology, Profile]:
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
     profile = Profile(args.context, args.batch, args.chunk, activation_dtype(args, topology),
                       kernel_path_for({d.kind for d in topology.devices}), kv_tokens=args.kv_tokens,
-                      kv_dtype=args.kv_dtype, cuda_graphs=args.cuda_graphs)
+                      kv_dtype=args.kv_dtype, cuda_graphs=args.cuda_graphs,
+                      prefix_snapshots=args.batch if args.prefix_cache else 0)
     return topology, profile
 
 

@@ -144,21 +144,18 @@ def batch_buckets(batch: int) -> list[int]:
 
 
 def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
-    """What CUDA graphs keep once captured (``runtime/step_graphs.py``): each graph's own outputs, for
-    every attended-length bucket up to the context and each decode batch bucket; a prefill chunk's graph
-    once per bucket and state row it starts at. At the exit a graph keeps
-    its rows' float32 logits and features, elsewhere the hidden state it hands on.
+    """What CUDA graphs keep once captured (``runtime/step_graphs.py``: decode steps; prompts run eagerly in
+    packed steps): each graph's own outputs, for every attended-length bucket up to the context and each
+    decode batch bucket. At the exit a graph keeps its rows' float32 logits and features, elsewhere the
+    hidden state it hands on.
 
     NOTE: this grows with the context (buckets) and the sequences (shapes): graphs writing into one
-    output buffer per shape would keep a few MB instead (issue 44's step path)."""
+    output buffer per shape would keep a few MB instead (the step path's graphs)."""
     if profile.kernel_path == "torch" or not profile.cuda_graphs:
         return 0
     a = profile.activation_bytes
     per_row = spec.vocab_size * F32_BYTES + spec.hidden_size * a if exit else spec.hidden_size * a
-    decode_rows = sum(batch_buckets(profile.batch))
-    # a chunk's graph per state row it may start at (the staging row); the exit keeps its last token's logits
-    prefill_rows = profile.batch * (1 if exit else profile.chunk_tokens)
-    return graph_buckets(profile.context_tokens) * (decode_rows + prefill_rows) * per_row
+    return graph_buckets(profile.context_tokens) * sum(batch_buckets(profile.batch)) * per_row
 
 
 def stage_workspace_bytes(spec: ModelSpec, profile: Profile, blocks: list[BlockSpec], entry: bool, exit: bool) -> int:

@@ -15,6 +15,7 @@ run() {  # name, then assess arguments
 }
 run qwen36_q4_k_m_22.76GB_ctx32768 "$Q" --format q4_k_m --devices 22.76GB --context 32768
 run qwen36_q4_k_m_22.76GB_ctx8192 "$Q" --format q4_k_m --devices 22.76GB --context 8192
+run qwen36_q4_k_m_22.76GB_ctx8192_no_prefix_cache "$Q" --format q4_k_m --devices 22.76GB --context 8192 --no-prefix-cache
 run qwen36_q4_k_m_22.76GB_fp8_ctx65536 "$Q" --format q4_k_m --devices 22.76GB --context 65536 --kv-dtype fp8
 run qwen36_q8_0_seed_2x3090_ctx131072 "$Q" --format q8_0 --devices "$S" --context 131072
 run qwen36_q8_0_seed_2x3090_ctx65536 "$Q" --format q8_0 --devices "$S" --context 65536
