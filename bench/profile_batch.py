@@ -36,8 +36,9 @@ def main() -> int:
     p.add_argument("--devices", default="cuda:0")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    loaded = load_model(args.model, args.devices, "single", args.prompt + 256, max_seqs=args.streams)
-    batcher = Batcher(loaded.pipeline, loaded.max_context, min(args.prompt, 512))
+    loaded = load_model(args.model, args.devices, "single", args.prompt + 256, max_seqs=args.streams,
+                        prefill_chunk=min(args.prompt, 512))
+    batcher = Batcher(loaded.pipeline, loaded.max_context, loaded.prefill_chunk)
     g = torch.Generator().manual_seed(0)
 
     def ok(_event: TokenEvent) -> bool:

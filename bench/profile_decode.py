@@ -108,7 +108,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/profile_decode.json")
     args = ap.parse_args()
     loaded = load_model(args.model, devices=args.devices, placement=args.placement, context=args.context, dtype="bfloat16")
-    generator = Generator(loaded.pipeline, loaded.max_context)
+    generator = Generator(loaded.pipeline, loaded.max_context, prefill_chunk=loaded.prefill_chunk)
     prompt = tuple(torch.randint(0, 1000, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist())
     request = GenerationRequest(prompt, args.gen, SamplingParams(temperature=0.0))
     for _ in generator.stream(request):  # warm-up: graphs captured, kernels compiled

@@ -10,7 +10,7 @@ from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.sizes import format_bytes
 from stagewise.placement import plan, verify
 from stagewise.spec.model_source import load_model_spec
-from stagewise.spec.profile import Profile, runtime_workspace_for
+from stagewise.spec.profile import Profile, kernel_path_for
 
 REF = Path("/work/shared/reference")
 OUT = Path(__file__).resolve().parent.parent / "docs" / "placement.md"
@@ -54,7 +54,7 @@ def main() -> int:
     models = sorted((REF / "models").glob("*.json"))
     for topo_path in topologies:
         topo = resolve_device_spec(str(topo_path))
-        profile = Profile(runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topo.devices}))
+        profile = Profile(kernel_path=kernel_path_for({d.kind for d in topo.devices}))
         budgets = ", ".join(f"{d.id} {format_bytes(d.budget_bytes)}" for d in topo.devices)
         lines.append(f"## {topo_path.stem}\n\nBudgets: {budgets}\n")
         lines.append("| model | format | weights | outcome | stages (charge/budget) | decode tok/s |")

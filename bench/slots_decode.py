@@ -75,7 +75,7 @@ def main() -> None:
         for count in slots:
             loaded = load_model(f"random:{preset}", args.devices, "single", args.context, max_seqs=count)
             try:
-                batcher = Batcher(loaded.pipeline, loaded.max_context, 512)
+                batcher = Batcher(loaded.pipeline, loaded.max_context, loaded.prefill_chunk)
                 prompt = tuple(i % loaded.config.vocab_size for i in range(1, args.prompt + 1))
                 decode_rate(batcher, prompt, args.gen)  # untimed
                 rates = [decode_rate(batcher, prompt, args.gen) for _ in range(args.repeats)]

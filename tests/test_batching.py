@@ -161,17 +161,17 @@ def test_batch_buckets() -> None:
 
 
 def test_auto_max_seqs_takes_the_most_slots_that_fit() -> None:
-    # the demo's two 12 MiB devices cannot hold 64 slots on two stages: auto must step down to what
+    # the demo's two 11.5 MiB devices cannot hold 64 slots on two stages: auto must step down to what
     # fits (the planner refusing the larger counts is not an error), and one more slot must not fit
-    from stagewise.engine.model_loading import AUTO_MAX_SEQS
+    from stagewise.placement.profile_fit import AUTO_BATCHES
 
     loaded = load_model(None, max_seqs=None)
     try:
         rows = loaded.pipeline.rows
-        assert rows in AUTO_MAX_SEQS and rows < AUTO_MAX_SEQS[0]
-        bigger = AUTO_MAX_SEQS[AUTO_MAX_SEQS.index(rows) - 1]
-        with pytest.raises(StagewiseError):
-            load_model(None, max_seqs=bigger).close()
+        assert rows == loaded.profile.batch and rows in AUTO_BATCHES and rows < AUTO_BATCHES[0]
+        bigger = AUTO_BATCHES[AUTO_BATCHES.index(rows) - 1]
+        with pytest.raises(StagewiseError):  # at the same prefill chunk (a set count may trade the chunk down)
+            load_model(None, max_seqs=bigger, prefill_chunk=loaded.prefill_chunk).close()
     finally:
         loaded.close()
 

@@ -27,14 +27,14 @@ GREEDY = SamplingParams(temperature=0.0)
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     path = make_model_dir(tmp_path_factory.mktemp("engine-model"))
     devices = "cpu:2x2GiB" if request.param != "single" else None
-    model = load_model(str(path), devices, request.param, 256, max_seqs=4)
+    model = load_model(str(path), devices, request.param, 256, max_seqs=4, prefill_chunk=8)
     yield model
     model.close()
 
 
 @pytest.fixture
 def engine(loaded: LoadedModel) -> Iterator[Engine]:
-    engine = Engine(loaded, max_waiting=2, prefill_chunk=8).start()
+    engine = Engine(loaded, max_waiting=2).start()
     yield engine
     engine.stop()
 
@@ -82,10 +82,10 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     from stagewise.engine.warm_up import needs_warm_up
 
     assert not needs_warm_up(loaded)  # CPU stages: nothing to compile or capture
-    fresh = Engine(loaded, max_waiting=2, prefill_chunk=8)
+    fresh = Engine(loaded, max_waiting=2)
     request = _request(fresh)
     want = [e.sample.token for e in _alone(fresh).stream(request.generation())]
-    warmed = Engine(loaded, max_waiting=2, prefill_chunk=8)
+    warmed = Engine(loaded, max_waiting=2)
     done = warmed.warm_up()
     assert done.prompt_tokens[:6] == (8, 17, 8, 9, 10, 11) and set(done.prompt_tokens[6:]) <= {1}
     assert done.generated_tokens >= 6 * 4 and done.seconds > 0
@@ -183,7 +183,7 @@ def test_warm_up_launches_every_decode_shape_the_batcher_can(loaded: LoadedModel
     launch (with no prompt prefilled beside them); with graphs, batch buckets padded with free rows."""
     from stagewise.engine.decode_groups import plan_groups
 
-    engine = Engine(loaded, max_waiting=2, prefill_chunk=8)
+    engine = Engine(loaded, max_waiting=2)
     engine.batcher.graphs = graphs  # the CPU pipeline captures nothing; the bucketing is the batcher's
     done = engine.warm_up()
     slots, groups = engine.batcher.slots, engine.batcher.micro_batches

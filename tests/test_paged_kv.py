@@ -216,8 +216,9 @@ def test_engine_counts_preemptions_and_blocks(tmp_path: Path) -> None:
     from stagewise.engine.request_output import RequestOutput
     from tests.test_server_support import make_model_dir
 
-    model = load_model(str(make_model_dir(tmp_path)), None, "single", CONTEXT, max_seqs=4, kv_tokens=POOL_TOKENS)
-    engine = Engine(model, max_waiting=8, prefill_chunk=32).start()
+    model = load_model(str(make_model_dir(tmp_path)), None, "single", CONTEXT, max_seqs=4, kv_tokens=POOL_TOKENS,
+                       prefill_chunk=32)
+    engine = Engine(model, max_waiting=8).start()
     try:
         prompts = _prompts(model.config.vocab_size, [60, 100, 70, 90], seed=2)
         requests = [EngineRequest(f"r{i}", p, 60, GREEDY) for i, p in enumerate(prompts)]

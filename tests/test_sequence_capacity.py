@@ -64,7 +64,10 @@ def test_batch_charges_decode_tokens_not_batch_times_chunk() -> None:
     per_position = sum(b.kv_values_per_token for b in spec.blocks) * 2  # bf16 keys + values of every block
     assert one.state_bytes == (64 + 1) * 64 * per_position  # a context of 64-position blocks + the scratch block
     assert many.state_bytes == (8 * 64 + 1) * 64 * per_position  # every slot holds a whole context
-    assert many.workspace_bytes == one.workspace_bytes  # a step carries one chunk or 8 decode tokens
+    # a step carries one chunk or 8 decode tokens (not 8 chunks): 8 sequences add only their rows' logits
+    # (bf16 then f32) and, on the torch path, the keys and values each row's attention gathers
+    more = 7 * spec.vocab_size * (2 + 4) + 7 * 4096 * spec.blocks[0].kv_values_per_token * 2
+    assert many.workspace_bytes - one.workspace_bytes == more
     wide = stage_charge(spec, Profile(4096, batch=1024), 0, spec.num_blocks, True, True)
     assert wide.workspace_bytes > one.workspace_bytes  # 1,024 decode tokens outgrow a 512-token chunk
 

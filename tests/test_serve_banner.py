@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from stagewise.engine.load_settings import LoadSettings
 from stagewise.server.load_display import chat_command, usage_lines
 from stagewise.server.serve_settings import ServeSettings
 from tests.test_server_support import REPO, make_model_dir, serving, start_server
@@ -28,8 +29,8 @@ def test_curl_reads_the_key_in_double_quotes() -> None:
 
 def test_chat_loads_the_model_as_serve_did() -> None:
     assert chat_command(ServeSettings()) == ["stagewise", "chat"]  # the demo, with its own defaults
-    settings = ServeSettings(model="random:tiny-llama", devices="cpu:2x1GiB", placement="pipeline:2", context=512,
-                             dtype="f32", cuda_graphs=False, port=1234, max_seqs=8)
+    settings = ServeSettings(LoadSettings(model="random:tiny-llama", devices="cpu:2x1GiB", placement="pipeline:2",
+                                          context=512, dtype="f32", cuda_graphs=False, max_seqs=8), port=1234)
     assert chat_command(settings) == ["stagewise", "chat", "random:tiny-llama", "--devices", "cpu:2x1GiB",
                                       "--placement", "pipeline:2", "--context", "512", "--dtype", "f32",
                                       "--no-cuda-graphs"]

@@ -118,7 +118,7 @@ def test_status_is_the_certified_plan(demo: ServedModel) -> None:
     placement = status["placement"]
     assert status["phase"] == "ready" and status["model"] == "demo"
     assert placement["fingerprint"] == plan["fingerprint"]
-    assert [s["blocks"] for s in placement["stages"]] == [s["blocks"] for s in plan["stages"]] == [[0, 3], [3, 4]]
+    assert [s["blocks"] for s in placement["stages"]] == [s["blocks"] for s in plan["stages"]] == [[0, 2], [2, 4]]
     assert [s["planned"] for s in placement["stages"]] == [s["charge"] for s in plan["stages"]]
     for stage in placement["stages"]:
         measured = stage["measured"]
@@ -166,7 +166,7 @@ def test_status_of_stages_in_worker_processes(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         status = httpx.get(f"{served.url}/v1/stagewise/status", timeout=10).json()
         stages = status["placement"]["stages"]
-        assert [s["blocks"] for s in stages] == [[0, 3], [3, 4]]
+        assert [s["blocks"] for s in stages] == [[0, 2], [2, 4]]
         for stage in stages:  # a worker reports its stage's total; the split stays the plan's
             assert stage["measured"]["weights_bytes"] is None and stage["measured"]["total_bytes"] > 0
         assert all(s["steps_total"] >= 4 for s in status["live"]["stages"])

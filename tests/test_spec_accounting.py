@@ -33,7 +33,8 @@ def test_q8_0_is_34_bytes_per_32() -> None:
 
 def test_llama_8b_bf16_matches_parameter_count() -> None:
     spec = ModelSpec.from_config(cfg("llama-3.1-8b"), "bf16")
-    assert spec.weight_bytes == 2 * 8_030_261_248  # Llama-3.1-8B: 8.03 B parameters
+    # Llama-3.1-8B: 8.03 B parameters, plus the float32 rotary frequencies a stage keeps (64 of them)
+    assert spec.weight_bytes == 2 * 8_030_261_248 + 64 * 4
 
 
 def test_qwen36_q8_0_weights_and_rfc_shape() -> None:
@@ -71,7 +72,8 @@ def test_tied_embeddings_charged_once_per_owner() -> None:
     whole = stage_charge(spec, p, 0, spec.num_blocks, True, True)
     a = stage_charge(spec, p, 0, 10, True, False)
     b = stage_charge(spec, p, 10, spec.num_blocks, False, True)
-    assert a.weights_bytes + b.weights_bytes == whole.weights_bytes + spec.entry.weight_bytes  # head copy
+    # the head copy, and the rotary table each stage keeps
+    assert a.weights_bytes + b.weights_bytes == whole.weights_bytes + spec.entry.weight_bytes + spec.stage_table_bytes
 
 
 def test_exact_block_bytes_override() -> None:

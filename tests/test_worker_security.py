@@ -24,6 +24,7 @@ from starlette.testclient import TestClient
 
 from stagewise.cli import main as cli
 from stagewise.engine.engine import Engine
+from stagewise.engine.load_settings import LoadSettings
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.errors import ConfigError, WorkerMessageRejected, WorkerNotJoined
@@ -236,12 +237,12 @@ def test_worker_options_checked_before_anything_opens(monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError, match="--workers must be"):
         load_model("random:tiny-llama", workers="two@nowhere", max_seqs=2)
     with pytest.raises(ConfigError, match="--workers must be"):
-        ServeSettings(workers="0@127.0.0.1:1", max_seqs=4)
+        ServeSettings(LoadSettings(workers="0@127.0.0.1:1", max_seqs=4))
     assert cli.main(["serve", "random:tiny-llama", "--workers", "2@host", "--max-seqs", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("stagewise: error: --workers must be") and err.count("\n") == 1
-    settings = ServeSettings(workers="local", max_seqs=4, kv_tokens=256)  # batching through workers is allowed
-    assert (settings.max_seqs, settings.kv_tokens) == (4, 256)
+    settings = ServeSettings(LoadSettings(workers="local", max_seqs=4, kv_tokens=256))  # batching through workers is allowed
+    assert (settings.load.max_seqs, settings.load.kv_tokens) == (4, 256)
 
 
 # ----- two real local workers -----------------------------------------------------------------------
@@ -333,7 +334,7 @@ def test_row_operations_ride_on_the_next_run_and_workers_check_them_again(loaded
 def test_health_reports_a_killed_worker(loaded: LoadedModel) -> None:
     pipeline = loaded.pipeline
     assert isinstance(pipeline, DistributedPipeline)
-    state = ServerState(ServeSettings(workers="local", max_seqs=1))
+    state = ServerState(ServeSettings(LoadSettings(workers="local", max_seqs=1)))
     assert state.set_ready(loaded, Engine(loaded, max_waiting=4))
     with TestClient(guarded_app(state), base_url="http://testserver") as http:
         assert http.get("/health").json() == {"status": "ok"}

@@ -12,11 +12,17 @@ from typing import Any
 
 from stagewise.cli.cmd_plan import add_common, devices_and_profile, headline, inputs, placement_json, speed_line
 from stagewise.errors import ConfigError, StagewiseError
-from stagewise.hardware.sizes import format_bytes
+from stagewise.hardware.sizes import format_bytes, in_binary_units, uses_binary_units
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, assess
-from stagewise.placement.sequence_capacity import capacity_line, capacity_table, pool_line
-from stagewise.spec.charge import Charge, stage_charge
+from stagewise.placement.sequence_capacity import (
+    capacity_line,
+    capacity_table,
+    longest_context,
+    longest_line,
+    pool_line,
+)
+from stagewise.spec.charge import Charge
 from stagewise.spec.model_source import catalog_entries, is_catalog, load_model_spec
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
@@ -38,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(placement_json(cert, spec, profile))
         return 0
-    _render(cert, spec, topology, profile)
+    _render(cert, spec, topology, profile, uses_binary_units(args.devices))
     return 0
 
 
@@ -58,42 +64,49 @@ def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profi
     return random_spec(config, fmt or "dense", profile.activation_dtype, args.model), topology, profile
 
 
-def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profile: Profile) -> None:
+def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profile: Profile, binary: bool) -> None:
+    """The outcome as one story: the headline names the attempt the bars draw (the placement, or for a
+    model that does not fit the best attempt with the stage that overflows), in the units the devices
+    were given in."""
     from stagewise.cli.console import console as make_console
 
     console = make_console()
-    console.print(f"[bold]{headline(cert, topology)}[/bold]  ({spec.name}, {spec.format}, context {profile.context_tokens})")
-    used = {s.placement.device_id: s for s in cert.stages}
-    whole = stage_charge(spec, profile, 0, spec.num_blocks, True, True)
+    units = in_binary_units if binary else str
+    console.print(f"[bold]{headline(cert, topology, binary)}[/bold]  ({spec.name}, {spec.format}, context "
+                  f"{profile.context_tokens:,}{', fp8 KV' if profile.kv_storage == 'fp8' else ''})")
+    drawn = {s.placement.device_id: s for s in (cert.stages if cert.fits else cert.attempt)}
     for d in topology.devices:
-        stage = used.get(d.id)
+        stage = drawn.get(d.id)
         if stage is not None:
             sp = stage.placement
             label = f"blocks {sp.start}..{sp.end - 1}" + (" +entry" if sp.entry else "") + (" +exit" if sp.exit else "")
-            console.print(_bar(d.id, stage.charge, d.budget_bytes, label))
-        elif not cert.fits:
-            console.print(_bar(d.id, whole, d.budget_bytes, "whole model"))
+            console.print(_bar(d.id, stage.charge, d.budget_bytes, label, binary))
+        elif not cert.fits and cert.attempt:
+            console.print(f"{d.id:>8} not reached (budget {format_bytes(d.budget_bytes, binary)}): "
+                          "the attempt overflows an earlier stage")
         else:
-            console.print(f"{d.id:>8} unused (budget {format_bytes(d.budget_bytes)})")
+            console.print(f"{d.id:>8} unused (budget {format_bytes(d.budget_bytes, binary)})")
     console.print("[blue]█ weights[/blue] [green]█ state[/green] [yellow]█ workspace[/yellow] [magenta]█ reserve[/magenta]")
     console.print(speed_line(cert))
     if cert.fits:
         console.print(pool_line(profile))
+        console.print(longest_line(longest_context(cert, spec, profile), spec))
         console.print(capacity_line(capacity_table(cert, spec, profile), profile))
     for reason in cert.reasons[1 if not cert.fits else 0 :]:
-        console.print(f"  - {reason}")
-    for line in expansion_lines(spec, profile):
+        console.print(f"  - {units(reason)}")
+    for line in expansion_lines(spec, profile, binary):
         console.print(f"  - {line}")
 
 
-def expansion_lines(spec: ModelSpec, profile: Profile) -> list[str]:
+def expansion_lines(spec: ModelSpec, profile: Profile, binary: bool = False) -> list[str]:
     """One line per type the loader dequantizes: "3 tensors of IQ2_XS are expanded to bf16: +1.2 GB"."""
     return [f"{e.tensors} tensor{'s' if e.tensors != 1 else ''} of {e.type_name} "
-            f"{'are' if e.tensors != 1 else 'is'} expanded to {profile.activation_dtype}: +{format_bytes(e.extra_bytes)}"
+            f"{'are' if e.tensors != 1 else 'is'} expanded to {profile.activation_dtype}: "
+            f"+{format_bytes(e.extra_bytes, binary)}"
             for e in spec.expanded]
 
 
-def _bar(device_id: str, charge: Charge, budget: int, label: str) -> Any:
+def _bar(device_id: str, charge: Charge, budget: int, label: str, binary: bool = False) -> Any:
     from rich.text import Text
 
     scale = max(budget, charge.total_bytes, 1)
@@ -112,7 +125,7 @@ def _bar(device_id: str, charge: Charge, budget: int, label: str) -> Any:
     text.append("·" * free, style="dim")
     over = charge.total_bytes > budget
     text.append(
-        f" {format_bytes(charge.total_bytes)} / {format_bytes(budget)} {label}" + (" OVER" if over else ""),
+        f" {format_bytes(charge.total_bytes, binary)} / {format_bytes(budget, binary)} {label}" + (" OVER" if over else ""),
         style="red" if over else "",
     )
     return text

@@ -13,7 +13,8 @@ import json
 import sys
 from typing import Any
 
-from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
+from stagewise.engine.load_settings import add_model_arguments
+from stagewise.engine.model_loading import load_model_from_args
 from stagewise.hardware.sizes import format_bytes
 
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result: dict[str, Any] = {"command": " ".join(["stagewise", *sys.argv[1:]]),
                                   "placement": loaded.placement_json, "summary": loaded.placement_summary}
-        result["stagewise"] = bench_loaded(loaded, args.prompt, args.gen, args.repeats, args.prefill_chunk)
+        result["stagewise"] = bench_loaded(loaded, args.prompt, args.gen, args.repeats)
     finally:
         loaded.close()
     if args.baseline == "transformers":
@@ -99,7 +100,7 @@ def _run_concurrency(args: argparse.Namespace) -> int:
                                   "placement": loaded.placement_json, "summary": loaded.placement_summary,
                                   "prompt_tokens": args.prompt, "gen_tokens": args.gen}
         result["levels"] = bench_concurrency(loaded, args.concurrency, args.prompt, args.gen, args.repeats,
-                                             args.prefill_chunk, args.micro_batches, args.prefix_cache)
+                                             args.micro_batches, args.prefix_cache)
     finally:
         loaded.close()
     if args.json:

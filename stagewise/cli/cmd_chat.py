@@ -13,7 +13,7 @@ import sys
 import uuid
 from typing import Any
 
-from stagewise.engine.model_loading import add_model_arguments
+from stagewise.engine.load_settings import add_model_arguments
 
 HELP = "commands: /reset (forget the conversation), /exit (quit)"
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         from stagewise.server.random_tokenizer import with_demo_tokenizer
 
         model = with_demo_tokenizer(model)  # as serve attaches it: random weights come without a tokenizer
-    engine = Engine(model, prefill_chunk=args.prefill_chunk).start()
+    engine = Engine(model).start()
     try:
         for line in placement_lines(model):
             err.print(line, highlight=False, soft_wrap=True)

@@ -13,10 +13,18 @@ from typing import Any
 from stagewise.errors import PlacementError
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
-from stagewise.hardware.sizes import format_bytes
+from stagewise.hardware.sizes import format_bytes, in_binary_units, uses_binary_units
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, plan
-from stagewise.placement.sequence_capacity import capacity_line, capacity_table, pool_line, pool_report
+from stagewise.placement.sequence_capacity import (
+    capacity_line,
+    capacity_table,
+    longest_context,
+    longest_line,
+    pool_line,
+    pool_report,
+)
+from stagewise.spec.kv_pool import KV_DTYPES
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import (
@@ -24,7 +32,7 @@ from stagewise.spec.profile import (
     DEFAULT_PREFILL_CHUNK_TOKENS,
     Profile,
     default_activation_dtype,
-    runtime_workspace_for,
+    kernel_path_for,
 )
 
 
@@ -37,6 +45,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tokens", type=int, default=None, metavar="N",
                    help="KV pool per stage in positions shared by the sequences (default: batch x context)")
     p.add_argument("--chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS, help="prefill chunk tokens (default 512)")
+    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
+                   help="KV cache storage (default: the activation dtype; fp8: float8 e4m3 with per-head scales)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="charge no recurrent-state prefix snapshots (hybrids), as `serve --no-prefix-cache` "
+                        "holds; default: one per sequence, as `serve` holds")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="charge eager steps (no CUDA graphs' outputs), as `serve --no-cuda-graphs` runs")
     p.add_argument("--activation-dtype", default=None,
                    help="bf16, f16 or f32 (default: what `run`/`serve` use: f32 on CPU devices, bf16 otherwise)")
     p.add_argument("--format", dest="fmt", help="stored weight format: bf16, f16, f32, q8_0, q4_0, q4_k, q6_k…")
@@ -65,7 +80,9 @@ def devices_and_profile(args: argparse.Namespace) -> tuple[Topology, Profile]:
     """The ``--devices`` topology and the profile to charge on it (dtype and runtime workspace by device kind)."""
     topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve))
     profile = Profile(args.context, args.batch, args.chunk, activation_dtype(args, topology),
-                      runtime_workspace_for({d.kind for d in topology.devices}), kv_tokens=args.kv_tokens)
+                      kernel_path_for({d.kind for d in topology.devices}), kv_tokens=args.kv_tokens,
+                      kv_dtype=args.kv_dtype, cuda_graphs=args.cuda_graphs,
+                      prefix_snapshots=args.batch if args.prefix_cache else 0)
     return topology, profile
 
 
@@ -99,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(placement_json(cert, spec, profile))
     else:
-        render_plan(cert, topology)
+        render_plan(cert, topology, uses_binary_units(args.devices))
         if cert.fits:
             print(pool_line(profile))
+            print(longest_line(longest_context(cert, spec, profile), spec))
             print(capacity_line(capacity_table(cert, spec, profile), profile))
     return 0 if cert.fits else 1
 
@@ -112,19 +130,28 @@ def placement_json(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) 
     body = json.loads(cert.to_json())
     table = capacity_table(cert, spec, profile) if cert.fits else ()
     body["sequence_capacity"] = [row.to_dict() for row in table]
+    body["longest_context_one_sequence"] = longest_context(cert, spec, profile) if cert.fits else None
+    body["model_max_context"] = spec.max_context_tokens or None
     body["kv_pool"] = pool_report(profile)
     body["expanded"] = [{"type": e.type_name, "tensors": e.tensors, "extra_bytes": e.extra_bytes} for e in spec.expanded]
     return json.dumps(body, indent=2)
 
 
-def headline(cert: CertifiedPlacement, topology: Topology) -> str:
+def headline(cert: CertifiedPlacement, topology: Topology, binary: bool = False) -> str:
+    """The outcome in one line, its figures those of the stages drawn below it (for a model that does not
+    fit: the best attempt's overflowing stage), in binary units where the devices were given in them."""
     kind = "GPUs" if all(topology.device(s.placement.device_id).kind == "cuda" for s in cert.stages) else "devices"
     if cert.outcome == "fits_single":
         s = cert.stages[0]
-        return f"Fits on {s.placement.device_id} ({format_bytes(s.headroom_bytes)} headroom)"
+        return f"Fits on {s.placement.device_id} ({format_bytes(s.headroom_bytes, binary)} headroom)"
     if cert.outcome == "fits_across":
         return f"Fits across {len(cert.stages)} {kind}"
-    return cert.reasons[0] if cert.reasons else "Does not fit"
+    if not cert.attempt_devices:
+        return cert.reasons[0] if cert.reasons else "Does not fit"
+    k = cert.attempt_devices
+    return (f"{cert.model_name} does not fit: with {k} device{'s' if k != 1 else ''} the best attempt needs "
+            f"{format_bytes(cert.required_bytes, binary)} on {cert.limiting_device}, budget "
+            f"{format_bytes(cert.budget_bytes, binary)} (short by {format_bytes(cert.deficit_bytes, binary)})")
 
 
 def speed_line(cert: CertifiedPlacement) -> str:
@@ -139,13 +166,14 @@ def speed_line(cert: CertifiedPlacement) -> str:
     )
 
 
-def render_plan(cert: CertifiedPlacement, topology: Topology) -> None:
+def render_plan(cert: CertifiedPlacement, topology: Topology, binary: bool = False) -> None:
     from rich.table import Table
 
     from stagewise.cli.console import console as make_console
 
     console = make_console()
-    console.print(f"[bold]{headline(cert, topology)}[/bold]  ({cert.model_name}, {cert.objective})")
+    units = in_binary_units if binary else str
+    console.print(f"[bold]{headline(cert, topology, binary)}[/bold]  ({cert.model_name}, {cert.objective})")
     if cert.stages:
         table = Table("stage", "device", "blocks", "entry/exit", "weights", "state", "workspace", "reserve", "total", "budget")
         for i, s in enumerate(cert.stages):
@@ -153,11 +181,12 @@ def render_plan(cert: CertifiedPlacement, topology: Topology) -> None:
             ends = "+".join(n for n, on in (("entry", sp.entry), ("exit", sp.exit)) if on) or "-"
             table.add_row(
                 str(i), sp.device_id, f"{sp.start}..{sp.end - 1}", ends,
-                *(format_bytes(v) for v in (c.weights_bytes, c.state_bytes, c.workspace_bytes, c.reserve_bytes, c.total_bytes)),
-                format_bytes(s.budget_bytes),
+                *(format_bytes(v, binary) for v in (c.weights_bytes, c.state_bytes, c.workspace_bytes,
+                                                    c.reserve_bytes, c.total_bytes)),
+                format_bytes(s.budget_bytes, binary),
             )
         console.print(table)
     console.print(speed_line(cert))
     for reason in cert.reasons[1 if not cert.fits else 0 :]:
-        console.print(f"  - {reason}")
+        console.print(f"  - {units(reason)}")
     console.print(f"[dim]{cert.fingerprint}[/dim]")

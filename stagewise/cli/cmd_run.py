@@ -1,7 +1,8 @@
 """``stagewise run``: generate from a prompt (token ids or text) and print the result.
 
 With ``--json`` it prints one object: ``{"tokens": [...], "logprobs": [...], "placement": {...},
-"text"?: ...}`` — later checks depend on this shape; keep it stable.
+"charges": [...], "text"?: ...}`` — later checks depend on this shape; keep it stable. ``charges``: per
+stage, each part planned beside measured (the workspace as this run's allocator peak on GPU stages).
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Any
 
 from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.generator import Generator
-from stagewise.engine.model_loading import add_model_arguments, load_model_from_args
+from stagewise.engine.load_settings import add_model_arguments
+from stagewise.engine.model_loading import load_model_from_args
 from stagewise.engine.sampling import SamplingParams
 from stagewise.errors import RequestError
+from stagewise.runtime.peak_memory import PeakMeter
+from stagewise.server.load_display import placement_lines
 
 
 def register(sub: Any) -> None:
@@ -68,20 +72,22 @@ def run(args: argparse.Namespace) -> int:
             SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
             stop_token_ids=frozenset(stop),
         )
-        generator = Generator(loaded.pipeline, loaded.max_context)
+        generator = Generator(loaded.pipeline, loaded.max_context, prefill_chunk=loaded.prefill_chunk)
+        meter = PeakMeter(stage.spec.torch_device for stage in loaded.pipeline.stages)
+        meter.start()
         tokens, logprobs = [], []
         for event in generator.stream(request):
             tokens.append(event.sample.token)
             logprobs.append(event.sample.logprob)
-        out: dict[str, Any] = {"tokens": tokens, "logprobs": logprobs, "placement": loaded.placement_json}
+        loaded.peaks = meter.read()  # this run's peak above the resident tensors (GPU stages)
+        out: dict[str, Any] = {"tokens": tokens, "logprobs": logprobs, "placement": loaded.placement_json,
+                               "charges": [check.to_dict() for check in loaded.charge_checks()]}
         if loaded.tokenizer is not None:
             out["text"] = loaded.tokenizer.decode(tokens)
         if args.json:
             print(json.dumps(out))
         else:
-            from stagewise.server.load_display import placement_lines
-
-            for line in placement_lines(loaded):  # as serve and chat print them
+            for line in placement_lines(loaded):
                 print(line, file=sys.stderr)
             print(out.get("text", " ".join(map(str, tokens))))
         return 0

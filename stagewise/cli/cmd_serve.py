@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from stagewise.engine.model_loading import add_model_arguments
+from stagewise.engine.load_settings import add_model_arguments, load_settings_from_args
 from stagewise.server.serve_settings import DEFAULT_MAX_BODY_BYTES, ServeSettings
 
 FAULT_INJECTION_ENV = "STAGEWISE_FAULT_INJECTION"
@@ -38,6 +38,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-warmup", dest="warm_up", action="store_false",
                         help="report ready right after loading, without the GPU warm-up (the first requests "
                              "then compile kernels and capture CUDA graphs)")
+    parser.add_argument("--no-peak-check", dest="peak_check", action="store_false",
+                        help="warm up without the load check's full-context step (a prompt filling --context in "
+                             "whole prefill chunks, whose allocator peak is the measured workspace on the banner "
+                             "and the status page); the workspace is then reported as not measured")
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="prefill every prompt whole: no sharing of cached prompt prefixes' KV blocks")
     parser.add_argument("--cors-origin", dest="cors_origins", action="append", default=[], metavar="ORIGIN",
@@ -61,14 +65,10 @@ def register(subparsers: Any) -> None:
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     return ServeSettings(
-        model=args.model, devices=args.devices, placement=args.placement, context=args.context, dtype=args.dtype,
-        prefill_chunk=args.prefill_chunk, reserve=args.reserve,
+        load=load_settings_from_args(args),
         host=args.host, port=args.port, api_key=api_key, queue=args.queue, grace_s=args.grace_s,
         max_body_bytes=args.max_body_bytes, fault_injection=os.environ.get(FAULT_INJECTION_ENV) == "1",
-        cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
-        worker_secret_file=args.worker_secret_file,
-        measure_links=args.measure_links, warm_up=args.warm_up, max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
-        prefix_cache=args.prefix_cache,
+        warm_up=args.warm_up, peak_check=args.peak_check, prefix_cache=args.prefix_cache,
         cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,

@@ -48,10 +48,11 @@ def _one(generator: Generator, prompt: tuple[int, ...], gen: int) -> tuple[float
     return t_first, time.perf_counter() - t0 - t_first, tokens
 
 
-def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repeats: int,
-                 prefill_chunk: int) -> dict[str, Any]:
-    """Median prefill / decode speed over ``repeats`` runs of one greedy request."""
+def bench_loaded(loaded: LoadedModel, prompt_tokens: int, gen_tokens: int, repeats: int) -> dict[str, Any]:
+    """Median prefill / decode speed over ``repeats`` runs of one greedy request, prefilled in the
+    loaded profile's chunks."""
     pipeline = loaded.pipeline
+    prefill_chunk = loaded.prefill_chunk
     generator = Generator(pipeline, loaded.max_context, prefill_chunk=prefill_chunk)
     prompt = _prompt(loaded.config.vocab_size, prompt_tokens)
     _one(generator, prompt, gen_tokens)  # warm-up on the timed shapes: kernels, graphs, allocator

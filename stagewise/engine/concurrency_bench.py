@@ -80,10 +80,12 @@ def run_level(batcher: Batcher, prompts: list[tuple[int, ...]], gen_tokens: int)
 
 
 def bench_concurrency(loaded: LoadedModel, levels: list[int], prompt_tokens: int, gen_tokens: int, repeats: int,
-                      prefill_chunk: int, micro_batches: int | None = None, prefix_cache: bool = True) -> list[dict[str, Any]]:
+                      micro_batches: int | None = None, prefix_cache: bool = True) -> list[dict[str, Any]]:
     """The figures of :func:`run_level` at each level of ``levels`` (median of ``repeats`` runs after an
-    untimed one that compiles kernels and captures graphs); each request's prompt differs."""
-    batcher = Batcher(loaded.pipeline, loaded.max_context, prefill_chunk, micro_batches, prefix_cache=prefix_cache)
+    untimed one that compiles kernels and captures graphs); each request's prompt differs. Steps take
+    the loaded profile's prefill chunk as their token budget."""
+    batcher = Batcher(loaded.pipeline, loaded.max_context, loaded.prefill_chunk, micro_batches,
+                      prefix_cache=prefix_cache)
     vocab = loaded.config.vocab_size
     out = []
     for level in levels:

@@ -14,7 +14,7 @@ from stagewise.hardware.measure import cache_dir
 
 DEMO_PRESET = "demo"
 DEMO_SEED = 0
-DEMO_DEVICES = "cpu:2x12MiB"  # the demo needs ~13.8 MB on one device, ~11.2 MB per stage on two
+DEMO_DEVICES = "cpu:2x11.5MiB"  # the demo needs ~12.3 MB on one device, ~11.3 MB per stage on two (2 sequences)
 DEMO_PLACEMENT = "auto"
 DEMO_CONTEXT = 512  # a demo: short context, so weights (not attention workspace) decide the split
 

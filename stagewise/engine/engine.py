@@ -9,6 +9,7 @@ of finished requests. A failed step fails only the requests it carried.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -24,8 +25,9 @@ from stagewise.engine.scheduler import Batch, Scheduler
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_output import SequenceOutput
 from stagewise.engine.step_guard import StepGuard
-from stagewise.engine.warm_up import WarmUp, warm_up
+from stagewise.engine.warm_up import WarmUp, full_context_step, warm_up
 from stagewise.errors import RequestError, StagewiseError, StepCancelled, StepFailed
+from stagewise.runtime.peak_memory import PeakMeter
 
 _POLL_S = 0.05
 
@@ -38,22 +40,22 @@ class Engine:
         max_waiting: requests that may wait for a sequence slot (beyond those a free slot takes at
             once); :meth:`submit` raises ``QueueFull`` past it.
         metrics: where to report; a fresh :class:`EngineMetrics` if None.
-        prefill_chunk: tokens per step that prefills prompts (a packed step's decoding rows counted).
         micro_batches: decode groups in flight (default: the pipeline's ``max_in_flight``).
         prefix_cache: share cached prompt prefixes' KV blocks (``--no-prefix-cache``: off).
 
-    The engine runs as many sequences at once as the pipeline has sequence slots
-    (``model.max_seqs``); more requests wait in the queue.
+    The engine runs as many sequences at once as the pipeline has sequence slots (the profile's
+    sequences); more requests wait in the queue. Steps prefill up to the profile's prefill chunk.
     """
 
     def __init__(self, model: LoadedModel, max_waiting: int = 16, metrics: EngineMetrics | None = None,
-                 prefill_chunk: int = 512, micro_batches: int | None = None, prefix_cache: bool = True) -> None:
+                 micro_batches: int | None = None, prefix_cache: bool = True) -> None:
         if model.tokenizer is None:
             raise RequestError(f"model {model.name} has no tokenizer; the engine needs one to serve text")
         self.model = model
         self.tokenizer = model.tokenizer
         self.metrics = metrics or EngineMetrics()
-        self.batcher = Batcher(model.pipeline, model.max_context, prefill_chunk, micro_batches, prefix_cache=prefix_cache)
+        self.batcher = Batcher(model.pipeline, model.max_context, model.prefill_chunk, micro_batches,
+                               prefix_cache=prefix_cache)
         self.scheduler = Scheduler(max_waiting, max_running=self.batcher.slots)
         self.guard = StepGuard()
         model.pipeline.fault_hook = self.guard
@@ -66,12 +68,20 @@ class Engine:
         self._prefix = (0, 0)  # the batcher's prefix-cache (hit, queried) tokens already reported
         self.metrics.observe_blocks(model.pipeline, 0, 0)
 
-    def warm_up(self) -> WarmUp:
+    def warm_up(self, full_context: bool = True) -> WarmUp:
         """Before :meth:`start`: compile kernels and capture graphs with synthetic requests (see
-        :mod:`stagewise.engine.warm_up`); not counted in the metrics."""
+        :mod:`stagewise.engine.warm_up`), then (``full_context``) a step at the largest prefill chunk and
+        the full context; the CUDA devices' allocator peak over both is the load check's measured
+        workspace (``model.peaks``). Not counted in the metrics."""
         if self._worker.is_alive():
             raise RuntimeError("warm up before the engine starts")
+        meter = PeakMeter(stage.spec.torch_device for stage in self.model.pipeline.stages)
+        meter.start()
         done = warm_up(self.batcher, self.model.config.vocab_size)
+        if full_context:
+            done = dataclasses.replace(done, full_context_tokens=full_context_step(self.batcher,
+                                                                                   self.model.config.vocab_size))
+        self.model.peaks = meter.read()
         self._prefill_tokens = self.batcher.prefill_tokens  # the warm-up's prompts are not the clients'
         self._prefix = (self.batcher.kv.hit_tokens, self.batcher.kv.queried_tokens)
         return done

@@ -20,6 +20,7 @@ import torch
 
 from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
 from stagewise.engine.demo_model import DEMO_CONTEXT, DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
+from stagewise.engine.load_settings import LoadSettings, load_settings_from_args
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.placement_summary import placement_summary
 from stagewise.engine.tokenizer import Tokenizer
@@ -27,26 +28,19 @@ from stagewise.errors import ConfigError, PlacementError
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.topology import Topology
-from stagewise.placement import CertifiedPlacement, plan, verify
+from stagewise.placement import CertifiedPlacement, verify
+from stagewise.placement.profile_fit import ProfileRequest, fit_profile
 from stagewise.runtime.builder import StageProgress, build_pipeline
 from stagewise.runtime.executor import Executor
 from stagewise.runtime.stage import StageSpec
-from stagewise.runtime.worker_mode import check_worker_options
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.profile import (
-    DEFAULT_PREFILL_CHUNK_TOKENS,
-    Profile,
-    default_activation_dtype,
-    runtime_workspace_for,
-)
+from stagewise.spec.profile import Profile, default_activation_dtype, kernel_path_for
 from stagewise.weights.tensor_source import TensorSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _SPEC_DTYPE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-DEFAULT_CONTEXT = 4096
-AUTO_MAX_SEQS = (64, 32, 16, 8, 4, 2, 1)  # `--max-seqs auto`: the most of these that fit on as many devices as one needs
 
 
 @dataclass(frozen=True)
@@ -96,12 +90,6 @@ def open_model(model: str) -> OpenedModel:
     return OpenedModel(path.name, config, source, tokenizer)
 
 
-def check_dtype(dtype: str | None) -> None:
-    """Refuse a ``--dtype`` that is not one of :data:`DTYPES` (before anything is opened)."""
-    if dtype is not None and dtype not in DTYPES:
-        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-
-
 def run_dtype_for(dtype: str | None, topology: Topology) -> torch.dtype:
     """The checked ``--dtype``, else the default for the devices (bfloat16 on accelerators, float32 on CPUs)."""
     return DTYPES[dtype or default_activation_dtype({d.kind for d in topology.devices})]
@@ -123,7 +111,8 @@ def model_spec(opened: OpenedModel, dtype: torch.dtype) -> ModelSpec:
 
 
 def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]:
-    """The executor's view of a certified placement."""
+    """The executor's view of a certified placement (its profile's KV storage included)."""
+    kv_dtype = "fp8" if cert.profile.kv_storage == "fp8" else None
     specs = []
     for k, st in enumerate(cert.stages):
         p = st.placement
@@ -134,21 +123,28 @@ def stage_specs(cert: CertifiedPlacement, topology: Topology) -> list[StageSpec]
             raise PlacementError(f"device {p.device_id} is simulated: it can be planned for, not run on")
         specs.append(StageSpec(k, p.device_id, device.torch_device, p.start, p.end, p.entry, p.exit,
                                st.budget_bytes, st.charge.weights_bytes, st.charge.state_bytes,
-                               st.charge.workspace_bytes))
+                               st.charge.workspace_bytes, st.charge.reserve_bytes, kv_dtype))
     return specs
 
 
-def load_model(model: str | None, devices: str | None = None, placement: str = "auto",
-               context: int = DEFAULT_CONTEXT, dtype: str | None = None, progress: StageProgress | None = None,
-               prefill_chunk: int = DEFAULT_PREFILL_CHUNK_TOKENS, reserve: str | None = None, objective: str = "latency",
-               on_plan: Callable[[CertifiedPlacement], None] | None = None, timing: bool = False,
-               cuda_graphs: bool = True, workers: str | None = None, worker_timeout_s: float = 30.0,
-               join_timeout_s: float = 120.0, rejoin: bool = True, measure_links: bool = True,
-               max_seqs: int | None = 1, worker_secret_file: str | None = None,
-               kv_tokens: int | None = None, prefix_snapshots: int | None = None) -> LoadedModel:
-    """Plan and load ``model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
+def load_model(model: str | None = None, devices: str | None = None, placement: str = "auto",
+               context: int | None = None, progress: StageProgress | None = None,
+               on_plan: Callable[[CertifiedPlacement], None] | None = None, **fields: Any) -> LoadedModel:
+    """:func:`load` of ``LoadSettings(model=model, devices=devices, placement=placement, context=context,
+    **fields)``: the keyword form tests and benchmarks use (see :class:`LoadSettings` for the fields)."""
+    settings = LoadSettings(model=model, devices=devices, placement=placement, context=context, **fields)
+    return load(settings, progress, on_plan)
 
-    ``workers``: None runs every stage in this process; ``local`` spawns one worker process per
+
+def load(settings: LoadSettings, progress: StageProgress | None = None,
+         on_plan: Callable[[CertifiedPlacement], None] | None = None) -> LoadedModel:
+    """Plan and load ``settings.model``; raises :class:`DoesNotFit` (with the reason) when nothing fits.
+
+    The profile (context, sequences, prefill chunk, KV dtype) is decided once by
+    :func:`~stagewise.placement.profile_fit.fit_profile`, certified, verified, and carried in the
+    returned :class:`LoadedModel`; every stage is built for exactly that profile.
+
+    ``settings.workers``: None runs every stage in this process; ``local`` spawns one worker process per
     stage; ``N@HOST:PORT`` waits for N ``stagewise worker --join`` processes (any host) and plans
     on the devices they offer. Then ``pipeline`` is a :class:`DistributedPipeline` (same surface,
     plus ``health()``); ``worker_timeout_s`` bounds a step, ``join_timeout_s`` joining and loading,
@@ -156,55 +152,38 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
     default figures of the links between workers instead of timing them (see docs/multihost.md);
     ``worker_secret_file``: the secret shared with remote workers (default: the environment).
 
-    ``max_seqs``: sequences run at once (continuous batching), each with ``context`` positions of
-    state on every stage, all charged by the planner; None (``auto``) takes the most of
-    :data:`AUTO_MAX_SEQS` that fit on as many devices as one sequence needs; stages in worker
-    processes hold the same rows and KV pool. ``kv_tokens``: the KV pool every stage holds, in positions shared by
-    all sequences (rounded up to blocks); None: ``max_seqs × context`` (every sequence its whole context).
-    ``prefix_snapshots``: recurrent-state snapshot entries for the prefix cache (hybrid models; every
-    stage that keeps recurrent state holds them, charged); None: one per sequence slot.
+    ``settings.prefix_snapshots``: recurrent-state snapshot entries for the prefix cache (hybrid models;
+    every stage that keeps recurrent state holds them, charged); None: one per sequence slot.
     """
+    model, name = settings.model, ""
     if model is None:
-        model = str(ensure_demo_model())
-        devices = devices or DEMO_DEVICES
-        placement = DEMO_PLACEMENT if placement == "auto" else placement
-        context = DEMO_CONTEXT if context == DEFAULT_CONTEXT else context
-        name = "demo"
-    else:
-        name = ""
-    stages = parse_placement(placement)
-    check_dtype(dtype)
-    check_worker_options(workers)  # before any store, socket or worker exists
+        model, name = str(ensure_demo_model()), "demo"
+        settings = dataclasses.replace(
+            settings, model=model, devices=settings.devices or DEMO_DEVICES,
+            placement=DEMO_PLACEMENT if settings.placement == "auto" else settings.placement,
+            context=DEMO_CONTEXT if settings.context is None else settings.context)
+    stages = parse_placement(settings.placement)
     opened = open_model(model)
     pool, cluster, joins = None, None, None
-    if workers is not None:
+    if settings.workers is not None:
         from stagewise.runtime.distributed_start import cluster_topology, open_pool
 
-        pool = open_pool(workers, worker_timeout_s, secret_file=worker_secret_file)
+        pool = open_pool(settings.workers, settings.worker_timeout_s, secret_file=settings.worker_secret_file)
         if not pool.mode.local:
             # plan on the devices the workers offer, across links timed at one activation (bf16 unless told)
-            itemsize = DTYPES[dtype].itemsize if dtype is not None else 2
+            itemsize = DTYPES[settings.dtype].itemsize if settings.dtype is not None else 2
             activation_bytes = opened.config.hidden_size * itemsize
-            cluster, joins = cluster_topology(pool, join_timeout_s, measure_links, activation_bytes)
-    topology = cluster.topology if cluster else resolve_device_spec(devices, ReservePolicy.parse(reserve))
-    run_dtype = run_dtype_for(dtype, topology)
+            cluster, joins = cluster_topology(pool, settings.join_timeout_s, settings.measure_links, activation_bytes)
+    topology = cluster.topology if cluster else resolve_device_spec(settings.devices, ReservePolicy.parse(settings.reserve))
+    run_dtype = run_dtype_for(settings.dtype, topology)
+    _check_kv_dtype(settings, run_dtype)
     spec = model_spec(opened, run_dtype)
-    profile = Profile(context_tokens=context, batch=max_seqs or 1, prefill_chunk_tokens=prefill_chunk,
-                      runtime_workspace_bytes=runtime_workspace_for({d.kind for d in topology.devices}),
-                      activation_dtype=_SPEC_DTYPE[run_dtype], kv_tokens=kv_tokens,
-                      prefix_snapshots=max_seqs or 1 if prefix_snapshots is None else prefix_snapshots)
-    cert = plan(spec, topology, profile, objective=objective, stages=stages).require_fit()
-    if max_seqs is None:  # auto: as many sequences as fit without more devices
-        for count in AUTO_MAX_SEQS[:-1]:
-            wider = dataclasses.replace(profile, batch=count,
-                                        prefix_snapshots=count if prefix_snapshots is None else prefix_snapshots)
-            try:
-                candidate = plan(spec, topology, wider, objective=objective, stages=stages or len(cert.stages))
-            except PlacementError:  # no legal placement on that many stages with this many slots
-                continue
-            if candidate.fits:
-                profile, cert = wider, candidate
-                break
+    base = Profile(kernel_path=kernel_path_for({d.kind for d in topology.devices}), activation_dtype=_SPEC_DTYPE[run_dtype],
+                   kv_tokens=settings.kv_tokens, kv_dtype=settings.kv_dtype, cuda_graphs=settings.cuda_graphs)
+    request = ProfileRequest(base, settings.context, settings.max_seqs, settings.prefill_chunk,
+                             settings.prefix_snapshots)
+    fitted = fit_profile(spec, topology, request, settings.objective, stages)
+    profile, cert = fitted.profile, fitted.cert
     verify(cert, spec, topology, profile)
     if on_plan is not None:
         on_plan(cert)
@@ -214,66 +193,44 @@ def load_model(model: str | None, devices: str | None = None, placement: str = "
         from stagewise.runtime.distributed_start import start_workers
 
         path = model if model.startswith("random:") else str(Path(model).resolve())
-        pipeline: Executor = start_workers(pool, opened.config, path, specs, run_dtype, context, cluster, joins,
-                                           join_timeout_s, join_timeout_s, rejoin, cuda_graphs=cuda_graphs,
-                                           batch=profile.batch, kv_blocks=profile.kv_pool_blocks,
-                                           snapshots=profile.prefix_snapshots)
+        pipeline: Executor = start_workers(pool, opened.config, path, specs, run_dtype, profile.context_tokens,
+                                           cluster, joins, settings.join_timeout_s, settings.join_timeout_s,
+                                           settings.rejoin, cuda_graphs=settings.cuda_graphs, batch=profile.batch,
+                                           kv_blocks=profile.kv_pool_blocks, snapshots=profile.prefix_snapshots)
     else:
-        pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, profile.batch, context, links,
-                                  progress, timing=timing, kv_blocks=profile.kv_pool_blocks,
-                                  snapshots=profile.prefix_snapshots)
-    if cuda_graphs:
+        pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, profile.batch,
+                                  profile.context_tokens, links, progress, timing=settings.timing,
+                                  kv_blocks=profile.kv_pool_blocks, snapshots=profile.prefix_snapshots)
+    if settings.cuda_graphs:
         for stage in pipeline.stages:
             stage.enable_graphs()  # decode steps replay as CUDA graphs
     tokenizer = opened.tokenizer
     template = ChatTemplate((tokenizer.chat_template if tokenizer else None) or DEFAULT_CHATML)
-    placement_json = cert.to_dict()
-    return LoadedModel(name or opened.name, opened.config, pipeline, placement_json,
-                       placement_summary(cert, topology), tokenizer, template, context, run_dtype, spec, topology)
+    return LoadedModel(name or opened.name, opened.config, pipeline, cert.to_dict(), placement_summary(cert, topology),
+                       tokenizer, template, profile, run_dtype, spec, topology, fitted.choice)
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The options every command that loads a model shares."""
-    p.add_argument("--devices", default=None, help="device SPEC (default: every device found; demo: cpu:2x12MiB)")
-    p.add_argument("--placement", default="auto", help="auto | single | pipeline:N")
-    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length to reserve (tokens)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on GPUs, f32 on CPU)")
-    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS,
-                   help=f"tokens per step that prefills prompts, decoding rows beside them counted "
-                        f"(default {DEFAULT_PREFILL_CHUNK_TOKENS}, as assess and plan assume)")
-    p.add_argument("--reserve", default=None, help="per-device reserve policy (see `stagewise devices --help`)")
-    p.add_argument("--kv-tokens", type=int, default=None, metavar="N",
-                   help="KV cache pool per stage, in positions shared by all sequences (64-position blocks); "
-                        "a sequence that needs a block when none is free preempts the newest one (recomputed "
-                        "later). Default: every sequence slot its whole --context")
-    p.add_argument("--workers", nargs="?", const="local", default=None, metavar="local|N@HOST:PORT",
-                   help="run stages in worker processes: one per stage here (`local`, the default), or wait for N "
-                        "`stagewise worker --join HOST:PORT` on any host (see docs/multihost.md)")
-    p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds a step may take before a worker "
-                   "is declared lost (with --workers)")
-    p.add_argument("--worker-secret-file", metavar="PATH", default=None,
-                   help="with --workers N@HOST:PORT: the secret shared with the workers (their --secret-file); "
-                        "default: $STAGEWISE_WORKER_SECRET_FILE or $STAGEWISE_WORKER_SECRET")
-    p.add_argument("--no-measure-links", dest="measure_links", action="store_false",
-                   help="with --workers N@HOST:PORT: plan on default figures for the links between workers "
-                        "instead of timing them when they join")
-    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                   help="run decode steps and prefill chunks eagerly instead of replaying CUDA graphs")
-
-
-def load_with_progress(show: bool = True, **kwargs: Any) -> LoadedModel:
-    """:func:`load_model` (keyword arguments) with a rich progress bar per stage unless ``show`` is False."""
+def load_with_progress(settings: LoadSettings, show: bool = True) -> LoadedModel:
+    """:func:`load` with a rich progress bar per stage unless ``show`` is False."""
     from stagewise.engine.load_progress import LoadProgress
 
     with LoadProgress(enabled=show) as bar:
-        return load_model(progress=bar.update, on_plan=bar.start, **kwargs)
+        return load(settings, progress=bar.update, on_plan=bar.start)
 
 
-def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **kwargs: Any) -> LoadedModel:
-    """``load_model`` with the options of :func:`add_model_arguments`, showing progress unless ``quiet``."""
-    options = dict(model=args.model, devices=args.devices, placement=args.placement, context=args.context,
-                   dtype=args.dtype, prefill_chunk=args.prefill_chunk, reserve=args.reserve,
-                   cuda_graphs=args.cuda_graphs, workers=args.workers, worker_timeout_s=args.worker_timeout,
-                   measure_links=args.measure_links, worker_secret_file=args.worker_secret_file,
-                   kv_tokens=args.kv_tokens)
-    return load_with_progress(not quiet, **(options | kwargs))
+def _check_kv_dtype(settings: LoadSettings, run_dtype: torch.dtype) -> None:
+    """KV kept in the run dtype, or fp8 (in this process: workers keep their KV in the run dtype)."""
+    kv = settings.kv_dtype
+    if kv is None or kv == _SPEC_DTYPE[run_dtype]:
+        return
+    if kv != "fp8":
+        raise ConfigError(f"--kv-dtype {kv}: keys and values are kept in the run dtype ({_SPEC_DTYPE[run_dtype]}) "
+                          "or fp8")
+    if settings.workers is not None:
+        raise ConfigError("--kv-dtype fp8 runs stages in this process only (not with --workers)")
+
+
+def load_model_from_args(args: argparse.Namespace, quiet: bool = False, **overrides: Any) -> LoadedModel:
+    """:func:`load` of the command's options (:func:`load_settings_from_args`, ``overrides`` replacing
+    fields), showing progress unless ``quiet``."""
+    return load_with_progress(load_settings_from_args(args, **overrides), not quiet)

@@ -38,6 +38,7 @@ class WarmUp:
     seconds: float
     decode_shapes: frozenset[tuple[int, int]] = frozenset()
     launchable_shapes: frozenset[tuple[int, int]] = frozenset()
+    full_context_tokens: int = 0  # the prompt of the full-context step (0: not run)
 
     @property
     def missing_shapes(self) -> frozenset[tuple[int, int]]:
@@ -48,9 +49,10 @@ class WarmUp:
         """One line for the load banner: what was warmed and how long it took."""
         batches = sorted({run for _, run in self.decode_shapes})
         missing = f"; {len(self.missing_shapes)} launchable shapes NOT warmed" if self.missing_shapes else ""
+        full = f", a full-context step ({self.full_context_tokens:,}-token prompt)" if self.full_context_tokens else ""
         return (f"warmed up in {self.seconds:.1f} s: prompts of {', '.join(map(str, sorted(set(self.prompt_tokens))))} "
                 f"tokens, decode steps of {', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes "
-                f"of {len(self.launchable_shapes)} launchable){missing}")
+                f"of {len(self.launchable_shapes)} launchable){missing}{full}")
 
 
 def needs_warm_up(model: LoadedModel) -> bool:
@@ -112,6 +114,28 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
     run([one_token])
     warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
     return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable))
+
+
+def full_context_prompt(batcher: Batcher) -> int:
+    """Prompt length of the full-context step: whole prefill chunks up to the last position a sequence
+    holds (its last chunk a full one at the longest attended length), or all of it below one chunk."""
+    limit = batcher.sequence_tokens - 1  # one position left for the token it generates
+    chunk = batcher.prefill_chunk
+    return limit // chunk * chunk if limit >= chunk else max(1, limit)
+
+
+def full_context_step(batcher: Batcher, vocab_size: int) -> int:
+    """One greedy request of :func:`full_context_prompt` tokens and one generated token: the largest step
+    (a full prefill chunk) at the longest attended length, the peak the load check measures. Returns
+    the prompt's length."""
+    length = full_context_prompt(batcher)
+    prompt = tuple(i % vocab_size for i in range(1, length + 1))
+    batcher.add(Sequence(GenerationRequest(prompt, 1, SamplingParams(temperature=0.0)), lambda _e: True, _raise,
+                         lambda: False))
+    while batcher.active:
+        batcher.iterate()
+    batcher.drain()
+    return length
 
 
 def _raise(error: StagewiseError) -> None:

@@ -54,11 +54,17 @@ def checked_bytes(value: float | int, field: str) -> int:
     return int(value)
 
 
-def format_bytes(value: int | float) -> str:
-    """Human form in decimal GB/MB (the RFC's unit), e.g. ``22.760 GB``."""
+def format_bytes(value: int | float, binary: bool = False) -> str:
+    """Human form in decimal GB/MB (the RFC's unit), e.g. ``22.760 GB``; ``binary``: GiB/MiB/KiB
+    (``24.000 GiB``), for sizes the user gave in binary units."""
     v = float(value)
     sign = "-" if v < 0 else ""
     v = abs(v)
+    if binary:
+        for unit, scale, digits in (("GiB", 1 << 30, 3), ("MiB", 1 << 20, 1), ("KiB", 1 << 10, 1)):
+            if v >= scale:
+                return f"{sign}{v / scale:.{digits}f} {unit}"
+        return f"{sign}{v:.0f} B"
     if v >= 1e9:
         return f"{sign}{v / 1e9:.3f} GB"
     if v >= 1e6:
@@ -66,3 +72,18 @@ def format_bytes(value: int | float) -> str:
     if v >= 1e3:
         return f"{sign}{v / 1e3:.1f} KB"
     return f"{sign}{v:.0f} B"
+
+
+_PRINTED = re.compile(r"(?<![\w.])(-?[0-9]+(?:\.[0-9]+)?) (GB|MB|KB)\b")
+
+
+def in_binary_units(text: str) -> str:
+    """``text`` with every size :func:`format_bytes` printed in decimal units (``25.770 GB``) printed in
+    binary ones (``24.000 GiB``), to the same precision: a certificate's reasons, shown to a user who
+    gave sizes in GiB."""
+    return _PRINTED.sub(lambda m: format_bytes(float(m.group(1)) * _UNITS[m.group(2).lower()], binary=True), text)
+
+
+def uses_binary_units(spec: str | None) -> bool:
+    """Whether a ``--devices`` spec gives its sizes in binary units (``24GiB,12GiB``)."""
+    return bool(spec) and re.search(r"[0-9.]\s*[kmgt]ib", str(spec).lower()) is not None

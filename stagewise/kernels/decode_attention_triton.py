@@ -33,10 +33,11 @@ TARGET_SLICES = 16  # slices per KV head: enough programs to keep the SMs readin
 
 @triton.jit
 def _split_kernel(
-    q_ptr, kc_ptr, vc_ptr, table_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
+    q_ptr, kc_ptr, vc_ptr, table_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
     kv_heads, groups, dim, keys_per_slice, slices, sm_scale_log2,
-    stride_qb, stride_qh, stride_cb, stride_ch, stride_cl, stride_tb,
-    G_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr,
+    stride_qb, stride_qh, stride_cb, stride_ch, stride_cl, stride_tb, stride_sb, stride_sh,
+    G_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
     bh = tl.program_id(0)  # (sequence, kv head)
@@ -64,20 +65,29 @@ def _split_kernel(
         k_mask = keys < hi
         ptrs = block * stride_cb + head + offs_l[:, None].to(tl.int64) * stride_cl + d[None, :]
         k = tl.load(kc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
+        if FP8:  # float8 values times their per-position scale (applied to the scores and the weights)
+            k = k.to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             scores = tl.dot(q, tl.trans(k))
+        if FP8:
+            sptrs = block * stride_sb + kvh.to(tl.int64) * stride_sh + offs_l
+            scores = scores * tl.load(ks_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
         scores = tl.where(k_mask[None, :], scores * sm_scale_log2, float("-inf"))  # (G, L), log2 units
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(vc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
+        pv = p
+        if FP8:
+            v = v.to(q.dtype)
+            pv = p * tl.load(vs_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
         m_i = m_new
     row = (b * kv_heads * groups + heads) * slices + s  # (sequence, query head, slice)
     tl.store(m_ptr + row, m_i, mask=g_mask)
@@ -119,14 +129,16 @@ def slicing(kv_length: int) -> tuple[int, int]:
 
 
 def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
-                     positions: torch.Tensor, kv_length: int, gate: torch.Tensor | None = None) -> torch.Tensor:
+                     positions: torch.Tensor, kv_length: int, gate: torch.Tensor | None = None,
+                     scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of one token per sequence: ``q`` ``(B, 1, H, D)`` (D contiguous) over the keys
     ``0 .. positions[b]`` of sequence ``b`` (``positions`` ``(B, 1)`` on the device; ``kv_length`` bounds
     them, as the mask of the reference path does) in the paged caches ``(blocks, kvH, block_tokens, D)``:
     key ``p`` in block ``block_table[b, p // block_tokens]`` (``(B, blocks per row)`` int32), offset
     ``p % block_tokens``; ``block_tokens`` a power of two in 16..BLOCK_KEYS. Scale ``1/sqrt(D)``. Returns
     ``(B, 1, H*D)`` in ``q``'s dtype, times ``sigmoid(gate)`` when ``gate`` ``(B, 1, H, D)`` (any
-    batch/head strides) is given."""
+    batch/head strides) is given. With ``scales`` (float8 caches' key and value scales ``(blocks, kvH,
+    block_tokens)`` float32) a key's score and a value's weight are multiplied by its position's scale."""
     batch, steps, heads, dim = q.shape
     kv_heads, block_tokens = key_cache.shape[1], key_cache.shape[2]
     if steps != 1:
@@ -145,14 +157,16 @@ def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     out = torch.empty((batch, 1, heads * dim), dtype=q.dtype, device=dev)
     pos = positions.reshape(-1)
     block_d = triton.next_power_of_2(dim)
+    key_scale, value_scale = scales if scales is not None else (m, m)  # unused without fp8
     with launch_device(q):
         _split_kernel[(batch * kv_heads, slices)](
-            q, key_cache, value_cache, block_table, pos, m, l_sum, acc,
+            q, key_cache, value_cache, block_table, pos, m, l_sum, acc, key_scale, value_scale,
             kv_heads, groups, dim, per, slices, 1.4426950408889634 / dim**0.5,
             q.stride(0), q.stride(2), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-            block_table.stride(0),
+            block_table.stride(0), key_scale.stride(0) if scales is not None else 0,
+            key_scale.stride(1) if scales is not None else 0,
             G_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_D=block_d, BLOCK_L=block_tokens,
-            IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2, **dependent_launch(q),
+            IEEE=q.dtype == torch.float32, FP8=scales is not None, num_warps=4, num_stages=2, **dependent_launch(q),
         )
         if gate is not None and gate.stride(-1) != 1:
             gate = gate.contiguous()

@@ -33,11 +33,11 @@ TILE_ROWS = 128  # query rows (G heads x tokens) per program; 64 when D > 128 (t
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, table_ptr, pos_ptr, seg_ptr, row_ptr, out_ptr,
+    q_ptr, kc_ptr, vc_ptr, table_ptr, pos_ptr, seg_ptr, row_ptr, out_ptr, ks_ptr, vs_ptr,
     groups, dim, sm_scale_log2,
-    stride_qn, stride_qh, stride_cb, stride_ch, stride_cl, stride_tb, stride_on, stride_oh,
+    stride_qn, stride_qh, stride_cb, stride_ch, stride_cl, stride_tb, stride_on, stride_oh, stride_sb, stride_sh,
     BLOCK_M: tl.constexpr, G_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr, GDC: tl.constexpr,
+    IEEE: tl.constexpr, FP8: tl.constexpr, GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
     s = tl.program_id(0)  # segment
@@ -68,10 +68,15 @@ def _prefill_kernel(
         k_mask = keys < kv_len  # past every token of the program: not read (stale values of another row)
         ptrs = block * stride_cb + head + offs_n[:, None].to(tl.int64) * stride_cl + d[None, :]
         k = tl.load(kc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (N, D)
+        if FP8:  # float8 values times their per-position scale (applied to the scores and the weights)
+            k = k.to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             scores = tl.dot(q, tl.trans(k))
+        if FP8:
+            sptrs = block * stride_sb + kvh.to(tl.int64) * stride_sh + offs_n
+            scores = scores * tl.load(ks_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
         causal = keys[None, :] <= pos[:, None]
         scores = tl.where(causal, scores * sm_scale_log2, float("-inf"))  # (R, N), log2 units
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))  # finite: key 0 is every row's first key
@@ -79,10 +84,14 @@ def _prefill_kernel(
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(vc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (N, D)
+        pv = p
+        if FP8:
+            v = v.to(q.dtype)
+            pv = p * tl.load(vs_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(out_ptr + tok64[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
@@ -91,7 +100,8 @@ def _prefill_kernel(
 
 def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
                       positions: torch.Tensor, segments: torch.Tensor, rows: torch.Tensor, longest: int,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None,
+                      scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of the step's prompt tokens over their rows' paged caches.
 
     ``q`` ``(N, H, D)`` (D contiguous): the step's tokens; ``positions`` ``(N,)`` each token's
@@ -102,7 +112,9 @@ def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     segment's tokens (sizes the grid). Caches ``(blocks, kvH, block_tokens, D)``, key ``p`` of row
     ``r`` in block ``block_table[r, p // block_tokens]``. Scale ``1/sqrt(D)``. Writes the segments'
     tokens of ``out`` (``(N, H, D)`` in ``q``'s dtype, allocated when None; tokens outside every
-    segment are left as they are) and returns it."""
+    segment are left as they are) and returns it. With ``scales`` (float8 caches' key and value scales
+    ``(blocks, kvH, block_tokens)`` float32) a key's score and a value's weight are multiplied by its
+    position's scale."""
     _, heads, dim = q.shape
     kv_heads, block_tokens = key_cache.shape[1], key_cache.shape[2]
     if block_tokens < 16 or block_tokens & (block_tokens - 1) or block_table.stride(-1) != 1:
@@ -120,14 +132,16 @@ def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     tile = TILE_ROWS if block_d <= 128 else TILE_ROWS // 2
     block_m = max(16, tile // g_pad)
     grid = (int(rows.shape[0]), triton.cdiv(max(longest, 1), block_m), kv_heads)
+    key_scale, value_scale = scales if scales is not None else (out, out)  # unused without fp8
     with launch_device(q):
         _prefill_kernel[grid](
-            q, key_cache, value_cache, block_table, positions, segments, rows, out,
+            q, key_cache, value_cache, block_table, positions, segments, rows, out, key_scale, value_scale,
             groups, dim, 1.4426950408889634 / dim**0.5,
             q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
             block_table.stride(0), out.stride(0), out.stride(1),
+            key_scale.stride(0) if scales is not None else 0, key_scale.stride(1) if scales is not None else 0,
             BLOCK_M=block_m, G_PAD=g_pad, BLOCK_D=block_d, BLOCK_N=block_tokens,
-            IEEE=q.dtype == torch.float32, num_warps=8 if block_d >= 128 else 4, num_stages=2,
+            IEEE=q.dtype == torch.float32, FP8=scales is not None, num_warps=8 if block_d >= 128 else 4, num_stages=2,
             **dependent_launch(q),
         )
     return out

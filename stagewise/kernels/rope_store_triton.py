@@ -15,7 +15,10 @@ tables, bit for bit, which the kernel tests check), rounded to the activation dt
 itself is float32 with one rounding. Reads q, k and v as ``(B, T, H, D)`` with arbitrary token/head
 strides (straight out of a fused q/k/v projection); writes the rotated queries as a contiguous
 ``(B, T, H, D)`` tensor, the rotated keys and the values into the paged cache at each token's
-position (through the block table: the slot mapping is one table load per key row).
+position (through the block table: the slot mapping is one table load per key row). A float8 e4m3
+cache (``scales`` given) stores each head's keys and values as the torch path does
+(:func:`stagewise.models.kv_cache.fp8_quantize`): rounded to the activation dtype, divided by their
+absolute maximum over 448 (IEEE division), with that scale in float32 beside them.
 """
 
 from __future__ import annotations
@@ -68,12 +71,22 @@ def _head(base, w_ptr, c, partner, mask, rot, dim, eps, NORM: tl.constexpr, ZERO
 
 
 @triton.jit
+def _fp8_store(x, mask, c_ptr, dst, s_ptr, sdst):
+    """Row ``x`` (float32, already rounded to the activation dtype) as float8 values and one float32 scale."""
+    amax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=0)
+    scale = tl.maximum(tl.math.div_rn(amax, 448.0), 5.9604644775390625e-08)  # 2**-24: an all-zero row
+    y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
+    tl.store(c_ptr + dst, y.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + sdst, scale)
+
+
+@triton.jit
 def _rope_store_kernel(
-    q_ptr, k_ptr, v_ptr, f_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr, table_ptr, qw_ptr, kw_ptr,
+    q_ptr, k_ptr, v_ptr, f_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr, table_ptr, qw_ptr, kw_ptr, ks_ptr, vs_ptr,
     steps, heads, dim, rotary_dim, eps,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_cb, stride_ch, stride_cl, stride_tb,
-    NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr,
+    stride_cb, stride_ch, stride_cl, stride_tb, stride_sb, stride_sh,
+    NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr, FP8: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_TOKENS: tl.constexpr, GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
@@ -105,21 +118,29 @@ def _rope_store_kernel(
         y = tl.where(rot, x * cos + sign * xp * sin, x)
         block = tl.load(table_ptr + b * stride_tb + pos // BLOCK_TOKENS).to(tl.int64)  # the slot mapping
         dst = block * stride_cb + g * stride_ch + (pos % BLOCK_TOKENS) * stride_cl + c
-        tl.store(kc_ptr + dst, y.to(kc_ptr.dtype.element_ty), mask=mask)
         v = tl.load(v_ptr + b * stride_vb + t * stride_vt + g * stride_vh + c, mask=mask, other=0.0)
-        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+        if FP8:
+            sdst = block * stride_sb + g * stride_sh + pos % BLOCK_TOKENS
+            _fp8_store(y.to(dtype).to(tl.float32), mask, kc_ptr, dst, ks_ptr, sdst)
+            _fp8_store(v.to(tl.float32), mask, vc_ptr, dst, vs_ptr, sdst)
+        else:
+            tl.store(kc_ptr + dst, y.to(kc_ptr.dtype.element_ty), mask=mask)
+            tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
 def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor,
                positions: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               block_table: torch.Tensor, norm: QKNorm | None = None) -> torch.Tensor:
+               block_table: torch.Tensor, norm: QKNorm | None = None,
+               scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """With ``norm``, first normalize each head of ``q`` and ``k`` (module doc). Rotate ``q`` ``(B, T, H, D)``
     and ``k`` ``(B, T, kvH, D)`` at ``positions`` ``(B, T)`` (on the device) by the angles ``position *
     inv_freq`` (float32 ``(rotary_dim // 2,)``), with cos/sin rounded to ``q``'s dtype as the reference's
     tables are; write the rotated keys and ``v`` ``(B, T, kvH, D)``
     into the paged caches ``(blocks, kvH, block_tokens, D)`` at those positions: position ``p`` of
     sequence ``b`` in block ``block_table[b, p // block_tokens]`` (``block_table`` ``(B, blocks per row)``
-    int32, the step's rows), offset ``p % block_tokens``. Any token/head strides, D contiguous.
+    int32, the step's rows), offset ``p % block_tokens``. Any token/head strides, D contiguous. With
+    ``scales`` (the key and value scales ``(blocks, kvH, block_tokens)`` float32 of float8 caches), each
+    head's key and value row is stored scaled, its scale beside it (module doc).
     Returns the rotated queries, a contiguous ``(B, T, H, D)`` tensor."""
     batch, steps, heads, dim = q.shape
     kv_heads = k.shape[2]
@@ -137,13 +158,20 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torc
         raise ValueError(f"the q/k norm weights must have {dim} channels")
     q_weight = norm.q_weight if norm is not None else inv_freq  # unused without a norm
     k_weight = norm.k_weight if norm is not None else inv_freq
+    key_scale, value_scale = scales if scales is not None else (inv_freq, inv_freq)  # unused without fp8
+    if scales is not None and (key_scale.shape != key_cache.shape[:3] or key_scale.stride() != value_scale.stride()
+                               or key_scale.stride(-1) != 1):
+        raise ValueError("rope_store needs contiguous scales of the caches' (blocks, kvH, block_tokens)")
     with launch_device(q):
         _rope_store_kernel[(batch * steps, heads + kv_heads)](
             q, k, v, inv_freq, pos, out, key_cache, value_cache, block_table, q_weight, k_weight,
+            key_scale, value_scale,
             steps, heads, dim, rotary_dim, norm.eps if norm is not None else 0.0,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-            block_table.stride(0), NORM=norm is not None, ZERO_CENTERED=norm is not None and norm.zero_centered,
+            block_table.stride(0), key_scale.stride(0) if scales is not None else 0,
+            key_scale.stride(1) if scales is not None else 0,
+            NORM=norm is not None, ZERO_CENTERED=norm is not None and norm.zero_centered, FP8=scales is not None,
             BLOCK=triton.next_power_of_2(dim), BLOCK_TOKENS=key_cache.shape[2], num_warps=1 if dim <= 256 else 2,
             **dependent_launch(q),
         )

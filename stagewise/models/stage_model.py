@@ -27,6 +27,8 @@ from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 BlockFactory = Callable[[ModelConfig, int], nn.Module]
+_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.int64: "int64",
+                torch.int32: "int32", torch.uint8: "uint8"}
 
 
 @dataclass(frozen=True)
@@ -83,14 +85,33 @@ class StageModel(nn.Module):
                 fuse()
 
     def resident_bytes(self) -> int:
-        """Bytes of weights resident for this stage: dense parameters (shared ones once) + packed ones."""
-        dense = sum(p.numel() * p.element_size() for p in self.parameters())  # parameters() dedupes ties
-        packed: dict[int, int] = {}  # by identity: a tied packed table is held by the embedding and the head
+        """Bytes of weights resident for this stage: every kind of :meth:`resident_by_dtype`."""
+        return sum(self.resident_by_dtype().values())
+
+    def resident_by_dtype(self) -> dict[str, int]:
+        """Bytes resident for this stage's weights, by kind: dense parameters (shared ones once) by dtype
+        (``bf16``, ``f32``), packed ones by type (``q4_k``), their input gathers (``int64``), and the
+        buffers (the rotary frequencies, ``f32``) — counted from the tensors themselves."""
+        out: dict[str, int] = {}
+
+        def add(kind: str, nbytes: int) -> None:
+            out[kind] = out.get(kind, 0) + nbytes
+
+        for p in self.parameters():  # parameters() dedupes ties
+            add(_DTYPE_NAMES.get(p.dtype, str(p.dtype)), p.numel() * p.element_size())
+        for b in self.buffers():
+            add(_DTYPE_NAMES.get(b.dtype, str(b.dtype)), b.numel() * b.element_size())
+        packed: dict[int, object] = {}  # by identity: a tied packed table is held by the embedding and the head
         for module in self.modules():
             get = getattr(module, "quantized_weights", None)
             if callable(get):
-                packed.update((id(q), q.nbytes) for q in get())
-        return dense + sum(packed.values())
+                packed.update((id(q), q) for q in get())
+        for q in packed.values():
+            add(q.format_name, q.nbytes)  # type: ignore[attr-defined]
+            index = getattr(q, "input_index", None)
+            if index is not None:
+                add(_DTYPE_NAMES.get(index.dtype, str(index.dtype)), index.numel() * index.element_size())
+        return out
 
     @property
     def block_indices(self) -> range:

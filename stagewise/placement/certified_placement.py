@@ -44,7 +44,8 @@ class CertifiedPlacement:
     """Outcome, stages (empty for ``does_not_fit``), prediction and a sha256 fingerprint.
 
     For ``does_not_fit``: ``limiting_device``, ``required_bytes`` vs its budget,
-    ``deficit_bytes``, ``longest_context_tokens`` (None if no context fits) and ``reasons``.
+    ``deficit_bytes``, ``longest_context_tokens`` (None if no context fits), ``reasons`` and ``attempt``
+    (the stages of the attempt the first reason describes, charged as a fitting stage would be).
     """
 
     outcome: str
@@ -61,6 +62,8 @@ class CertifiedPlacement:
     deficit_bytes: int = 0
     longest_context_tokens: int | None = None
     exhaustive: bool = True
+    attempt: tuple[CertifiedStage, ...] = ()  # does_not_fit: the best attempt's stages, the last one over budget
+    attempt_devices: int = 0  # does_not_fit: the devices that attempt was made with
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -106,6 +109,8 @@ class CertifiedPlacement:
                 "budget_bytes": self.budget_bytes,
                 "deficit_bytes": self.deficit_bytes,
                 "longest_context_tokens": self.longest_context_tokens,
+                "attempt": [s.to_dict() for s in self.attempt],
+                "attempt_devices": self.attempt_devices,
             }
         return out
 

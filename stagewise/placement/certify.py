@@ -10,7 +10,7 @@ from stagewise.hardware.sizes import format_bytes
 from stagewise.placement.certified_placement import CertifiedPlacement, CertifiedStage, fingerprint
 from stagewise.placement.cost_model import PS_PER_S, pipelined_prefill_s_per_token, stage_prefill_s_per_token
 from stagewise.placement.prediction import Prediction
-from stagewise.placement.search import Found, Searcher
+from stagewise.placement.search import Found, Miss, Searcher
 from stagewise.placement.stage_placement import StagePlacement
 from stagewise.spec.charge import stage_charge
 
@@ -99,7 +99,22 @@ def does_not_fit(searcher: Searcher, objective: str, k_max: int, n_dev: int) -> 
         deficit_bytes=miss.overflow_bytes,
         longest_context_tokens=_longest_context(searcher, k_max),
         exhaustive=exhaustive,
+        attempt=_attempt(searcher, miss),
+        attempt_devices=k_max,
     )
+
+
+def _attempt(searcher: Searcher, miss: Miss) -> tuple[CertifiedStage, ...]:
+    """The stages of the attempt ``miss`` describes, each charged by :func:`stage_charge`."""
+    spec, profile, topology = searcher.spec, searcher.profile, searcher.topology
+    k = len(miss.order)
+    out = []
+    for j, (device_id, (a, b)) in enumerate(zip(miss.order, miss.ranges, strict=False)):
+        sp = StagePlacement(device_id, a, b, entry=j == 0, exit=j == k - 1)
+        device = topology.device(device_id)
+        out.append(CertifiedStage(sp, stage_charge(spec, profile, a, b, sp.entry, sp.exit), device.budget_bytes,
+                                  device.torch_device))
+    return tuple(out)
 
 
 def _longest_context(searcher: Searcher, k_max: int) -> int | None:

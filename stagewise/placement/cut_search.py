@@ -113,6 +113,32 @@ def evaluate_cuts(
     return (max(costs), sum(costs)), totals
 
 
+def greedy_ranges(table: StageTable, order: list[DeviceCosts]) -> list[tuple[int, int]]:
+    """The block ranges :func:`greedy_reach` fills, stage by stage, up to and including the stage that
+    fails (a stage that cannot hold even one block is given one, as the overflow it reports)."""
+    n, k = table.num_blocks, len(order)
+    ranges: list[tuple[int, int]] = []
+    a = 0
+    for j, dev in enumerate(order[:n]):
+        entry, exit = j == 0, j == k - 1
+        if exit:
+            ranges.append((a, n))
+            break
+        b, ws = a, 0
+        limit = n - (k - 1 - j)
+        while b < limit:
+            ws2 = max(ws, table.workspace[b])
+            if table.total(a, b + 1, entry, False, ws2) > dev.budget_bytes:
+                break
+            b, ws = b + 1, ws2
+        if b == a:
+            ranges.append((a, a + 1))
+            break
+        ranges.append((a, b))
+        a = b
+    return ranges
+
+
 def greedy_reach(table: StageTable, order: list[DeviceCosts]) -> tuple[bool, int, int]:
     """Fill each stage with as many blocks as legal (leaving one per later stage).
 

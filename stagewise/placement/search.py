@@ -9,7 +9,7 @@ from itertools import pairwise
 from stagewise.hardware.device_info import DeviceInfo
 from stagewise.hardware.topology import Topology
 from stagewise.placement.cost_model import handoff_ps
-from stagewise.placement.cut_search import Key, best_cuts, evaluate_cuts, greedy_reach
+from stagewise.placement.cut_search import Key, best_cuts, evaluate_cuts, greedy_ranges, greedy_reach
 from stagewise.placement.device_orders import MAX_ORDERS, class_orders, interchangeable_classes
 from stagewise.placement.stage_table import DeviceCosts, StageTable
 from stagewise.spec.model_spec import ModelSpec
@@ -34,6 +34,8 @@ class Miss:
     stage_index: int
     overflow_bytes: int
     budget_bytes: int
+    order: tuple[str, ...] = ()  # the attempt's devices in stage order
+    ranges: tuple[tuple[int, int], ...] = ()  # its stages' block ranges, up to the one that overflows
 
 
 class Searcher:
@@ -116,9 +118,12 @@ class Searcher:
                 _, totals = evaluate_cuts(self.table, dev, self.handoffs(order), cuts, "latency")
                 over = [(t - d.budget_bytes, j) for j, (t, d) in enumerate(zip(totals, dev, strict=True))]
                 overflow, j = max(over)
+                bounds = [0, *cuts, self.spec.num_blocks]
+                ranges = tuple(pairwise(bounds))
             else:
                 _, j, overflow = greedy_reach(self.table, dev)
-            m = Miss(order[j], j, overflow, dev[j].budget_bytes)
+                ranges = tuple(greedy_ranges(self.table, dev))
+            m = Miss(order[j], j, overflow, dev[j].budget_bytes, tuple(order), ranges)
             if best is None or m.overflow_bytes < best.overflow_bytes:
                 best = m
         assert best is not None

@@ -38,6 +38,13 @@ class SequenceCapacity:
         return {"context_tokens": self.context_tokens, "sequences": self.sequences, "limited_by": self.limited_by}
 
 
+def with_batch(profile: Profile, batch: int, **changes: Any) -> Profile:
+    """``profile`` with ``batch`` slots; its prefix snapshots follow the slots when it keeps one per slot
+    (``serve``'s default), else stay as they are."""
+    snapshots = batch if profile.prefix_snapshots == profile.batch else profile.prefix_snapshots
+    return replace(profile, batch=batch, prefix_snapshots=snapshots, **changes)
+
+
 def _fits(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> str | None:
     """The first stage's device over its budget under ``profile``, or None when all fit."""
     for stage in cert.stages:
@@ -52,7 +59,7 @@ def sequence_capacity(cert: CertifiedPlacement, spec: ModelSpec, profile: Profil
                       context_tokens: int) -> SequenceCapacity:
     """The most concurrent sequences of ``context_tokens`` the placement's stages hold (binary search
     over the batch; charges grow with it), and with a sized pool no more than its blocks hold."""
-    base = replace(profile, context_tokens=context_tokens, batch=1)
+    base = with_batch(profile, 1, context_tokens=context_tokens)
     top = MAX_REPORTED_SEQUENCES
     if profile.kv_tokens is not None:
         top = min(top, profile.kv_pool_blocks // blocks_for(context_tokens))
@@ -62,17 +69,44 @@ def sequence_capacity(cert: CertifiedPlacement, spec: ModelSpec, profile: Profil
     if limit is not None:
         return SequenceCapacity(context_tokens, 0, limit)
     lo, hi = 1, top
-    if profile.kv_tokens is not None and _fits(cert, spec, replace(base, batch=hi)) is None:
+    if profile.kv_tokens is not None and _fits(cert, spec, with_batch(base, hi)) is None:
         return SequenceCapacity(context_tokens, hi, POOL_LIMIT if hi < MAX_REPORTED_SEQUENCES else "")
-    if _fits(cert, spec, replace(base, batch=hi)) is None:
+    if _fits(cert, spec, with_batch(base, hi)) is None:
         return SequenceCapacity(context_tokens, hi, "")
     while hi - lo > 1:  # lo fits, hi does not
         mid = (lo + hi) // 2
-        if _fits(cert, spec, replace(base, batch=mid)) is None:
+        if _fits(cert, spec, with_batch(base, mid)) is None:
             lo = mid
         else:
             hi = mid
-    return SequenceCapacity(context_tokens, lo, _fits(cert, spec, replace(base, batch=hi)) or "")
+    return SequenceCapacity(context_tokens, lo, _fits(cert, spec, with_batch(base, hi)) or "")
+
+
+def longest_context(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> int:
+    """The longest context one sequence can have on the placement's stages (whole KV blocks, the
+    profile's chunk), up to the model's ``max_position_embeddings`` (or the profile's context when the
+    model does not say); 0 when not even one block fits."""
+    top = max(spec.max_context_tokens, profile.context_tokens) if spec.max_context_tokens else profile.context_tokens
+    base = with_batch(profile, 1, kv_tokens=None)
+    if _fits(cert, spec, replace(base, context_tokens=top)) is None:
+        return top
+    lo, hi = 0, top // KV_BLOCK_TOKENS  # in blocks: lo fits (0: nothing known to), hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(cert, spec, replace(base, context_tokens=mid * KV_BLOCK_TOKENS)) is None:
+            lo = mid
+        else:
+            hi = mid
+    return lo * KV_BLOCK_TOKENS
+
+
+def longest_line(tokens: int, spec: ModelSpec) -> str:
+    """``longest context for 1 sequence on this placement: 52,416 tokens (the model's maximum: 262,144)``."""
+    if not tokens:
+        return "longest context for 1 sequence on this placement: none (not even one KV block)"
+    most = spec.max_context_tokens
+    note = " (the model's maximum)" if most and tokens >= most else (f" (the model's maximum: {most:,})" if most else "")
+    return f"longest context for 1 sequence on this placement: {tokens:,} tokens{note}"
 
 
 def capacity_table(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile) -> tuple[SequenceCapacity, ...]:

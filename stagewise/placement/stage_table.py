@@ -15,10 +15,12 @@ from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
 from stagewise.spec.state_bytes import block_state_bytes
 from stagewise.spec.workspace_bytes import (
+    F32_BYTES,
     block_workspace_bytes,
-    dequant_tile_bytes,
+    graph_output_bytes,
     handoff_buffer_bytes,
     logits_buffer_bytes,
+    runtime_bytes,
 )
 
 
@@ -37,11 +39,14 @@ class StageTable:
     weight_prefix: list[int]
     state_prefix: list[int]
     workspace: list[int]
-    handoff_buffer: int  # per stage: the handoff buffers, the runtime's workspace and the dequantized tile
+    handoff_buffer: int  # per stage: the handoff buffers and the runtime's workspace
     logits_buffer: int
+    entry_only_step: int  # a stage holding the entry and no block: the rows it embeds
+    graph_outputs: tuple[int, int]  # without / with the exit: what the stage's CUDA graphs keep
     entry_weight: int
     exit_weight: int
     shared: int
+    stage_weight: int  # tables every stage keeps (the rotary frequencies)
 
     @staticmethod
     def build(spec: ModelSpec, profile: Profile) -> StageTable:
@@ -49,23 +54,29 @@ class StageTable:
             num_blocks=spec.num_blocks,
             weight_prefix=_prefix([b.weight_bytes for b in spec.blocks]),
             state_prefix=_prefix([block_state_bytes(b, profile) for b in spec.blocks]),
-            workspace=[block_workspace_bytes(b, profile) for b in spec.blocks],
-            handoff_buffer=handoff_buffer_bytes(spec.hidden_size, profile) + dequant_tile_bytes(spec.format, profile),
-            logits_buffer=logits_buffer_bytes(spec.vocab_size, profile),
+            workspace=[block_workspace_bytes(b, profile, spec.format) for b in spec.blocks],
+            handoff_buffer=handoff_buffer_bytes(spec.hidden_size, profile) + runtime_bytes(profile),
+            logits_buffer=logits_buffer_bytes(spec.vocab_size, profile, spec.hidden_size, spec.format),
+            entry_only_step=profile.step_tokens * spec.hidden_size * (profile.activation_bytes + F32_BYTES),
+            graph_outputs=(graph_output_bytes(spec, profile, False), graph_output_bytes(spec, profile, True)),
             entry_weight=spec.entry.weight_bytes,
             exit_weight=spec.exit.weight_bytes,
             shared=spec.exit.shared_bytes,
+            stage_weight=spec.stage_table_bytes,
         )
 
     def total(self, a: int, b: int, entry: bool, exit: bool, workspace_max: int) -> int:
         """Total charge of ``[a, b)`` given the max block workspace over the range."""
-        w = self.weight_prefix[b] - self.weight_prefix[a]
+        w = self.weight_prefix[b] - self.weight_prefix[a] + self.stage_weight
         if entry:
             w += self.entry_weight
         if exit:
             w += self.exit_weight - (self.shared if entry else 0)
         s = self.state_prefix[b] - self.state_prefix[a]
+        if entry and a == b:
+            workspace_max = self.entry_only_step
         ws = workspace_max + self.handoff_buffer + (self.logits_buffer if exit else 0)
+        ws += self.graph_outputs[exit]
         return w + s + ws + reserve_for(w, s, ws)
 
     def range_total(self, a: int, b: int, entry: bool, exit: bool) -> int:

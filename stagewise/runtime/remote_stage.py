@@ -11,13 +11,15 @@ happen in the worker.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import torch
 
 from stagewise.models.registry import build_stage
 from stagewise.runtime.ledger import MemoryLedger
-from stagewise.runtime.stage import Stage, StageSpec
+from stagewise.runtime.peak_memory import PeakMemory
+from stagewise.runtime.stage import ChargeCheck, Stage, StageSpec
 from stagewise.spec.model_config import ModelConfig
 
 
@@ -32,6 +34,13 @@ class RemoteStage(Stage):
 
     def measured_bytes(self) -> int:
         return self.reported_bytes
+
+    def charge_check(self, peak: PeakMemory | None = None) -> ChargeCheck:
+        """Planned parts beside the worker's reported total (weights + state); no parts or peak measured here."""
+        del peak
+        check = super().charge_check()
+        return dataclasses.replace(check, measured_bytes=self.reported_bytes, measured_weights_bytes=0,
+                                   measured_state_bytes=0)
 
     def describe_state(self, batch: int, max_context: int, kv_blocks: int | None = None, snapshots: int = 0) -> None:
         """The worker's state as :meth:`Stage.allocate_state` makes it, on the meta device (no memory):

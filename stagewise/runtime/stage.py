@@ -5,15 +5,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from stagewise.models.block_table import BlockTable
+from stagewise.models.layers.attention import Attention
 from stagewise.models.registry import build_stage
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.stage_states import StageStates
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.ledger import MemoryLedger
+from stagewise.runtime.peak_memory import PeakMemory
 from stagewise.runtime.step_graphs import StepGraphs
 from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
@@ -39,6 +42,8 @@ class StageSpec:
     planned_weights_bytes: int = 0
     planned_state_bytes: int = 0
     planned_workspace_bytes: int = 0
+    planned_reserve_bytes: int = 0
+    kv_dtype: str | None = None  # "fp8": keys and values kept as float8 e4m3 with scales; None: the run dtype
 
     def __post_init__(self) -> None:
         if self.start > self.end or self.start < 0:
@@ -47,16 +52,42 @@ class StageSpec:
 
 @dataclass(frozen=True)
 class ChargeCheck:
-    """Planned vs measured bytes of one stage after loading (weights + state)."""
+    """Planned vs measured bytes of one stage: ``planned_bytes`` / ``measured_bytes`` are weights + state
+    (counted from the tensors after loading); the parts follow, with the workspace measured as the
+    device's allocator peak above its resident tensors (:class:`PeakMemory`) and ``measured_peak_bytes``
+    that peak; both None when not measured (before warm-up, off CUDA, in a worker, a shared device)."""
 
     stage: int
     device: str
     planned_bytes: int
     measured_bytes: int
+    planned_weights_bytes: int = 0
+    measured_weights_bytes: int = 0
+    planned_state_bytes: int = 0
+    measured_state_bytes: int = 0
+    planned_workspace_bytes: int = 0
+    measured_workspace_bytes: int | None = None
+    planned_total_bytes: int = 0  # weights + state + workspace + reserve: the certified charge
+    measured_peak_bytes: int | None = None
 
     @property
     def ratio(self) -> float:
         return self.planned_bytes / self.measured_bytes if self.measured_bytes else 1.0
+
+    @property
+    def peak_ratio(self) -> float | None:
+        """Measured peak over the certified charge (<= 1: the charge bounded it), or None."""
+        if self.measured_peak_bytes is None or not self.planned_total_bytes:
+            return None
+        return self.measured_peak_bytes / self.planned_total_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "device": self.device,
+                "planned": {"weights_bytes": self.planned_weights_bytes, "state_bytes": self.planned_state_bytes,
+                            "workspace_bytes": self.planned_workspace_bytes, "total_bytes": self.planned_total_bytes},
+                "measured": {"weights_bytes": self.measured_weights_bytes, "state_bytes": self.measured_state_bytes,
+                             "workspace_bytes": self.measured_workspace_bytes, "peak_bytes": self.measured_peak_bytes},
+                "peak_over_planned": self.peak_ratio}
 
 
 def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: torch.dtype) -> int:
@@ -79,7 +110,8 @@ def _weight_bytes_before_load(model: StageModel, source: TensorSource, dtype: to
             total += resident_bytes(source, src, owner, dtype.itemsize)
         else:
             total += param.numel() * dtype.itemsize  # missing: the loader will say so
-    return total
+    # buffers (the rotary frequencies): built on meta with their final shape and dtype
+    return total + sum(b.numel() * b.element_size() for b in model.buffers())
 
 
 class Stage:
@@ -123,6 +155,10 @@ class Stage:
         """The state :meth:`allocate_state` makes, built on the meta device (no memory) and charged to the
         ledger: its block table and states. Records ``batch`` and ``max_context``."""
         blocks = default_pool_blocks(batch, max_context) if kv_blocks is None else kv_blocks
+        storage = torch.float8_e4m3fn if self.spec.kv_dtype == "fp8" else None
+        for module in self.model.modules():  # every attention block keeps its keys and values so
+            if isinstance(module, Attention):
+                module.kv_storage = storage
         meta = torch.device("meta")
         table = BlockTable(batch, max_context, blocks, meta)
         planned = self.model.new_states(batch, max_context, self.dtype, meta, table, snapshots)
@@ -151,9 +187,18 @@ class Stage:
         """Weights resident plus state allocated, counted from the real tensors."""
         return self.model.resident_bytes() + (self.states.nbytes if self.states is not None else 0)
 
-    def charge_check(self) -> ChargeCheck:
-        planned = self.spec.planned_weights_bytes + self.spec.planned_state_bytes
-        return ChargeCheck(self.spec.index, self.spec.device, planned, self.measured_bytes())
+    def charge_check(self, peak: PeakMemory | None = None) -> ChargeCheck:
+        """Planned vs measured, every part; ``peak``: this stage's device's reading, when it is the
+        device's only stage (the workspace and peak are then measured)."""
+        s = self.spec
+        weights = self.model.resident_bytes()
+        state = self.states.nbytes if self.states is not None else 0
+        planned = s.planned_weights_bytes + s.planned_state_bytes
+        total = planned + s.planned_workspace_bytes + s.planned_reserve_bytes
+        return ChargeCheck(s.index, s.device, planned, weights + state, s.planned_weights_bytes, weights,
+                           s.planned_state_bytes, state, s.planned_workspace_bytes,
+                           peak.workspace_bytes if peak is not None else None, total,
+                           peak.peak_bytes if peak is not None else None)
 
     def graphed(self, steps: int, all_logits: bool) -> bool:
         """Whether a step of ``steps`` tokens per sequence replays a CUDA graph here."""

@@ -439,6 +439,12 @@ def tensor_from_bytes(blob: bytes) -> torch.Tensor:
     return flat.view(dtype).reshape(shape)
 
 
+def _kv_dtype(value: Any, what: str) -> str | None:
+    if value is not None and value != "fp8":
+        raise WorkerMessageRejected(f"{what}: kv_dtype must be null or 'fp8'")
+    return None if value is None else "fp8"
+
+
 def _stage_spec(raw: Any, what: str) -> StageSpec:
     if not isinstance(raw, dict):
         raise WorkerMessageRejected(f"{what}: a stage must be an object")
@@ -448,7 +454,9 @@ def _stage_spec(raw: Any, what: str) -> StageSpec:
             _int(raw, "index", what, 0, MAX_RANK), _str(raw, "device", what, limit=200),
             _str(raw, "torch_device", what, limit=200), _int(raw, "start", what, 0, 2**20),
             _int(raw, "end", what, 0, 2**20), _bool(raw, "entry", what), _bool(raw, "exit", what),
-            *(_int(raw, n, what, 0, MAX_INT, 0) for n in ("budget_bytes", "planned_weights_bytes",
-                                                            "planned_state_bytes", "planned_workspace_bytes")))
+            **{n: _int(raw, n, what, 0, MAX_INT, 0) for n in ("budget_bytes", "planned_weights_bytes",
+                                                               "planned_state_bytes", "planned_workspace_bytes",
+                                                               "planned_reserve_bytes")},
+            kv_dtype=_kv_dtype(raw.get("kv_dtype"), what))
     except ValueError as exc:
         raise WorkerMessageRejected(f"{what}: {exc}") from None

@@ -1,26 +1,46 @@
-"""The startup banner: where the model went, and planned vs measured charge per stage."""
+"""The startup banner: where the model went, the profile chosen, and planned vs measured per stage and part."""
 
 from __future__ import annotations
 
 import shlex
 
+from stagewise.engine.load_settings import LoadSettings
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.hardware.sizes import format_bytes
+from stagewise.runtime.stage import ChargeCheck
 from stagewise.server.serve_settings import ServeSettings
 
 API_KEY_ENV = "STAGEWISE_API_KEY"  # serve's --api-key when not given (cli/cmd_serve.py)
 
 
+def check_line(check: ChargeCheck) -> str:
+    """One stage: each part planned · measured, the workspace as the allocator's peak above the resident
+    tensors, and the certified charge beside the measured peak (when the load check measured it)."""
+    head = f"  stage {check.stage} on {check.device}: "
+    if not check.planned_bytes:
+        return head + f"measured {format_bytes(check.measured_bytes)} (no planned charge)"
+    if not check.measured_weights_bytes:  # a worker's stage: its reported total only
+        return head + (f"weights + state planned {format_bytes(check.planned_bytes)} · measured "
+                       f"{format_bytes(check.measured_bytes)} (planned/measured {check.ratio:.2f})")
+    parts = [f"weights {format_bytes(check.planned_weights_bytes)} · {format_bytes(check.measured_weights_bytes)}",
+             f"state {format_bytes(check.planned_state_bytes)} · {format_bytes(check.measured_state_bytes)}"]
+    if check.measured_workspace_bytes is None or check.measured_peak_bytes is None:
+        parts.append(f"workspace {format_bytes(check.planned_workspace_bytes)} · not measured")
+        return head + "planned · measured: " + "; ".join(parts)
+    parts.append(f"workspace {format_bytes(check.planned_workspace_bytes)} · "
+                 f"{format_bytes(check.measured_workspace_bytes)} (peak above resident)")
+    verdict = "within" if check.measured_peak_bytes <= check.planned_total_bytes else "OVER"
+    parts.append(f"total {format_bytes(check.planned_total_bytes)} certified · peak "
+                 f"{format_bytes(check.measured_peak_bytes)} ({check.peak_ratio:.3f}, {verdict})")
+    return head + "planned · measured: " + "; ".join(parts)
+
+
 def placement_lines(model: LoadedModel) -> list[str]:
-    """The placement summary and, per stage, planned vs measured charge."""
+    """The placement summary, what the profile is, and per stage planned vs measured."""
     lines = [model.placement_summary]
-    for check in model.charge_checks():
-        measured = format_bytes(check.measured_bytes)
-        if check.planned_bytes:
-            lines.append(f"  stage {check.stage} on {check.device}: planned {format_bytes(check.planned_bytes)}"
-                         f" · measured {measured} (planned/measured {check.ratio:.2f})")
-        else:
-            lines.append(f"  stage {check.stage} on {check.device}: measured {measured} (no planned charge)")
+    if model.choice:
+        lines.append(f"  profile: {model.choice}")
+    lines += [check_line(check) for check in model.charge_checks()]
     return lines
 
 
@@ -43,17 +63,18 @@ def usage_lines(settings: ServeSettings, key_in_env: bool) -> list[str]:
 
 def chat_command(settings: ServeSettings) -> list[str]:
     """``stagewise chat`` with the model and the loading options ``serve`` was given (those not at their default)."""
-    defaults = ServeSettings()
-    command = ["stagewise", "chat", *([settings.model] if settings.model else [])]
-    for flag, value, default in (("--devices", settings.devices, defaults.devices),
-                                 ("--placement", settings.placement, defaults.placement),
-                                 ("--context", settings.context, defaults.context),
-                                 ("--dtype", settings.dtype, defaults.dtype),
-                                 ("--prefill-chunk", settings.prefill_chunk, defaults.prefill_chunk),
-                                 ("--reserve", settings.reserve, defaults.reserve),
-                                 ("--kv-tokens", settings.kv_tokens, defaults.kv_tokens)):
+    load, defaults = settings.load, LoadSettings()
+    command = ["stagewise", "chat", *([load.model] if load.model else [])]
+    for flag, value, default in (("--devices", load.devices, defaults.devices),
+                                 ("--placement", load.placement, defaults.placement),
+                                 ("--context", load.context, defaults.context),
+                                 ("--dtype", load.dtype, defaults.dtype),
+                                 ("--kv-dtype", load.kv_dtype, defaults.kv_dtype),
+                                 ("--prefill-chunk", load.prefill_chunk, defaults.prefill_chunk),
+                                 ("--reserve", load.reserve, defaults.reserve),
+                                 ("--kv-tokens", load.kv_tokens, defaults.kv_tokens)):
         if value != default:
             command += [flag, str(value)]
-    if not settings.cuda_graphs:
+    if not load.cuda_graphs:
         command.append("--no-cuda-graphs")
     return command

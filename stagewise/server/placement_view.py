@@ -13,16 +13,18 @@ from typing import Any
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.hardware.topology import Topology
 from stagewise.runtime.remote_stage import RemoteStage
-from stagewise.runtime.stage import Stage
+from stagewise.runtime.stage import ChargeCheck, Stage
 
 
-def _measured(stage: Stage) -> dict[str, int | None]:
-    """Bytes counted from the stage's real tensors; a worker's stage reports its total only."""
+def _measured(stage: Stage, check: ChargeCheck) -> dict[str, int | None]:
+    """Bytes counted from the stage's real tensors, and the load check's peak (workspace: the peak above
+    the resident tensors; None where not measured); a worker's stage reports its total only."""
     if isinstance(stage, RemoteStage):
-        return {"weights_bytes": None, "state_bytes": None, "total_bytes": stage.measured_bytes()}
-    weights = stage.model.resident_bytes()
-    state = stage.states.nbytes if stage.states is not None else 0
-    return {"weights_bytes": weights, "state_bytes": state, "total_bytes": weights + state}
+        return {"weights_bytes": None, "state_bytes": None, "workspace_bytes": None, "peak_bytes": None,
+                "total_bytes": stage.measured_bytes()}
+    return {"weights_bytes": check.measured_weights_bytes, "state_bytes": check.measured_state_bytes,
+            "workspace_bytes": check.measured_workspace_bytes, "peak_bytes": check.measured_peak_bytes,
+            "total_bytes": check.measured_bytes}
 
 
 def _devices(topology: Topology, planned: dict[str, int]) -> list[dict[str, Any]]:
@@ -51,7 +53,8 @@ def placement_view(model: LoadedModel) -> dict[str, Any]:
     pipeline = model.pipeline
     stages = []
     planned_by_device: dict[str, int] = {}
-    for planned, stage in zip(plan["stages"], pipeline.stages, strict=True):
+    checks = model.charge_checks()
+    for planned, stage, check in zip(plan["stages"], pipeline.stages, checks, strict=True):
         start, end = planned["blocks"]
         planned_by_device[planned["device"]] = planned_by_device.get(planned["device"], 0) + \
             planned["charge"]["total_bytes"]
@@ -61,7 +64,7 @@ def placement_view(model: LoadedModel) -> dict[str, Any]:
                        "budget_bytes": planned["budget_bytes"],
                        "planned": dict(planned["charge"]),  # weights / state (KV + recurrent) / workspace / reserve
                        "ledger": dict(stage.ledger.charged),  # what the stage charged before allocating
-                       "measured": _measured(stage),
+                       "measured": _measured(stage, check),
                        "kv_blocks": table.num_blocks if table is not None else None})
     topology = model.topology
     return {
@@ -72,6 +75,8 @@ def placement_view(model: LoadedModel) -> dict[str, Any]:
         "predicted": plan["predicted"],
         "max_context": model.max_context,
         "sequence_slots": pipeline.rows,
+        "profile": model.profile.to_dict(),  # the one profile the placement was certified for
+        "choice": model.choice,  # "32,768 positions, 1 sequence, prefill chunks of 512: …"
         "devices": _devices(topology, planned_by_device) if topology is not None else [],
         "links": _links(topology, [s["device"] for s in stages]) if topology is not None else [],
         "stages": stages,

@@ -8,6 +8,7 @@ cancels at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -111,29 +112,24 @@ def _bind(host: str, port: int) -> socket.socket:
 def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
     settings = state.settings
     try:
-        model = load_with_progress(
-            model=settings.model, devices=settings.devices, placement=settings.placement,
-            context=settings.context, dtype=settings.dtype, prefill_chunk=settings.prefill_chunk,
-            reserve=settings.reserve, cuda_graphs=settings.cuda_graphs, workers=settings.workers,
-            worker_timeout_s=settings.worker_timeout_s, worker_secret_file=settings.worker_secret_file,
-            measure_links=settings.measure_links,
-            max_seqs=settings.max_seqs, kv_tokens=settings.kv_tokens,
-            prefix_snapshots=None if settings.prefix_cache else 0)  # without the cache: no snapshot memory
+        # without the prefix cache: no recurrent-state snapshot memory
+        load = settings.load if settings.prefix_cache else dataclasses.replace(settings.load, prefix_snapshots=0)
+        model = load_with_progress(load)
     except BaseException as exc:
         state.set_failed(exc)
         server.should_exit = True
         return
     try:
-        if model.tokenizer is None and (settings.model or "").startswith("random:"):
+        if model.tokenizer is None and (settings.load.model or "").startswith("random:"):
             model = with_demo_tokenizer(model)  # random weights come without a tokenizer
-        engine = Engine(model, settings.queue, state.metrics, settings.prefill_chunk, prefix_cache=settings.prefix_cache)
+        engine = Engine(model, settings.queue, state.metrics, prefix_cache=settings.prefix_cache)
         pool = model.pipeline.kv_pool
         pool_text = f", a KV pool of {pool.tokens} positions (--kv-tokens)" if pool is not None else ""
         console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
-                      f"{model.max_context} positions each (--max-seqs, --context){pool_text}")
+                      f"{model.max_context:,} positions each (--max-seqs, --context){pool_text}", highlight=False)
         if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
-            done = engine.warm_up()
+            done = engine.warm_up(full_context=settings.peak_check)
             console.print(f"stagewise: {done.summary()}", highlight=False)
         engine.start()
     except BaseException as exc:

@@ -81,4 +81,4 @@ class ServerState:
     def served_names(self, model: LoadedModel) -> ServedNames:
         """The names ``model`` answers to here: ``--served-model-name``'s, else its own (the first is listed
         by ``/v1/models``, carried by responses and shown by the status endpoint)."""
-        return ServedNames.of(model.name, self.settings.model, self.settings.served_model_names)
+        return ServedNames.of(model.name, self.settings.load.model, self.settings.served_model_names)

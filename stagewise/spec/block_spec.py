@@ -32,9 +32,14 @@ class BlockSpec:
     ``kv_values_per_token``: key + value elements per sequence per position (activation dtype).
     ``conv_state_values`` (activation dtype) and ``recurrent_state_values`` (float32): fixed
     per-sequence state of a linear-attention block, before double buffering.
-    Prefill workspace per token: ``activation_values_per_token`` (activation dtype),
-    ``f32_values_per_token`` (router logits), ``score_values_per_position`` (fp32 attention
-    scores per attended position: one per query head). ``kernels_per_token``: kernels one decode
+    Workspace per token of a step, by kernel path (:mod:`stagewise.spec.workspace_bytes`): on the torch
+    path ``activation_values_per_token`` (activation dtype), ``f32_values_per_token`` (router logits) and
+    ``score_values_per_position`` (fp32 attention scores per attended position: one per query head); on
+    the Triton path the values live at the block's peak, ``step_values_per_token`` (activation dtype)
+    and ``step_f32_values_per_token`` (float32: the chunked delta rule, routing). ``matrices``: the
+    ``(out, in)`` shapes the block multiplies by (fused and apart), whose dense tiles a packed matmul
+    dequantizes. ``kv_heads``: key/value heads (fp8 KV keeps a scale per position and head).
+    ``kernels_per_token``: kernels one decode
     step of the block launches in stagewise (:mod:`stagewise.spec.kernel_counts`);
     ``routed_experts`` / ``experts_per_token``: the MoE's E and top-k (0 for a dense MLP).
     """
@@ -55,6 +60,10 @@ class BlockSpec:
     kernels_per_token: int = 0
     routed_experts: int = 0
     experts_per_token: int = 0
+    step_values_per_token: int = 0
+    step_f32_values_per_token: int = 0
+    matrices: tuple[tuple[int, int], ...] = ()
+    kv_heads: int = 0
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:

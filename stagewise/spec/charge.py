@@ -1,8 +1,10 @@
 """Charge: the bytes one stage needs on its device, and ``stage_charge`` that computes it.
 
 This is the one function the planner, ``verify``, assessment and the runtime's post-load
-check all call. ``reserve_bytes`` is allocator slack: 1% of weights + state + workspace
-(block rounding and fragmentation of the caching allocator), rounded up.
+check all call. ``reserve_bytes`` is allocator slack: 1% of state + workspace (block rounding and
+fragmentation of the caching allocator: the allocations made and freed while serving), rounded up.
+Weights are allocated once, tensor by tensor, before anything is freed; what the allocator's
+segments round them up to is the device's own reserve (``--reserve``), outside the budget.
 """
 
 from __future__ import annotations
@@ -14,12 +16,7 @@ from stagewise.errors import ConfigError
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
 from stagewise.spec.state_bytes import block_state_bytes
-from stagewise.spec.workspace_bytes import (
-    block_workspace_bytes,
-    dequant_tile_bytes,
-    handoff_buffer_bytes,
-    logits_buffer_bytes,
-)
+from stagewise.spec.workspace_bytes import stage_workspace_bytes
 
 RESERVE_PERCENT = 1
 
@@ -48,7 +45,10 @@ class Charge:
 
 
 def reserve_for(weights_bytes: int, state_bytes: int, workspace_bytes: int) -> int:
-    return -(-(weights_bytes + state_bytes + workspace_bytes) * RESERVE_PERCENT // 100)  # ceil
+    """Allocator slack of a stage: ``RESERVE_PERCENT`` of what is allocated while serving (state and
+    workspace), rounded up; ``weights_bytes`` is not part of it (allocated once, see the module note)."""
+    del weights_bytes
+    return -(-(state_bytes + workspace_bytes) * RESERVE_PERCENT // 100)  # ceil
 
 
 def stage_charge(spec: ModelSpec, profile: Profile, start: int, end: int, entry: bool, exit: bool) -> Charge:
@@ -59,14 +59,11 @@ def stage_charge(spec: ModelSpec, profile: Profile, start: int, end: int, entry:
     if not 0 <= start <= end <= spec.num_blocks or (start == end and not (entry or exit)):
         raise ConfigError(f"stage blocks [{start}, {end}) are not a range of {spec.num_blocks} blocks")
     blocks = spec.blocks[start:end]
-    weights = sum(b.weight_bytes for b in blocks)
+    weights = sum(b.weight_bytes for b in blocks) + spec.stage_table_bytes  # every stage keeps its tables
     if entry:
         weights += spec.entry.weight_bytes
     if exit:
         weights += spec.exit.weight_bytes - (spec.exit.shared_bytes if entry else 0)
     state = sum(block_state_bytes(b, profile) for b in blocks)
-    workspace = max((block_workspace_bytes(b, profile) for b in blocks), default=0)
-    workspace += handoff_buffer_bytes(spec.hidden_size, profile) + dequant_tile_bytes(spec.format, profile)
-    if exit:
-        workspace += logits_buffer_bytes(spec.vocab_size, profile)
+    workspace = stage_workspace_bytes(spec, profile, list(blocks), entry, exit)
     return Charge(weights, state, workspace, reserve_for(weights, state, workspace))

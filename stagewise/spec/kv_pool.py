@@ -15,6 +15,22 @@ from dataclasses import dataclass
 KV_BLOCK_TOKENS = 64
 SCRATCH_BLOCKS = 1  # where padding rows write and unassigned table entries point (never attended)
 
+# How keys and values are stored: in an activation dtype, or float8 e4m3 with one float32 scale per
+# position and KV head (keys and values each: amax / 448 of that head's head_dim values)
+KV_DTYPES = ("bf16", "f16", "f32", "fp8")
+_KV_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "fp8": 1}
+FP8_SCALE_BYTES = 4  # float32
+
+
+def kv_element_bytes(kv_dtype: str) -> int:
+    """Bytes of one stored key or value element."""
+    return _KV_ELEMENT_BYTES[kv_dtype]
+
+
+def kv_scale_bytes(kv_dtype: str) -> int:
+    """Bytes of the scale kept per position and KV head, for keys and for values each (fp8 only)."""
+    return FP8_SCALE_BYTES if kv_dtype == "fp8" else 0
+
 
 def blocks_for(tokens: int, block_tokens: int = KV_BLOCK_TOKENS) -> int:
     """Blocks that hold ``tokens`` positions (rounded up)."""

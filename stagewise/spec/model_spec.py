@@ -30,6 +30,8 @@ class ModelSpec:
     entry: EndSpec
     exit: EndSpec
     expanded: tuple[Expansion, ...] = ()  # tensors dequantized at load (expanded IQ types), by type
+    max_context_tokens: int = 0  # the model's max_position_embeddings (0: not known)
+    stage_table_bytes: int = 0  # tables every stage keeps whatever its blocks (the rotary frequencies)
 
     def __post_init__(self) -> None:
         if not self.blocks:
@@ -37,6 +39,8 @@ class ModelSpec:
         for position, block in enumerate(self.blocks):
             if block.index != position:
                 raise ConfigError(f"model {self.name!r}: block at position {position} has index {block.index}")
+        if self.max_context_tokens < 0 or self.stage_table_bytes < 0:
+            raise ConfigError(f"model {self.name!r}: max_context_tokens and stage_table_bytes must be >= 0")
         if self.hidden_size <= 0 or self.vocab_size <= 0:
             raise ConfigError(f"model {self.name!r}: hidden_size and vocab_size must be positive")
 
@@ -46,9 +50,11 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        """Resident weights of the whole model on one device (a tied head counted once)."""
+        """Resident weights of the whole model on one device (a tied head counted once, the stage's
+        tables once)."""
         blocks = sum(b.weight_bytes for b in self.blocks)
-        return self.entry.weight_bytes + blocks + self.exit.weight_bytes - self.exit.shared_bytes
+        return (self.entry.weight_bytes + blocks + self.exit.weight_bytes - self.exit.shared_bytes
+                + self.stage_table_bytes)
 
     def handoff_bytes_per_token(self, profile: Profile) -> int:
         """Bytes of hidden activation one token moves across a stage boundary."""
@@ -83,4 +89,6 @@ class ModelSpec:
             "blocks": [b.to_dict() for b in self.blocks],
             "entry": self.entry.to_dict(),
             "exit": self.exit.to_dict(),
+            "max_context_tokens": self.max_context_tokens,
+            "stage_table_bytes": self.stage_table_bytes,
         }

@@ -7,23 +7,24 @@ from typing import Any
 
 from stagewise.errors import ConfigError
 from stagewise.spec.formats import activation_bytes
-from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, blocks_for, default_pool_blocks
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KV_DTYPES, blocks_for, default_pool_blocks, kv_element_bytes
 
 DEFAULT_CONTEXT_TOKENS = 4096  # assess / plan default; run may ask for more
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 MAX_CONTEXT_TOKENS = 1 << 24
 MAX_KV_TOKENS = 1 << 36
-# cuBLAS workspaces and CUDA-graph memory pools a stage holds on an accelerator, beyond its own
-# tensors: measured on an H200 as the prefill peak above the resident tensors minus the modelled
-# activations (~100-140 MB; bench/results/gpu_exact_2xh200.json)
-ACCELERATOR_RUNTIME_WORKSPACE_BYTES = 160 << 20
+# Kernel paths a stage's steps take (spec/workspace_bytes.py charges each): ``torch`` (CPU: the layers'
+# torch reference ops), ``triton`` (accelerators: fused Triton kernels, cuBLAS, CUDA graphs), ``mixed``
+# (a topology with both: the larger of the two)
+KERNEL_PATHS = ("torch", "triton", "mixed")
 
 
 @dataclass(frozen=True)
 class Profile:
     """Serving profile: ``batch`` sequences of up to ``context_tokens`` positions each, prompts
-    ingested ``prefill_chunk_tokens`` at a time, activations / KV / conv state in
-    ``activation_dtype``; each stage also holds ``runtime_workspace_bytes`` for the device runtime.
+    ingested ``prefill_chunk_tokens`` at a time, activations and conv state in ``activation_dtype``,
+    keys and values in ``kv_dtype`` (None: the activation dtype; ``fp8``: float8 e4m3 with scales);
+    steps take ``kernel_path`` (:data:`KERNEL_PATHS`), replayed as CUDA graphs where ``cuda_graphs``.
     ``kv_tokens``: the KV pool's size in positions, shared by all sequences (rounded up to whole
     blocks); None gives every sequence its whole context (``batch × context``, rounded up per sequence).
     ``prefix_snapshots``: entries of recurrent state kept for the prefix cache (a snapshot of a
@@ -33,11 +34,18 @@ class Profile:
     batch: int = 1
     prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS
     activation_dtype: str = "bf16"
-    runtime_workspace_bytes: int = 0  # per stage; ACCELERATOR_RUNTIME_WORKSPACE_BYTES on GPUs
+    kernel_path: str = "torch"
     kv_tokens: int | None = None
     prefix_snapshots: int = 0
+    kv_dtype: str | None = None  # normalized: the activation dtype when not given
+    cuda_graphs: bool = True  # with the triton path: decode steps and full prefill chunks replay graphs
 
     def __post_init__(self) -> None:
+        if self.kv_dtype is None:
+            object.__setattr__(self, "kv_dtype", {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(
+                self.activation_dtype, self.activation_dtype))
+        if self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"profile: kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         for name, top in (("context_tokens", MAX_CONTEXT_TOKENS), ("batch", 4096), ("prefill_chunk_tokens", 1 << 20)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -49,8 +57,8 @@ class Profile:
         if isinstance(self.prefix_snapshots, bool) or not isinstance(self.prefix_snapshots, int) \
                 or not 0 <= self.prefix_snapshots <= 1 << 16:
             raise ConfigError(f"profile: prefix_snapshots must be an integer in 0..{1 << 16}, got {self.prefix_snapshots!r}")
-        if isinstance(self.runtime_workspace_bytes, bool) or not 0 <= self.runtime_workspace_bytes < 1 << 40:
-            raise ConfigError(f"profile: runtime_workspace_bytes must be in [0, 1 TiB), got {self.runtime_workspace_bytes!r}")
+        if self.kernel_path not in KERNEL_PATHS:
+            raise ConfigError(f"profile: kernel_path must be one of {', '.join(KERNEL_PATHS)}, got {self.kernel_path!r}")
 
     @property
     def chunk_tokens(self) -> int:
@@ -78,6 +86,16 @@ class Profile:
     def activation_bytes(self) -> int:
         return activation_bytes(self.activation_dtype)
 
+    @property
+    def kv_storage(self) -> str:
+        """The KV cache's storage dtype (``kv_dtype``, normalized)."""
+        assert self.kv_dtype is not None
+        return self.kv_dtype
+
+    @property
+    def kv_element_bytes(self) -> int:
+        return kv_element_bytes(self.kv_storage)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -87,6 +105,7 @@ def default_activation_dtype(kinds: set[str]) -> str:
     return "f32" if not kinds - {"cpu"} else "bf16"
 
 
-def runtime_workspace_for(kinds: set[str]) -> int:
-    """The per-stage runtime workspace for devices of these kinds (none on CPUs)."""
-    return ACCELERATOR_RUNTIME_WORKSPACE_BYTES if kinds - {"cpu"} else 0
+def kernel_path_for(kinds: set[str]) -> str:
+    """The kernel path of devices of these kinds: ``triton`` on accelerators, ``torch`` on CPUs, ``mixed``."""
+    accelerators = bool(kinds - {"cpu"})
+    return ("mixed" if "cpu" in kinds else "triton") if accelerators else "torch"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from gguf.constants import GGMLQuantizationType
 
+from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.quant_presets import Preset, QuantModel, tensor_type
 from stagewise.spec.tensor_shapes import TensorShape
 from stagewise.weights.quant.packed_types import is_packed, row_bytes
@@ -36,6 +37,15 @@ class Expansion:
 
 
 HOLDS_PACKED = frozenset({"matrix", "expert", "embedding", "head", "router"})  # modules with packed weights
+
+
+F32_BYTES = 4
+
+
+def rope_table_bytes(config: ModelConfig) -> int:
+    """The rotary frequencies every stage keeps (``inv_freq``, float32, one per rotated pair; a
+    GGUF's ``rope_freqs`` factors are folded into them)."""
+    return config.rotary_dim // 2 * F32_BYTES
 
 
 def gguf_name(stored: str, block: int | None) -> str:

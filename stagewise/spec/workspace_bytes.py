@@ -1,57 +1,171 @@
-"""Workspace bytes: activations of one prefill chunk, handoff buffers and the logits buffer.
+"""Workspace bytes: what one step allocates beyond the weights and the state, by kernel path.
 
-Blocks run one after another, so a stage needs the largest block's activations, not the sum:
-``step tokens x (activation values x dtype bytes + fp32 router values x 4 + heads x context
-x 4 for the fp32 attention-score chunk)``, where a step carries at most ``max(chunk, batch)``
-tokens (one sequence's prefill chunk, or one decode token per sequence). Every stage also holds
-an input and an output hidden-state buffer (``2 x step tokens x hidden``); the exit stage holds
-the fp32 logits buffer ``step tokens x vocab x 4``. A stage of a quantized model also holds the
-dense tile its packed matmuls dequantize at a time (:func:`dequant_tile_bytes`).
+A stage runs its blocks one after another, so it needs the largest block's peak, not the sum, plus
+what the stage itself holds for a step. Each kernel path states its own (``profile.kernel_path``):
+
+* ``triton`` (accelerators): per block, the tensors live at the block's peak for the step's tokens
+  (``BlockSpec.step_values_per_token`` in the activation dtype), plus the larger of the float32 values
+  live inside the mixer (``step_f32_values_per_token``: the chunked delta rule's operands; attention
+  runs in paged flash-style kernels, so no score matrix) and the dense tile a packed (non-Q8_0) matmul
+  of 128 or more rows dequantizes (``DEVICE_TILE_ELEMENTS`` values at most) with that tile's output,
+  never live at once; per stage, cuBLAS's
+  workspaces (:data:`CUBLAS_WORKSPACE_BYTES` per stream that multiplies) and the outputs CUDA graphs
+  keep (:func:`graph_output_bytes`);
+* ``torch`` (CPUs): the reference layers' activations, router values and fp32 attention scores over
+  the attended context (SDPA's math), the keys and values gathered from the paged pool, and
+  ``TILE_ELEMENTS``-value dequantized tiles;
+* ``mixed``: the larger of the two.
+
+Every stage also holds the hidden state in and out (``2 x step tokens x hidden``); the exit stage the
+logits of the rows that get them (one per sequence at most: the last token of a prompt's chunk or a
+decode token), in the activation dtype then float32. A step carries at most ``max(chunk, batch)``
+tokens (``Profile.step_tokens``).
 """
 
 from __future__ import annotations
 
 from stagewise.errors import ConfigError
 from stagewise.spec.block_spec import BlockSpec
+from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile
 from stagewise.spec.quant_presets import preset
-from stagewise.weights.quant.packed_types import DEVICE_TILE_ELEMENTS, TILE_ELEMENTS
+from stagewise.weights.quant.packed_types import DEQUANT_MATMUL_MIN_ROWS, DEVICE_TILE_ELEMENTS, TILE_ELEMENTS
 
 F32_BYTES = 4
 HANDOFF_BUFFERS = 2  # hidden state in + hidden state out
+# cuBLAS keeps one workspace per (handle, stream) that runs a GEMM, allocated through the caching
+# allocator: 32 MiB on Hopper (PyTorch's default CUBLAS_WORKSPACE_CONFIG ":4096:8"); a stage multiplies
+# on its compute stream and on its CUDA-graph capture stream
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+CUBLAS_STREAMS = 2
+# CUDA graphs' attended-length buckets (runtime/step_graphs.kv_bucket): powers of two from 256 to 1,024,
+# then multiples of 1,024
+GRAPH_MIN_BUCKET = 256
+GRAPH_LINEAR_BUCKET = 1024
 
 
-def block_workspace_bytes(block: BlockSpec, profile: Profile) -> int:
-    """Peak activation bytes while block ``block`` ingests one prefill chunk."""
+def _quantized(fmt: str) -> bool:
+    try:
+        return preset(fmt).quantized
+    except ConfigError:  # a label of packed types the presets do not name (a GGUF file's): quantized
+        return True
+
+
+def tile_bytes(matrices: tuple[tuple[int, int], ...], fmt: str, tokens: int, profile: Profile, path: str) -> int:
+    """The largest dense tile a packed matmul of ``tokens`` rows dequantizes for one of ``matrices``
+    ``(out, in)``, plus that tile's output when the matrix takes more than one tile; none for a dense
+    format, and none on the Triton path below 128 rows or for Q8_0 (dequantized in registers)."""
+    if not matrices or not _quantized(fmt):
+        return 0
+    if path == "triton":
+        if tokens < DEQUANT_MATMUL_MIN_ROWS or fmt == "q8_0":
+            return 0
+        cap = DEVICE_TILE_ELEMENTS
+    else:
+        cap = TILE_ELEMENTS
+    worst = 0
+    for out, inner in matrices:
+        rows = min(out, max(1, cap // inner))
+        temp = tokens * rows if rows < out else 0  # each tile's product, copied into the output
+        worst = max(worst, (rows * inner + temp) * profile.activation_bytes)
+    return worst
+
+
+def block_workspace_bytes(block: BlockSpec, profile: Profile, fmt: str = "bf16") -> int:
+    """Peak bytes block ``block`` allocates during one step of ``profile`` on its kernel path."""
+    if profile.kernel_path == "mixed":
+        return max(_block_bytes(block, profile, fmt, "triton"), _block_bytes(block, profile, fmt, "torch"))
+    return _block_bytes(block, profile, fmt, profile.kernel_path)
+
+
+def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int:
     tokens = profile.step_tokens
+    tile = tile_bytes(block.matrices, fmt, tokens, profile, path)
+    # a decode of every row reads each row's state entry and writes a new one (models/layers/gated_deltanet.py)
+    decode_state = profile.batch * 2 * (block.recurrent_state_values * F32_BYTES
+                                        + block.conv_state_values * profile.activation_bytes)
+    if path == "triton":
+        values = tokens * block.step_values_per_token * profile.activation_bytes  # live at any moment, at most
+        # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul, a decode's
+        # state entries inside its recurrent step: never at once
+        return values + max(tokens * block.step_f32_values_per_token * F32_BYTES, tile, decode_state)
     per_token = (
-        block.activation_values_per_token * profile.activation_bytes
-        + block.f32_values_per_token * F32_BYTES
+        max(block.activation_values_per_token, block.step_values_per_token) * profile.activation_bytes
+        + (block.f32_values_per_token + block.step_f32_values_per_token) * F32_BYTES
         + block.score_values_per_position * profile.context_tokens * F32_BYTES
     )
-    return tokens * per_token
+    # the torch path attends over keys and values gathered from the pool: every row's attended context
+    gathered = profile.batch * profile.context_tokens * block.kv_values_per_token * profile.activation_bytes
+    return tokens * per_token + gathered + tile + decode_state
 
 
 def handoff_buffer_bytes(hidden_size: int, profile: Profile) -> int:
-    """Per stage: the in/out activation buffers, plus the device runtime's own workspace
-    (``profile.runtime_workspace_bytes``: BLAS workspaces and CUDA-graph pools on accelerators)."""
-    buffers = HANDOFF_BUFFERS * profile.step_tokens * hidden_size * profile.activation_bytes
-    return buffers + profile.runtime_workspace_bytes
+    """Per stage: the hidden state in and out of a step."""
+    return HANDOFF_BUFFERS * profile.step_tokens * hidden_size * profile.activation_bytes
 
 
-def logits_buffer_bytes(vocab_size: int, profile: Profile) -> int:
-    return profile.step_tokens * vocab_size * F32_BYTES
+def runtime_bytes(profile: Profile) -> int:
+    """Per stage on the Triton path: cuBLAS's workspaces (none on the torch path)."""
+    return CUBLAS_STREAMS * CUBLAS_WORKSPACE_BYTES if profile.kernel_path != "torch" else 0
 
 
-def dequant_tile_bytes(fmt: str, profile: Profile) -> int:
-    """Per stage of a model stored in ``fmt``: the dense tile (activation dtype) a packed matmul of
-    many rows dequantizes at a time — ``DEVICE_TILE_ELEMENTS`` values on accelerators (profiles with
-    a runtime workspace), ``TILE_ELEMENTS`` on CPUs; none for a dense format."""
-    try:
-        quantized = preset(fmt).quantized
-    except ConfigError:  # a label of packed types the presets do not name (a GGUF file's): quantized
-        quantized = True
-    if not quantized:
+def logit_rows(profile: Profile) -> int:
+    """Rows a step computes logits for: one per sequence at most."""
+    return profile.batch
+
+
+def logits_buffer_bytes(vocab_size: int, profile: Profile, hidden_size: int = 0, fmt: str = "bf16") -> int:
+    """Exit stage: the logits of :func:`logit_rows` rows, in the activation dtype then float32, and the
+    LM head's dequantized tile when that many rows take one."""
+    rows = logit_rows(profile)
+    head = tile_bytes(((vocab_size, hidden_size),), fmt, rows, profile, "triton" if profile.kernel_path != "torch"
+                      else "torch") if hidden_size else 0
+    return rows * vocab_size * (profile.activation_bytes + F32_BYTES) + head
+
+
+def graph_buckets(context_tokens: int) -> int:
+    """Attended-length buckets CUDA graphs are captured for up to ``context_tokens``: 256, 512, 1,024, then
+    every multiple of 1,024, each capped at the context."""
+    c = context_tokens
+    small = {min(b, c) for b in (GRAPH_MIN_BUCKET, 2 * GRAPH_MIN_BUCKET, GRAPH_LINEAR_BUCKET)}
+    multiples = c // GRAPH_LINEAR_BUCKET - (1 if c >= GRAPH_LINEAR_BUCKET else 0)  # 2,048 .. below or at c
+    capped = 1 if c > GRAPH_LINEAR_BUCKET and c % GRAPH_LINEAR_BUCKET else 0  # the last bucket, cut to c
+    return len(small) + multiples + capped
+
+
+def batch_buckets(batch: int) -> list[int]:
+    """Rows a decode graph of up to ``batch`` sequences runs (engine/decode_groups.batch_bucket: 1, 2, 4,
+    8, then multiples of 8), each capped at ``batch``."""
+    out = set()
+    for n in range(1, batch + 1):
+        bucket = 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
+        out.add(min(bucket, batch))
+    return sorted(out)
+
+
+def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
+    """What CUDA graphs keep once captured (``runtime/step_graphs.py``: decode steps; prompts run eagerly in
+    packed steps): each graph's own outputs, for every attended-length bucket up to the context and each
+    decode batch bucket. At the exit a graph keeps its rows' float32 logits and features, elsewhere the
+    hidden state it hands on.
+
+    NOTE: this grows with the context (buckets) and the sequences (shapes): graphs writing into one
+    output buffer per shape would keep a few MB instead (the step path's graphs)."""
+    if profile.kernel_path == "torch" or not profile.cuda_graphs:
         return 0
-    values = DEVICE_TILE_ELEMENTS if profile.runtime_workspace_bytes else TILE_ELEMENTS
-    return values * profile.activation_bytes
+    a = profile.activation_bytes
+    per_row = spec.vocab_size * F32_BYTES + spec.hidden_size * a if exit else spec.hidden_size * a
+    return graph_buckets(profile.context_tokens) * sum(batch_buckets(profile.batch)) * per_row
+
+
+def stage_workspace_bytes(spec: ModelSpec, profile: Profile, blocks: list[BlockSpec], entry: bool, exit: bool) -> int:
+    """Workspace of a stage holding ``blocks`` (+ entry / exit): the largest block's step, the handoff
+    buffers, the runtime's workspace, the CUDA graphs' outputs and (exit) the logits."""
+    step = max((block_workspace_bytes(b, profile, spec.format) for b in blocks), default=0)
+    if entry and not blocks:
+        step = profile.step_tokens * spec.hidden_size * (profile.activation_bytes + F32_BYTES)  # rows embedded
+    total = step + handoff_buffer_bytes(spec.hidden_size, profile) + runtime_bytes(profile)
+    total += graph_output_bytes(spec, profile, exit)
+    if exit:
+        total += logits_buffer_bytes(spec.vocab_size, profile, spec.hidden_size, spec.format)
+    return total

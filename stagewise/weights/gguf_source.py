@@ -67,6 +67,10 @@ class GGUFSource:
         """Resident packed (:meth:`GGUFTable.is_quantized`, the one rule the planner charges by)."""
         return self.table.is_quantized(name)
 
+    def input_index_elements(self, name: str) -> int:
+        """Values of the int64 input gather ``load_packed`` gives ``name`` (0: none)."""
+        return self.table.input_index_elements(name)
+
     def load(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         rule = self.table.rule(name)
         if len(rule.gguf) == 1:  # straight to the run dtype, dequantized in bounded slabs

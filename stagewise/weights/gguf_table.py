@@ -98,6 +98,16 @@ class GGUFTable:
         moves = nk != 0 and nv != nk  # the value-head column permutation of gguf_layout.col_group_index
         return not moves or self.config.linear_value_head_dim % _Q8_0_BLOCK == 0
 
+    def input_index_elements(self, name: str) -> int:
+        """Values of the int64 input gather a packed weight of ``name`` keeps (the value-head column
+        permutation of a packed, non-Q8_0 ``out_proj``: ``GGUFSource.load_packed``); 0 otherwise."""
+        if not self.is_quantized(name) or self.part_types(name)[0] == GGMLQuantizationType.Q8_0:
+            return 0
+        if self._rules[name].rule.layout != "v_cols":
+            return 0
+        nk, nv = self.config.linear_num_key_heads, self.config.linear_num_value_heads
+        return self._shapes[name][-1] if nk != 0 and nv != nk else 0
+
     def _check_supported(self, gguf_name: str) -> None:
         ggml_type = self.file.info(gguf_name).ggml_type
         if ggml_type not in SUPPORTED:

@@ -25,13 +25,22 @@ from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.quant_presets import QuantModel, preset
 from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
-from stagewise.spec.weight_bytes import Expansion, part_types, shape_bytes, stored_bytes
+from stagewise.spec.weight_bytes import (
+    Expansion,
+    keeps_packed,
+    part_types,
+    rope_table_bytes,
+    shape_bytes,
+    stored_bytes,
+)
 from stagewise.weights.quant.packed_types import block_elements, format_name, is_expanded, row_bytes
 
 EMBEDDING = "model.embed_tokens.weight"
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")
 _NOT_PACKED_OWNERS = ("norm", "layernorm", "conv1d")  # RMSNorm, GatedRMSNorm, Conv1d
+INDEX_BYTES = 8  # an input gather's values are int64
+INDEX_DTYPE = "int64"
 
 
 class SpecSource(Protocol):
@@ -57,12 +66,40 @@ def _block_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def resident_bytes(source: SpecSource, name: str, dense_bytes: int, owner_name: str | None = None) -> int:
-    """Bytes ``name`` takes on its device: the file's blocks when kept packed by ``owner_name``'s
-    module (default: ``name`` itself), else dense at ``dense_bytes`` per value."""
+def input_index_bytes(source: SpecSource, name: str) -> int:
+    """Bytes of the int64 input gather a packed weight keeps beside its blocks (a value-head column
+    permutation: ``PackedWeight.input_index``); 0 for sources that never make one."""
+    get = getattr(source, "input_index_elements", None)
+    return INDEX_BYTES * int(get(name)) if callable(get) else 0
+
+
+def resident_parts(source: SpecSource, name: str, run_dtype: str, owner_name: str | None = None) -> dict[str, int]:
+    """Bytes ``name`` takes on its device, by kind: the file's blocks under their type's name (``q4_k``)
+    when kept packed by ``owner_name``'s module (default: ``name`` itself), plus ``int64`` for an input
+    gather; else the run dtype's name, dense."""
     if holds_packed(owner_name or name) and source.is_quantized(name):
-        return int(source.source_bytes(name))  # type: ignore[attr-defined]  # packed sources report it
-    return math.prod(source.shape(name)) * dense_bytes
+        parts = {_type_label(source, name): int(source.source_bytes(name))}  # type: ignore[attr-defined]
+        index = input_index_bytes(source, name)
+        return parts | ({INDEX_DTYPE: index} if index else {})
+    return {run_dtype: math.prod(source.shape(name)) * activation_bytes(run_dtype)}
+
+
+def resident_bytes(source: SpecSource, name: str, run_dtype: str, owner_name: str | None = None) -> int:
+    """All bytes ``name`` takes on its device (:func:`resident_parts`)."""
+    return sum(resident_parts(source, name, run_dtype, owner_name).values())
+
+
+def resident_by_dtype(config: ModelConfig, source: SpecSource, run_dtype: str) -> dict[str, int]:
+    """Every weight byte of ``source`` loaded at ``run_dtype`` on one stage holding the whole model, by
+    kind (:func:`resident_parts`), plus the rotary frequency table (``f32``): what the certificate
+    charges, summed per dtype (the test of charged = resident compares this with the loaded tensors)."""
+    out: dict[str, int] = defaultdict(int)
+    names = source.names()
+    for tensor in names:
+        for kind, nbytes in resident_parts(source, tensor, run_dtype).items():
+            out[kind] += nbytes
+    out["f32"] += rope_table_bytes(config)
+    return dict(out)
 
 
 def spec_from_source(config: ModelConfig, source: SpecSource, run_dtype: str, name: str,
@@ -70,12 +107,11 @@ def spec_from_source(config: ModelConfig, source: SpecSource, run_dtype: str, na
     """Exact resident bytes per block, entry and exit for ``source`` loaded at ``run_dtype``
     (``f32``/``bf16``/``f16``); the format is ``label_format`` if given, else the file's most
     common packed type when any tensor stays packed, else the run dtype."""
-    dense = activation_bytes(run_dtype)
     by_block = dict.fromkeys(range(config.num_layers), 0)
     entry = exit_ = 0
     packed_elements: dict[str, int] = defaultdict(int)
     for tensor in source.names():
-        nbytes = resident_bytes(source, tensor, dense)
+        nbytes = resident_bytes(source, tensor, run_dtype)
         if holds_packed(tensor) and source.is_quantized(tensor):
             packed_elements[_type_label(source, tensor)] += math.prod(source.shape(tensor))
         block = _block_index(tensor)
@@ -87,7 +123,7 @@ def spec_from_source(config: ModelConfig, source: SpecSource, run_dtype: str, na
             exit_ += nbytes
     if config.tie_word_embeddings and EMBEDDING in source.names():
         # the head reads the embedding, held as the head would hold it (packed when stored packed)
-        exit_ += resident_bytes(source, EMBEDDING, dense, owner_name="lm_head.weight")
+        exit_ += resident_bytes(source, EMBEDDING, run_dtype, owner_name="lm_head.weight")
     fmt = label_format or (max(packed_elements, key=packed_elements.__getitem__) if packed_elements else run_dtype)
     spec = ModelSpec.from_config(config, _spec_format(fmt), name=name, tensor_bytes_by_block=by_block,
                                  entry_bytes=entry, exit_bytes=exit_)
@@ -134,13 +170,23 @@ def resident_spec_for_format(config: ModelConfig, fmt: str, run_dtype: str, name
     :mod:`stagewise.spec.quant_presets`) and loaded at ``run_dtype``: packed tensors charged their
     file bytes, everything else (expanded IQ types too) dense at the run dtype."""
     p, model, dense = preset(fmt), QuantModel.from_config(config), activation_bytes(run_dtype)
-    by_block = {i: sum(shape_bytes(t, p, model, i, dense) for t in block_tensors(config, i))
+    by_block = {i: sum(shape_bytes(t, p, model, i, dense) + _index_bytes(config, t, part_types(t, p, model, i))
+                       for t in block_tensors(config, i))
                 for i in range(config.num_layers)}
     entry = sum(shape_bytes(t, p, model, None, dense) for t in entry_tensors(config))
     exit_ = sum(shape_bytes(t, p, model, None, dense) for t in exit_tensors(config))
     spec = ModelSpec.from_config(config, p.name, name=name, tensor_bytes_by_block=by_block, entry_bytes=entry,
                                  exit_bytes=exit_)
     return replace(spec, expanded=tuple(format_expansions(config, p.name, run_dtype)))
+
+
+def _index_bytes(config: ModelConfig, t: TensorShape, types: list[GGMLQuantizationType]) -> int:
+    """The int64 input gather a ``fmt`` file's packed (non-Q8_0) ``out_proj`` gets on loading when the
+    value heads are permuted by column (``GGUFTable.input_index_elements``, from the config alone)."""
+    nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+    if t.name != "out_proj" or not nk or nv == nk or not keeps_packed(t, types) or types[0] == GGMLQuantizationType.Q8_0:
+        return 0
+    return INDEX_BYTES * t.shape[-1]
 
 
 def format_expansions(config: ModelConfig, fmt: str, run_dtype: str) -> list[Expansion]:

@@ -66,5 +66,7 @@ def keeps_packed(owner: object, source: TensorSource, name: str) -> bool:
 def resident_bytes(source: TensorSource, name: str, owner: object, dense_bytes: int) -> int:
     """Bytes ``name`` will take on its device: packed as stored, or dense at ``dense_bytes`` per value."""
     if keeps_packed(owner, source, name):
-        return int(source.source_bytes(name))  # type: ignore[attr-defined]  # packed sources report it
+        index = getattr(source, "input_index_elements", None)  # an int64 input gather beside the blocks
+        extra = 8 * int(index(name)) if callable(index) else 0
+        return int(source.source_bytes(name)) + extra  # type: ignore[attr-defined]  # packed sources report it
     return math.prod(source.shape(name)) * dense_bytes

@@ -31,7 +31,9 @@ function deviceCard(device, stages) {
   if (!stages.length) card.append(el("p", { class: "muted", text: "no stage" }));
   for (const stage of stages) {
     const planned = PARTS.map(([name, key]) => [name, stage.planned[key]]);
-    const measured = [["weights", stage.measured.weights_bytes], ["state", stage.measured.state_bytes]];
+    const m = stage.measured;
+    const measured = [["weights", m.weights_bytes], ["state", m.state_bytes]];
+    if (m.workspace_bytes !== null && m.workspace_bytes !== undefined) measured.push(["workspace", m.workspace_bytes]);
     const measuredParts = stage.measured.weights_bytes === null ? [["measured", stage.measured.total_bytes]] : measured;
     card.append(el("div", { class: "stage-bars", dataset: { stage: String(stage.index) } },
       el("div", { class: "stage-label", text: `stage ${stage.index} · blocks ${blockText(stage)}` }),
@@ -65,7 +67,10 @@ export function renderPlacement(placement) {
   },
   el("td", { text: String(s.index) }), el("td", { text: s.device }), el("td", { text: blockText(s) }),
   ...PARTS.map(([, key]) => el("td", { text: bytes(s.planned[key]) })),
-  el("td", { text: bytes(s.planned.total_bytes) }), el("td", { text: bytes(s.measured.total_bytes) }),
+  el("td", { text: bytes(s.planned.total_bytes) }),
+  el("td", { text: s.measured.peak_bytes != null ? `${bytes(s.measured.peak_bytes)} peak` : bytes(s.measured.total_bytes),
+    title: s.measured.peak_bytes != null ? `weights + state ${bytes(s.measured.total_bytes)}; workspace at the peak ` +
+      `${bytes(s.measured.workspace_bytes)} (planned ${bytes(s.planned.workspace_bytes)})` : "weights + state" }),
   el("td", { text: bytes(s.budget_bytes) }))));
   const links = document.querySelector("#links tbody");
   links.replaceChildren(...placement.links.map((l) => el("tr", { dataset: { kind: l.kind } },

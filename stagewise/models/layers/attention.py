@@ -43,6 +43,9 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.zero_centered_norm)
 
         self.qkv_proj: Linear | None = None  # q, k and v as one matmul, after fuse()
+        # keys and values stored as this (None: the activation dtype; float8 e4m3: with per-head scales),
+        # set by the stage before its state is made (the profile's kv_dtype)
+        self.kv_storage: torch.dtype | None = None
 
     def fuse(self) -> None:
         """Replace q_proj + k_proj + v_proj by one matmul (after loading)."""
@@ -61,7 +64,7 @@ class Attention(nn.Module):
         ``batch`` rows of ``max_context`` positions."""
         if table is None:
             table = BlockTable(batch, max_context, default_pool_blocks(batch, max_context), device)
-        return KVCache(table, self.kv_heads, self.head_dim, dtype, device)
+        return KVCache(table, self.kv_heads, self.head_dim, dtype, device, self.kv_storage)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         batch, steps, _ = x.shape
@@ -84,15 +87,18 @@ class Attention(nn.Module):
             if self.q_norm is not None and self.k_norm is not None:  # normalized in the same launch
                 norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered)
             table = cache.table.table[ctx.rows]  # (B, blocks per row): this step's rows of the block table
-            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm)  # (B, T, H, D)
+            scales = _scales(cache)
+            q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm,
+                           scales)  # (B, T, H, D)
             if steps == 1:  # decode: paged split-K attention over the pool (+ gate), no mask tensor
                 return self.o_proj(decode_attention(q, cache.key, cache.value, table, ctx.positions,
-                                                    ctx.kv_length, gate_heads))
+                                                    ctx.kv_length, gate_heads, scales))
             from stagewise.kernels.prefill_attention_triton import prefill_attention
 
             segments, rows, longest = ctx.prompt_segments  # a prompt chunk per row, over the paged pool
             out = prefill_attention(q.reshape(batch * steps, self.heads, self.head_dim), cache.key, cache.value,
-                                    cache.table.table, ctx.positions.reshape(-1), segments, rows, longest)
+                                    cache.table.table, ctx.positions.reshape(-1), segments, rows, longest,
+                                    scales=scales)
             return self.o_proj(self._gated(out.view(batch, steps, -1), gate_heads))
         else:
             if self.q_norm is not None and self.k_norm is not None:
@@ -173,14 +179,16 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered)
         table = cache.table.table.index_select(0, ctx.token_rows)  # (N, blocks per row)
-        q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm)  # (N, 1, H, D)
+        scales = _scales(cache)
+        q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm,
+                       scales)  # (N, 1, H, D)
         tokens, decoding = layout.tokens, layout.decoding
         out = q.new_empty((tokens, 1, self.heads * self.head_dim))
         if decoding < len(layout.rows):
             segments, rows, longest = ctx.prompt_segments
             prefill_attention(q.view(tokens, self.heads, self.head_dim), cache.key, cache.value, cache.table.table,
                               ctx.positions.view(-1), segments, rows, longest,
-                              out=out.view(tokens, self.heads, self.head_dim))
+                              out=out.view(tokens, self.heads, self.head_dim), scales=scales)
             if gate_heads is not None:
                 lo = layout.offsets[decoding]
                 out[lo:] = self._gated(out[lo:].transpose(0, 1), gate_heads[lo:].transpose(0, 1)).transpose(0, 1)
@@ -188,5 +196,12 @@ class Attention(nn.Module):
             hi = layout.offsets[decoding]
             gate = gate_heads[:hi] if gate_heads is not None else None
             out[:hi] = decode_attention(q[:hi], cache.key, cache.value, table[:hi], ctx.positions[:hi],
-                                        max(layout.starts[:decoding]) + 1, gate)
+                                        max(layout.starts[:decoding]) + 1, gate, scales)
         return out
+
+
+def _scales(cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fp8 cache's key and value scales for the kernels, or None for a cache in the activation dtype."""
+    if cache.key_scale is None or cache.value_scale is None:
+        return None
+    return cache.key_scale, cache.value_scale
