@@ -26,12 +26,13 @@ from gguf.constants import GGMLQuantizationType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe_grouped import _time_ms
+from bench.kernel_timing import eager_ms
 from bench.packed_gemv import _random_raw
-from stagewise.kernels.moe_grouped_triton import TILES_PACKED, GemmTiles, PackedTensors, grouped_gemm
+from stagewise.kernels.expert_stacks import PackedTensors
+from stagewise.kernels.moe_align import identity_alignment
+from stagewise.kernels.moe_grouped_triton import TILES_PACKED, GemmTiles, grouped_gemm
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
 from stagewise.kernels.packed_gemm import packed_gemm
-from stagewise.kernels.q8_0_gemm import _identity_alignment
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
 T = GGMLQuantizationType
@@ -41,7 +42,7 @@ TILES = (1 << 22, 1 << 24)
 
 
 def _ms(fn: Callable[[], torch.Tensor]) -> float:
-    return _time_ms(fn, warmup=1, iters=7)
+    return eager_ms(fn, warmup=1, iters=7)
 
 
 FUSED = [(64, TILES_PACKED), (16, GemmTiles(64, 256, 4, 2)), (16, GemmTiles(128, 256, 4, 2)),
@@ -63,7 +64,7 @@ def _sweep_fused(dev: torch.device, types: list[GGMLQuantizationType]) -> list[d
                 res: dict[str, object] = {"shape": label, "type": qtype.name, "rows": m}
                 for block_m, tiles in FUSED:
                     name = f"m{block_m} n{tiles.block_n} k{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
-                    align = _identity_alignment(m, block_m, dev)
+                    align = identity_alignment(m, block_m, dev)
 
                     def fn(x: torch.Tensor = x, stack: PackedTensors = stack, align: object = align,
                            tiles: GemmTiles = tiles) -> torch.Tensor:

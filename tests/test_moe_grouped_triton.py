@@ -15,13 +15,8 @@ pytest.importorskip("triton")
 
 from stagewise.kernels.moe_align import align_capacity, moe_align
 from stagewise.kernels.moe_decode_triton import DecodeTiles
-from stagewise.kernels.moe_grouped_triton import (
-    INTERPRETER,
-    GemmTiles,
-    GroupedConfig,
-    grouped_gemm,
-    grouped_swiglu_experts,
-)
+from stagewise.kernels.moe_experts import grouped_swiglu_experts
+from stagewise.kernels.moe_grouped_triton import INTERPRETER, GemmTiles, GroupedConfig, grouped_gemm
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.models.layers.experts import Experts
 from stagewise.weights.quant.q8_0 import Q8_0Weight
@@ -180,7 +175,7 @@ def test_experts_forward_takes_the_grouped_path(monkeypatch: pytest.MonkeyPatch)
     top_index = _routing(tokens, E, K, seed=7)
     top_weight = torch.softmax(torch.randn(tokens, K), dim=-1).to(DEVICE)
     calls: list[int] = []
-    import stagewise.kernels.moe_grouped_triton as grouped
+    import stagewise.kernels.moe_experts as grouped
 
     real = grouped.grouped_swiglu_experts
     monkeypatch.setattr(grouped, "grouped_swiglu_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -300,7 +295,7 @@ def test_decode_gemm_glu_equals_gemm_then_silu_mul(tiles: DecodeTiles) -> None:
 
 def test_decode_config_matches_loop() -> None:
     """The batched-decode experts (decode GEMMs + combine, residual added) agree with the per-expert loop."""
-    from stagewise.kernels.moe_grouped_triton import DECODE_Q8_0, DecodeConfig
+    from stagewise.kernels.moe_decode_triton import DECODE_Q8_0, DecodeConfig
 
     ex = _experts(True, 64, torch.float32)
     tokens = 12

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from stagewise.kernels.moe_grouped_triton import grouped_swiglu_experts
+from stagewise.kernels.moe_experts import grouped_swiglu_experts
 from stagewise.kernels.packed_gemm import packed_gemm
 from stagewise.weights.quant.packed_weight import PackedWeight
 from tests.test_packed_kernels import DEVICE, _dense, _on_device, _random_rows

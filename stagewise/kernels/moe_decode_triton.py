@@ -24,7 +24,7 @@ Shapes of the work (:class:`DecodeTiles`):
   as one ``(E * out, in)`` matrix; ``wide``: one ``(BN, block_k)`` box a K step (and half), whose
   32-column groups are views of it, instead of one ``(BN, 32)`` box a group. Each box row is then a
   ``block_k``-byte run, not 32 bytes: on an H200 the experts' GEMMs read 3.5-3.6 TB/s instead of
-  3.2-3.4 (``bench/q8_0_decode_wide_ab.py``). The arithmetic is the same: results are bit-identical.
+  3.2-3.4 (``q8_0_decode_wide_tma*_h200.json``). The arithmetic is the same: results are bit-identical.
 
 Every program waits for its predecessor before it reads the alignment (dependent launch).
 
@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.expert_stacks import Q8_0Stack
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.triton_launch import dependent_launch, hopper_or_later, launch_device
-
-if TYPE_CHECKING:
-    from stagewise.kernels.moe_grouped_triton import Q8_0Stack
 
 QBLOCK = 32
 
@@ -66,6 +63,28 @@ class DecodeTiles:
     swap: bool = False
     tma: bool = False  # weight tiles by the tensor memory accelerator where the device has one (module doc)
     wide: bool = False  # TMA: one (block_n, block_k) box a K step, not one (block_n, 32) box a block (module doc)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Batched-decode experts of Q8_0 stacks: ``block_m``-row blocks through this module's GEMMs (scale
+    after each block's dot, SiLU·up fused into the gate_up GEMM) and the slots summed by the decode
+    path's combine (:func:`~stagewise.kernels.moe_experts.grouped_swiglu_experts`)."""
+
+    block_m: int
+    gate_up: DecodeTiles
+    down: DecodeTiles
+    fuse_silu: bool = True  # SiLU·up in the gate_up GEMM's epilogue (else a separate silu_mul launch)
+
+
+# the decode kernels' tiles, fastest of the sweeps on an H200 at 32 sequences of Qwen3-30B-A3B
+# (q8_0_decode_sweep_h200.json, q8_0_decode_wide_tma2_h200.json; the sweep scripts are in git at 1f282a2): weights
+# on the dot's tall side (swap), by TMA in one box a K step (wide); gate_up with SiLU·up fused, 32 rows a program,
+# 128-wide K steps in three stages; down (K = 768) 64 rows, 64-wide K steps in three stages. 103.9 / 51.3 us
+# (3.6 / 3.6 TB/s) against 118.3 / 55.5 us with one box a 32-column group (the tiles before: 64 rows for gate_up,
+# two stages)
+DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 2, 3, swap=True, tma=True, wide=True),
+                           DecodeTiles(64, 64, 2, 3, swap=True, tma=True, wide=True))
 
 
 @triton.jit

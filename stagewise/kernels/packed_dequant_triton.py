@@ -18,7 +18,7 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.packed_blocks_triton import block_values
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
-from stagewise.weights.quant.packed_types import PACKED, block_elements, row_bytes
+from stagewise.spec.packed_types import PACKED, block_elements, row_bytes
 
 BLOCK_R = 16  # rows a program
 BLOCK_K = 256  # values a program's row (one super-block; eight 32-value blocks)

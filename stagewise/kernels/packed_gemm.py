@@ -14,8 +14,9 @@ import dataclasses
 import torch
 from gguf.constants import GGMLQuantizationType
 
-from stagewise.kernels.moe_grouped_triton import GemmTiles, PackedTensors, grouped_gemm, packed_tiles
-from stagewise.kernels.q8_0_gemm import _identity_alignment
+from stagewise.kernels.expert_stacks import PackedTensors
+from stagewise.kernels.moe_align import identity_alignment
+from stagewise.kernels.moe_grouped_triton import GemmTiles, grouped_gemm, packed_tiles
 
 # (block_m, tiles) by rows, the fastest of `bench/packed_matmul.py --sweep-fused` on an H200 at Llama-3.1-8B's
 # Q4_K shapes (bench/results/packed_h200_r2/packed_gemm_tiles_h200.json): 16-32 rows, gate/up 0.28 / 0.46 ms
@@ -40,5 +41,5 @@ def packed_gemm(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
     else:
         block_m, shape = (FEW_ROWS if rows <= FEW_ROWS_MAX else MANY_ROWS) if rows < 1024 else (128, tiles)
         tiles = dataclasses.replace(shape, block_k=tiles.block_k)
-    y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
+    y = grouped_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)

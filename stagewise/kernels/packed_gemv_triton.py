@@ -32,7 +32,7 @@ from stagewise.kernels.gemv_triton import gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.packed_blocks_triton import block_tile
 from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
-from stagewise.weights.quant.packed_types import PACKED, block_elements, row_bytes
+from stagewise.spec.packed_types import PACKED, block_elements, row_bytes
 
 # types whose GEMV reads 8-byte slots and applies scales once a sub-block
 SLOT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})

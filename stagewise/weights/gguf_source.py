@@ -18,10 +18,10 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.errors import CorruptModelFile, UnsupportedArchitecture, WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.packed_types import row_bytes
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, value_from_gguf
 from stagewise.weights.gguf_table import GGUFTable
 from stagewise.weights.quant.block_scales import check_block_scales
-from stagewise.weights.quant.packed_types import row_bytes
 from stagewise.weights.quant.packed_weight import PackedWeight
 from stagewise.weights.quant.q8_0 import BLOCK, Q8_0Weight
 from stagewise.weights.quant.tensor_decode import decode_dense, decode_to

@@ -16,7 +16,7 @@ from stagewise.errors import WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.models.registry import parameter_shapes
 from stagewise.spec.model_config import ModelConfig
-from stagewise.weights.quant.packed_types import PACKED, block_bytes, block_elements, format_name, row_bytes
+from stagewise.spec.packed_types import PACKED, block_bytes, block_elements, format_name, row_bytes
 from stagewise.weights.random_weights import tensor_seed
 
 _PACKED_FORMATS = {format_name(t): t for t in PACKED}
@@ -31,7 +31,7 @@ _DENSE_ONLY = ("embed_tokens", "mlp.gate.weight", "shared_expert_gate", "conv1d"
 class RandomSource:
     """Every parameter of ``config``'s full model, drawn on demand.
 
-    With ``fmt="q8_0"`` (or any other packed type of :mod:`~stagewise.weights.quant.packed_types`,
+    With ``fmt="q8_0"`` (or any other packed type of :mod:`~stagewise.spec.packed_types`,
     e.g. ``q4_k``) the projection matrices (experts and LM head included) are drawn directly in
     their packed form on the device (random block bytes, scale fields set so values are ~``std``),
     as a llama.cpp file keeps them; rows that do not divide into the type's blocks, embeddings,

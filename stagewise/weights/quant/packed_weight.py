@@ -1,6 +1,6 @@
 """PackedWeight: a matrix, expert stack or embedding resident as the GGUF file's blocks, byte for byte.
 
-Every block-quantized type of :data:`~stagewise.weights.quant.packed_types.PACKED` except Q8_0 (which
+Every block-quantized type of :data:`~stagewise.spec.packed_types.PACKED` except Q8_0 (which
 has its own split layout, :class:`~stagewise.weights.quant.q8_0.Q8_0Weight`) is held this way:
 ``raw`` uint8 ``(*lead, out, row_bytes)`` with ``row_bytes = in / block_elements * block_bytes``,
 the rows exactly as the file stores them. Resident bytes are the file's bytes.
@@ -30,8 +30,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.triton_launch import use_triton
-from stagewise.weights.quant.dequant import dequantize
-from stagewise.weights.quant.packed_types import (
+from stagewise.spec.packed_types import (
     DEQUANT_MATMUL_MIN_ROWS,
     DEVICE_TILE_ELEMENTS,
     TILE_ELEMENTS,
@@ -39,6 +38,7 @@ from stagewise.weights.quant.packed_types import (
     format_name,
     row_bytes,
 )
+from stagewise.weights.quant.dequant import dequantize
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
 GEMV_MAX_TOKENS = 16  # rows up to which the packed GEMV runs (decode); more: dequantized tiles + matmul
