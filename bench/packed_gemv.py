@@ -24,11 +24,13 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernel_timing import graph_us, rel_err
+from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
 from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv
 from stagewise.spec.packed_types import PACKED, block_bytes, block_elements, row_bytes
+from stagewise.weights.quant.packed_planes import split_planes
 
 T = GGMLQuantizationType
 SHAPES = {"qkv-like 4096x4096": (4096, 4096), "gate/up 14336x4096": (14336, 4096),
@@ -51,6 +53,11 @@ def _random_raw(qtype: GGMLQuantizationType, n: int, k: int, dev: torch.device) 
     if qtype == T.MXFP4:
         raw[..., 0] = torch.randint(118, 126, (n, blocks), dtype=torch.uint8, device=dev)
     return raw.reshape(n, row_bytes(qtype, k))
+
+
+def _random_weight(qtype: GGMLQuantizationType, n: int, k: int, dev: torch.device) -> PackedTensors:
+    """:func:`_random_raw` as the resident planes."""
+    return PackedTensors(*split_planes(_random_raw(qtype, n, k, dev), qtype), qtype, k)
 
 
 def _sweep(label: str, nbytes: int, fns: dict[str, Callable[[int], torch.Tensor]], ref: torch.Tensor,
@@ -107,20 +114,18 @@ def main() -> int:
         for qtype in types:
             nbytes = n * row_bytes(qtype, k)
             copies = max(4, min(64, ROTATE_BYTES // nbytes))
-            raws = [_random_raw(qtype, n, k, dev) for _ in range(copies)]
-            ref = x.double() @ dequantize_rows(raws[0], qtype, k).double().T
+            ws = [_random_weight(qtype, n, k, dev) for _ in range(copies)]
+            ref = x.double() @ dequantize_rows(ws[0].qs, ws[0].qh, ws[0].meta, qtype, k).double().T
             fns: dict[str, Callable[[int], torch.Tensor]] = {
-                str(cfg): (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k: packed_gemv(x, raws[i], qtype, k, config=cfg))
-                for cfg in CANDIDATES}
+                str(cfg): (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg)) for cfg in CANDIDATES}
             current = str(config_for(qtype, n, k, False))
             if current not in fns:
-                fns[current] = lambda i, x=x, raws=raws, qtype=qtype, k=k: packed_gemv(x, raws[i], qtype, k)
+                fns[current] = lambda i, x=x, ws=ws: packed_gemv(x, ws[i])
             if qtype in SLOT_TYPES:  # the byte path beside the word path, same configs
                 for cfg in [*CANDIDATES[:4], config_for(qtype, n, k, False)]:
-                    fns[f"bytes {cfg}"] = (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k:
-                                           packed_gemv(x, raws[i], qtype, k, config=cfg, slots=False))
+                    fns[f"bytes {cfg}"] = (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg, slots=False))
             rows.append(_sweep(f"{qtype.name} {label}", nbytes, fns, ref, copies, current, dense_us))
-            del raws
+            del ws
     report["rows"] = rows
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -27,7 +27,7 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernel_timing import eager_ms
-from bench.packed_gemv import _random_raw
+from bench.packed_gemv import _random_weight
 from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.moe_align import identity_alignment
 from stagewise.kernels.moe_grouped_triton import TILES_PACKED, GemmTiles, grouped_gemm
@@ -55,9 +55,9 @@ def _sweep_fused(dev: torch.device, types: list[GGMLQuantizationType]) -> list[d
     rows_out: list[dict[str, object]] = []
     for label, (n, k) in SHAPES.items():
         for qtype in types:
-            raw = _random_raw(qtype, n, k, dev)
-            w64 = dequantize_rows(raw, qtype, k).double()
-            stack = PackedTensors(raw[None], qtype, k)
+            w = _random_weight(qtype, n, k, dev)
+            w64 = dequantize_rows(w.qs, w.qh, w.meta, qtype, k).double()
+            stack = PackedTensors(w.qs[None], w.qh[None], w.meta[None], qtype, k)
             for m in (16, 32, 64):
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 ref = x.double() @ w64.T
@@ -87,16 +87,17 @@ def _compare(dev: torch.device, types: list[GGMLQuantizationType]) -> list[dict[
     for label, (n, k) in SHAPES.items():
         dense = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
         for qtype in types:
-            raw = _random_raw(qtype, n, k, dev)
-            w64 = dequantize_rows(raw, qtype, k).double()
+            w = _random_weight(qtype, n, k, dev)
+            w64 = dequantize_rows(w.qs, w.qh, w.meta, qtype, k).double()
             for m in ROWS:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 ref = x.double() @ w64.T
                 fns: dict[str, Callable[[], torch.Tensor]] = {
-                    "fused": lambda x=x, raw=raw, qtype=qtype, k=k: packed_gemm(x, raw, qtype, k)}
+                    "fused": lambda x=x, w=w: packed_gemm(x, w)}
                 for tile in TILES:
-                    fns[f"tiles {tile >> 20}M"] = (lambda x=x, raw=raw, qtype=qtype, k=k, n=n, tile=tile: tiled_linear(
-                        x, n, k, lambda lo, hi, dtype: dequantize_rows(raw[lo:hi], qtype, k, dtype), tile))
+                    fns[f"tiles {tile >> 20}M"] = (lambda x=x, w=w, qtype=qtype, k=k, n=n, tile=tile: tiled_linear(
+                        x, n, k, lambda lo, hi, dtype: dequantize_rows(w.qs[lo:hi], w.qh[lo:hi], w.meta[lo:hi], qtype, k,
+                                                                       dtype), tile))
                 res: dict[str, object] = {"shape": label, "type": qtype.name, "rows": m,
                                           "dense_bf16_ms": _ms(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))}
                 for name, fn in fns.items():

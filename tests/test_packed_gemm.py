@@ -31,7 +31,7 @@ def test_packed_gemm_matches_dense_matmul(qtype: GGMLQuantizationType) -> None:
     raw = _random_rows(qtype, n, k, seed=int(qtype))
     w = _dense(raw, qtype)  # (n, k) float32 reference
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
-    y = packed_gemm(x.to(DEVICE), _on_device(raw), qtype, k).cpu()
+    y = packed_gemm(x.to(DEVICE), PackedWeight.from_rows(_on_device(raw), qtype, k)).cpu()
     ref = x @ w.T
     assert y.shape == (rows, n)
     assert float((y - ref).abs().max()) <= TOL * float(ref.abs().max())
@@ -42,8 +42,8 @@ def test_grouped_experts_over_packed_stacks_match_the_loop(qtype: GGMLQuantizati
     experts, hidden, inter, tokens, top_k = 4, 256, 256, 24, 2
     gate_up_raw = _random_rows(qtype, experts * 2 * inter, hidden, seed=3).reshape(experts, 2 * inter, -1)
     down_raw = _random_rows(qtype, experts * hidden, inter, seed=4).reshape(experts, hidden, -1)
-    gate_up = PackedWeight(_on_device(gate_up_raw), qtype, hidden)
-    down = PackedWeight(_on_device(down_raw), qtype, inter)
+    gate_up = PackedWeight.from_rows(_on_device(gate_up_raw), qtype, hidden)
+    down = PackedWeight.from_rows(_on_device(down_raw), qtype, inter)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(tokens, hidden, generator=g) * 0.1
     top_index = torch.topk(torch.rand(tokens, experts, generator=g), top_k, dim=-1).indices

@@ -13,6 +13,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 from gguf.constants import GGMLQuantizationType
 
+from stagewise.spec.packed_types import PLANES, block_elements, plane_row_bytes
+
 
 @runtime_checkable
 class Q8_0Stack(Protocol):
@@ -34,11 +36,18 @@ class Q8_0Tensors(NamedTuple):
 
 @runtime_checkable
 class PackedStack(Protocol):
-    """Any other packed stack: the GGUF rows ``raw`` uint8 ``(E, out, row_bytes)`` of ``in_features``
-    values of ``ggml_type``."""
+    """Any other packed stack: rows of ``in_features`` values of ``ggml_type`` as three uint8 planes
+    ``(E, out, plane bytes)`` (:class:`~stagewise.spec.packed_types.PlaneLayout`): the quants ``qs``, the
+    high bits ``qh`` (last dim 0 where the type has none) and the scales/mins ``meta``."""
 
     @property
-    def raw(self) -> torch.Tensor: ...
+    def qs(self) -> torch.Tensor: ...
+
+    @property
+    def qh(self) -> torch.Tensor: ...
+
+    @property
+    def meta(self) -> torch.Tensor: ...
 
     @property
     def ggml_type(self) -> GGMLQuantizationType: ...
@@ -50,9 +59,28 @@ class PackedStack(Protocol):
 class PackedTensors(NamedTuple):
     """A packed stack as bare values."""
 
-    raw: torch.Tensor
+    qs: torch.Tensor
+    qh: torch.Tensor
+    meta: torch.Tensor
     ggml_type: GGMLQuantizationType
     in_features: int
+
+
+def check_planes(qs: torch.Tensor, qh: torch.Tensor, meta: torch.Tensor, ggml_type: GGMLQuantizationType,
+                 in_features: int, dims: tuple[int, ...] = (2, 3)) -> None:
+    """Raise ``ValueError`` unless the planes hold rows of ``in_features`` values of ``ggml_type``: uint8,
+    ``dims`` dimensions, one lead shape, each plane's bytes contiguous."""
+    if ggml_type not in PLANES:
+        raise ValueError(f"{ggml_type.name} is not a packed block type")
+    planes = (qs, qh, meta)
+    if any(p.dtype != torch.uint8 or p.dim() not in dims or p.shape[:-1] != qs.shape[:-1] for p in planes):
+        raise ValueError(f"packed planes must be uint8 of {' or '.join(map(str, dims))} dimensions and one lead shape")
+    if any(p.shape[-1] > 1 and p.stride(-1) != 1 for p in planes):
+        raise ValueError("each packed plane's bytes must be contiguous")
+    want = plane_row_bytes(ggml_type, in_features)
+    if in_features % block_elements(ggml_type) or tuple(p.shape[-1] for p in planes) != want:
+        raise ValueError(f"{ggml_type.name}: planes of {[p.shape[-1] for p in planes]} bytes per row do not hold "
+                         f"{in_features} values")
 
 
 ExpertWeight = torch.Tensor | Q8_0Stack | PackedStack  # (E, out, in) dense, the Q8_0 stack, or packed blocks
@@ -78,7 +106,7 @@ def stack_shape(weight: ExpertWeight) -> tuple[int, int, int]:
     """``(E, out, in)`` of any stack."""
     packed = as_packed(weight)
     if packed is not None:
-        e, n, _ = packed.raw.shape
+        e, n, _ = packed.qs.shape
         return e, n, packed.in_features
     values, _ = values_and_scales(weight)
     e, n, k = values.shape

@@ -59,7 +59,7 @@ def packed_config(device: torch.device, gate_up: PackedStack | None, down: Packe
                   num_slots: int, num_experts: int) -> GroupedConfig:
     """The grouped config when either stack is packed (the other dense or Q8_0 takes the same tiles)."""
     block_m = 16 if device.type != "cuda" else (128 if num_slots >= 64 * num_experts else 64)
-    hidden = gate_up.in_features if gate_up is not None else (down.raw.shape[1] if down is not None else 0)
+    hidden = gate_up.in_features if gate_up is not None else (down.qs.shape[1] if down is not None else 0)
     inter = down.in_features if down is not None else 0
     return GroupedConfig(block_m, packed_tiles(device, gate_up, hidden or 256), packed_tiles(device, down, inter or 256))
 

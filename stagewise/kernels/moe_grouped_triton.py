@@ -26,7 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.expert_stacks import ExpertWeight, PackedStack, as_packed, stack_shape, values_and_scales
+from stagewise.kernels.expert_stacks import (
+    ExpertWeight,
+    PackedStack,
+    as_packed,
+    check_planes,
+    stack_shape,
+    values_and_scales,
+)
 from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.packed_blocks_triton import block_values
 from stagewise.kernels.triton_launch import launch_device
@@ -42,11 +49,12 @@ def _grouped_gemm_kernel(
     N, K, num_slots, top_k, num_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk,
     stride_se, stride_sn, stride_sk, stride_om, stride_on,
+    qh_ptr, meta_ptr, stride_he, stride_hn, stride_me, stride_mn,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, Q8_0: tl.constexpr, EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PACKED: tl.constexpr = 0,
 ):
-    # PACKED: a ggml type id (0: none): w_ptr holds each row's GGUF blocks, dequantized a K step at a time
+    # PACKED: a ggml type id (0: none): w_ptr, qh_ptr and meta_ptr hold each row's planes, dequantized a K step at a time
     # grouped program order: GROUP_M row blocks walk the N tiles together (weight tiles stay in L2)
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -73,11 +81,14 @@ def _grouped_gemm_kernel(
     w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
     s_row = s_ptr + expert * stride_se + offs_n[None, :].to(tl.int64) * stride_sn  # (1, BN): this K step's 1st block
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    packed_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn  # (BN,) row starts (PACKED)
+    n64 = offs_n.to(tl.int64)
+    q_rows = w_ptr + expert * stride_we + n64 * stride_wn  # (BN,) row starts in each plane (PACKED)
+    h_rows = qh_ptr + expert * stride_he + n64 * stride_hn
+    m_rows = meta_ptr + expert * stride_me + n64 * stride_mn
     for k0 in range(0, tl.cdiv(K, BLOCK_K)):
         if PACKED != 0:  # the K step's blocks dequantized in registers, (BK, BN) in the activation dtype
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            w = tl.trans(block_values(packed_rows, k0 * BLOCK_K, K, n_ok, PACKED, BLOCK_N, BLOCK_K)).to(a.dtype)
+            w = tl.trans(block_values(q_rows, h_rows, m_rows, k0 * BLOCK_K, K, n_ok, PACKED, BLOCK_N, BLOCK_K)).to(a.dtype)
         elif EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
             w = tl.load(w_ptrs, mask=n_ok[None, :], other=0)  # (BK, BN)
@@ -169,11 +180,15 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
     """
     packed = as_packed(weight)
     if packed is not None:
-        values, scales = packed.raw, None
+        check_planes(packed.qs, packed.qh, packed.meta, packed.ggml_type, packed.in_features, dims=(3,))
+        values, scales = packed.qs, None
+        qh = packed.qh if packed.qh.shape[-1] else packed.qs  # no high plane: any pointer (never read)
+        meta = packed.meta
         if tiles.block_k % block_elements(packed.ggml_type) or packed.in_features % tiles.block_k:
             raise ValueError(f"{packed.ggml_type.name}: BLOCK_K {tiles.block_k} must divide K and hold whole blocks")
     else:
         values, scales = values_and_scales(weight)
+        qh = meta = values  # unused
     _, n_out, k_in = stack_shape(weight)
     if a.shape[-1] != k_in:
         raise ValueError(f"activations have {a.shape[-1]} features, the experts take {k_in}")
@@ -195,6 +210,7 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
             n_out, k_in, num_slots, top_k, num_blocks,
             a.stride(0), a.stride(1), values.stride(0), values.stride(1), 1 if packed is not None else values.stride(2),
             s_strides[0], s_strides[1], s_strides[2], out.stride(0), out.stride(1),
+            qh, meta, qh.stride(0), qh.stride(1), meta.stride(0), meta.stride(1),
             GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, Q8_0=scales is not None,
             EVEN_K=k_in % tiles.block_k == 0, UPCAST=a.device.type != "cuda",  # off CUDA: the interpreter
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,

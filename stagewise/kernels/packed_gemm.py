@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from gguf.constants import GGMLQuantizationType
 
-from stagewise.kernels.expert_stacks import PackedTensors
+from stagewise.kernels.expert_stacks import PackedStack, PackedTensors
 from stagewise.kernels.moe_align import identity_alignment
 from stagewise.kernels.moe_grouped_triton import GemmTiles, grouped_gemm, packed_tiles
 
@@ -26,15 +25,15 @@ FEW_ROWS = (16, GemmTiles(block_n=128, block_k=256, num_warps=4, num_stages=2))
 MANY_ROWS = (64, GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=2))
 
 
-def packed_gemm(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int) -> torch.Tensor:
-    """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D packed weight ``raw``
-    uint8 ``(out, row_bytes)`` of ``in_features`` values of ``ggml_type`` a row."""
-    out_features = raw.shape[0]
+def packed_gemm(x: torch.Tensor, weight: PackedStack) -> torch.Tensor:
+    """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D packed weight (its planes
+    ``(out, plane bytes)``)."""
+    out_features, in_features = weight.qs.shape[0], weight.in_features
     a = x.reshape(-1, in_features)
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
-    stack = PackedTensors(raw[None], ggml_type, in_features)  # (1, out, row_bytes): a view
+    stack = PackedTensors(weight.qs[None], weight.qh[None], weight.meta[None], weight.ggml_type, in_features)  # views
     tiles = packed_tiles(a.device, stack, in_features)  # block_k for this K
     if a.device.type != "cuda":
         block_m = 16
