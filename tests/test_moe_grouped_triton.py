@@ -248,7 +248,7 @@ DECODE_VARIANTS = [DecodeTiles(32, 64, 4, 1), DecodeTiles(16, 128, 4, 1), Decode
 def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: torch.dtype) -> None:
     """Every shape of the work (plain, swapped, split K, both) against the float32 block-scaled reference;
     split K's per-tile counters are zero again after each launch."""
-    from stagewise.kernels.moe_decode_triton import _tile_counters, decode_gemm
+    from stagewise.kernels.moe_decode_triton import decode_gemm, tile_counters
 
     torch.manual_seed(2)
     tokens, n_out, k_in = 9, 48, 128  # n_out not a multiple of BLOCK_N 32
@@ -266,7 +266,7 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
         tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's rounding
         torch.testing.assert_close(got.float(), ref, rtol=tol, atol=tol, msg=functools.partial("{}: {}".format, tiles))
         assert torch.equal(decode_gemm(a, weight, align, K, tiles, gather_rows=gather_rows, top_weight=route), got)
-        assert not _tile_counters(a.device, 1).any()
+        assert not tile_counters(a.device, 1).any()
     strided = Q8_0Weight(weight.qs.transpose(1, 2).contiguous().transpose(1, 2), weight.scales)  # not contiguous
     got = decode_gemm(a, strided, align, K, DECODE_VARIANTS[-1], gather_rows=gather_rows)  # TMA asked: plain loads
     torch.testing.assert_close(got.float(), _block_scaled_reference(a, weight, top_index, gather_rows, None),

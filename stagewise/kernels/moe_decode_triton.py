@@ -88,7 +88,7 @@ DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 2, 3, swap=True, tma=True, w
 
 
 @triton.jit
-def _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
+def store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
                 SWAP: tl.constexpr, ROUTE_WEIGHT: tl.constexpr):
     """Store ``acc`` (``(BN, BM)`` when ``SWAP`` else ``(BM, BN)``), times the slot's routing weight."""
     if SWAP:
@@ -104,7 +104,7 @@ def _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om,
 
 
 @triton.jit
-def _silu_mul_tile(gate, up, dtype: tl.constexpr):
+def silu_mul_tile(gate, up, dtype: tl.constexpr):
     """``silu(g) * u`` of the float32 accumulators, each rounded to ``dtype`` first (as stored and reloaded)."""
     g = gate.to(dtype).to(tl.float32)
     u = up.to(dtype).to(tl.float32)
@@ -267,13 +267,13 @@ def _decode_gemm_kernel(
                                       cache_modifier=".cg")
             tl.store(lock_ptr + tile, 0)  # zero again for the next launch on this stream
             if GLU:
-                acc = _silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
-            _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
+                acc = silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
+            store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
                         SWAP, ROUTE_WEIGHT)
     else:
         if GLU:
-            acc = _silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
-        _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on, SWAP, ROUTE_WEIGHT)
+            acc = silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
+        store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on, SWAP, ROUTE_WEIGHT)
 
 
 _LOCK_ENTRIES = 1 << 16
@@ -281,7 +281,7 @@ _locks: dict[tuple[str, int], list[torch.Tensor]] = {}
 _locks_guard = threading.Lock()
 
 
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """The zeroed int32 counters of the current stream on ``device`` (module note), at least ``tiles`` long.
 
     Buffers are never freed: a CUDA graph may hold a replaced one's address."""
@@ -318,7 +318,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
     if split > 1:
         planes = split * (2 if glu else 1)
         partials = torch.empty((planes, num_slots, n_out), dtype=torch.float32, device=a.device)
-        counters = _tile_counters(a.device, num_blocks * n_tiles)
+        counters = tile_counters(a.device, num_blocks * n_tiles)
     else:
         partials, counters = out, align.num_valid_blocks  # unused
     grid = (num_blocks * n_tiles * split,)

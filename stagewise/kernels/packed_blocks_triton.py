@@ -48,27 +48,27 @@ def _plane_bytes(TYPE: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _u8(ptr, mask):  # type: ignore[no-untyped-def]
+def load_u8(ptr, mask):  # type: ignore[no-untyped-def]
     return tl.load(ptr, mask=mask, other=0).to(tl.int32)
 
 
 @triton.jit
-def _f16(ptr, mask):  # type: ignore[no-untyped-def]
+def load_f16(ptr, mask):  # type: ignore[no-untyped-def]
     """The little-endian f16 at ``ptr`` (any alignment), as float32."""
-    bits = _u8(ptr, mask) | (_u8(ptr + 1, mask) << 8)
+    bits = load_u8(ptr, mask) | (load_u8(ptr + 1, mask) << 8)
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _signed(byte):  # type: ignore[no-untyped-def]
+def signed_byte(byte):  # type: ignore[no-untyped-def]
     return (byte ^ 0x80) - 0x80
 
 
 @triton.jit
-def _codebook(q, LO: tl.constexpr, HI: tl.constexpr):  # type: ignore[no-untyped-def]
+def codebook(q, LO: tl.constexpr, HI: tl.constexpr):  # type: ignore[no-untyped-def]
     """Entry ``q`` (0-15, int32) of a 16-value signed-byte codebook held as two int64 words."""
     word = tl.where(q < 8, tl.full(q.shape, LO, tl.int64), tl.full(q.shape, HI, tl.int64))
-    return _signed(((word >> ((q & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32))
+    return signed_byte(((word >> ((q & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32))
 
 
 @triton.jit
@@ -99,28 +99,29 @@ def _small_block(qb, hb, mb, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # typ
     m4 = mask[:, :, None, None]
     kk = tl.arange(0, NB)[None, :, None, None] * 32 + h * 16 + l16
     if TYPE == 8:  # Q8_0: d | 32 int8
-        q = _signed(_u8(q4 + h * 16 + l16, m4))
-        v = q.to(tl.float32) * _f16(mb, mask)[:, :, None, None]
+        q = signed_byte(load_u8(q4 + h * 16 + l16, m4))
+        v = q.to(tl.float32) * load_f16(mb, mask)[:, :, None, None]
     elif TYPE == 39:  # MXFP4: E8M0 exponent | 16 bytes of e2m1 pairs
-        e = _u8(mb, mask)
+        e = load_u8(mb, mask)
         d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)  # ggml_e8m0_to_fp32_half
-        q = (_u8(q4 + l16, m4) >> (4 * h)) & 0x0F
-        v = d[:, :, None, None] * _codebook(q, FP4_LO, FP4_HI).to(tl.float32)
+        q = (load_u8(q4 + l16, m4) >> (4 * h)) & 0x0F
+        v = d[:, :, None, None] * codebook(q, FP4_LO, FP4_HI).to(tl.float32)
     else:
         # d (Q4_0, IQ4_NL), d and m (Q4_1), d and 4 bytes of high bits (Q5_0), or all three (Q5_1) | 16 quant bytes
-        q = (_u8(q4 + l16, m4) >> (4 * h)) & 0x0F  # (BN, NB, 2, 16)
-        d = _f16(mb, mask)[:, :, None, None]
+        q = (load_u8(q4 + l16, m4) >> (4 * h)) & 0x0F  # (BN, NB, 2, 16)
+        d = load_f16(mb, mask)[:, :, None, None]
         if TYPE == 6 or TYPE == 7:
-            qh = (_u8(hb, mask) | (_u8(hb + 1, mask) << 8) | (_u8(hb + 2, mask) << 16) | (_u8(hb + 3, mask) << 24))
+            qh = (load_u8(hb, mask) | (load_u8(hb + 1, mask) << 8) | (load_u8(hb + 2, mask) << 16)
+                  | (load_u8(hb + 3, mask) << 24))
             q = q | (((qh[:, :, None, None] >> (h * 16 + l16)) & 1) << 4)
         if TYPE == 2:
             v = d * (q - 8).to(tl.float32)
         elif TYPE == 20:
-            v = d * _codebook(q, IQ4_LO, IQ4_HI).to(tl.float32)
+            v = d * codebook(q, IQ4_LO, IQ4_HI).to(tl.float32)
         elif TYPE == 6:
             v = d * (q - 16).to(tl.float32)
         else:  # Q4_1, Q5_1
-            v = (d * q.to(tl.float32)) + _f16(mb + 2, mask)[:, :, None, None]
+            v = (d * q.to(tl.float32)) + load_f16(mb + 2, mask)[:, :, None, None]
     return v, kk
 
 
@@ -129,9 +130,9 @@ def _k_scale_min(base, mask, s):  # type: ignore[no-untyped-def]
     """Q4_K / Q5_K: the 6-bit scale and min of sub-block ``s`` (any shape) from the 12 bytes at 4."""
     lo = s < 4
     i = s & 3
-    a = _u8(base + 4 + i, mask)
-    m = _u8(base + 8 + i, mask)
-    md = _u8(base + 12 + i, mask)
+    a = load_u8(base + 4 + i, mask)
+    m = load_u8(base + 8 + i, mask)
+    md = load_u8(base + 12 + i, mask)
     sc = tl.where(lo, a & 0x3F, (md & 0x0F) | ((a >> 2) & 0x30))
     mn = tl.where(lo, m & 0x3F, (md >> 4) | ((m >> 2) & 0x30))
     return sc, mn
@@ -146,13 +147,13 @@ def _q45_k(qb, hb, mb, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ign
     h = tl.arange(0, 2)[None, None, None, :, None]
     s = 2 * tl.arange(0, 4)[:, None] + tl.arange(0, 2)[None, :]  # (4, 2)
     m4 = mask[:, :, None, None]
-    q = (_u8(qb[:, :, None, None] + c * 32 + l32, m4)[:, :, :, None, :] >> (4 * h)) & 0x0F
+    q = (load_u8(qb[:, :, None, None] + c * 32 + l32, m4)[:, :, :, None, :] >> (4 * h)) & 0x0F
     if TYPE == 13:
-        qh = _u8(hb[:, :, None] + tl.arange(0, 32)[None, None, :], mask[:, :, None])  # (BN, NB, 32)
+        qh = load_u8(hb[:, :, None] + tl.arange(0, 32)[None, None, :], mask[:, :, None])  # (BN, NB, 32)
         q = q | (((qh[:, :, None, None, :] >> s[None, None, :, :, None]) & 1) << 4)
     sc, mn = _k_scale_min(mb[:, :, None, None], m4, s[None, None, :, :])  # (BN, NB, 4, 2)
-    scale = _f16(mb, mask)[:, :, None, None] * sc.to(tl.float32)
-    offset = _f16(mb + 2, mask)[:, :, None, None] * mn.to(tl.float32)
+    scale = load_f16(mb, mask)[:, :, None, None] * sc.to(tl.float32)
+    offset = load_f16(mb + 2, mask)[:, :, None, None] * mn.to(tl.float32)
     kk = tl.arange(0, NB)[None, :, None, None, None] * 256 + c[:, :, :, None, :] * 64 + h * 32 + l32[:, :, :, None, :]
     return scale[:, :, :, :, None] * q.to(tl.float32) - offset[:, :, :, :, None], kk
 
@@ -166,21 +167,21 @@ def _q23_k(qb, hb, mb, mask, half, TYPE: tl.constexpr, NB: tl.constexpr):  # typ
     l16 = tl.arange(0, 16)[None, None, None, :]
     m4 = mask[:, :, None, None]
     hf = half[None, :, None, None]
-    q = (_u8(qb[:, :, None, None] + hf * 32 + g * 16 + l16, m4)[:, :, None, :, :] >> (2 * s)) & 3  # (BN, 2NB, 4, 2, 16)
+    q = (load_u8(qb[:, :, None, None] + hf * 32 + g * 16 + l16, m4)[:, :, None, :, :] >> (2 * s)) & 3  # (BN, 2NB, 4, 2, 16)
     i = hf * 8 + 2 * tl.arange(0, 4)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :]  # (1, 2NB, 4, 2)
     mb4 = mb[:, :, None, None]
     if TYPE == 10:  # Q2_K: meta = 16 scale bytes (4-bit scale, 4-bit min), d, dmin
-        sc = _u8(mb4 + i, m4)
-        dl = _f16(mb + 16, mask)[:, :, None, None] * (sc & 0x0F).to(tl.float32)
-        ml = _f16(mb + 18, mask)[:, :, None, None] * (sc >> 4).to(tl.float32)
+        sc = load_u8(mb4 + i, m4)
+        dl = load_f16(mb + 16, mask)[:, :, None, None] * (sc & 0x0F).to(tl.float32)
+        ml = load_f16(mb + 18, mask)[:, :, None, None] * (sc >> 4).to(tl.float32)
         v = dl[:, :, :, :, None] * q.to(tl.float32) - ml[:, :, :, :, None]
     else:  # Q3_K: 32 bytes of high bits (high plane); meta = 12 bytes of 6-bit scales, d
-        hm = _u8(hb[:, :, None, None] + g * 16 + l16, m4)  # (BN, 2NB, 2, 16): the same bytes for both halves
+        hm = load_u8(hb[:, :, None, None] + g * 16 + l16, m4)  # (BN, 2NB, 2, 16): the same bytes for both halves
         bit = hf[:, :, :, :, None] * 4 + s
         q = q - ((((hm[:, :, None, :, :] >> bit) & 1) ^ 1) << 2)
-        low = (_u8(mb4 + (i & 7), m4) >> (4 * (i >> 3))) & 0x0F
-        high = (_u8(mb4 + 8 + (i & 3), m4) >> (2 * (i >> 2))) & 3
-        dl = _f16(mb + 12, mask)[:, :, None, None] * ((low | (high << 4)) - 32).to(tl.float32)
+        low = (load_u8(mb4 + (i & 7), m4) >> (4 * (i >> 3))) & 0x0F
+        high = (load_u8(mb4 + 8 + (i & 3), m4) >> (2 * (i >> 2))) & 3
+        dl = load_f16(mb + 12, mask)[:, :, None, None] * ((low | (high << 4)) - 32).to(tl.float32)
         v = dl[:, :, :, :, None] * q.to(tl.float32)
     kk = tl.arange(0, 2 * NB)[None, :, None, None, None] * 128 + s * 32 + g[:, :, None, :, :] * 16 + l16[:, :, None, :, :]
     return v, kk
@@ -196,12 +197,12 @@ def _q6_k(qb, hb, mb, mask, half, NB: tl.constexpr):  # type: ignore[no-untyped-
     l16 = tl.arange(0, 16)[None, None, None, :]
     m4 = mask[:, :, None, None]
     hf = half[None, :, None, None]
-    ql = (_u8(qb[:, :, None, None] + hf * 64 + r * 16 + l16, m4)[:, :, None, :, :] >> (4 * h)) & 0x0F
-    qh = _u8(hb[:, :, None, None] + hf * 32 + (r % 2) * 16 + l16, m4)[:, :, None, :, :]
+    ql = (load_u8(qb[:, :, None, None] + hf * 64 + r * 16 + l16, m4)[:, :, None, :, :] >> (4 * h)) & 0x0F
+    qh = load_u8(hb[:, :, None, None] + hf * 32 + (r % 2) * 16 + l16, m4)[:, :, None, :, :]
     q = (ql | (((qh >> (2 * (2 * h + r[:, :, None, :, :] // 2))) & 3) << 4)) - 32  # (BN, 2NB, 2, 4, 16)
     j = 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]  # (1, 1, 2, 4)
-    sc = _signed(_u8(mb[:, :, None, None] + hf * 8 + j, m4))
-    scale = _f16(mb + 16, mask)[:, :, None, None] * sc.to(tl.float32)
+    sc = signed_byte(load_u8(mb[:, :, None, None] + hf * 8 + j, m4))
+    scale = load_f16(mb + 16, mask)[:, :, None, None] * sc.to(tl.float32)
     kk = tl.arange(0, 2 * NB)[None, :, None, None, None] * 128 + h * 64 + r[:, :, None, :, :] * 16 + l16[:, :, None, :, :]
     return scale[:, :, :, :, None] * q.to(tl.float32), kk
 
@@ -214,13 +215,13 @@ def _iq4_xs(qb, mb, mask, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     sb = sb3[:, :, :, None]
     l16 = tl.arange(0, 16)[None, None, None, :]
     h = tl.arange(0, 2)[None, None, None, :, None]
-    q = (_u8(qb[:, :, None, None] + sb * 16 + l16, mask[:, :, None, None])[:, :, :, None, :] >> (4 * h)) & 0x0F
-    low = (_u8(mb[:, :, None] + 4 + sb3 // 2, mask[:, :, None]) >> (4 * (sb3 % 2))) & 0x0F  # (BN, NB, 8)
-    high_bits = _u8(mb + 2, mask) | (_u8(mb + 3, mask) << 8)  # (BN, NB)
+    q = (load_u8(qb[:, :, None, None] + sb * 16 + l16, mask[:, :, None, None])[:, :, :, None, :] >> (4 * h)) & 0x0F
+    low = (load_u8(mb[:, :, None] + 4 + sb3 // 2, mask[:, :, None]) >> (4 * (sb3 % 2))) & 0x0F  # (BN, NB, 8)
+    high_bits = load_u8(mb + 2, mask) | (load_u8(mb + 3, mask) << 8)  # (BN, NB)
     high = (high_bits[:, :, None] >> (2 * sb3)) & 3
-    dl = _f16(mb, mask)[:, :, None] * ((low | (high << 4)) - 32).to(tl.float32)
+    dl = load_f16(mb, mask)[:, :, None] * ((low | (high << 4)) - 32).to(tl.float32)
     kk = tl.arange(0, NB)[None, :, None, None, None] * 256 + sb[:, :, :, None, :] * 32 + h * 16 + l16[:, :, :, None, :]
-    return dl[:, :, :, None, None] * _codebook(q, IQ4_LO, IQ4_HI).to(tl.float32), kk
+    return dl[:, :, :, None, None] * codebook(q, IQ4_LO, IQ4_HI).to(tl.float32), kk
 
 
 @triton.jit

@@ -11,19 +11,22 @@ A column permutation that does not move whole blocks (Qwen3.5's value heads in `
 head is shorter than a 256-value super-block) is kept as ``input_index``: the weight stays in file
 column order and the activation is gathered instead (``ours @ x == file @ x[..., input_index]``).
 
-Dispatch depends only on the device and the number of input rows, so equal inputs always run the
-same kernel (staged = single-device):
+Dispatch depends only on the device and the number of input rows (:func:`matmul_path`), so equal
+inputs always run the same kernel (staged = single-device); every packed type takes the same path:
 
-* Triton devices, at most ``GEMV_MAX_TOKENS`` rows (decode): the packed GEMV
-  (:mod:`stagewise.kernels.packed_gemv_triton`), blocks dequantized in registers;
-* Triton devices, fewer than ``DEQUANT_MATMUL_MIN_ROWS`` rows (batched decode): the packed GEMM
-  (:mod:`stagewise.kernels.packed_gemm`), each tile's blocks dequantized in registers feeding
-  ``tl.dot``; experts through the grouped MoE GEMM the same way (``supports_grouped``);
+* Triton devices, 1-16 rows (decode): kernel A (:mod:`stagewise.kernels.packed_matmul`), each quant
+  turned into bf16 once, a tensor-core dot per scale group for every row, the scales after it;
+* Triton devices, 17-128 rows (batched decode): kernel B, each value dequantized and rounded once,
+  every row in one block;
 * Triton devices, more rows (prefill): a bounded tile of rows (``DEVICE_TILE_ELEMENTS`` values)
   dequantized by the Triton kernel and multiplied by the device's matmul, tile after tile;
 * elsewhere (CPU): the same with ``TILE_ELEMENTS``-value tiles dequantized by the torch reference
   (:mod:`.dequant`, on the rows joined back). Never a whole dense copy; the tile is charged as
   workspace (:func:`~stagewise.spec.workspace_bytes.dequant_tile_bytes`).
+
+Routed experts (:meth:`PackedWeight.gather_matmul`, MoE decode): one token's slots through the packed
+GEMV (:mod:`stagewise.kernels.packed_gemv_triton`), two tokens and more sorted into one-expert blocks
+and through kernel A, so an expert routed to several tokens is read once.
 """
 
 from __future__ import annotations
@@ -34,18 +37,25 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.expert_stacks import check_planes
+from stagewise.kernels.packed_matmul import A_MAX_ROWS, B_MAX_ROWS
 from stagewise.kernels.triton_launch import use_triton
-from stagewise.spec.packed_types import (
-    DEQUANT_MATMUL_MIN_ROWS,
-    DEVICE_TILE_ELEMENTS,
-    TILE_ELEMENTS,
-    format_name,
-)
+from stagewise.spec.packed_types import DEVICE_TILE_ELEMENTS, TILE_ELEMENTS, format_name
 from stagewise.weights.quant.dequant import dequantize
 from stagewise.weights.quant.packed_planes import join_planes, split_planes
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
-GEMV_MAX_TOKENS = 16  # rows up to which the packed GEMV runs (decode); more: dequantized tiles + matmul
+GATHER_GEMV_TOKENS = 1  # routed experts of this many tokens take the GEMV; more: one-expert blocks (kernel A)
+GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
+
+
+def matmul_path(rows: int) -> str:
+    """The path of a 2-D packed matmul of ``rows`` input rows on a Triton device: ``"A"`` (kernel A),
+    ``"B"`` (kernel B) or ``"tiles"`` (dequantized tiles and the device's matmul)."""
+    if 0 < rows <= A_MAX_ROWS:
+        return "A"
+    if 0 < rows <= B_MAX_ROWS:
+        return "B"
+    return "tiles"
 
 
 class PackedWeight:
@@ -134,15 +144,10 @@ class PackedWeight:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
         x = self._gathered_input(x)
         tokens = x.numel() // max(x.shape[-1], 1)
-        if use_triton(self.qs) and 0 < tokens <= GEMV_MAX_TOKENS:
-            from stagewise.kernels.packed_gemv_triton import packed_gemv
+        if use_triton(self.qs) and matmul_path(tokens) != "tiles":  # kernel A or B
+            from stagewise.kernels.packed_matmul import packed_matmul
 
-            y = packed_gemv(x.reshape(-1, self.in_features), self)
-            return y.reshape(*x.shape[:-1], self.qs.shape[0])
-        if use_triton(self.qs) and 0 < tokens < DEQUANT_MATMUL_MIN_ROWS:
-            from stagewise.kernels.packed_gemm import packed_gemm
-
-            return packed_gemm(x, self)
+            return packed_matmul(x, self)
         return self._tiled_matmul(x, DEVICE_TILE_ELEMENTS if use_triton(self.qs) else TILE_ELEMENTS)
 
     def _tiled_matmul(self, x: torch.Tensor, tile_elements: int) -> torch.Tensor:
@@ -158,14 +163,32 @@ class PackedWeight:
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
         x = self._gathered_input(x)
-        if use_triton(self.qs) and expert_index.numel() <= GATHER_MAX_ROWS:
+        if use_triton(self.qs) and x.shape[0] <= GATHER_GEMV_TOKENS:
             from stagewise.kernels.packed_gemv_triton import packed_gemv
 
             return packed_gemv(x, self, expert_index, x_repeat=x_repeat)
+        if use_triton(self.qs):
+            return self._blocked_matmul(expert_index, x, x_repeat)
         if x_repeat > 1:
             x = x.repeat_interleave(x_repeat, dim=0)  # (M, in)
         routed = self._dequantize_planes(tuple(p.index_select(0, expert_index) for p in self.planes), x.dtype)
         return torch.bmm(routed, x[:, :, None]).squeeze(-1)  # (M, out)
+
+    def _blocked_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int) -> torch.Tensor:
+        """Routed slots sorted into 16-row one-expert blocks, each expert's tile read once for all its slots
+        (kernel A); slot ``m`` reads row ``m // x_repeat``. No host synchronization."""
+        from stagewise.kernels.moe_align import moe_align
+        from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
+        from stagewise.kernels.packed_decode_triton import packed_decode_gemm
+        from stagewise.kernels.packed_matmul import expert_tiles
+
+        routed = expert_index.reshape(-1, x_repeat)  # (tokens, x_repeat): slot = token * x_repeat + j
+        experts = self.qs.shape[0]
+        align_fn = moe_align_fused if routed.numel() <= MAX_FUSED_SLOTS else moe_align
+        align = align_fn(routed, experts, 16)
+        a = x if x.stride(-1) == 1 else x.contiguous()
+        return packed_decode_gemm(a, self, align, x_repeat, expert_tiles(self.ggml_type, self.in_features, x.device),
+                                  gather_rows=True)
 
     def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` (any shape) of a 2-D weight -> ``(*ids.shape, in)`` in ``dtype``: only those
@@ -216,5 +239,3 @@ class PackedWeight:
     def __repr__(self) -> str:
         return f"PackedWeight({self.ggml_type.name}, shape={self.shape}, device={self.qs.device})"
 
-
-GATHER_MAX_ROWS = 64  # routed (token, expert) rows up to which experts are gathered by the packed GEMV
