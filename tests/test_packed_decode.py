@@ -142,7 +142,8 @@ def test_tiny_models_through_the_kernels_match_the_reference_path(preset: str, m
 
 
 def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
-    """A tiny interpreter of the PTX the nibble conversions use (prmt, lop3, shl, shr on b32 registers)."""
+    """A tiny interpreter of the PTX the nibble conversions use (prmt with its sign-replicate mode, lop3, shl,
+    shr, and, or, mov on b32 registers)."""
     regs = dict(inputs)
     mask = 0xFFFFFFFF
 
@@ -159,7 +160,14 @@ def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
         if op == "prmt.b32":
             a, b, sel = value(src[0]), value(src[1]), value(src[2])
             pool = a | (b << 32)
-            regs[dst] = sum(((pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+            out = 0
+            for i in range(4):
+                nibble = (sel >> (4 * i)) & 15
+                byte = (pool >> (8 * (nibble & 7))) & 0xFF
+                if nibble & 8:  # replicate the selected byte's sign bit
+                    byte = 0xFF if byte & 0x80 else 0
+                out |= byte << (8 * i)
+            regs[dst] = out
         elif op == "lop3.b32":
             a, b, c, lut = (value(t) for t in src)
             regs[dst] = sum((((lut >> ((((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1))) & 1) << i)
@@ -168,15 +176,20 @@ def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
             regs[dst] = (value(src[0]) << value(src[1])) & mask
         elif op == "shr.u32":
             regs[dst] = value(src[0]) >> value(src[1])
+        elif op == "and.b32":
+            regs[dst] = value(src[0]) & value(src[1])
+        elif op == "or.b32":
+            regs[dst] = value(src[0]) | value(src[1])
+        elif op == "mov.b32":
+            regs[dst] = value(src[0])
         else:
             raise AssertionError(f"unexpected PTX {op}")
     return regs
 
 
 def _bf16(bits: int) -> float:
-    """The bf16 with these bits (positive values only: the magic numbers' sign bit is clear)."""
-    assert 0 <= bits < 0x8000
-    return float(torch.tensor([bits], dtype=torch.int16).view(torch.bfloat16).float())
+    """The bf16 with these bits."""
+    return float(torch.tensor([bits - (bits >> 15 << 16)], dtype=torch.int16).view(torch.bfloat16).float())
 
 
 def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
@@ -224,3 +237,18 @@ def test_compiled_expert_blocks_in_bf16_match_the_grouped_gemm() -> None:
     assert float((blocks.float() - grouped.float()).norm() / grouped.float().norm()) <= 2e-2
     assert torch.equal(grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,
                                               packed_decode_config(gate_up, down, x.device)), blocks)
+
+
+def test_the_codebook_ptx_looks_up_every_nibble_in_bf16() -> None:
+    """Kernel A's IQ4_NL / IQ4_XS and MXFP4 lookups (inline PTX, not run by the interpreter): every byte's low and
+    high nibble give their codebook entry, exactly."""
+    from stagewise.kernels import packed_decode_triton as kernels
+
+    tables = {kernels.IQ4_ASM: (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
+              kernels.FP4_ASM: (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)}
+    for text, values in tables.items():
+        for first in range(0, 256, 4):
+            q = [first, first + 1, first + 2, first + 3][::-1 if first % 8 else 1]
+            out = _run_ptx(text.value, {"$4": sum(b << (8 * i) for i, b in enumerate(q))})
+            lanes = [(out[f"${r + i // 2}"] >> (16 * (i % 2))) & 0xFFFF for r in (0, 2) for i in range(4)]
+            assert [_bf16(v) for v in lanes] == [values[b & 15] for b in q] + [values[b >> 4] for b in q]

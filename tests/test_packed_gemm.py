@@ -67,8 +67,8 @@ def test_experts_over_packed_stacks_match_the_loop(gate_type: GGMLQuantizationTy
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_gathered_experts_read_blocks_from_two_tokens(qtype: GGMLQuantizationType) -> None:
-    """``gather_matmul`` (MoE decode's gathered path): one token through the GEMV, more through kernel A's
-    one-expert blocks; both per slot as the dequantized stack gives."""
+    """``gather_matmul`` (MoE decode's gathered path): one token's 3 slots through the GEMV, 3 tokens' 9 slots
+    through kernel A's one-expert blocks; both per slot as the dequantized stack gives."""
     from stagewise.kernels.triton_launch import kernels_on_host
 
     experts, n, k, top_k = 4, 24, 256, 3

@@ -56,7 +56,7 @@ from stagewise.kernels.triton_launch import dependent_launch, launch_device
 from stagewise.spec.packed_types import block_elements
 
 SUPER_TYPES = frozenset({10, 11, 12, 13, 14, 23})  # 256-value super-blocks (type ids)
-NIBBLE_ASM = True  # kernel A's Q4_0, Q4_1, Q4_K, Q5_K bytes -> bf16 by inline PTX (else Triton's per-value ops)
+NIBBLE_ASM = True  # kernel A's Q4_0, Q4_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4 bytes -> bf16 by inline PTX (else Triton's ops)
 
 
 def _nibbles5_asm(bit: int) -> str:
@@ -75,6 +75,38 @@ def _nibbles5_asm(bit: int) -> str:
     return "\n".join([*lines, "}"])
 
 
+def _codebook_asm(values: tuple[int, ...]) -> str:
+    """PTX for :func:`_codebook_bf16`: the 16 entries' bf16 bit patterns as two byte tables (low and high
+    bytes, eight entries a ``prmt`` pair); per four nibbles, the selector ``n0 | n1 << 4 | n2 << 8 | n3 << 12``,
+    two lookups a table, the right half per byte by the index's bit 3 (``prmt`` sign-replicating ``n << 4``),
+    and the bytes interleaved into bf16 pairs."""
+    import struct
+
+    bits = [struct.unpack("<I", struct.pack("<f", float(v)))[0] >> 16 for v in values]  # exact: small integers
+    assert all(float(struct.unpack("<f", struct.pack("<I", b << 16))[0]) == v for b, v in zip(bits, values, strict=True))
+
+    def word(entries: list[int]) -> str:
+        return f"0x{sum(e << (8 * i) for i, e in enumerate(entries)):08x}"
+
+    lo = [b & 0xFF for b in bits]
+    hi = [b >> 8 for b in bits]
+    tables = {"l0": word(lo[0:4]), "l1": word(lo[4:8]), "l2": word(lo[8:12]), "l3": word(lo[12:16]),
+              "h0": word(hi[0:4]), "h1": word(hi[4:8]), "h2": word(hi[8:12]), "h3": word(hi[12:16])}
+    lines = ["{", ".reg .b32 n, c, s, m, a, b, l, h, t0, t1, t2, t3;"]
+    for out, nibble in ((0, "and.b32 n, $4, 0x0f0f0f0f;"), (2, "shr.u32 n, $4, 4; and.b32 n, n, 0x0f0f0f0f;")):
+        lines += [nibble, "shr.u32 c, n, 4;", "or.b32 c, c, n;", "prmt.b32 s, c, 0, 0x4420;", "and.b32 s, s, 0x7777;",
+                  "shl.b32 m, n, 4;", "prmt.b32 m, m, 0, 0xba98;"]
+        for reg, name in (("l", "l"), ("h", "h")):
+            lines += [f"mov.b32 t0, {tables[name + '0']};", f"mov.b32 t1, {tables[name + '1']};",
+                      f"mov.b32 t2, {tables[name + '2']};", f"mov.b32 t3, {tables[name + '3']};",
+                      "prmt.b32 a, t0, t1, s;", "prmt.b32 b, t2, t3, s;", f"lop3.b32 {reg}, a, b, m, 0xd8;"]
+        lines += [f"prmt.b32 ${out}, l, h, 0x5140;", f"prmt.b32 ${out + 1}, l, h, 0x7362;"]
+    return "\n".join([*lines, "}"])
+
+
+IQ4_ASM: tl.constexpr = tl.constexpr(_codebook_asm((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                                                    113)))  # gguf IQ4_NL.kvalues
+FP4_ASM: tl.constexpr = tl.constexpr(_codebook_asm((0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)))  # MXFP4
 NIBBLES_ASM: tl.constexpr = tl.constexpr("\n".join([
     "{", ".reg .b32 t0, t1;", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
     "lop3.b32 $0, t0, 0x000f000f, 0x43004300, 0xea;", "lop3.b32 $1, t1, 0x000f000f, 0x43004300, 0xea;",
@@ -137,6 +169,14 @@ def _nibbles5_bf16(q, h, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
     """Bytes ``q`` and high-bit bytes ``h`` (uint8) -> ``128 + u`` as bf16 for the low and the high nibbles, each
     with its fifth bit from ``h`` (``TEXT``: one of ``Q5K_ASM*``, which bits)."""
     return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,=r,=r,r,r", args=[q, h],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _codebook_bf16(q, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Bytes ``q`` (uint8) -> the codebook entries of their low and high nibbles as bf16 (``TEXT``: ``IQ4_ASM`` or
+    ``FP4_ASM``), four bytes at a time by ``prmt`` table lookups."""
+    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,=r,=r,r", args=[q],
                                      dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
@@ -213,6 +253,16 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             ones = tl.full(lo_w.shape, 1.0, tl.bfloat16)
             acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
             acc += (load_f16(m + 2, n_ok) - 128.0 * d)[:, None] * tl.dot(ones, x_lo, tl.dot(ones, x_hi))
+        return acc
+    if ASM and (TYPE == 20 or TYPE == 39):  # IQ4_NL / MXFP4: the codebook values of both nibbles, by inline PTX
+        text: tl.constexpr = IQ4_ASM if TYPE == 20 else FP4_ASM
+        lo_w, hi_w = _codebook_bf16(tl.load(q_rows[:, None] + blk * 16 + l16, mask=n_ok[:, None], other=0), text)
+        if TYPE == 20:
+            d = load_f16(m, n_ok)
+        else:
+            e = load_u8(m, n_ok)
+            d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+        acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
         return acc
     q = load_u8(q_rows[:, None] + blk * 16 + l16, n_ok[:, None])  # (BN, 16)
     lo = q & 15
@@ -345,12 +395,19 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         d = load_f16(m, n_ok)
         high_bits = load_u8(m + 2, n_ok) | (load_u8(m + 3, n_ok) << 8)
         for sb in tl.static_range(8):
-            q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
             low = (load_u8(m + 4 + sb // 2, n_ok) >> (4 * (sb % 2))) & 15
             dl = d * ((low | (((high_bits >> (2 * sb)) & 3) << 4)) - 32).to(tl.float32)
-            for h in tl.static_range(2):
-                x = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16 * h, stride_am, 16, DOT)
-                acc = _codebook_group(acc, codebook((q >> (4 * h)) & 15, IQ4_LO, IQ4_HI), x, dl, SCALE_AFTER, DOT)
+            if ASM:  # the codebook values of both nibbles, by inline PTX
+                qb = tl.load(q_rows[:, None] + blk * 128 + 16 * sb + l16, mask=n_ok[:, None], other=0)  # (BN, 16) uint8
+                lo_w, hi_w = _codebook_bf16(qb, IQ4_ASM)
+                x_lo = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb, stride_am, 16, DOT)
+                x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
+                acc += dl[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
+            else:
+                q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
+                for h in tl.static_range(2):
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16 * h, stride_am, 16, DOT)
+                    acc = _codebook_group(acc, codebook((q >> (4 * h)) & 15, IQ4_LO, IQ4_HI), x, dl, SCALE_AFTER, DOT)
     return acc
 
 
@@ -360,11 +417,12 @@ def _k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride
     """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks."""
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
-                           TYPE, SCALE_AFTER, DOT, ASM and SCALE_AFTER and DOT == 1 and (TYPE == 12 or TYPE == 13))
+                           TYPE, SCALE_AFTER, DOT, ASM and SCALE_AFTER and DOT == 1 and (TYPE == 12 or TYPE == 13 or TYPE == 23))
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
-                               TYPE, SCALE_AFTER, DOT, ASM and SCALE_AFTER and DOT == 1 and (TYPE == 2 or TYPE == 3))
+                               TYPE, SCALE_AFTER, DOT,
+                               ASM and SCALE_AFTER and DOT == 1 and (TYPE == 2 or TYPE == 3 or TYPE == 20 or TYPE == 39))
     return acc
 
 

@@ -24,9 +24,9 @@ inputs always run the same kernel (staged = single-device); every packed type ta
   (:mod:`.dequant`, on the rows joined back). Never a whole dense copy; the tile is charged as
   workspace (:func:`~stagewise.spec.workspace_bytes.dequant_tile_bytes`).
 
-Routed experts (:meth:`PackedWeight.gather_matmul`, MoE decode): one token's slots through the packed
-GEMV (:mod:`stagewise.kernels.packed_gemv_triton`), two tokens and more sorted into one-expert blocks
-and through kernel A, so an expert routed to several tokens is read once.
+Routed experts (:meth:`PackedWeight.gather_matmul`, MoE decode): up to 8 slots (one token's top 8)
+through the packed GEMV (:mod:`stagewise.kernels.packed_gemv_triton`), more sorted into one-expert
+blocks and through kernel A, so an expert routed to several tokens is read once.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from stagewise.weights.quant.dequant import dequantize
 from stagewise.weights.quant.packed_planes import join_planes, split_planes
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
-GATHER_GEMV_TOKENS = 1  # routed experts of this many tokens take the GEMV; more: one-expert blocks (kernel A)
+GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
@@ -163,7 +163,7 @@ class PackedWeight:
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
         x = self._gathered_input(x)
-        if use_triton(self.qs) and x.shape[0] <= GATHER_GEMV_TOKENS:
+        if use_triton(self.qs) and expert_index.numel() <= GATHER_GEMV_SLOTS:
             from stagewise.kernels.packed_gemv_triton import packed_gemv
 
             return packed_gemv(x, self, expert_index, x_repeat=x_repeat)
