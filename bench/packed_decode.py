@@ -139,7 +139,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/kquant_h200/packed_decode.json")
     ap.add_argument("--types", default="q4_k,q6_k,q5_k,iq4_xs")
-    ap.add_argument("--shapes", default="", help="comma-separated labels' first words (default: all)")
+    ap.add_argument("--shapes", default="", help="comma-separated labels' first words, e.g. gate/up,down (default: all)")
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--moe-tokens", default="8,32,64")
     ap.add_argument("--sweep", action="store_true", help="kernel A's tiles and its PTX conversion, at <= 16 rows")

@@ -196,7 +196,7 @@ def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
     """The inline PTX of kernel A's compiled path (not run by the interpreter), checked instruction by
     instruction here: element ``e`` of four packed bytes gives ``128 + (q_e & 15)`` and ``128 + (q_e >> 4)``,
     and with Q5_K's high-bit bytes the fifth bit of bits ``2c`` and ``2c + 1``."""
-    from stagewise.kernels import packed_decode_triton as kernels
+    from stagewise.kernels import quant_bf16_triton as kernels
 
     def lanes(regs: dict[str, int], first: int) -> list[int]:
         return [(regs[f"${first + i // 2}"] >> (16 * (i % 2))) & 0xFFFF for i in range(4)]
@@ -242,7 +242,7 @@ def test_compiled_expert_blocks_in_bf16_match_the_grouped_gemm() -> None:
 def test_the_codebook_ptx_looks_up_every_nibble_in_bf16() -> None:
     """Kernel A's IQ4_NL / IQ4_XS and MXFP4 lookups (inline PTX, not run by the interpreter): every byte's low and
     high nibble give their codebook entry, exactly."""
-    from stagewise.kernels import packed_decode_triton as kernels
+    from stagewise.kernels import quant_bf16_triton as kernels
 
     tables = {kernels.IQ4_ASM: (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
               kernels.FP4_ASM: (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)}
