@@ -46,11 +46,11 @@ def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: in
     sig = {name: "*u8" for name in ("qs_ptr", "qh_ptr", "meta_ptr")}
     sig |= {"a_ptr": "*bf16", "out_ptr": "*bf16", "route_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32",
             "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "valid_ptr": "*i32"}
-    sig |= {name: "i32" for name in ("N", "steps", "num_slots", "top_k", "up_offset", "stride_am", "stride_qe",
+    sig |= {name: "i32" for name in ("N", "steps", "num_slots", "top_k", "up_offset", "split_k", "stride_am", "stride_qe",
                                      "stride_qn", "stride_he", "stride_hn", "stride_me", "stride_mn", "stride_om")}
     consts = {"TYPE": int(ggml_type), "BLOCKS": 1 if block_elements(ggml_type) == 256 else blocks,
               "SCALE_AFTER": scale_after, "DOT": 1, "ASM": True, "GATHER_ROWS": False, "ROUTE_WEIGHT": False, "GLU": glu,
-              "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False}
+              "SPLIT": split_k > 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False}
     order = list(_packed_decode_kernel.arg_names)
     signature = {name: sig.get(name, "constexpr") for name in order}
     # as a launch at Llama-3.1-8B's shapes specializes: every pointer 16-byte aligned, N and the strides multiples of 16

@@ -66,11 +66,15 @@ def test_experts_over_packed_stacks_match_the_loop(gate_type: GGMLQuantizationTy
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_gathered_experts_read_blocks_from_two_tokens(qtype: GGMLQuantizationType) -> None:
+def test_gathered_experts_read_blocks_from_two_tokens(qtype: GGMLQuantizationType, monkeypatch: pytest.MonkeyPatch) -> None:
     """``gather_matmul`` (MoE decode's gathered path): one token's 3 slots through the GEMV, 3 tokens' 9 slots
     through kernel A's one-expert blocks; both per slot as the dequantized stack gives."""
+    import stagewise.kernels.packed_decode_triton as packed_decode
     from stagewise.kernels.triton_launch import kernels_on_host
 
+    calls: list[int] = []
+    real = packed_decode.packed_decode_gemm
+    monkeypatch.setattr(packed_decode, "packed_decode_gemm", lambda *a, **kw: calls.append(a[2].num_slots) or real(*a, **kw))
     experts, n, k, top_k = 4, 24, 256, 3
     w = _stack(qtype, experts, n, k, seed=6)
     dense = w.dequantize(torch.float32).cpu()
@@ -82,3 +86,4 @@ def test_gathered_experts_read_blocks_from_two_tokens(qtype: GGMLQuantizationTyp
             got = w.gather_matmul(index.to(DEVICE), x.to(DEVICE), x_repeat=top_k).cpu()
         ref = torch.stack([dense[int(index[m])] @ x[m // top_k] for m in range(tokens * top_k)])
         assert float((got - ref).abs().max()) <= 2e-5 * float(ref.abs().max())
+    assert calls == [9]  # the blocks for 9 slots only: 3 slots took the GEMV

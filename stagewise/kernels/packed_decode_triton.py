@@ -70,16 +70,16 @@ class PackedTiles:
 def _packed_decode_kernel(
     a_ptr, qs_ptr, qh_ptr, meta_ptr, out_ptr, route_ptr, part_ptr, lock_ptr,
     sorted_ptr, block_expert_ptr, valid_ptr,
-    N, steps, num_slots, top_k, up_offset,
+    N, steps, num_slots, top_k, up_offset, split_k,
     stride_am, stride_qe, stride_qn, stride_he, stride_hn, stride_me, stride_mn, stride_om,
     TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
-    GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, GLU: tl.constexpr, SPLIT_K: tl.constexpr,
+    GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, GLU: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    pid_k = pid % SPLIT_K  # the K splits of one tile are neighbours: they share the tile's rows
-    tile = pid // SPLIT_K
+    pid_k = pid % split_k  # the K splits of one tile are neighbours: they share the tile's rows
+    tile = pid // split_k
     pid_n = tile % n_tiles
     pid_m = tile // n_tiles
     wait_for_predecessor(GDC)  # the alignment and the activations come from earlier kernels
@@ -96,7 +96,7 @@ def _packed_decode_kernel(
     q_rows = qs_ptr + expert * stride_qe + n64 * stride_qn  # (BN,) each weight row's start in each plane
     h_rows = qh_ptr + expert * stride_he + n64 * stride_hn
     m_rows = meta_ptr + expert * stride_me + n64 * stride_mn
-    per_split = tl.cdiv(steps, SPLIT_K)
+    per_split = tl.cdiv(steps, split_k)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, steps)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -108,23 +108,23 @@ def _packed_decode_kernel(
             acc_up = k_step(acc_up, q_rows + up_offset * stride_qn, h_rows + up_offset * stride_hn,
                              m_rows + up_offset * stride_mn, step, n_ok, a_ptr, rows, row_ok, stride_am,
                              TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
-    if SPLIT_K > 1:
+    if SPLIT:  # split_k > 1 (a runtime count: one compile serves every split)
         plane = num_slots * N
         offs = slots[None, :].to(tl.int64) * N + offs_n[:, None]  # the tile's float32 partial in a (num_slots, N) plane
         mask = row_ok[None, :] & n_ok[:, None]
         tl.store(part_ptr + pid_k * plane + offs, acc, mask=mask)
         if GLU:
-            tl.store(part_ptr + (SPLIT_K + pid_k) * plane + offs, acc_up, mask=mask)
+            tl.store(part_ptr + (split_k + pid_k) * plane + offs, acc_up, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the release below
         done = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
-        if done == SPLIT_K - 1:  # the last program of this tile: sum the partials in split order
+        if done == split_k - 1:  # the last program of this tile: sum the partials in split order
             tl.debug_barrier()
             acc = tl.zeros(acc.shape, dtype=tl.float32)
             acc_up = tl.zeros(acc.shape, dtype=tl.float32)
-            for j in tl.static_range(SPLIT_K):
+            for j in range(0, split_k):
                 acc += tl.load(part_ptr + j * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
                 if GLU:
-                    acc_up += tl.load(part_ptr + (SPLIT_K + j) * plane + offs, mask=mask, other=0.0,
+                    acc_up += tl.load(part_ptr + (split_k + j) * plane + offs, mask=mask, other=0.0,
                                       cache_modifier=".cg")
             tl.store(lock_ptr + tile, 0)  # zero again for the next launch on this stream
             if GLU:
@@ -179,11 +179,11 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
         _packed_decode_kernel[(num_blocks * n_tiles * split,)](
             a, qs, qh_arg, meta, out, route, partials, counters,
             align.sorted_slots, align.block_expert, align.num_valid_blocks,
-            n_out, k_in // step, num_slots, top_k, up_offset,
+            n_out, k_in // step, num_slots, top_k, up_offset, split,
             a.stride(0), qs.stride(0), qs.stride(1), qh_arg.stride(0), qh_arg.stride(1), meta.stride(0), meta.stride(1),
             out.stride(0),
             TYPE=int(ggml_type), BLOCKS=1 if super_block else tiles.blocks, SCALE_AFTER=tiles.scale_after,
-            DOT=_dot_kind(a), ASM=NIBBLE_ASM, GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, GLU=glu, SPLIT_K=split,
+            DOT=_dot_kind(a), ASM=NIBBLE_ASM, GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, GLU=glu, SPLIT=split > 1,
             BLOCK_M=align.block_m, BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
