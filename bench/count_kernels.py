@@ -4,6 +4,11 @@ A kernel is a non-view, non-allocating torch operation or a Triton launch. The m
 Triton paths taken (through Triton's interpreter on CPU), so the count is what a CUDA device
 launches by default. The cost model's per-block counts (stagewise/spec/kernel_counts.py) come from
 this; re-run it after changing model code and compare:  PYTHONPATH=. python bench/count_kernels.py
+
+Run as a script it turns Triton's interpreter on before any kernel module is imported. Imported (by
+tests/test_kernel_counts.py) it changes nothing: turning the interpreter on at import, while pytest
+collects, made every kernel module imported after it an interpreted one, and the compiled GPU tests
+that ran later failed ("Did you forget to add @triton.jit"; tests/test_gpu_suite_isolation.py).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -52,6 +58,8 @@ class CountOps(TorchDispatchMode):
 def count_kernels() -> Iterator[CountOps]:
     """Count torch kernels and Triton launches, with the Triton paths taken on the host."""
     counter = CountOps()
+    if triton_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("counting the Triton launches needs TRITON_INTERPRET=1 before the kernels are imported")
     if not triton_available():
         with counter, torch.inference_mode():
             yield counter

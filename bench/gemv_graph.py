@@ -26,11 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.kernel_timing import graph_us, rel_err
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
+from stagewise.kernels.q8_0_gemv_triton import config_for as q8_config_for
+from stagewise.kernels.q8_0_gemv_triton import gathered_config_for, q8_0_gemv
 from stagewise.kernels.triton_launch import dependent_launch
-from stagewise.weights.quant.q8_0_gemv_triton import config_for as q8_config_for
-from stagewise.weights.quant.q8_0_gemv_triton import gathered_config_for, q8_0_gemv
 
 DENSE = {"llama8b qkv": (6144, 4096), "llama8b o": (4096, 4096), "llama8b gate_up": (28672, 4096),
          "llama8b down": (4096, 14336), "llama8b head": (128256, 4096), "qwen3 router 128x2048": (128, 2048),
@@ -48,41 +49,14 @@ CANDIDATES = BASE
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
 
 
-def _graph_us(fn: Callable[[int], object], copies: int, replays: int = 10) -> float:
-    """µs per call of ``fn(i)`` (i = the weight copy) captured ``copies`` times in one graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(min(copies, 3)):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(copies):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * copies)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
 def _sweep(label: str, nbytes: int, fns: dict[str, Callable[[int], torch.Tensor]], ref: torch.Tensor,
            copies: int, current: str) -> dict[str, object]:
     row: dict[str, object] = {"shape": label, "bytes": nbytes, "copies": copies, "current": current, "candidates": {}}
     cands: dict[str, dict[str, float]] = {}
     for name, fn in fns.items():
         try:
-            err = _rel(fn(0), ref)
-            us = _graph_us(fn, copies)
+            err = rel_err(fn(0), ref)
+            us = graph_us(fn, copies)
         except Exception as exc:  # a config the compiler refuses (too many registers...) is reported, not fatal
             cands[name] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}  # type: ignore[dict-item]
             continue

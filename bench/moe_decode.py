@@ -5,8 +5,8 @@ expert geometries and N routed tokens (batched decode: 8-64 sequences), times wi
 (launch cost as in a decode step): the torch alignment vs the one-launch alignment, each expert GEMM
 (gate_up, down) per tile config with its weight bandwidth (bytes of the experts actually routed to),
 and the whole experts (old config vs new). Checks the decode path against the old one (allclose) and
-that a replay equals an eager call. Prints a table, writes JSON. Tile sweeps of the decode kernels:
-``bench/q8_0_decode_sweep.py``.
+that a replay equals an eager call. Prints a table, writes JSON. (The tile sweeps behind the decode
+kernels' tiles, ``bench/q8_0_decode_sweep.py``, are in git at ``1f282a2``.)
 
     PYTHONPATH=. python3 bench/moe_decode.py --out bench/results/moe_decode_h200.json
 """
@@ -25,43 +25,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.kernel_timing import graph_us
 from bench.moe_grouped import _quantize  # the same random Q8_0 weights as the prefill bench
 from stagewise.kernels.moe_align import moe_align
 from stagewise.kernels.moe_align_triton import moe_align_fused
-from stagewise.kernels.moe_grouped_triton import (
-    DECODE_Q8_0,
-    TILES_DECODE,
-    GroupedConfig,
-    grouped_gemm,
-    grouped_swiglu_experts,
-)
+from stagewise.kernels.moe_decode_triton import DECODE_Q8_0
+from stagewise.kernels.moe_experts import grouped_swiglu_experts
+from stagewise.kernels.moe_grouped_triton import TILES_DECODE, GroupedConfig, grouped_gemm
 from stagewise.kernels.silu_mul_triton import silu_mul
 
 MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "qwen3.6-35b-a3b": (256, 8, 2048, 512)}  # E, K, H, I
 
 
-def _graph_ms(fn: Callable[[], Any], replays: int = 20) -> float:
-    """Median ms of one call, replayed from a CUDA graph of ``replays`` calls (launch cost as in a graph)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(replays):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    return sorted(times)[len(times) // 2]
+def _graph_ms(fn: Callable[[], Any], calls: int = 20) -> float:
+    """Median ms of one call, replayed from a CUDA graph of ``calls`` calls (launch cost as in a graph)."""
+    return graph_us(lambda _i: fn(), calls) / 1e3
 
 
 def _case(model: str, tokens: int, dev: torch.device) -> dict[str, Any]:

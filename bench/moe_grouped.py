@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import stagewise.models.layers.experts as experts_module
-from stagewise.kernels.moe_grouped_triton import (
-    GemmTiles,
-    GroupedConfig,
-    default_config,
-    grouped_swiglu_experts,
-)
+from bench.kernel_timing import eager_ms
+from stagewise.kernels.moe_experts import default_config, grouped_swiglu_experts
+from stagewise.kernels.moe_grouped_triton import GemmTiles, GroupedConfig
 from stagewise.models.layers.experts import Experts
 from stagewise.weights.quant.q8_0 import Q8_0Weight
 
@@ -81,20 +76,6 @@ def _make_experts(e: int, h: int, i: int, fmt: str, dev: torch.device) -> Expert
     return ex
 
 
-def _time_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _weights(ex: Experts) -> tuple[torch.Tensor | Q8_0Weight, torch.Tensor | Q8_0Weight]:
     gate_up, down = ex._grouped_weight("gate_up_proj"), ex._grouped_weight("down_proj")
     assert gate_up is not None and down is not None
@@ -113,11 +94,11 @@ def _case(ex: Experts, tokens: int, k: int, dev: torch.device, sweep: bool) -> d
         experts_module.use_triton = lambda t: False  # the old path: one matmul pair per used expert
         try:
             loop = ex(x, top_index, top_weight)
-            loop_ms = _time_ms(lambda: ex(x, top_index, top_weight), warmup=2, iters=5)
+            loop_ms = eager_ms(lambda: ex(x, top_index, top_weight), warmup=2, iters=5)
         finally:
             experts_module.use_triton = real
         got = ex(x, top_index, top_weight)  # Experts.forward on the Triton path: the grouped GEMM
-        grouped_ms = _time_ms(lambda: ex(x, top_index, top_weight), warmup=3, iters=20)
+        grouped_ms = eager_ms(lambda: ex(x, top_index, top_weight), warmup=3, iters=20)
         again = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")  # any host synchronization inside raises
@@ -150,7 +131,7 @@ def _case(ex: Experts, tokens: int, k: int, dev: torch.device, sweep: bool) -> d
             row["sweep_ms"] = {}
             for cfg in (DECODE_SWEEP if tokens <= 128 else SWEEP):
                 fn = lambda cfg=cfg: grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, cfg)  # noqa: E731
-                row["sweep_ms"][repr(cfg)] = _time_ms(fn, warmup=2, iters=10)
+                row["sweep_ms"][repr(cfg)] = eager_ms(fn, warmup=2, iters=10)
     return row
 
 

@@ -1,7 +1,7 @@
 """Packed GEMV (every GGUF block type) at Llama-3.1-8B's shapes, inside CUDA graphs, beside the dense bf16 GEMV.
 
 Each candidate is captured as a graph of calls over rotating weight copies (more bytes than the L2
-holds, so every call reads HBM) and the replay is timed with CUDA events (``gemv_graph._graph_us``):
+holds, so every call reads HBM) and the replay is timed with CUDA events (``kernel_timing.graph_us``):
 µs per call and GB/s of the weight's bytes, one token. Every output is checked against float64 of
 the weight as ``dequantize_rows`` expands it (itself bit-identical to gguf.quants, tests/test_packed_kernels.py).
 The weights are random block bytes with small finite scales. GPU only.
@@ -23,12 +23,14 @@ from gguf.constants import GGMLQuantizationType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gemv_graph import _graph_us, _rel
+from bench.kernel_timing import graph_us, rel_err
+from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
 from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv
-from stagewise.weights.quant.packed_types import PACKED, block_bytes, block_elements, row_bytes
+from stagewise.spec.packed_types import PACKED, block_bytes, block_elements, row_bytes
+from stagewise.weights.quant.packed_planes import split_planes
 
 T = GGMLQuantizationType
 SHAPES = {"qkv-like 4096x4096": (4096, 4096), "gate/up 14336x4096": (14336, 4096),
@@ -53,13 +55,18 @@ def _random_raw(qtype: GGMLQuantizationType, n: int, k: int, dev: torch.device) 
     return raw.reshape(n, row_bytes(qtype, k))
 
 
+def _random_weight(qtype: GGMLQuantizationType, n: int, k: int, dev: torch.device) -> PackedTensors:
+    """:func:`_random_raw` as the resident planes."""
+    return PackedTensors(*split_planes(_random_raw(qtype, n, k, dev), qtype), qtype, k)
+
+
 def _sweep(label: str, nbytes: int, fns: dict[str, Callable[[int], torch.Tensor]], ref: torch.Tensor,
            copies: int, current: str, dense_us: float) -> dict[str, object]:
     cands: dict[str, dict[str, float] | dict[str, str]] = {}
     for name, fn in fns.items():
         try:
-            err = _rel(fn(0), ref)
-            us = _graph_us(fn, copies)
+            err = rel_err(fn(0), ref)
+            us = graph_us(fn, copies)
         except Exception as exc:  # a config the compiler refuses is reported, not fatal
             cands[name] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
             continue
@@ -81,8 +88,8 @@ def _dense_us(x: torch.Tensor, n: int, k: int) -> float:
     dense = [(torch.randn(n, k, device=x.device) * 0.02).to(torch.bfloat16) for _ in range(copies)]
     cfg = dense_config_for(n, k, True)
     if cfg is None:
-        return _graph_us(lambda i: torch.nn.functional.linear(x, dense[i]), copies)
-    return _graph_us(lambda i: gemv(x, dense[i], config=cfg), copies)
+        return graph_us(lambda i: torch.nn.functional.linear(x, dense[i]), copies)
+    return graph_us(lambda i: gemv(x, dense[i], config=cfg), copies)
 
 
 def main() -> int:
@@ -107,20 +114,18 @@ def main() -> int:
         for qtype in types:
             nbytes = n * row_bytes(qtype, k)
             copies = max(4, min(64, ROTATE_BYTES // nbytes))
-            raws = [_random_raw(qtype, n, k, dev) for _ in range(copies)]
-            ref = x.double() @ dequantize_rows(raws[0], qtype, k).double().T
+            ws = [_random_weight(qtype, n, k, dev) for _ in range(copies)]
+            ref = x.double() @ dequantize_rows(ws[0].qs, ws[0].qh, ws[0].meta, qtype, k).double().T
             fns: dict[str, Callable[[int], torch.Tensor]] = {
-                str(cfg): (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k: packed_gemv(x, raws[i], qtype, k, config=cfg))
-                for cfg in CANDIDATES}
+                str(cfg): (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg)) for cfg in CANDIDATES}
             current = str(config_for(qtype, n, k, False))
             if current not in fns:
-                fns[current] = lambda i, x=x, raws=raws, qtype=qtype, k=k: packed_gemv(x, raws[i], qtype, k)
+                fns[current] = lambda i, x=x, ws=ws: packed_gemv(x, ws[i])
             if qtype in SLOT_TYPES:  # the byte path beside the word path, same configs
                 for cfg in [*CANDIDATES[:4], config_for(qtype, n, k, False)]:
-                    fns[f"bytes {cfg}"] = (lambda i, x=x, raws=raws, cfg=cfg, qtype=qtype, k=k:
-                                           packed_gemv(x, raws[i], qtype, k, config=cfg, slots=False))
+                    fns[f"bytes {cfg}"] = (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg, slots=False))
             rows.append(_sweep(f"{qtype.name} {label}", nbytes, fns, ref, copies, current, dense_us))
-            del raws
+            del ws
     report["rows"] = rows
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))

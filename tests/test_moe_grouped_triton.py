@@ -15,13 +15,8 @@ pytest.importorskip("triton")
 
 from stagewise.kernels.moe_align import align_capacity, moe_align
 from stagewise.kernels.moe_decode_triton import DecodeTiles
-from stagewise.kernels.moe_grouped_triton import (
-    INTERPRETER,
-    GemmTiles,
-    GroupedConfig,
-    grouped_gemm,
-    grouped_swiglu_experts,
-)
+from stagewise.kernels.moe_experts import grouped_swiglu_experts
+from stagewise.kernels.moe_grouped_triton import INTERPRETER, GemmTiles, GroupedConfig, grouped_gemm
 from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.models.layers.experts import Experts
 from stagewise.weights.quant.q8_0 import Q8_0Weight
@@ -180,7 +175,7 @@ def test_experts_forward_takes_the_grouped_path(monkeypatch: pytest.MonkeyPatch)
     top_index = _routing(tokens, E, K, seed=7)
     top_weight = torch.softmax(torch.randn(tokens, K), dim=-1).to(DEVICE)
     calls: list[int] = []
-    import stagewise.kernels.moe_grouped_triton as grouped
+    import stagewise.kernels.moe_experts as grouped
 
     real = grouped.grouped_swiglu_experts
     monkeypatch.setattr(grouped, "grouped_swiglu_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -253,7 +248,7 @@ DECODE_VARIANTS = [DecodeTiles(32, 64, 4, 1), DecodeTiles(16, 128, 4, 1), Decode
 def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: torch.dtype) -> None:
     """Every shape of the work (plain, swapped, split K, both) against the float32 block-scaled reference;
     split K's per-tile counters are zero again after each launch."""
-    from stagewise.kernels.moe_decode_triton import _tile_counters, decode_gemm
+    from stagewise.kernels.moe_decode_triton import decode_gemm, tile_counters
 
     torch.manual_seed(2)
     tokens, n_out, k_in = 9, 48, 128  # n_out not a multiple of BLOCK_N 32
@@ -271,7 +266,7 @@ def test_decode_gemm_matches_block_scaled_reference(gather_rows: bool, dtype: to
         tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's rounding
         torch.testing.assert_close(got.float(), ref, rtol=tol, atol=tol, msg=functools.partial("{}: {}".format, tiles))
         assert torch.equal(decode_gemm(a, weight, align, K, tiles, gather_rows=gather_rows, top_weight=route), got)
-        assert not _tile_counters(a.device, 1).any()
+        assert not tile_counters(a.device, 1).any()
     strided = Q8_0Weight(weight.qs.transpose(1, 2).contiguous().transpose(1, 2), weight.scales)  # not contiguous
     got = decode_gemm(a, strided, align, K, DECODE_VARIANTS[-1], gather_rows=gather_rows)  # TMA asked: plain loads
     torch.testing.assert_close(got.float(), _block_scaled_reference(a, weight, top_index, gather_rows, None),
@@ -300,7 +295,7 @@ def test_decode_gemm_glu_equals_gemm_then_silu_mul(tiles: DecodeTiles) -> None:
 
 def test_decode_config_matches_loop() -> None:
     """The batched-decode experts (decode GEMMs + combine, residual added) agree with the per-expert loop."""
-    from stagewise.kernels.moe_grouped_triton import DECODE_Q8_0, DecodeConfig
+    from stagewise.kernels.moe_decode_triton import DECODE_Q8_0, DecodeConfig
 
     ex = _experts(True, 64, torch.float32)
     tokens = 12

@@ -1,6 +1,7 @@
-"""The packed GEMM (many rows: prefill, batched decode) and the grouped MoE GEMM over packed expert
-stacks, against float32 references on the dequantized weights. On a GPU the kernels run compiled,
-without one in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``)."""
+"""The SwiGLU experts over packed expert stacks against the per-slot loop on the dequantized weights:
+the grouped GEMM (prefill sizes) and kernel A's expert blocks (decode sizes), every packed type, and
+a ``Q4_K_M`` mix (gate/up and down of different types). On a GPU the kernels run compiled, without one
+in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``)."""
 
 from __future__ import annotations
 
@@ -15,46 +16,74 @@ if not torch.cuda.is_available():
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from stagewise.kernels.moe_grouped_triton import grouped_swiglu_experts
-from stagewise.kernels.packed_gemm import packed_gemm
+import stagewise.kernels.moe_experts as moe_experts
+from stagewise.kernels.moe_experts import grouped_swiglu_experts
 from stagewise.weights.quant.packed_weight import PackedWeight
-from tests.test_packed_kernels import DEVICE, _dense, _on_device, _random_rows
+from tests.test_packed_kernels import DEVICE, _on_device, _random_rows
 
 T = GGMLQuantizationType
-TYPES = [T.Q4_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
-TOL = 1e-5  # of max |y| at float32 (summation order only)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_packed_gemm_matches_dense_matmul(qtype: GGMLQuantizationType) -> None:
-    n, k, rows = 48, 512, 20
-    raw = _random_rows(qtype, n, k, seed=int(qtype))
-    w = _dense(raw, qtype)  # (n, k) float32 reference
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
-    y = packed_gemm(x.to(DEVICE), _on_device(raw), qtype, k).cpu()
-    ref = x @ w.T
-    assert y.shape == (rows, n)
-    assert float((y - ref).abs().max()) <= TOL * float(ref.abs().max())
+def _stack(qtype: GGMLQuantizationType, experts: int, rows: int, k: int, seed: int) -> PackedWeight:
+    raw = _random_rows(qtype, experts * rows, k, seed=seed).reshape(experts, rows, -1)
+    return PackedWeight.from_rows(_on_device(raw), qtype, k)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q4_0], ids=lambda t: t.name)
-def test_grouped_experts_over_packed_stacks_match_the_loop(qtype: GGMLQuantizationType) -> None:
-    experts, hidden, inter, tokens, top_k = 4, 256, 256, 24, 2
-    gate_up_raw = _random_rows(qtype, experts * 2 * inter, hidden, seed=3).reshape(experts, 2 * inter, -1)
-    down_raw = _random_rows(qtype, experts * hidden, inter, seed=4).reshape(experts, hidden, -1)
-    gate_up = PackedWeight(_on_device(gate_up_raw), qtype, hidden)
-    down = PackedWeight(_on_device(down_raw), qtype, inter)
+def _loop(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor, gate_up: PackedWeight,
+          down: PackedWeight) -> torch.Tensor:
+    wg = gate_up.dequantize(torch.float32).cpu()  # (E, 2I, H)
+    wd = down.dequantize(torch.float32).cpu()  # (E, H, I)
+    ref = torch.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for j in range(top_index.shape[1]):
+            e = int(top_index[t, j])
+            gate, up = (wg[e] @ x[t]).chunk(2)
+            ref[t] += top_weight[t, j] * (wd[e] @ (torch.nn.functional.silu(gate) * up))
+    return ref
+
+
+@pytest.mark.parametrize(("gate_type", "down_type", "tokens"),
+                         [(T.Q4_K, T.Q4_K, 24), (T.Q6_K, T.Q6_K, 24), (T.IQ4_XS, T.IQ4_XS, 24), (T.Q4_0, T.Q4_0, 24),
+                          (T.Q4_K, T.Q6_K, 3), (T.Q5_1, T.MXFP4, 2), (T.Q2_K, T.Q3_K, 3), (T.IQ4_NL, T.Q5_K, 2)],
+                         ids=lambda v: v.name if isinstance(v, GGMLQuantizationType) else str(v))
+def test_experts_over_packed_stacks_match_the_loop(gate_type: GGMLQuantizationType, down_type: GGMLQuantizationType,
+                                                   tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """24 tokens x 2 of 4 experts: the grouped GEMM; 2-3 tokens (at most 4 slots an expert): kernel A."""
+    experts, hidden, inter, top_k = 4, 256, 256, 2
+    gate_up = _stack(gate_type, experts, 2 * inter, hidden, seed=3)
+    down = _stack(down_type, experts, hidden, inter, seed=4)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(tokens, hidden, generator=g) * 0.1
     top_index = torch.topk(torch.rand(tokens, experts, generator=g), top_k, dim=-1).indices
     top_weight = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1)
+    calls: list[str] = []
+    real_a = moe_experts.packed_decode_gemm_glu
+    monkeypatch.setattr(moe_experts, "packed_decode_gemm_glu", lambda *a, **kw: calls.append("A") or real_a(*a, **kw))
     got = grouped_swiglu_experts(x.to(DEVICE), top_index.to(DEVICE), top_weight.to(DEVICE), gate_up, down).cpu()
-    wg = gate_up.dequantize(torch.float32).cpu()  # (E, 2I, H)
-    wd = down.dequantize(torch.float32).cpu()  # (E, H, I)
-    ref = torch.zeros(tokens, hidden)
-    for t in range(tokens):
-        for j in range(top_k):
-            e = int(top_index[t, j])
-            gate, up = (wg[e] @ x[t]).chunk(2)
-            ref[t] += top_weight[t, j] * (wd[e] @ (torch.nn.functional.silu(gate) * up))
+    assert calls == (["A"] if tokens * top_k <= moe_experts.DECODE_SLOTS_PER_EXPERT * experts else [])
+    ref = _loop(x, top_index, top_weight, gate_up, down)
     assert float((got - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_gathered_experts_read_blocks_from_two_tokens(qtype: GGMLQuantizationType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gather_matmul`` (MoE decode's gathered path): one token's 3 slots through the GEMV, 3 tokens' 9 slots
+    through kernel A's one-expert blocks; both per slot as the dequantized stack gives."""
+    import stagewise.kernels.packed_decode_triton as packed_decode
+    from stagewise.kernels.triton_launch import kernels_on_host
+
+    calls: list[int] = []
+    real = packed_decode.packed_decode_gemm
+    monkeypatch.setattr(packed_decode, "packed_decode_gemm", lambda *a, **kw: calls.append(a[2].num_slots) or real(*a, **kw))
+    experts, n, k, top_k = 4, 24, 256, 3
+    w = _stack(qtype, experts, n, k, seed=6)
+    dense = w.dequantize(torch.float32).cpu()
+    g = torch.Generator().manual_seed(7)
+    for tokens in (1, 3):
+        x = torch.randn(tokens, k, generator=g)
+        index = torch.topk(torch.rand(tokens, experts, generator=g), top_k, dim=-1).indices.reshape(-1)
+        with kernels_on_host():
+            got = w.gather_matmul(index.to(DEVICE), x.to(DEVICE), x_repeat=top_k).cpu()
+        ref = torch.stack([dense[int(index[m])] @ x[m // top_k] for m in range(tokens * top_k)])
+        assert float((got - ref).abs().max()) <= 2e-5 * float(ref.abs().max())
+    assert calls == [9]  # the blocks for 9 slots only: 3 slots took the GEMV

@@ -19,8 +19,10 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
+from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
 from stagewise.kernels.packed_gemv_triton import config_for, packed_gemv
+from stagewise.weights.quant.packed_planes import split_planes
 
 T = GGMLQuantizationType
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,25 +57,34 @@ def _on_device(raw: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(raw.copy()).to(DEVICE)
 
 
+def _planes(raw: np.ndarray, qtype: GGMLQuantizationType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The resident planes of file rows ``raw`` on the test device."""
+    return split_planes(_on_device(raw), qtype)
+
+
+def _stack(raw: np.ndarray, qtype: GGMLQuantizationType) -> PackedTensors:
+    return PackedTensors(*_planes(raw, qtype), qtype, raw.shape[-1] // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0])
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dequantize_rows_matches_gguf_exactly(qtype: GGMLQuantizationType) -> None:
     raw = _random_rows(qtype, rows=19, k=768, seed=int(qtype))  # 19 rows: a partial row tile; 768: a partial K tile
     ref = _dense(raw, qtype)
-    got = dequantize_rows(_on_device(raw), qtype, 768).cpu()
+    got = dequantize_rows(*_planes(raw, qtype), qtype, 768).cpu()
     assert got.dtype == torch.float32 and (ref != 0).float().mean() > 0.5
     assert torch.equal(got, ref)
-    assert torch.equal(dequantize_rows(_on_device(raw), qtype, 768, torch.float16).cpu(), ref.to(torch.float16))
-    ids = torch.tensor([7, 0, 7, 18])  # an embedding gather: index_select, then the kernel
-    gathered = dequantize_rows(_on_device(raw).index_select(0, ids.to(DEVICE)), qtype, 768).cpu()
-    assert torch.equal(gathered, ref[ids])
+    assert torch.equal(dequantize_rows(*_planes(raw, qtype), qtype, 768, torch.float16).cpu(), ref.to(torch.float16))
+    ids = torch.tensor([7, 0, 7, 18]).to(DEVICE)  # an embedding gather: index_select, then the kernel
+    gathered = dequantize_rows(*(p.index_select(0, ids) for p in _planes(raw, qtype)), qtype, 768).cpu()
+    assert torch.equal(gathered, ref[ids.cpu()])
 
 
 def test_dequantize_rows_refuses_bad_rows() -> None:
-    raw = _on_device(_random_rows(T.Q4_K, rows=2, k=256, seed=0))
+    planes = _planes(_random_rows(T.Q4_K, rows=2, k=256, seed=0), T.Q4_K)
     with pytest.raises(ValueError, match="bytes per row do not hold 512 values"):
-        dequantize_rows(raw, T.Q4_K, 512)
+        dequantize_rows(*planes, T.Q4_K, 512)
     with pytest.raises(ValueError, match="not a packed block type"):
-        dequantize_rows(raw, T.F16, 256)
+        dequantize_rows(*planes, T.F16, 256)
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
@@ -91,8 +102,8 @@ def test_packed_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, config: t
     raw = _random_rows(qtype, rows=n, k=k, seed=int(qtype) + 1)
     w = _dense(raw, qtype)
     x = torch.randn(3, k)
-    _close(packed_gemv(x.to(DEVICE), _on_device(raw), qtype, k, config=config).cpu(), x @ w.T, GEMV_TOL)
-    y_half = packed_gemv(x[:1].to(DEVICE, torch.float16), _on_device(raw), qtype, k, config=config)
+    _close(packed_gemv(x.to(DEVICE), _stack(raw, qtype), config=config).cpu(), x @ w.T, GEMV_TOL)
+    y_half = packed_gemv(x[:1].to(DEVICE, torch.float16), _stack(raw, qtype), config=config)
     assert y_half.dtype == torch.float16 and y_half.shape == (1, n)
     _close(y_half.cpu(), x[:1].half().float() @ w.T, HALF_TOL)
 
@@ -106,15 +117,15 @@ def test_packed_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x_r
     w = torch.stack([_dense(r, qtype) for r in raw])  # (E, N, K)
     index = torch.tensor([3, 0, 3, 1])  # (M,): expert 3 twice, 2 never read
     x = torch.randn(4 // x_repeat, k)
-    got = packed_gemv(x.to(DEVICE), _on_device(raw), qtype, k, index.to(DEVICE), x_repeat=x_repeat).cpu()
+    got = packed_gemv(x.to(DEVICE), _stack(raw, qtype), index.to(DEVICE), x_repeat=x_repeat).cpu()
     ref = torch.stack([w[index[m]] @ x[m // x_repeat] for m in range(4)])
     _close(got, ref, GEMV_TOL)
 
 
 def test_packed_gemv_refuses_a_stack_without_indices() -> None:
-    raw = _on_device(np.stack([_random_rows(T.Q4_0, rows=4, k=64, seed=e) for e in range(2)]))
+    raw = np.stack([_random_rows(T.Q4_0, rows=4, k=64, seed=e) for e in range(2)])
     with pytest.raises(ValueError, match="one expert index per output row"):
-        packed_gemv(torch.randn(2, 64, device=DEVICE), raw, T.Q4_0, 64)
+        packed_gemv(torch.randn(2, 64, device=DEVICE), _stack(raw, T.Q4_0))
 
 
 def test_configs_are_a_function_of_type_and_shape() -> None:

@@ -49,8 +49,8 @@ def test_dequantize_matches_gguf_exactly(qtype: GGMLQuantizationType) -> None:
 
 
 def test_every_packed_type_has_a_torch_dequantizer() -> None:
+    from stagewise.spec.packed_types import PACKED
     from stagewise.weights.quant.dequant import DEQUANTIZERS
-    from stagewise.weights.quant.packed_types import PACKED
 
     assert set(DEQUANTIZERS) == PACKED and set(TYPES) == PACKED
 

@@ -1,6 +1,6 @@
 """Packed GGUF types are planned at their resident size: the file's bytes.
 
-The loader keeps every packed type (:mod:`stagewise.weights.quant.packed_types`) as the file's
+The loader keeps every packed type (:mod:`stagewise.spec.packed_types`) as the file's
 blocks, so the planner's certificate charges a Q4_0 file about its tensor bytes (at a float32 run
 dtype the dense F32 tensors are resident as stored), whether it plans from the file or from the
 config with ``--format q4_0`` (llama.cpp's per-tensor types: the tiny head goes Q6_K -> Q8_0).

@@ -12,9 +12,9 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from stagewise.errors import ConfigError
+from stagewise.spec.packed_types import PACKED
 from stagewise.weights.quant import quantize as quantize_module
 from stagewise.weights.quant.dequant import dequantize
-from stagewise.weights.quant.packed_types import PACKED
 from stagewise.weights.quant.quantize import QUANTIZERS, quantize
 
 T = GGMLQuantizationType

@@ -545,7 +545,7 @@ def test_q8_0_gemm_matches_dequantized_matmul() -> None:
 
 @pytest.mark.parametrize("k", [96, 128])  # a ragged last K step, and K steps that divide evenly
 def test_q8_0_gemv_dense_and_gathered(k: int) -> None:
-    from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+    from stagewise.kernels.q8_0_gemv_triton import q8_0_gemv
 
     torch.manual_seed(8)
     qs = torch.randint(-127, 128, (3, 40, k), dtype=torch.int8, device=DEVICE)  # 3 experts

@@ -7,7 +7,7 @@ gathered by ``expert_index[m]`` (MoE decode reads only the routed experts). Each
 The tile config is a fixed function of the weight's shape and of whether kernels overlap by
 dependent launch (:func:`config_for`), never autotuned at run time: the reduction order follows the
 config, and a staged run must reduce exactly like a single-device run. ``bench/gemv_graph.py``
-measures ours against cuBLAS inside CUDA graphs; ``bench/gemv_variant.py`` whole decodes.
+measures ours against cuBLAS inside CUDA graphs.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ returning at once. Pure torch (a few small device ops).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -64,3 +65,15 @@ def moe_align(top_index: torch.Tensor, num_experts: int, block_m: int) -> MoeAli
     block_expert = torch.where(block_expert < num_experts, block_expert, -1)
     num_valid = block_end[-1:] if num_experts else torch.zeros(1, dtype=torch.int32, device=device)  # (1,)
     return MoeAlignment(sorted_slots, block_expert, num_valid, num_slots, block_m)
+
+
+@functools.lru_cache(maxsize=64)
+def identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlignment:
+    """Rows ``0..rows-1`` in order, all of expert 0, padded to whole ``block_m`` blocks: one matrix's
+    matmul as a grouped GEMM with a single expert (cached: built once per shape and device)."""
+    blocks = -(-rows // block_m)
+    slots = torch.arange(blocks * block_m, dtype=torch.int32, device=device)
+    slots = torch.where(slots < rows, slots, torch.full_like(slots, rows))  # padding = rows
+    block_expert = torch.zeros(blocks, dtype=torch.int32, device=device)
+    valid = torch.full((1,), blocks, dtype=torch.int32, device=device)
+    return MoeAlignment(slots, block_expert, valid, rows, block_m)

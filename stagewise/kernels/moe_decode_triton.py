@@ -24,7 +24,7 @@ Shapes of the work (:class:`DecodeTiles`):
   as one ``(E * out, in)`` matrix; ``wide``: one ``(BN, block_k)`` box a K step (and half), whose
   32-column groups are views of it, instead of one ``(BN, 32)`` box a group. Each box row is then a
   ``block_k``-byte run, not 32 bytes: on an H200 the experts' GEMMs read 3.5-3.6 TB/s instead of
-  3.2-3.4 (``bench/q8_0_decode_wide_ab.py``). The arithmetic is the same: results are bit-identical.
+  3.2-3.4 (``q8_0_decode_wide_tma*_h200.json``). The arithmetic is the same: results are bit-identical.
 
 Every program waits for its predecessor before it reads the alignment (dependent launch).
 
@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.expert_stacks import Q8_0Stack
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.triton_launch import dependent_launch, hopper_or_later, launch_device
-
-if TYPE_CHECKING:
-    from stagewise.kernels.moe_grouped_triton import Q8_0Stack
 
 QBLOCK = 32
 
@@ -68,8 +65,30 @@ class DecodeTiles:
     wide: bool = False  # TMA: one (block_n, block_k) box a K step, not one (block_n, 32) box a block (module doc)
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Batched-decode experts of Q8_0 stacks: ``block_m``-row blocks through this module's GEMMs (scale
+    after each block's dot, SiLU·up fused into the gate_up GEMM) and the slots summed by the decode
+    path's combine (:func:`~stagewise.kernels.moe_experts.grouped_swiglu_experts`)."""
+
+    block_m: int
+    gate_up: DecodeTiles
+    down: DecodeTiles
+    fuse_silu: bool = True  # SiLU·up in the gate_up GEMM's epilogue (else a separate silu_mul launch)
+
+
+# the decode kernels' tiles, fastest of the sweeps on an H200 at 32 sequences of Qwen3-30B-A3B
+# (q8_0_decode_sweep_h200.json, q8_0_decode_wide_tma2_h200.json; the sweep scripts are in git at 1f282a2): weights
+# on the dot's tall side (swap), by TMA in one box a K step (wide); gate_up with SiLU·up fused, 32 rows a program,
+# 128-wide K steps in three stages; down (K = 768) 64 rows, 64-wide K steps in three stages. 103.9 / 51.3 us
+# (3.6 / 3.6 TB/s) against 118.3 / 55.5 us with one box a 32-column group (the tiles before: 64 rows for gate_up,
+# two stages)
+DECODE_Q8_0 = DecodeConfig(16, DecodeTiles(32, 128, 2, 3, swap=True, tma=True, wide=True),
+                           DecodeTiles(64, 64, 2, 3, swap=True, tma=True, wide=True))
+
+
 @triton.jit
-def _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
+def store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
                 SWAP: tl.constexpr, ROUTE_WEIGHT: tl.constexpr):
     """Store ``acc`` (``(BN, BM)`` when ``SWAP`` else ``(BM, BN)``), times the slot's routing weight."""
     if SWAP:
@@ -85,7 +104,7 @@ def _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om,
 
 
 @triton.jit
-def _silu_mul_tile(gate, up, dtype: tl.constexpr):
+def silu_mul_tile(gate, up, dtype: tl.constexpr):
     """``silu(g) * u`` of the float32 accumulators, each rounded to ``dtype`` first (as stored and reloaded)."""
     g = gate.to(dtype).to(tl.float32)
     u = up.to(dtype).to(tl.float32)
@@ -248,13 +267,13 @@ def _decode_gemm_kernel(
                                       cache_modifier=".cg")
             tl.store(lock_ptr + tile, 0)  # zero again for the next launch on this stream
             if GLU:
-                acc = _silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
-            _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
+                acc = silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
+            store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on,
                         SWAP, ROUTE_WEIGHT)
     else:
         if GLU:
-            acc = _silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
-        _store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on, SWAP, ROUTE_WEIGHT)
+            acc = silu_mul_tile(acc, acc_up, out_ptr.dtype.element_ty)
+        store_tile(acc, out_ptr, route_ptr, slots, row_ok, offs_n, n_ok, stride_om, stride_on, SWAP, ROUTE_WEIGHT)
 
 
 _LOCK_ENTRIES = 1 << 16
@@ -262,7 +281,7 @@ _locks: dict[tuple[str, int], list[torch.Tensor]] = {}
 _locks_guard = threading.Lock()
 
 
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """The zeroed int32 counters of the current stream on ``device`` (module note), at least ``tiles`` long.
 
     Buffers are never freed: a CUDA graph may hold a replaced one's address."""
@@ -299,7 +318,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
     if split > 1:
         planes = split * (2 if glu else 1)
         partials = torch.empty((planes, num_slots, n_out), dtype=torch.float32, device=a.device)
-        counters = _tile_counters(a.device, num_blocks * n_tiles)
+        counters = tile_counters(a.device, num_blocks * n_tiles)
     else:
         partials, counters = out, align.num_valid_blocks  # unused
     grid = (num_blocks * n_tiles * split,)

@@ -36,77 +36,92 @@ FP4_HI: tl.constexpr = tl.constexpr(_packed_bytes(_FP4_KVALUES[8:]))
 
 
 @triton.jit
-def _u8(ptr, mask):  # type: ignore[no-untyped-def]
+def _plane_bytes(TYPE: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``(qs, qh, meta)`` bytes a block of ``TYPE`` has in each plane (spec/packed_types.PLANES)."""
+    QS: tl.constexpr = (128 if TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23 else 64 if TYPE == 10 or TYPE == 11
+                        else 32 if TYPE == 8 else 16)
+    QH: tl.constexpr = 4 if TYPE == 6 or TYPE == 7 else 32 if TYPE == 11 or TYPE == 13 else 64 if TYPE == 14 else 0
+    META: tl.constexpr = (2 if TYPE == 2 or TYPE == 6 or TYPE == 8 or TYPE == 20 else 4 if TYPE == 3 or TYPE == 7
+                          else 20 if TYPE == 10 else 14 if TYPE == 11 else 16 if TYPE == 12 or TYPE == 13
+                          else 18 if TYPE == 14 else 8 if TYPE == 23 else 1)
+    return QS, QH, META
+
+
+@triton.jit
+def load_u8(ptr, mask):  # type: ignore[no-untyped-def]
     return tl.load(ptr, mask=mask, other=0).to(tl.int32)
 
 
 @triton.jit
-def _f16(ptr, mask):  # type: ignore[no-untyped-def]
+def load_f16(ptr, mask):  # type: ignore[no-untyped-def]
     """The little-endian f16 at ``ptr`` (any alignment), as float32."""
-    bits = _u8(ptr, mask) | (_u8(ptr + 1, mask) << 8)
+    bits = load_u8(ptr, mask) | (load_u8(ptr + 1, mask) << 8)
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _signed(byte):  # type: ignore[no-untyped-def]
+def signed_byte(byte):  # type: ignore[no-untyped-def]
     return (byte ^ 0x80) - 0x80
 
 
 @triton.jit
-def _codebook(q, LO: tl.constexpr, HI: tl.constexpr):  # type: ignore[no-untyped-def]
+def codebook(q, LO: tl.constexpr, HI: tl.constexpr):  # type: ignore[no-untyped-def]
     """Entry ``q`` (0-15, int32) of a 16-value signed-byte codebook held as two int64 words."""
     word = tl.where(q < 8, tl.full(q.shape, LO, tl.int64), tl.full(q.shape, HI, tl.int64))
-    return _signed(((word >> ((q & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32))
+    return signed_byte(((word >> ((q & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32))
 
 
 @triton.jit
-def _blocks(rows, blk0, nblk, n_mask, BLOCK_BYTES: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
-    """The ``NB`` blocks from ``blk0``: start pointers ``(BN, NB)`` and mask (row and block in range)."""
-    b = blk0 + tl.arange(0, NB)
-    return rows[:, None] + b[None, :] * BLOCK_BYTES, n_mask[:, None] & (b < nblk)[None, :]
+def _blocks(qs_rows, qh_rows, meta_rows, blk0, nblk, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The ``NB`` blocks from ``blk0``: their starts in each plane ``(BN, NB)`` and mask (row and block in range)."""
+    QS, QH, META = _plane_bytes(TYPE)
+    b = blk0 + tl.arange(0, NB)[None, :]
+    return (qs_rows[:, None] + b * QS, qh_rows[:, None] + b * QH, meta_rows[:, None] + b * META,
+            n_mask[:, None] & (b < nblk))
 
 
 @triton.jit
-def _halves(rows, blk0, nblk, n_mask, BLOCK_BYTES: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Q2_K / Q3_K / Q6_K in 128-value halves: each half's block start ``(BN, 2NB)``, its mask, which half."""
+def _halves(qs_rows, qh_rows, meta_rows, blk0, nblk, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q2_K / Q3_K / Q6_K in 128-value halves: each half's block starts ``(BN, 2NB)``, its mask, which half."""
+    QS, QH, META = _plane_bytes(TYPE)
     hb = 2 * blk0 + tl.arange(0, 2 * NB)
-    b = hb // 2
-    return rows[:, None] + b[None, :] * BLOCK_BYTES, n_mask[:, None] & (b < nblk)[None, :], hb % 2
+    b = (hb // 2)[None, :]
+    return (qs_rows[:, None] + b * QS, qh_rows[:, None] + b * QH, meta_rows[:, None] + b * META,
+            n_mask[:, None] & (b < nblk), hb % 2)
 
 
 @triton.jit
-def _small_block(base, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+def _small_block(qb, hb, mb, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     """32-value blocks ``(BN, NB)`` -> values ``(BN, NB, 2, 16)``: value ``16h + l`` of each block."""
     h = tl.arange(0, 2)[None, None, :, None]
     l16 = tl.arange(0, 16)[None, None, None, :]
-    b4 = base[:, :, None, None]
+    q4 = qb[:, :, None, None]
     m4 = mask[:, :, None, None]
     kk = tl.arange(0, NB)[None, :, None, None] * 32 + h * 16 + l16
-    if TYPE == 8:  # Q8_0: d, 32 int8
-        q = _signed(_u8(b4 + 2 + h * 16 + l16, m4))
-        v = q.to(tl.float32) * _f16(base, mask)[:, :, None, None]
-    elif TYPE == 39:  # MXFP4: E8M0 exponent, 16 bytes of e2m1 pairs
-        e = _u8(base, mask)
+    if TYPE == 8:  # Q8_0: d | 32 int8
+        q = signed_byte(load_u8(q4 + h * 16 + l16, m4))
+        v = q.to(tl.float32) * load_f16(mb, mask)[:, :, None, None]
+    elif TYPE == 39:  # MXFP4: E8M0 exponent | 16 bytes of e2m1 pairs
+        e = load_u8(mb, mask)
         d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)  # ggml_e8m0_to_fp32_half
-        q = (_u8(b4 + 1 + l16, m4) >> (4 * h)) & 0x0F
-        v = d[:, :, None, None] * _codebook(q, FP4_LO, FP4_HI).to(tl.float32)
+        q = (load_u8(q4 + l16, m4) >> (4 * h)) & 0x0F
+        v = d[:, :, None, None] * codebook(q, FP4_LO, FP4_HI).to(tl.float32)
     else:
-        # the quants follow d (Q4_0, IQ4_NL), d and m (Q4_1), d and 4 bytes of high bits (Q5_0), or all three (Q5_1)
-        qs_at: tl.constexpr = 2 if TYPE == 2 or TYPE == 20 else (4 if TYPE == 3 else (6 if TYPE == 6 else 8))
-        q = (_u8(b4 + qs_at + l16, m4) >> (4 * h)) & 0x0F  # (BN, NB, 2, 16)
-        d = _f16(base, mask)[:, :, None, None]
+        # d (Q4_0, IQ4_NL), d and m (Q4_1), d and 4 bytes of high bits (Q5_0), or all three (Q5_1) | 16 quant bytes
+        q = (load_u8(q4 + l16, m4) >> (4 * h)) & 0x0F  # (BN, NB, 2, 16)
+        d = load_f16(mb, mask)[:, :, None, None]
         if TYPE == 6 or TYPE == 7:
-            qh = (_u8(base + qs_at - 4, mask) | (_u8(base + qs_at - 3, mask) << 8)
-                  | (_u8(base + qs_at - 2, mask) << 16) | (_u8(base + qs_at - 1, mask) << 24))
+            qh = (load_u8(hb, mask) | (load_u8(hb + 1, mask) << 8) | (load_u8(hb + 2, mask) << 16)
+                  | (load_u8(hb + 3, mask) << 24))
             q = q | (((qh[:, :, None, None] >> (h * 16 + l16)) & 1) << 4)
         if TYPE == 2:
             v = d * (q - 8).to(tl.float32)
         elif TYPE == 20:
-            v = d * _codebook(q, IQ4_LO, IQ4_HI).to(tl.float32)
+            v = d * codebook(q, IQ4_LO, IQ4_HI).to(tl.float32)
         elif TYPE == 6:
             v = d * (q - 16).to(tl.float32)
         else:  # Q4_1, Q5_1
-            v = (d * q.to(tl.float32)) + _f16(base + 2, mask)[:, :, None, None]
+            v = (d * q.to(tl.float32)) + load_f16(mb + 2, mask)[:, :, None, None]
     return v, kk
 
 
@@ -115,104 +130,104 @@ def _k_scale_min(base, mask, s):  # type: ignore[no-untyped-def]
     """Q4_K / Q5_K: the 6-bit scale and min of sub-block ``s`` (any shape) from the 12 bytes at 4."""
     lo = s < 4
     i = s & 3
-    a = _u8(base + 4 + i, mask)
-    m = _u8(base + 8 + i, mask)
-    md = _u8(base + 12 + i, mask)
+    a = load_u8(base + 4 + i, mask)
+    m = load_u8(base + 8 + i, mask)
+    md = load_u8(base + 12 + i, mask)
     sc = tl.where(lo, a & 0x3F, (md & 0x0F) | ((a >> 2) & 0x30))
     mn = tl.where(lo, m & 0x3F, (md >> 4) | ((m >> 2) & 0x30))
     return sc, mn
 
 
 @triton.jit
-def _q45_k(base, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Q4_K / Q5_K super-blocks ``(BN, NB)`` -> ``(BN, NB, 4, 2, 32)``: value ``64c + 32h + l``, sub-block ``2c + h``."""
+def _q45_k(qb, hb, mb, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K super-blocks ``(BN, NB)`` -> ``(BN, NB, 4, 2, 32)``: value ``64c + 32h + l``, sub-block ``2c + h``.
+    Meta: d, dmin, 12 scale bytes (the file's first 16 bytes); Q5_K's 32 high-bit bytes in the high plane."""
     c = tl.arange(0, 4)[None, None, :, None]
     l32 = tl.arange(0, 32)[None, None, None, :]
     h = tl.arange(0, 2)[None, None, None, :, None]
     s = 2 * tl.arange(0, 4)[:, None] + tl.arange(0, 2)[None, :]  # (4, 2)
     m4 = mask[:, :, None, None]
-    qs_at: tl.constexpr = 16 if TYPE == 12 else 48
-    q = (_u8(base[:, :, None, None] + qs_at + c * 32 + l32, m4)[:, :, :, None, :] >> (4 * h)) & 0x0F
+    q = (load_u8(qb[:, :, None, None] + c * 32 + l32, m4)[:, :, :, None, :] >> (4 * h)) & 0x0F
     if TYPE == 13:
-        qh = _u8(base[:, :, None] + 16 + tl.arange(0, 32)[None, None, :], mask[:, :, None])  # (BN, NB, 32)
+        qh = load_u8(hb[:, :, None] + tl.arange(0, 32)[None, None, :], mask[:, :, None])  # (BN, NB, 32)
         q = q | (((qh[:, :, None, None, :] >> s[None, None, :, :, None]) & 1) << 4)
-    sc, mn = _k_scale_min(base[:, :, None, None], m4, s[None, None, :, :])  # (BN, NB, 4, 2)
-    scale = _f16(base, mask)[:, :, None, None] * sc.to(tl.float32)
-    offset = _f16(base + 2, mask)[:, :, None, None] * mn.to(tl.float32)
+    sc, mn = _k_scale_min(mb[:, :, None, None], m4, s[None, None, :, :])  # (BN, NB, 4, 2)
+    scale = load_f16(mb, mask)[:, :, None, None] * sc.to(tl.float32)
+    offset = load_f16(mb + 2, mask)[:, :, None, None] * mn.to(tl.float32)
     kk = tl.arange(0, NB)[None, :, None, None, None] * 256 + c[:, :, :, None, :] * 64 + h * 32 + l32[:, :, :, None, :]
     return scale[:, :, :, :, None] * q.to(tl.float32) - offset[:, :, :, :, None], kk
 
 
 @triton.jit
-def _q23_k(base, mask, half, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+def _q23_k(qb, hb, mb, mask, half, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     """Q2_K / Q3_K halves ``(BN, 2NB)`` -> ``(BN, 2NB, 4, 2, 16)``: value ``32s + 16g + l`` of the half,
     2-bit field ``s`` of quant byte ``16g + l``; 16-value scale ``8 half + 2s + g``."""
     s = tl.arange(0, 4)[None, None, :, None, None]
     g = tl.arange(0, 2)[None, None, :, None]
     l16 = tl.arange(0, 16)[None, None, None, :]
-    b4 = base[:, :, None, None]
     m4 = mask[:, :, None, None]
     hf = half[None, :, None, None]
-    qs_at: tl.constexpr = 16 if TYPE == 10 else 32
-    q = (_u8(b4 + qs_at + hf * 32 + g * 16 + l16, m4)[:, :, None, :, :] >> (2 * s)) & 3  # (BN, 2NB, 4, 2, 16)
+    q = (load_u8(qb[:, :, None, None] + hf * 32 + g * 16 + l16, m4)[:, :, None, :, :] >> (2 * s)) & 3  # (BN, 2NB, 4, 2, 16)
     i = hf * 8 + 2 * tl.arange(0, 4)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :]  # (1, 2NB, 4, 2)
-    if TYPE == 10:  # Q2_K: 16 scale bytes (4-bit scale, 4-bit min), quants, d, dmin
-        sc = _u8(b4 + i, m4)
-        dl = _f16(base + 80, mask)[:, :, None, None] * (sc & 0x0F).to(tl.float32)
-        ml = _f16(base + 82, mask)[:, :, None, None] * (sc >> 4).to(tl.float32)
+    mb4 = mb[:, :, None, None]
+    if TYPE == 10:  # Q2_K: meta = 16 scale bytes (4-bit scale, 4-bit min), d, dmin
+        sc = load_u8(mb4 + i, m4)
+        dl = load_f16(mb + 16, mask)[:, :, None, None] * (sc & 0x0F).to(tl.float32)
+        ml = load_f16(mb + 18, mask)[:, :, None, None] * (sc >> 4).to(tl.float32)
         v = dl[:, :, :, :, None] * q.to(tl.float32) - ml[:, :, :, :, None]
-    else:  # Q3_K: 32 bytes of high bits, quants, 12 bytes of 6-bit scales, d
-        hm = _u8(b4 + g * 16 + l16, m4)  # (BN, 2NB, 2, 16): the same bytes for both halves
+    else:  # Q3_K: 32 bytes of high bits (high plane); meta = 12 bytes of 6-bit scales, d
+        hm = load_u8(hb[:, :, None, None] + g * 16 + l16, m4)  # (BN, 2NB, 2, 16): the same bytes for both halves
         bit = hf[:, :, :, :, None] * 4 + s
         q = q - ((((hm[:, :, None, :, :] >> bit) & 1) ^ 1) << 2)
-        low = (_u8(b4 + 96 + (i & 7), m4) >> (4 * (i >> 3))) & 0x0F
-        high = (_u8(b4 + 104 + (i & 3), m4) >> (2 * (i >> 2))) & 3
-        dl = _f16(base + 108, mask)[:, :, None, None] * ((low | (high << 4)) - 32).to(tl.float32)
+        low = (load_u8(mb4 + (i & 7), m4) >> (4 * (i >> 3))) & 0x0F
+        high = (load_u8(mb4 + 8 + (i & 3), m4) >> (2 * (i >> 2))) & 3
+        dl = load_f16(mb + 12, mask)[:, :, None, None] * ((low | (high << 4)) - 32).to(tl.float32)
         v = dl[:, :, :, :, None] * q.to(tl.float32)
     kk = tl.arange(0, 2 * NB)[None, :, None, None, None] * 128 + s * 32 + g[:, :, None, :, :] * 16 + l16[:, :, None, :, :]
     return v, kk
 
 
 @triton.jit
-def _q6_k(base, mask, half, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+def _q6_k(qb, hb, mb, mask, half, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     """Q6_K halves ``(BN, 2NB)`` -> ``(BN, 2NB, 2, 4, 16)``: value ``64h + 16r + l`` of the half, nibble ``h``
-    of low byte ``16r + l``, 2-bit field ``2h + r // 2`` of high byte ``16 (r % 2) + l``; scale ``4h + r``."""
+    of low byte ``16r + l``, 2-bit field ``2h + r // 2`` of high byte ``16 (r % 2) + l``; scale ``4h + r``.
+    Planes: 128 low bytes, 64 high bytes; meta = 16 int8 scales, d."""
     h = tl.arange(0, 2)[None, None, :, None, None]
     r = tl.arange(0, 4)[None, None, :, None]
     l16 = tl.arange(0, 16)[None, None, None, :]
-    b4 = base[:, :, None, None]
     m4 = mask[:, :, None, None]
     hf = half[None, :, None, None]
-    ql = (_u8(b4 + hf * 64 + r * 16 + l16, m4)[:, :, None, :, :] >> (4 * h)) & 0x0F
-    qh = _u8(b4 + 128 + hf * 32 + (r % 2) * 16 + l16, m4)[:, :, None, :, :]
+    ql = (load_u8(qb[:, :, None, None] + hf * 64 + r * 16 + l16, m4)[:, :, None, :, :] >> (4 * h)) & 0x0F
+    qh = load_u8(hb[:, :, None, None] + hf * 32 + (r % 2) * 16 + l16, m4)[:, :, None, :, :]
     q = (ql | (((qh >> (2 * (2 * h + r[:, :, None, :, :] // 2))) & 3) << 4)) - 32  # (BN, 2NB, 2, 4, 16)
     j = 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]  # (1, 1, 2, 4)
-    sc = _signed(_u8(b4 + 192 + hf * 8 + j, m4))
-    scale = _f16(base + 208, mask)[:, :, None, None] * sc.to(tl.float32)
+    sc = signed_byte(load_u8(mb[:, :, None, None] + hf * 8 + j, m4))
+    scale = load_f16(mb + 16, mask)[:, :, None, None] * sc.to(tl.float32)
     kk = tl.arange(0, 2 * NB)[None, :, None, None, None] * 128 + h * 64 + r[:, :, None, :, :] * 16 + l16[:, :, None, :, :]
     return scale[:, :, :, :, None] * q.to(tl.float32), kk
 
 
 @triton.jit
-def _iq4_xs(base, mask, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+def _iq4_xs(qb, mb, mask, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     """IQ4_XS super-blocks ``(BN, NB)`` -> ``(BN, NB, 8, 2, 16)``: value ``32 sb + 16h + l``, nibble ``h`` of
-    quant byte ``16 sb + l``; a 6-bit scale per 32-value sub-block ``sb``."""
+    quant byte ``16 sb + l``; a 6-bit scale per 32-value sub-block ``sb``. Meta: d, scales_h, scales_l[4]."""
     sb3 = tl.arange(0, 8)[None, None, :]
     sb = sb3[:, :, :, None]
     l16 = tl.arange(0, 16)[None, None, None, :]
     h = tl.arange(0, 2)[None, None, None, :, None]
-    q = (_u8(base[:, :, None, None] + 8 + sb * 16 + l16, mask[:, :, None, None])[:, :, :, None, :] >> (4 * h)) & 0x0F
-    low = (_u8(base[:, :, None] + 4 + sb3 // 2, mask[:, :, None]) >> (4 * (sb3 % 2))) & 0x0F  # (BN, NB, 8)
-    high_bits = _u8(base + 2, mask) | (_u8(base + 3, mask) << 8)  # (BN, NB)
+    q = (load_u8(qb[:, :, None, None] + sb * 16 + l16, mask[:, :, None, None])[:, :, :, None, :] >> (4 * h)) & 0x0F
+    low = (load_u8(mb[:, :, None] + 4 + sb3 // 2, mask[:, :, None]) >> (4 * (sb3 % 2))) & 0x0F  # (BN, NB, 8)
+    high_bits = load_u8(mb + 2, mask) | (load_u8(mb + 3, mask) << 8)  # (BN, NB)
     high = (high_bits[:, :, None] >> (2 * sb3)) & 3
-    dl = _f16(base, mask)[:, :, None] * ((low | (high << 4)) - 32).to(tl.float32)
+    dl = load_f16(mb, mask)[:, :, None] * ((low | (high << 4)) - 32).to(tl.float32)
     kk = tl.arange(0, NB)[None, :, None, None, None] * 256 + sb[:, :, :, None, :] * 32 + h * 16 + l16[:, :, :, None, :]
-    return dl[:, :, :, None, None] * _codebook(q, IQ4_LO, IQ4_HI).to(tl.float32), kk
+    return dl[:, :, :, None, None] * codebook(q, IQ4_LO, IQ4_HI).to(tl.float32), kk
 
 
 @triton.jit
-def block_tile(rows, k0, K, n_mask, TYPE: tl.constexpr, BLOCK_K: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Values ``k0 .. k0 + BLOCK_K`` of rows ``rows`` (``(BN,)`` uint8 pointers to each row's first byte)
+def block_tile(qs_rows, qh_rows, meta_rows, k0, K, n_mask, TYPE: tl.constexpr, BLOCK_K: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Values ``k0 .. k0 + BLOCK_K`` of the rows whose planes start at ``qs_rows``, ``qh_rows`` and
+    ``meta_rows`` (``(BN,)`` uint8 pointers; ``qh_rows`` unused where the type has no high plane)
     in the type's own axes ``(BN, blocks, ...)``, float32, zero where ``n_mask`` is False or past ``K``;
     and each value's offset from ``k0`` (int32, broadcastable to the values). Flattened row-major, the
     axes after the first are K order. ``k0`` is a multiple of ``BLOCK_K``, ``K`` of the type's block.
@@ -221,30 +236,27 @@ def block_tile(rows, k0, K, n_mask, TYPE: tl.constexpr, BLOCK_K: tl.constexpr): 
     the values then keep each byte run's lanes in one thread, so scales load once a run."""
     SUPER: tl.constexpr = TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23
     NB: tl.constexpr = BLOCK_K // 256 if SUPER else BLOCK_K // 32  # blocks a step
-    BB: tl.constexpr = (84 if TYPE == 10 else 110 if TYPE == 11 else 144 if TYPE == 12 else 176 if TYPE == 13
-                        else 210 if TYPE == 14 else 136 if TYPE == 23 else 18 if TYPE == 2 or TYPE == 20
-                        else 20 if TYPE == 3 else 22 if TYPE == 6 else 24 if TYPE == 7 else 34 if TYPE == 8
-                        else 17)  # bytes a block (gguf's GGML_QUANT_SIZES)
     if TYPE == 10 or TYPE == 11 or TYPE == 14:
-        base, mask, half = _halves(rows, k0 // 256, K // 256, n_mask, BB, NB)
+        qb, hb, mb, mask, half = _halves(qs_rows, qh_rows, meta_rows, k0 // 256, K // 256, n_mask, TYPE, NB)
         if TYPE == 14:
-            v, kk = _q6_k(base, mask, half, NB)
+            v, kk = _q6_k(qb, hb, mb, mask, half, NB)
         else:
-            v, kk = _q23_k(base, mask, half, TYPE, NB)
+            v, kk = _q23_k(qb, hb, mb, mask, half, TYPE, NB)
     elif SUPER:
-        base, mask = _blocks(rows, k0 // 256, K // 256, n_mask, BB, NB)
+        qb, hb, mb, mask = _blocks(qs_rows, qh_rows, meta_rows, k0 // 256, K // 256, n_mask, TYPE, NB)
         if TYPE == 23:
-            v, kk = _iq4_xs(base, mask, NB)
+            v, kk = _iq4_xs(qb, mb, mask, NB)
         else:
-            v, kk = _q45_k(base, mask, TYPE, NB)
+            v, kk = _q45_k(qb, hb, mb, mask, TYPE, NB)
     else:
-        base, mask = _blocks(rows, k0 // 32, K // 32, n_mask, BB, NB)
-        v, kk = _small_block(base, mask, TYPE, NB)
+        qb, hb, mb, mask = _blocks(qs_rows, qh_rows, meta_rows, k0 // 32, K // 32, n_mask, TYPE, NB)
+        v, kk = _small_block(qb, hb, mb, mask, TYPE, NB)
     return v, kk
 
 
 @triton.jit
-def block_values(rows, k0, K, n_mask, TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # type: ignore[no-untyped-def]
+def block_values(qs_rows, qh_rows, meta_rows, k0, K, n_mask, TYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # type: ignore[no-untyped-def]
     """:func:`block_tile`'s values as ``(BLOCK_N, BLOCK_K)`` in K order (a dequantized tile, e.g. for a dot)."""
-    v, _offsets = block_tile(rows, k0, K, n_mask, TYPE, BLOCK_K)
+    v, _offsets = block_tile(qs_rows, qh_rows, meta_rows, k0, K, n_mask, TYPE, BLOCK_K)
     return tl.reshape(v, (BLOCK_N, BLOCK_K))

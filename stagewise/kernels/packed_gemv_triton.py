@@ -1,14 +1,15 @@
 """Triton GEMV for packed GGUF weights (every block type): decode and small batches, blocks read as stored.
 
-``y[m] = W[e_m] @ x[m // x_repeat]`` where ``W`` is ``raw`` ``(N, row_bytes)`` (one matrix for every
-row) or a stack ``(E, N, row_bytes)`` gathered by ``expert_index[m]`` (MoE decode reads only the
-routed experts). Each program owns ``BLOCK_N`` output rows of one output row ``m`` and walks K in
-``BLOCK_K`` steps; each step dequantizes its blocks in registers
-(:func:`~stagewise.kernels.packed_blocks_triton.block_values`: each row's step is one contiguous run
-of bytes, e.g. 576 bytes of Q4_K at ``BLOCK_K = 1024``) and accumulates ``w * x`` in float32, summed
-once at the end. Q4_K and Q5_K (:data:`SLOT_TYPES`) are read by 8-byte slots instead, whose 8 + 8
-inputs are contiguous, so the input loads share the quant bytes' layout; each 32-value sub-block's
-``scale * sum(q x) - min * sum(x)`` is accumulated. The output is in ``x``'s dtype.
+``y[m] = W[e_m] @ x[m // x_repeat]`` where ``W`` is a packed matrix ``(N, K)`` (one matrix for every
+row) or a stack ``(E, N, K)`` gathered by ``expert_index[m]`` (MoE decode reads only the routed
+experts), held as planes (:class:`~stagewise.kernels.expert_stacks.PackedStack`). Each program owns
+``BLOCK_N`` output rows of one output row ``m`` and walks K in ``BLOCK_K`` steps; each step dequantizes
+its blocks in registers (:func:`~stagewise.kernels.packed_blocks_triton.block_values`: each row's step
+is one contiguous run of quant bytes, e.g. 512 bytes of Q4_K at ``BLOCK_K = 1024``) and accumulates
+``w * x`` in float32, summed once at the end. Q4_K and Q5_K (:data:`SLOT_TYPES`) are read by 8-byte
+slots instead, whose 8 + 8 inputs are contiguous, so the input loads share the quant bytes' layout;
+each 32-value sub-block's ``scale * sum(q x) - min * sum(x)`` is accumulated, its scales read as the
+four 32-bit words of the block's 16 meta bytes. The output is in ``x``'s dtype.
 
 Meant for at most :data:`GEMV_MAX_ROWS` output rows (decode; MoE decode's routed rows): every output
 row's programs read the weight tile again (from L2 when the rows share a matrix), so beyond that a
@@ -28,11 +29,12 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
+from stagewise.kernels.expert_stacks import PackedStack, check_planes
 from stagewise.kernels.gemv_triton import gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.packed_blocks_triton import block_tile
 from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
-from stagewise.weights.quant.packed_types import PACKED, block_elements, row_bytes
+from stagewise.spec.packed_types import block_elements
 
 # types whose GEMV reads 8-byte slots and applies scales once a sub-block
 SLOT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K})
@@ -45,7 +47,7 @@ def _input_tile(x_row, k, K):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _k_slots(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
+def _k_slots(q_rows, h_rows, meta32_rows, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     """One K step of Q4_K / Q5_K super-blocks by 8-byte slots: quant bytes ``32c + 8g + l`` ``(BN, NB, 4, 4, 8)``
     (chunk ``c``, slot ``g``), Q5_K's high-bit bytes ``8g + l`` of the same values (zeros for Q4_K), and
     the scale and min of sub-blocks ``2c`` and ``2c + 1`` ``(BN, NB, 4, 1)`` each.
@@ -53,20 +55,19 @@ def _k_slots(rows, rows32, k0, K, n_mask, TYPE: tl.constexpr, NB: tl.constexpr):
     A slot's 8 bytes hold values ``64c + 8g + l`` (low nibbles) and ``64c + 32 + 8g + l`` (high): 8
     contiguous inputs each, so the input loads take the quant bytes' layout (one thread, one slot)."""
     b = k0 // 256 + tl.arange(0, NB)
-    BB: tl.constexpr = 144 if TYPE == 12 else 176  # bytes a super-block
-    QS_AT: tl.constexpr = 16 if TYPE == 12 else 48
     mask = n_mask[:, None] & (b < K // 256)[None, :]  # (BN, NB)
     m5 = mask[:, :, None, None, None]
-    blk = rows[:, None] + b[None, :] * BB  # (BN, NB) each super-block's first byte
+    qb = q_rows[:, None] + b[None, :] * 128  # (BN, NB) each super-block's 128 quant bytes
     c = tl.arange(0, 4)[None, None, :, None, None]
     g = tl.arange(0, 4)[None, None, None, :, None]
     l8 = tl.arange(0, 8)[None, None, None, None, :]
-    quants = tl.load(blk[:, :, None, None, None] + QS_AT + 32 * c + 8 * g + l8, mask=m5, other=0).to(tl.int32)
+    quants = tl.load(qb[:, :, None, None, None] + 32 * c + 8 * g + l8, mask=m5, other=0).to(tl.int32)
     if TYPE == 13:
-        high = tl.load(blk[:, :, None, None, None] + 16 + 8 * g + l8 + 0 * c, mask=m5, other=0).to(tl.int32)
+        hb = h_rows[:, None] + b[None, :] * 32  # (BN, NB) its 32 high-bit bytes
+        high = tl.load(hb[:, :, None, None, None] + 8 * g + l8 + 0 * c, mask=m5, other=0).to(tl.int32)
     else:
         high = tl.zeros((1, 1, 1, 1, 1), dtype=tl.int32)
-    head = rows32[:, None] + b[None, :] * (BB // 4)  # (BN, NB) the same super-blocks as 32-bit words
+    head = meta32_rows[:, None] + b[None, :] * 4  # (BN, NB) its 16 meta bytes as 32-bit words
     w0 = tl.load(head, mask=mask, other=0)[:, :, None, None]  # d, dmin
     w1 = tl.load(head + 1, mask=mask, other=0)[:, :, None, None]  # scale bytes 0-3
     w2 = tl.load(head + 2, mask=mask, other=0)[:, :, None, None]  # 4-7
@@ -116,9 +117,9 @@ def _k_dot(quants, high, scale0, scale1, min0, min1, x_row, k0, K, TYPE: tl.cons
 
 @triton.jit
 def _packed_gemv_kernel(
-    x_ptr, w_ptr, w32_ptr, y_ptr, e_ptr,
+    x_ptr, qs_ptr, qh_ptr, meta_ptr, meta32_ptr, y_ptr, e_ptr,
     N, K,
-    stride_xm, stride_we, stride_wn, stride_ym,
+    stride_xm, stride_qe, stride_qn, stride_he, stride_hn, stride_me, stride_mn, stride_ym,
     x_repeat,
     TYPE: tl.constexpr, SLOTS: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GDC: tl.constexpr,
@@ -126,27 +127,30 @@ def _packed_gemv_kernel(
     if GATHER:  # the expert index is the router's output: wait before reading it
         wait_for_predecessor(GDC)
     m, xm, e, offs_n, n_mask = gemv_tile(e_ptr, N, x_repeat, GATHER, BLOCK_N)
-    rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn  # (BN,) each row's first byte (word)
+    n64 = offs_n.to(tl.int64)
+    q_rows = qs_ptr + e * stride_qe + n64 * stride_qn  # (BN,) each row's first byte in each plane
+    h_rows = qh_ptr + e * stride_he + n64 * stride_hn
+    m_rows = meta_ptr + e * stride_me + n64 * stride_mn
     x_row = x_ptr + xm * stride_xm
     if SLOTS:  # Q4_K / Q5_K by 8-byte slots, scales applied once a sub-block
         NB: tl.constexpr = BLOCK_K // 256
-        rows32 = w32_ptr + (e * stride_we + offs_n.to(tl.int64) * stride_wn) // 4  # the same rows as 32-bit words
+        meta32_rows = meta32_ptr + (e * stride_me + n64 * stride_mn) // 4  # the same meta rows as 32-bit words
         # weights are never written: a plain GEMV reads its first tile while the previous kernel finishes
-        qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, 0, K, n_mask, TYPE, NB)
+        qs, hs, s0, s1, n0, n1 = _k_slots(q_rows, h_rows, meta32_rows, 0, K, n_mask, TYPE, NB)
         if not GATHER:
             wait_for_predecessor(GDC)
         part = _k_dot(qs, hs, s0, s1, n0, n1, x_row, 0, K, TYPE, NB)  # (BN, NB, 4, 4)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            qs, hs, s0, s1, n0, n1 = _k_slots(rows, rows32, k0, K, n_mask, TYPE, NB)
+            qs, hs, s0, s1, n0, n1 = _k_slots(q_rows, h_rows, meta32_rows, k0, K, n_mask, TYPE, NB)
             part += _k_dot(qs, hs, s0, s1, n0, n1, x_row, k0, K, TYPE, NB)
         y = tl.sum(tl.reshape(part, (BLOCK_N, NB * 16)), axis=1)
     else:
-        w_first, kk = block_tile(rows, 0, K, n_mask, TYPE, BLOCK_K)  # (BN, blocks, ...) float32, offsets in K
+        w_first, kk = block_tile(q_rows, h_rows, m_rows, 0, K, n_mask, TYPE, BLOCK_K)  # (BN, blocks, ...) float32
         if not GATHER:
             wait_for_predecessor(GDC)
         acc = w_first * _input_tile(x_row, kk, K)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            w, kk = block_tile(rows, k0, K, n_mask, TYPE, BLOCK_K)
+            w, kk = block_tile(q_rows, h_rows, m_rows, k0, K, n_mask, TYPE, BLOCK_K)
             acc += w * _input_tile(x_row, k0 + kk, K)
         y = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_K)), axis=1)
     tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -169,9 +173,9 @@ GATHER_CONFIG = (4, 512, 4, 3)  # routed experts, K >= 1024
 GATHER_SHORT_CONFIG = (4, 256, 2, 4)  # routed experts, short K
 
 
-def _word_aligned(raw: torch.Tensor) -> bool:
-    """Whether ``raw``'s rows can be read as 32-bit words (every stride a multiple of 4, the start of 16)."""
-    return all(st % 4 == 0 for st in raw.stride()[:-1]) and raw.shape[-1] % 4 == 0 and raw.data_ptr() % 16 == 0
+def _word_aligned(plane: torch.Tensor) -> bool:
+    """Whether ``plane``'s rows can be read as 32-bit words (every stride a multiple of 4, the start of 16)."""
+    return all(st % 4 == 0 for st in plane.stride()[:-1]) and plane.shape[-1] % 4 == 0 and plane.data_ptr() % 16 == 0
 
 
 def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) -> tuple[int, int, int, int]:
@@ -190,26 +194,20 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
     return block_n, block_k, warps, stages
 
 
-def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationType, k: int,
-                expert_index: torch.Tensor | None = None, x_repeat: int = 1,
+def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor | None = None, x_repeat: int = 1,
                 config: tuple[int, int, int, int] | None = None, slots: bool = True) -> torch.Tensor:
-    """``x (M / x_repeat, k)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
+    """``x (M / x_repeat, K)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
 
-    ``raw`` uint8 ``(N, row_bytes)`` holds the weight's GGUF rows of ``k`` values of ``ggml_type`` byte
-    for byte; a 3-D ``(E, N, row_bytes)`` stack needs ``expert_index (M,)``, the matrix of each output
-    row, and output row ``m`` reads input row ``m // x_repeat`` (a token's routed experts share its
-    row). ``k`` must be a multiple of the type's block. No host synchronization, output sized by
+    ``weight``'s planes hold a packed ``(N, K)`` matrix, or a ``(E, N, K)`` stack, which needs
+    ``expert_index (M,)``, the matrix of each output row; output row ``m`` reads input row ``m //
+    x_repeat`` (a token's routed experts share its row). No host synchronization, output sized by
     shapes only (CUDA graph safe). ``config`` overrides :func:`config_for` and ``slots=False`` turns
     the slot path of :data:`SLOT_TYPES` off (benchmarks only).
     """
-    if ggml_type not in PACKED:
-        raise ValueError(f"{ggml_type.name} is not a packed block type")
-    if raw.dtype != torch.uint8 or raw.dim() not in (2, 3) or raw.stride(-1) != 1:
-        raise ValueError("packed_gemv needs uint8 rows (N, row_bytes) or (E, N, row_bytes), bytes contiguous")
-    if k % block_elements(ggml_type) or raw.shape[-1] != row_bytes(ggml_type, k):
-        raise ValueError(f"{ggml_type.name}: {raw.shape[-1]} bytes per row do not hold {k} values")
-    n = raw.shape[-2]
-    gather = raw.dim() == 3
+    qs, qh, meta, ggml_type, k = weight.qs, weight.qh, weight.meta, weight.ggml_type, weight.in_features
+    check_planes(qs, qh, meta, ggml_type, k)
+    n = qs.shape[-2]
+    gather = qs.dim() == 3
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -219,14 +217,19 @@ def packed_gemv(x: torch.Tensor, raw: torch.Tensor, ggml_type: GGMLQuantizationT
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     use_slots = slots and ggml_type in SLOT_TYPES
-    if use_slots and not _word_aligned(raw):  # the path is a function of type and shape only: never switch on an address
-        raise ValueError(f"{ggml_type.name} rows must start 16-byte aligned with strides a multiple of 4 bytes")
-    raw32 = raw.view(torch.int32) if use_slots else raw  # the super-blocks' headers as 32-bit words
+    if use_slots and not _word_aligned(meta):  # the path is a function of type and shape only: never switch on an address
+        raise ValueError(f"{ggml_type.name} meta rows must start 16-byte aligned with strides a multiple of 4 bytes")
+    meta32 = meta.view(torch.int32) if use_slots else meta  # the super-blocks' 16 meta bytes as 32-bit words
+    qh_arg = qh if qh.shape[-1] else qs  # no high plane: any pointer (never read)
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
+
+    def strides(p: torch.Tensor) -> tuple[int, int]:
+        return (p.stride(0) if gather else 0), p.stride(-2)
+
     with launch_device(x):
         _packed_gemv_kernel[(triton.cdiv(n, block_n), m)](
-            x2, raw, raw32, y, e, n, k,
-            x2.stride(0), raw.stride(0) if gather else 0, raw.stride(-2), y.stride(0), x_repeat,
+            x2, qs, qh_arg, meta, meta32, y, e, n, k,
+            x2.stride(0), *strides(qs), *strides(qh_arg), *strides(meta), y.stride(0), x_repeat,
             TYPE=int(ggml_type), SLOTS=use_slots, GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,
             num_warps=warps, num_stages=stages, **dependent_launch(x),
         )

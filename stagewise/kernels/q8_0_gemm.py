@@ -13,23 +13,16 @@ weight tile once for all rows (the rows on the dot's narrow side) and splits K o
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
-from stagewise.kernels.moe_align import MoeAlignment
+from stagewise.kernels.expert_stacks import Q8_0Tensors
+from stagewise.kernels.moe_align import identity_alignment
 from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm
-from stagewise.kernels.moe_grouped_triton import (
-    INTERPRETER,
-    TILES_64_Q8_0_GATE_UP,
-    TILES_128,
-    GemmTiles,
-    Q8_0Tensors,
-    grouped_gemm,
-)
+from stagewise.kernels.moe_grouped_triton import INTERPRETER, TILES_64_Q8_0_GATE_UP, TILES_128, GemmTiles, grouped_gemm
 
 DECODE_ROWS = 64  # up to this many rows (a batched decode step): the few-rows kernel, every row in one block
-# `bench/q8_0_decode_sweep.py` on an H200 (q8_0_decode_sweep_h200.json), Qwen3-30B-A3B's dense Q8_0 matmuls:
+# `bench/q8_0_decode_sweep.py` (git 1f282a2) on an H200 (q8_0_decode_sweep_h200.json), Qwen3-30B-A3B's dense Q8_0 matmuls:
 # 32-output tiles with K split until a launch has 8 programs per row (q/k/v 5120x2048 at 32 rows: 12.1 us,
 # o 2048x4096: 10.3 us; 15.3 / 13.8 with the prefill GEMM's 16-row tiles; one TMA box a K step no better);
 # wide tiles, unsplit, for a head, one TMA box a K step (151936x2048: 129 us against 147 with a box a
@@ -38,17 +31,6 @@ DENSE_DECODE_TILES = DecodeTiles(block_n=32, block_k=128, num_warps=2, num_stage
 WIDE_DECODE_TILES = DecodeTiles(block_n=128, block_k=128, num_warps=4, num_stages=3, swap=True, tma=True, wide=True)
 WIDE_OUTPUTS = 32768  # outputs from which a matrix has tiles enough without splitting K (an output head)
 DENSE_PROGRAMS_PER_ROW = 8
-
-
-@functools.lru_cache(maxsize=64)
-def _identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlignment:
-    """Rows ``0..rows-1`` in order, all of expert 0, padded to whole ``block_m`` blocks."""
-    blocks = -(-rows // block_m)
-    slots = torch.arange(blocks * block_m, dtype=torch.int32, device=device)
-    slots = torch.where(slots < rows, slots, torch.full_like(slots, rows))  # padding = rows
-    block_expert = torch.zeros(blocks, dtype=torch.int32, device=device)
-    valid = torch.full((1,), blocks, dtype=torch.int32, device=device)
-    return MoeAlignment(slots, block_expert, valid, rows, block_m)
 
 
 def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
@@ -84,8 +66,8 @@ def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.
     stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
     if rows <= DECODE_ROWS:  # a batched decode step
         block_m, small = decode_tiles(rows, out_features, in_features)
-        y = decode_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, small, gather_rows=False)
+        y = decode_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, small, gather_rows=False)
     else:
         block_m, tiles = _tiles(rows, a.device)
-        y = grouped_gemm(a, stack, _identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
+        y = grouped_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)

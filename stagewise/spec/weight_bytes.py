@@ -9,7 +9,7 @@ Rules (docs/accounting.md):
 * **stored** bytes: each part in its type (whole blocks along the row);
 * **resident** bytes (``dense_bytes`` given, the loader's rule): a matrix, routed expert stack,
   embedding, head or router whose parts are all one packed type of
-  :mod:`stagewise.weights.quant.packed_types` stays the file's blocks; everything else (1-D
+  :mod:`stagewise.spec.packed_types` stays the file's blocks; everything else (1-D
   tensors, conv, F32/F16/BF16 parts, expanded IQ types, parts of mixed types) is dense at the run
   dtype, ``dense_bytes`` per value.
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.packed_types import is_packed, row_bytes
 from stagewise.spec.quant_presets import Preset, QuantModel, tensor_type
 from stagewise.spec.tensor_shapes import TensorShape
-from stagewise.weights.quant.packed_types import is_packed, row_bytes
 
 
 @dataclass(frozen=True)

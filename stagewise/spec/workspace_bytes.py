@@ -27,9 +27,9 @@ from __future__ import annotations
 from stagewise.errors import ConfigError
 from stagewise.spec.block_spec import BlockSpec
 from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.packed_types import DEQUANT_MATMUL_MIN_ROWS, DEVICE_TILE_ELEMENTS, TILE_ELEMENTS
 from stagewise.spec.profile import Profile
 from stagewise.spec.quant_presets import preset
-from stagewise.weights.quant.packed_types import DEQUANT_MATMUL_MIN_ROWS, DEVICE_TILE_ELEMENTS, TILE_ELEMENTS
 
 F32_BYTES = 4
 HANDOFF_BUFFERS = 2  # hidden state in + hidden state out

@@ -9,6 +9,7 @@ tensor in its own type; F32 read on CPU at float32 is a view of the mapping (no 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,10 +19,11 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.errors import CorruptModelFile, UnsupportedArchitecture, WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.packed_types import row_bytes
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, value_from_gguf
 from stagewise.weights.gguf_table import GGUFTable
 from stagewise.weights.quant.block_scales import check_block_scales
-from stagewise.weights.quant.packed_types import row_bytes
+from stagewise.weights.quant.packed_planes import planes_from_rows
 from stagewise.weights.quant.packed_weight import PackedWeight
 from stagewise.weights.quant.q8_0 import BLOCK, Q8_0Weight
 from stagewise.weights.quant.tensor_decode import decode_dense, decode_to
@@ -105,22 +107,24 @@ class GGUFSource:
         (row permutations, concatenations); a column permutation becomes the weight's input gather."""
         rule = self.table.rule(name)
         parts = []
-        for g in rule.gguf:
+        for g in rule.gguf:  # repacked into planes on the device, a bounded slab of rows at a time
             info = self.file.info(g)
-            raw = self.file.raw(g).to(device).reshape(*info.shape[:-1], row_bytes(info.ggml_type, info.shape[-1]))
-            check_block_scales(raw, info.ggml_type, self.label, g)
-            parts.append(PackedWeight(raw, info.ggml_type, info.shape[-1]))
+            raw = self.file.raw(g).reshape(*info.shape[:-1], row_bytes(info.ggml_type, info.shape[-1]))
+            planes = planes_from_rows(raw, info.ggml_type, info.shape[-1], device,
+                                      check=functools.partial(check_block_scales, ggml_type=info.ggml_type,
+                                                              label=self.label, tensor=g))
+            parts.append(PackedWeight(*planes, info.ggml_type, info.shape[-1]))
         self._release(rule.gguf, device)
         weight = parts[0] if len(parts) == 1 else PackedWeight.concat(parts, rule.rule.concat_dim)
         rows = row_index(rule.rule, self.config, weight.shape[0])
         if rows is not None:
-            weight = weight.select_rows(rows) if weight.raw.dim() == 2 else _select_dim0(weight, rows)
+            weight = weight.select_rows(rows) if weight.qs.dim() == 2 else weight.select_experts(rows)
         cols = col_group_index(rule.rule, self.config)
         if cols is not None:  # ours[:, j] = file[:, p[j]]  =>  ours @ x = file @ x[p^-1]
             perm = expand_groups(*cols).to(device)
             inverse = torch.empty_like(perm)
             inverse[perm] = torch.arange(perm.numel(), device=device)
-            weight = PackedWeight(weight.raw, weight.ggml_type, weight.in_features, inverse)
+            weight = PackedWeight(*weight.planes, weight.ggml_type, weight.in_features, inverse)
         return weight
 
     def load_q8_0(self, name: str, device: torch.device) -> Q8_0Weight:
@@ -175,8 +179,3 @@ class GGUFSource:
                     f"but the metadata implies {list(want)}"
                 )
 
-
-def _select_dim0(weight: PackedWeight, rows: torch.Tensor) -> PackedWeight:
-    """A row permutation of a 3-D stack's first dimension (experts)."""
-    raw = weight.raw.index_select(0, rows.to(weight.raw.device)).contiguous()
-    return PackedWeight(raw, weight.ggml_type, weight.in_features, weight.input_index)

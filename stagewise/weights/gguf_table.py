@@ -16,10 +16,10 @@ from gguf.constants import GGMLQuantizationType
 
 from stagewise.errors import CorruptModelFile, UnsupportedTensorType, WeightsError
 from stagewise.spec.model_config import ModelConfig
+from stagewise.spec.packed_types import SUPPORTED, is_packed
 from stagewise.weights.gguf_config import config_from_gguf
 from stagewise.weights.gguf_file import GGUFFile
 from stagewise.weights.gguf_names import BoundRule, bind_gguf_names, blocks_present
-from stagewise.weights.quant.packed_types import SUPPORTED, is_packed
 
 _Q8_0_BLOCK = 32
 _NUMPY_FLOATS = {GGMLQuantizationType.F32: "<f4", GGMLQuantizationType.F16: "<f2"}

@@ -16,7 +16,7 @@ from stagewise.errors import WeightsError
 from stagewise.models.layers.quantized_weight import QuantizedWeight
 from stagewise.models.registry import parameter_shapes
 from stagewise.spec.model_config import ModelConfig
-from stagewise.weights.quant.packed_types import PACKED, block_bytes, block_elements, format_name, row_bytes
+from stagewise.spec.packed_types import PACKED, PLANES, block_elements, format_name, plane_row_bytes, row_bytes
 from stagewise.weights.random_weights import tensor_seed
 
 _PACKED_FORMATS = {format_name(t): t for t in PACKED}
@@ -31,7 +31,7 @@ _DENSE_ONLY = ("embed_tokens", "mlp.gate.weight", "shared_expert_gate", "conv1d"
 class RandomSource:
     """Every parameter of ``config``'s full model, drawn on demand.
 
-    With ``fmt="q8_0"`` (or any other packed type of :mod:`~stagewise.weights.quant.packed_types`,
+    With ``fmt="q8_0"`` (or any other packed type of :mod:`~stagewise.spec.packed_types`,
     e.g. ``q4_k``) the projection matrices (experts and LM head included) are drawn directly in
     their packed form on the device (random block bytes, scale fields set so values are ~``std``),
     as a llama.cpp file keeps them; rows that do not divide into the type's blocks, embeddings,
@@ -98,21 +98,23 @@ class RandomSource:
         return Q8_0Weight(qs, scales)  # type: ignore[return-value]
 
     def _packed(self, shape: tuple[int, ...], gen: torch.Generator, device: torch.device) -> object:
-        """Random block bytes of ``self.fmt`` with every scale field set to ``_SCALE[type] * std``."""
+        """Random planes of ``self.fmt`` with every scale field set to ``_SCALE[type] * std``, generated
+        straight into the resident planes (no file-row copy on the device)."""
         from stagewise.weights.quant.block_scales import F16_SCALE_OFFSETS
         from stagewise.weights.quant.packed_weight import PackedWeight
 
         qtype = _PACKED_FORMATS[self.fmt]
-        raw = torch.randint(0, 256, (*shape[:-1], row_bytes(qtype, shape[-1])), generator=gen, device=device,
-                            dtype=torch.uint8)
-        blocks = raw.view(-1, block_bytes(qtype))
+        layout = PLANES[qtype]
+        qs, qh, meta = (torch.randint(0, 256, (*shape[:-1], n), generator=gen, device=device, dtype=torch.uint8)
+                        for n in plane_row_bytes(qtype, shape[-1]))
+        entries = meta.view(-1, layout.meta_bytes)  # one row per block
         if qtype == GGMLQuantizationType.MXFP4:
-            blocks[:, 0] = 127 - 8  # E8M0 2**-8: |values| <= 6 * 2**-8
+            entries[:, layout.meta_offset(0)] = 127 - 8  # E8M0 2**-8: |values| <= 6 * 2**-8
         else:
             scale = torch.tensor([self.std * _SCALE[qtype]], dtype=torch.float16, device=device).view(torch.uint8)
             for at in F16_SCALE_OFFSETS[qtype]:
-                blocks[:, at : at + 2] = scale
-        return PackedWeight(raw, qtype, shape[-1])
+                entries[:, layout.meta_offset(at) : layout.meta_offset(at) + 2] = scale
+        return PackedWeight(qs, qh, meta, qtype, shape[-1])
 
     def ignored(self) -> set[str]:
         return set()

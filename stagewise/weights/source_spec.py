@@ -2,7 +2,7 @@
 
 One rule (the loader's, :func:`stagewise.weights.tensor_source.keeps_packed`): a tensor stays
 resident as the file's blocks when its source stores it in a packed type of
-:mod:`~stagewise.weights.quant.packed_types` and the module owning it takes packed weights (a
+:mod:`~stagewise.spec.packed_types` and the module owning it takes packed weights (a
 projection, expert stack, embedding, head or router: :func:`holds_packed`, by name); anything else
 is dense at the run dtype, expanded IQ types included. So GGUF files (each tensor its own type),
 random packed weights and a config with ``--format q4_k_m`` are charged by the rule that loads
@@ -23,6 +23,7 @@ from stagewise.errors import ConfigError
 from stagewise.spec.formats import activation_bytes
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
+from stagewise.spec.packed_types import block_elements, format_name, is_expanded, row_bytes
 from stagewise.spec.quant_presets import QuantModel, preset
 from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
 from stagewise.spec.weight_bytes import (
@@ -33,7 +34,6 @@ from stagewise.spec.weight_bytes import (
     shape_bytes,
     stored_bytes,
 )
-from stagewise.weights.quant.packed_types import block_elements, format_name, is_expanded, row_bytes
 
 EMBEDDING = "model.embed_tokens.weight"
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
@@ -149,7 +149,7 @@ def _spec_format(fmt: str) -> str:
 
 
 def source_expansions(source: SpecSource, run_dtype: str) -> list[Expansion]:
-    """Tensors of ``source`` stored in an expanded type (:data:`~stagewise.weights.quant.packed_types.EXPANDED`),
+    """Tensors of ``source`` stored in an expanded type (:data:`~stagewise.spec.packed_types.EXPANDED`),
     by type, with the bytes their dequantization adds."""
     get = getattr(source, "part_types", None)
     if not callable(get):

@@ -10,7 +10,7 @@ packed (:class:`~stagewise.models.layers.quantized_experts.QuantizedExperts`).
 Paths (chosen by the slot count and :func:`~stagewise.kernels.triton_launch.use_triton` only):
 at most ``GATHER_MAX_SLOTS`` routed slots (decode) gather the routed experts; more slots on the
 Triton path with dense or Q8_0 weights run the grouped GEMM
-(:mod:`stagewise.kernels.moe_grouped_triton`: a fixed number of launches, no host sync); otherwise
+(:mod:`stagewise.kernels.moe_experts`: a fixed number of launches, no host sync); otherwise
 (CPU, ``STAGEWISE_KERNELS=torch``, packed formats the grouped GEMM does not read) one matmul pair per used expert.
 """
 
@@ -84,7 +84,7 @@ class Experts(nn.Module):
         if use_triton(x):
             gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
             if gate_up is not None and down is not None:
-                from stagewise.kernels.moe_grouped_triton import grouped_swiglu_experts
+                from stagewise.kernels.moe_experts import grouped_swiglu_experts
 
                 return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,  # type: ignore[arg-type]
                                               residual=residual)  # a grouped-capable stack is one the kernel reads

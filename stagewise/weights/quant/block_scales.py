@@ -11,7 +11,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.errors import CorruptModelFile
-from stagewise.weights.quant.packed_types import block_bytes
+from stagewise.spec.packed_types import block_bytes
 
 T = GGMLQuantizationType
 # byte offsets of the f16 scale fields inside one block, per type (gguf.quants' block layouts)

@@ -6,7 +6,7 @@ Layout on the device: ``qs`` int8 ``(..., out, in)`` and ``scales`` float16
 
 Matmul dispatch is explicit and depends only on the weight's device and the number of input rows.
 On the Triton path (``kernels/triton_launch.use_triton``): at most 16 rows (decode) ->
-:mod:`stagewise.weights.quant.q8_0_gemv_triton`, more rows (prefill) ->
+:mod:`stagewise.kernels.q8_0_gemv_triton`, more rows (prefill) ->
 :mod:`stagewise.kernels.q8_0_gemm`; both read the int8 values directly. Otherwise (CPU, other
 devices) -> dequantize a bounded tile of rows at a time and multiply with the device's matmul (no
 dense copy is ever kept). Same inputs on the same device kind -> same kernel, so a staged run and a
@@ -110,7 +110,7 @@ class Q8_0Weight:
         if not use_triton(self.qs):
             return self._tiled_matmul(x)
         if tokens <= GEMV_MAX_TOKENS:
-            from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+            from stagewise.kernels.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales).reshape(*x.shape[:-1], self.qs.shape[0])
         from stagewise.kernels.q8_0_gemm import q8_0_gemm
@@ -129,7 +129,7 @@ class Q8_0Weight:
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
         if use_triton(self.qs):
-            from stagewise.weights.quant.q8_0_gemv_triton import q8_0_gemv
+            from stagewise.kernels.q8_0_gemv_triton import q8_0_gemv
 
             return q8_0_gemv(x, self.qs, self.scales, expert_index, x_repeat=x_repeat)
         if x_repeat > 1:

@@ -3,7 +3,7 @@
 * F32, F16, BF16: reinterpret the bytes (zero-copy on CPU), then place on the device;
 * Q8_0: resident packed (:class:`~stagewise.weights.quant.q8_0.Q8_0Weight`), or dequantized where
   a dense tensor is required (embeddings, norms);
-* the other packed types (:data:`~stagewise.weights.quant.packed_types.PACKED`): dequantized in
+* the other packed types (:data:`~stagewise.spec.packed_types.PACKED`): dequantized in
   torch on the target device where a dense tensor is asked for;
 * the expanded types (IQ1_*, IQ2_*, IQ3_*, TQ1_0, TQ2_0): dequantized at load by ``gguf.quants`` on
   the CPU, a bounded slab of rows at a time, then placed on the device;
@@ -16,8 +16,8 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.errors import UnsupportedTensorType
+from stagewise.spec.packed_types import EXPANDED, SUPPORTED
 from stagewise.weights.quant.dequant import dequantize, dequantize_expanded
-from stagewise.weights.quant.packed_types import EXPANDED, SUPPORTED
 
 DENSE_TYPES: dict[GGMLQuantizationType, torch.dtype] = {
     GGMLQuantizationType.F32: torch.float32,
@@ -29,7 +29,7 @@ SUPPORTED_TYPES = SUPPORTED
 
 def check_supported(ggml_type: GGMLQuantizationType, label: str, tensor: str) -> None:
     """Raise :class:`UnsupportedTensorType` (one line naming ``label``, tensor and type) unless the
-    type is in :data:`~stagewise.weights.quant.packed_types.SUPPORTED`."""
+    type is in :data:`~stagewise.spec.packed_types.SUPPORTED`."""
     if ggml_type not in SUPPORTED_TYPES:
         supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
         raise UnsupportedTensorType(f"{label}: tensor {tensor!r} has type {ggml_type.name} (supported: {supported})")

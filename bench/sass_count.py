@@ -1,0 +1,129 @@
+"""Compile the packed few-rows GEMM (kernels A and B) for sm_90a offline and count its SASS: no GPU needed.
+
+For each case: registers, local-memory stack (spills), shared memory, the instructions of the K loop's
+body (the largest backward branch) and those per weight value and thread (the loop's body handles one
+K step of ``block_n`` weight rows over ``32 * num_warps`` threads), with the body's commonest opcodes.
+Triton ships ``ptxas`` and ``cuobjdump``; the kernel is compiled exactly as a launch on an H200 would
+compile it (``GPUTarget("cuda", 90, 32)``), so this checks that every type compiles, and counts what
+an H200 would issue, before any device time is spent.
+
+    PYTHONPATH=. python3 bench/sass_count.py --types q4_k,q6_k --modes A,B [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # NOTE: compiled kernels, before any kernel module is imported
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton
+from gguf.constants import GGMLQuantizationType
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stagewise.kernels.packed_decode_triton import _packed_decode_kernel
+from stagewise.spec.packed_types import block_elements
+
+T = GGMLQuantizationType
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+_INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: int, block_n: int, num_warps: int,
+                 num_stages: int, split_k: int = 1, glu: bool = False, blocks: int = 8) -> tuple[bytes, float]:
+    """The cubin of one kernel configuration (bf16 activations, compiled for sm_90a) and its compile seconds."""
+    sig = {name: "*u8" for name in ("qs_ptr", "qh_ptr", "meta_ptr")}
+    sig |= {"a_ptr": "*bf16", "out_ptr": "*bf16", "route_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32",
+            "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "valid_ptr": "*i32"}
+    sig |= {name: "i32" for name in ("N", "steps", "num_slots", "top_k", "up_offset", "split_k", "stride_am", "stride_qe",
+                                     "stride_qn", "stride_he", "stride_hn", "stride_me", "stride_mn", "stride_om")}
+    consts = {"TYPE": int(ggml_type), "BLOCKS": 1 if block_elements(ggml_type) == 256 else blocks,
+              "SCALE_AFTER": scale_after, "DOT": 1, "ASM": True, "GATHER_ROWS": False, "ROUTE_WEIGHT": False, "GLU": glu,
+              "SPLIT": split_k > 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False}
+    order = list(_packed_decode_kernel.arg_names)
+    signature = {name: sig.get(name, "constexpr") for name in order}
+    # as a launch at Llama-3.1-8B's shapes specializes: every pointer 16-byte aligned, N and the strides multiples of 16
+    aligned = [i for i, name in enumerate(order) if name in sig and (sig[name].startswith("*") or name == "N"
+                                                                       or name.startswith("stride"))]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    started = time.perf_counter()
+    kernel = triton.compile(ASTSource(fn=_packed_decode_kernel, signature=signature, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    return kernel.asm["cubin"], time.perf_counter() - started
+
+
+def sass_report(cubin: bytes) -> dict[str, object]:
+    """Registers, stack, shared memory, and the K loop body's instruction count and opcodes."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(CUOBJDUMP), "-sass", f.name], capture_output=True, text=True).stdout
+    instructions = []  # (address, text)
+    for line in sass.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            instructions.append((int(m.group(1), 16), m.group(2).strip()))
+    body: list[str] = []
+    for addr, text in instructions:  # the largest backward branch is the K loop
+        target = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", text)
+        if target and target.group(1) and int(target.group(1), 16) < addr:
+            start = int(target.group(1), 16)
+            span = [t for a, t in instructions if start <= a <= addr]
+            if len(span) > len(body):
+                body = span
+    ops: dict[str, int] = {}
+    for text in body:
+        op = text.split()[1] if text.startswith("@") else text.split()[0]
+        op = op.split(".")[0]
+        ops[op] = ops.get(op, 0) + 1
+    use = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)", usage)
+    regs, stack, shared = (int(v) for v in use.groups()) if use else (0, 0, 0)
+    return {"registers": regs, "stack_bytes": stack, "shared_bytes": shared, "loop_instructions": len(body),
+            "top_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:12])}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="q4_k,q5_k,q6_k,iq4_xs,q4_0")
+    ap.add_argument("--modes", default="A,B", help="A: kernel A at 16 rows; B: kernel B at 64 rows")
+    ap.add_argument("--block-n", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--glu", action="store_true")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    rows = []
+    for name in args.types.split(","):
+        qtype = T[name.strip().upper()]
+        for mode in args.modes.split(","):
+            block_m = 16 if mode == "A" else 64
+            cubin, seconds = compile_case(qtype, mode == "A", block_m, args.block_n, args.warps, args.stages,
+                                          glu=args.glu)
+            report = sass_report(cubin)
+            values_per_thread = 256 * args.block_n * (2 if args.glu else 1) / (32 * args.warps)
+            per_value = int(report["loop_instructions"]) / values_per_thread  # type: ignore[call-overload]
+            row = {"type": qtype.name, "mode": mode, "block_m": block_m, "block_n": args.block_n, "warps": args.warps,
+                   "stages": args.stages, "compile_s": round(seconds, 1), "per_value": round(per_value, 2), **report}
+            rows.append(row)
+            print(f"{qtype.name:6s} {mode} BM{block_m:<3d} BN{args.block_n} w{args.warps}: {report['registers']} regs, "
+                  f"stack {report['stack_bytes']}, loop {report['loop_instructions']} = {per_value:.2f} a value a thread "
+                  f"| {report['top_ops']}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": "python3 " + " ".join(sys.argv), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Packed matmul of 1-128 rows in one launch: kernel A or B over one matrix's planes, tiles by shape.
+
+A 2-D packed weight is a one-expert stack and its rows the identity alignment
+(:func:`~stagewise.kernels.moe_align.identity_alignment`); :func:`packed_matmul` runs
+:func:`~stagewise.kernels.packed_decode_triton.packed_decode_gemm` with kernel A (scales after the dot)
+up to :data:`A_MAX_ROWS` rows in one 16-row block, kernel B (values rounded once) beyond, every row in
+one block of the next power of two, so each weight value is converted once per launch. K is split
+over programs (summed in split order) until a launch has :data:`PROGRAMS` programs. Every choice is a
+function of the device kind, the row count and the shape: staged = single-device, bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from stagewise.kernels.expert_stacks import PackedStack, PackedTensors
+from stagewise.kernels.moe_align import identity_alignment
+from stagewise.kernels.packed_decode_triton import PackedTiles, packed_decode_gemm
+from stagewise.spec.packed_types import block_elements
+
+A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row) up to this many rows
+B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 at most)
+# NOTE: unmeasured GPU defaults (bench/results/kquant_h200/run.sh measures): 64 weight rows a program, four warps
+BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+PROGRAMS = 512  # programs a launch is split up to (K split in order): an H200 has 132 SMs
+INTERPRETER_BLOCK_N = 16  # Triton's interpreter (tests on CPU): small tiles
+
+
+def step_blocks(ggml_type: GGMLQuantizationType, k: int, most: int = 8) -> int:
+    """32-value blocks a K step holds (at most ``most``, a power of two dividing ``k / 32``); 1 for super-blocks."""
+    if block_elements(ggml_type) != 32:
+        return 1
+    blocks = most
+    while (k // 32) % blocks:
+        blocks //= 2
+    return blocks
+
+
+def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, device: torch.device) -> tuple[int, PackedTiles]:
+    """``(block_m, tiles)`` of a ``(n, k)`` matrix at ``rows`` rows (at most :data:`B_MAX_ROWS`)."""
+    if not 0 < rows <= B_MAX_ROWS:
+        raise ValueError(f"the packed few-rows GEMM takes 1-{B_MAX_ROWS} rows, got {rows}")
+    scale_after = rows <= A_MAX_ROWS
+    block_m = 16 if scale_after else 1 << (rows - 1).bit_length()
+    blocks = step_blocks(ggml_type, k)
+    if device.type != "cuda":
+        return block_m, PackedTiles(INTERPRETER_BLOCK_N, 4, 1, scale_after, blocks)
+    steps = k // (256 if block_elements(ggml_type) == 256 else 32 * blocks)
+    n_tiles = -(-n // BLOCK_N)
+    split = 1
+    while n_tiles * split < PROGRAMS and split * 2 <= steps:
+        split *= 2
+    return block_m, PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks, split)
+
+
+def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device) -> PackedTiles:
+    """Kernel A's tiles for expert blocks (16 rows each, one launch has programs enough: no split)."""
+    blocks = step_blocks(ggml_type, k)
+    if device.type != "cuda":
+        return PackedTiles(INTERPRETER_BLOCK_N, 4, 1, True, blocks)
+    return PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, True, blocks)
+
+
+def packed_matmul(x: torch.Tensor, weight: PackedStack) -> torch.Tensor:
+    """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D packed weight (planes ``(out, bytes)``),
+    1-128 rows."""
+    out_features, in_features = weight.qs.shape[0], weight.in_features
+    a = x.reshape(-1, in_features)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    rows = a.shape[0]
+    block_m, tiles = dense_tiles(rows, out_features, in_features, weight.ggml_type, a.device)
+    stack = PackedTensors(weight.qs[None], weight.qh[None], weight.meta[None], weight.ggml_type, in_features)  # views
+    y = packed_decode_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
+    return y.reshape(*x.shape[:-1], out_features)

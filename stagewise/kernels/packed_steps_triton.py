@@ -1,0 +1,300 @@
+"""One K step of kernels A and B over packed planes: the type's blocks, their scale groups, the dots.
+
+``k_step(acc, ...)`` adds one K step (a 256-value super-block, or ``BLOCKS`` 32-value blocks) of ``BLOCK_N``
+weight rows times the rows' activations to ``acc (BN, BM)``, float32, for the type a constexpr; the planes'
+byte layout is :data:`~stagewise.spec.packed_types.PLANES` (offsets as in ``packed_blocks_triton``). Each
+scale group (32 values; 16 for Q2_K, Q3_K, Q6_K) is ``a * (u - center) + b`` or ``a * codebook[u]``, and
+becomes one dot (:mod:`stagewise.kernels.packed_decode_triton`'s module doc has the two modes' arithmetic).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from stagewise.kernels.packed_blocks_triton import (
+    FP4_HI,
+    FP4_LO,
+    IQ4_HI,
+    IQ4_LO,
+    codebook,
+    load_f16,
+    load_u8,
+    signed_byte,
+)
+from stagewise.kernels.quant_bf16_triton import (
+    FP4_ASM,
+    IQ4_ASM,
+    Q5K_ASM0,
+    Q5K_ASM1,
+    Q5K_ASM2,
+    Q5K_ASM3,
+    codebook_bf16,
+    magic,
+    nibbles5_bf16,
+    nibbles_bf16,
+)
+
+
+@triton.jit
+def _x_group(a_ptr, rows, row_ok, k, stride_am, GS: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The group's activations ``(GS, BM)`` in the dot's dtype (DOT 0: float32, 1: bf16, 2: f16)."""
+    x = tl.load(a_ptr + rows[None, :] * stride_am + (k + tl.arange(0, GS))[:, None], mask=row_ok[None, :], other=0.0)
+    if DOT == 0:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _dot(w, x, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+    if DOT == 0:
+        p = tl.dot(w, x, input_precision="ieee")
+    else:
+        p = tl.dot(w, x)
+    return p
+
+
+@triton.jit
+def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr,
+                  SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
+    """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32,
+    ``a``/``b`` ``(BN,)`` float32; ``SYMMETRIC``: ``b`` is zero)."""
+    if SCALE_AFTER:
+        OFF: tl.constexpr = 1024 if DOT == 2 else 128
+        if SYMMETRIC:  # u - CENTER exactly in the dot's dtype: the magic value less OFF + CENTER (small integers)
+            p = _dot(magic(u, DOT) - (OFF + CENTER), x, DOT)  # (BN, BM) = sum (u - CENTER) x
+            acc += a[:, None] * p
+        else:
+            p = _dot(magic(u, DOT), x, DOT)  # (BN, BM) = sum (OFF + u) x
+            sx = _dot(tl.full(u.shape, 1.0, x.dtype), x, DOT)  # (BN, BM): every row sum(x), on the tensor cores
+            acc += a[:, None] * p
+            acc += (b - a * (OFF + CENTER))[:, None] * sx
+    else:
+        w = a[:, None] * (u - CENTER).to(tl.float32) + b[:, None]
+        acc = tl.dot(w.to(x.dtype), x, acc, input_precision="ieee") if DOT == 0 else tl.dot(w.to(x.dtype), x, acc)
+    return acc
+
+
+@triton.jit
+def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Kernel A's group step from ``w = bf16(128 + u)`` already made (bf16 activations):
+    ``acc += a P + (b - a (128 + CENTER)) sum(x)``."""
+    p = tl.dot(w, x)
+    sx = tl.dot(tl.full(w.shape, 1.0, tl.bfloat16), x)
+    acc += a[:, None] * p
+    acc += (b - a * (128 + CENTER))[:, None] * sx
+    return acc
+
+
+@triton.jit
+def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``acc += W_g @ x`` for the group's values ``a * c`` (``c`` ``(BN, GS)`` the codebook entries, int32)."""
+    if SCALE_AFTER:
+        acc += a[:, None] * _dot(c.to(x.dtype), x, DOT)
+    else:
+        w = a[:, None] * c.to(tl.float32)
+        acc = tl.dot(w.to(x.dtype), x, acc, input_precision="ieee") if DOT == 0 else tl.dot(w.to(x.dtype), x, acc)
+    return acc
+
+
+# ------------------------------------------------------------------------------------------------ blocks
+
+
+@triton.jit
+def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+    """One 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4): byte ``l`` holds values ``l`` (low nibble)
+    and ``16 + l`` (high)."""
+    l16 = tl.arange(0, 16)[None, :]
+    x_lo = _x_group(a_ptr, rows, row_ok, blk * 32, stride_am, 16, DOT)
+    x_hi = _x_group(a_ptr, rows, row_ok, blk * 32 + 16, stride_am, 16, DOT)
+    m = m_rows + blk * (1 if TYPE == 39 else 4 if TYPE == 3 or TYPE == 7 else 2)
+    if ASM and (TYPE == 2 or TYPE == 3):  # Q4_0 / Q4_1: both nibbles of a byte into bf16 at once, by inline PTX
+        lo_w, hi_w = nibbles_bf16(tl.load(q_rows[:, None] + blk * 16 + l16, mask=n_ok[:, None], other=0))
+        d = load_f16(m, n_ok)
+        if TYPE == 2:  # d * (q - 8): 128 + q less 136, exactly
+            acc += d[:, None] * tl.dot(lo_w - 136.0, x_lo, tl.dot(hi_w - 136.0, x_hi))
+        else:  # d * q + m
+            ones = tl.full(lo_w.shape, 1.0, tl.bfloat16)
+            acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
+            acc += (load_f16(m + 2, n_ok) - 128.0 * d)[:, None] * tl.dot(ones, x_lo, tl.dot(ones, x_hi))
+        return acc
+    if ASM and (TYPE == 20 or TYPE == 39):  # IQ4_NL / MXFP4: the codebook values of both nibbles, by inline PTX
+        text: tl.constexpr = IQ4_ASM if TYPE == 20 else FP4_ASM
+        lo_w, hi_w = codebook_bf16(tl.load(q_rows[:, None] + blk * 16 + l16, mask=n_ok[:, None], other=0), text)
+        if TYPE == 20:
+            d = load_f16(m, n_ok)
+        else:
+            e = load_u8(m, n_ok)
+            d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+        if SCALE_AFTER:
+            acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
+        else:  # kernel B: each value d * entry rounded to bf16 once
+            acc = tl.dot((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
+            acc = tl.dot((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
+        return acc
+    q = load_u8(q_rows[:, None] + blk * 16 + l16, n_ok[:, None])  # (BN, 16)
+    lo = q & 15
+    hi = q >> 4
+    if TYPE == 39:  # MXFP4: E8M0 exponent (ggml_e8m0_to_fp32_half), e2m1 codes doubled
+        e = load_u8(m, n_ok)
+        d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+        acc = _codebook_group(acc, codebook(lo, FP4_LO, FP4_HI), x_lo, d, SCALE_AFTER, DOT)
+        acc = _codebook_group(acc, codebook(hi, FP4_LO, FP4_HI), x_hi, d, SCALE_AFTER, DOT)
+    elif TYPE == 20:  # IQ4_NL
+        d = load_f16(m, n_ok)
+        acc = _codebook_group(acc, codebook(lo, IQ4_LO, IQ4_HI), x_lo, d, SCALE_AFTER, DOT)
+        acc = _codebook_group(acc, codebook(hi, IQ4_LO, IQ4_HI), x_hi, d, SCALE_AFTER, DOT)
+    else:
+        d = load_f16(m, n_ok)
+        if TYPE == 6 or TYPE == 7:  # the fifth bit of value j is bit j of the block's 32-bit qh word
+            hb = h_rows + blk * 4
+            word = (load_u8(hb, n_ok) | (load_u8(hb + 1, n_ok) << 8) | (load_u8(hb + 2, n_ok) << 16)
+                    | (load_u8(hb + 3, n_ok) << 24))[:, None]
+            lo = lo | (((word >> l16) & 1) << 4)
+            hi = hi | (((word >> (l16 + 16)) & 1) << 4)
+        if TYPE == 3 or TYPE == 7:  # d * q + m
+            b = load_f16(m + 2, n_ok)
+            acc = _linear_group(acc, lo, x_lo, d, b, 0, SCALE_AFTER, DOT)
+            acc = _linear_group(acc, hi, x_hi, d, b, 0, SCALE_AFTER, DOT)
+        else:  # d * (q - 8), d * (q - 16)
+            zero = tl.zeros_like(d)
+            center: tl.constexpr = 16 if TYPE == 6 else 8
+            acc = _linear_group(acc, lo, x_lo, d, zero, center, SCALE_AFTER, DOT, True)
+            acc = _linear_group(acc, hi, x_hi, d, zero, center, SCALE_AFTER, DOT, True)
+    return acc
+
+
+@triton.jit
+def _k_scale(m, n_ok, s: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K: the 6-bit scale and min of sub-block ``s`` from the 12 bytes at ``m + 4``."""
+    if s < 4:
+        sc = load_u8(m + 4 + s, n_ok) & 63
+        mn = load_u8(m + 8 + s, n_ok) & 63
+    else:
+        md = load_u8(m + 8 + s, n_ok)
+        sc = (md & 15) | ((load_u8(m + s, n_ok) >> 6) << 4)
+        mn = (md >> 4) | ((load_u8(m + 4 + s, n_ok) >> 6) << 4)
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+    """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
+    k0 = blk * 256
+    l16 = tl.arange(0, 16)[None, :]
+    l32 = tl.arange(0, 32)[None, :]
+    if TYPE == 12 or TYPE == 13:  # Q4_K / Q5_K: chunk c's 32 bytes: sub-block 2c (low nibbles), 2c + 1 (high)
+        m = m_rows + blk * 16
+        d = load_f16(m, n_ok)
+        dmin = load_f16(m + 2, n_ok)
+        if TYPE == 13 and not ASM:
+            qh = load_u8(h_rows[:, None] + blk * 32 + l32, n_ok[:, None])  # (BN, 32): bit s is sub-block s's fifth bit
+        if TYPE == 13 and ASM:
+            qh8 = tl.load(h_rows[:, None] + blk * 32 + l32, mask=n_ok[:, None], other=0)  # (BN, 32) uint8
+        for c in tl.static_range(4):
+            if ASM:  # both nibbles of a byte into bf16 at once, by inline PTX (module doc)
+                qb = tl.load(q_rows[:, None] + blk * 128 + 32 * c + l32, mask=n_ok[:, None], other=0)  # (BN, 32) uint8
+                if TYPE == 12:
+                    lo, hi = nibbles_bf16(qb)
+                elif c == 0:
+                    lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM0)
+                elif c == 1:
+                    lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM1)
+                elif c == 2:
+                    lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM2)
+                else:
+                    lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM3)
+                for h in tl.static_range(2):
+                    sc, mn = _k_scale(m, n_ok, 2 * c + h)
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
+                    acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
+            else:
+                q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
+                for h in tl.static_range(2):
+                    u = (q >> (4 * h)) & 15
+                    if TYPE == 13:
+                        u = u | (((qh >> (2 * c + h)) & 1) << 4)
+                    sc, mn = _k_scale(m, n_ok, 2 * c + h)
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
+                    acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
+    elif TYPE == 14:  # Q6_K: half hf, low bytes 16r + l: values 16r + l (low nibble), 64 + 16r + l (high)
+        m = m_rows + blk * 18
+        d = load_f16(m + 16, n_ok)
+        zero = tl.zeros_like(d)
+        for hf in tl.static_range(2):
+            for r in tl.static_range(4):
+                ql = load_u8(q_rows[:, None] + blk * 128 + 64 * hf + 16 * r + l16, n_ok[:, None])  # (BN, 16)
+                qh = load_u8(h_rows[:, None] + blk * 64 + 32 * hf + 16 * (r % 2) + l16, n_ok[:, None])
+                for h in tl.static_range(2):
+                    u = ((ql >> (4 * h)) & 15) | (((qh >> (4 * h + 2 * (r // 2))) & 3) << 4)
+                    sc = signed_byte(load_u8(m + 8 * hf + 4 * h + r, n_ok)).to(tl.float32)
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * r, stride_am, 16, DOT)
+                    acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, True)
+    elif TYPE == 10 or TYPE == 11:  # Q2_K / Q3_K: half hf, byte 16g + l, field s: value 32s + 16g + l
+        m = m_rows + blk * (20 if TYPE == 10 else 14)
+        if TYPE == 10:
+            d = load_f16(m + 16, n_ok)
+            dmin = load_f16(m + 18, n_ok)
+        else:
+            d = load_f16(m + 12, n_ok)
+            zero = tl.zeros_like(d)
+        for hf in tl.static_range(2):
+            for g in tl.static_range(2):
+                q = load_u8(q_rows[:, None] + blk * 64 + 32 * hf + 16 * g + l16, n_ok[:, None])  # (BN, 16)
+                if TYPE == 11:
+                    hm = load_u8(h_rows[:, None] + blk * 32 + 16 * g + l16, n_ok[:, None])
+                for s in tl.static_range(4):
+                    u = (q >> (2 * s)) & 3
+                    i = 8 * hf + 2 * s + g  # the 16-value scale (a constexpr: NOTE not annotated, reassigned each unrolled step)
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 32 * s + 16 * g, stride_am, 16, DOT)
+                    if TYPE == 10:
+                        sc = load_u8(m + i, n_ok)
+                        acc = _linear_group(acc, u, x, d * (sc & 15).to(tl.float32),
+                                            -(dmin * (sc >> 4).to(tl.float32)), 0, SCALE_AFTER, DOT)
+                    else:  # q = q2 - 4 (1 - high bit) = u - 4 with u = q2 | high << 2
+                        u = u | (((hm >> (4 * hf + s)) & 1) << 2)
+                        low = (load_u8(m + (i & 7), n_ok) >> (4 * (i >> 3))) & 15
+                        high = (load_u8(m + 8 + (i & 3), n_ok) >> (2 * (i >> 2))) & 3
+                        dl = d * ((low | (high << 4)) - 32).to(tl.float32)
+                        acc = _linear_group(acc, u, x, dl, zero, 4, SCALE_AFTER, DOT, True)
+    else:  # IQ4_XS: sub-block sb's 16 bytes: values 32 sb + l (low nibble), 32 sb + 16 + l (high)
+        m = m_rows + blk * 8
+        d = load_f16(m, n_ok)
+        high_bits = load_u8(m + 2, n_ok) | (load_u8(m + 3, n_ok) << 8)
+        for sb in tl.static_range(8):
+            low = (load_u8(m + 4 + sb // 2, n_ok) >> (4 * (sb % 2))) & 15
+            dl = d * ((low | (((high_bits >> (2 * sb)) & 3) << 4)) - 32).to(tl.float32)
+            if ASM:  # the codebook values of both nibbles, by inline PTX
+                qb = tl.load(q_rows[:, None] + blk * 128 + 16 * sb + l16, mask=n_ok[:, None], other=0)  # (BN, 16) uint8
+                lo_w, hi_w = codebook_bf16(qb, IQ4_ASM)
+                x_lo = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb, stride_am, 16, DOT)
+                x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
+                if SCALE_AFTER:
+                    acc += dl[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
+                else:  # kernel B: each value dl * entry rounded to bf16 once
+                    acc = tl.dot((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
+                    acc = tl.dot((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
+            else:
+                q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
+                for h in tl.static_range(2):
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16 * h, stride_am, 16, DOT)
+                    acc = _codebook_group(acc, codebook((q >> (4 * h)) & 15, IQ4_LO, IQ4_HI), x, dl, SCALE_AFTER, DOT)
+    return acc
+
+
+@triton.jit
+def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
+            TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+    """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks."""
+    if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
+        acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
+                           TYPE, SCALE_AFTER, DOT,
+                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13)) or TYPE == 23))
+    else:
+        for j in tl.static_range(BLOCKS):
+            acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
+                               TYPE, SCALE_AFTER, DOT,
+                               ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 2 or TYPE == 3)) or TYPE == 20 or TYPE == 39))
+    return acc

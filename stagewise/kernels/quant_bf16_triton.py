@@ -1,0 +1,113 @@
+"""Packed quants to bf16 exactly, in Triton: the magic-number values of kernel A and its inline PTX.
+
+Kernel A (:mod:`stagewise.kernels.packed_decode_triton`) dots ``128 + u`` instead of the quant ``u``
+(``0 <= u < 128``): the bf16 with bits ``0x4300 | u`` is exactly that value (f16: ``0x6400 | u`` is ``1024 + u``),
+and the group's scale takes the 128 back out after the dot. :func:`magic` makes it from int32 quants with
+Triton's per-value ops (any dtype; float32 ``u + 128`` in Triton's interpreter). For the 4-bit types the
+bytes go through inline PTX four at a time instead (``pack=4``, element ``e`` in byte ``e`` of one register,
+each output two registers of bf16 pairs): :func:`nibbles_bf16` (``prmt`` spreads two bytes into 16-bit
+lanes, ``lop3`` masks a nibble and ors the magic bits: one instruction a value), :func:`nibbles5_bf16` (Q5_K's
+fifth bit moved in from its high-bit byte) and :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4: the entries'
+bf16 bytes looked up in ``prmt`` byte tables). The interpreter does not run PTX: ``tests/test_packed_decode.py``
+runs these instruction by instruction, and the GPU tests run them compiled.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import triton
+import triton.language as tl
+
+
+def _nibbles5_asm(bit: int) -> str:
+    """PTX for :func:`nibbles5_bf16`: as :func:`nibbles_bf16`, each value's fifth bit from bit ``bit`` (low
+    nibbles) and ``bit + 1`` (high nibbles) of the matching high-bit byte, moved to bit 4 of its 16-bit lane."""
+    def move(b: int, dst: str, src: str) -> str:
+        return f"shl.b32 {dst}, {src}, {4 - b};" if b <= 4 else f"shr.u32 {dst}, {src}, {b - 4};"
+
+    lines = ["{", ".reg .b32 t0, t1, h0, h1, a0, a1, m0, m1;",
+             "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
+             "prmt.b32 h0, $5, 0, 0x4140;", "prmt.b32 h1, $5, 0, 0x4342;"]
+    for out, b, shift in ((0, bit, ""), (2, bit + 1, "shr.u32 t0, t0, 4; shr.u32 t1, t1, 4;")):
+        lines += [shift, "lop3.b32 m0, t0, 0x000f000f, 0x43004300, 0xea;", "lop3.b32 m1, t1, 0x000f000f, 0x43004300, 0xea;",
+                  move(b, "a0", "h0"), move(b, "a1", "h1"),
+                  f"lop3.b32 ${out}, a0, 0x00100010, m0, 0xea;", f"lop3.b32 ${out + 1}, a1, 0x00100010, m1, 0xea;"]
+    return "\n".join([*lines, "}"])
+
+
+def _codebook_asm(values: tuple[int, ...]) -> str:
+    """PTX for :func:`codebook_bf16`: the 16 entries' bf16 bit patterns as two byte tables (low and high
+    bytes, eight entries a ``prmt`` pair); per four nibbles, the selector ``n0 | n1 << 4 | n2 << 8 | n3 << 12``,
+    two lookups a table, the right half per byte by the index's bit 3 (``prmt`` sign-replicating ``n << 4``),
+    and the bytes interleaved into bf16 pairs."""
+    bits = [struct.unpack("<I", struct.pack("<f", float(v)))[0] >> 16 for v in values]  # exact: small integers
+    assert all(float(struct.unpack("<f", struct.pack("<I", b << 16))[0]) == v for b, v in zip(bits, values, strict=True))
+
+    def word(entries: list[int]) -> str:
+        return f"0x{sum(e << (8 * i) for i, e in enumerate(entries)):08x}"
+
+    lo = [b & 0xFF for b in bits]
+    hi = [b >> 8 for b in bits]
+    tables = {"l0": word(lo[0:4]), "l1": word(lo[4:8]), "l2": word(lo[8:12]), "l3": word(lo[12:16]),
+              "h0": word(hi[0:4]), "h1": word(hi[4:8]), "h2": word(hi[8:12]), "h3": word(hi[12:16])}
+    lines = ["{", ".reg .b32 n, c, s, m, a, b, l, h, t0, t1, t2, t3;"]
+    for out, nibble in ((0, "and.b32 n, $4, 0x0f0f0f0f;"), (2, "shr.u32 n, $4, 4; and.b32 n, n, 0x0f0f0f0f;")):
+        lines += [nibble, "shr.u32 c, n, 4;", "or.b32 c, c, n;", "prmt.b32 s, c, 0, 0x4420;", "and.b32 s, s, 0x7777;",
+                  "shl.b32 m, n, 4;", "prmt.b32 m, m, 0, 0xba98;"]
+        for reg, name in (("l", "l"), ("h", "h")):
+            lines += [f"mov.b32 t0, {tables[name + '0']};", f"mov.b32 t1, {tables[name + '1']};",
+                      f"mov.b32 t2, {tables[name + '2']};", f"mov.b32 t3, {tables[name + '3']};",
+                      "prmt.b32 a, t0, t1, s;", "prmt.b32 b, t2, t3, s;", f"lop3.b32 {reg}, a, b, m, 0xd8;"]
+        lines += [f"prmt.b32 ${out}, l, h, 0x5140;", f"prmt.b32 ${out + 1}, l, h, 0x7362;"]
+    return "\n".join([*lines, "}"])
+
+
+IQ4_ASM: tl.constexpr = tl.constexpr(_codebook_asm((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                                                    113)))  # gguf IQ4_NL.kvalues
+FP4_ASM: tl.constexpr = tl.constexpr(_codebook_asm((0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)))  # MXFP4
+NIBBLES_ASM: tl.constexpr = tl.constexpr("\n".join([
+    "{", ".reg .b32 t0, t1;", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
+    "lop3.b32 $0, t0, 0x000f000f, 0x43004300, 0xea;", "lop3.b32 $1, t1, 0x000f000f, 0x43004300, 0xea;",
+    "shr.u32 t0, t0, 4;", "shr.u32 t1, t1, 4;",
+    "lop3.b32 $2, t0, 0x000f000f, 0x43004300, 0xea;", "lop3.b32 $3, t1, 0x000f000f, 0x43004300, 0xea;", "}"]))
+Q5K_ASM0: tl.constexpr = tl.constexpr(_nibbles5_asm(0))  # Q5_K chunk c: sub-blocks 2c, 2c + 1 -> bits 2c, 2c + 1
+Q5K_ASM1: tl.constexpr = tl.constexpr(_nibbles5_asm(2))
+Q5K_ASM2: tl.constexpr = tl.constexpr(_nibbles5_asm(4))
+Q5K_ASM3: tl.constexpr = tl.constexpr(_nibbles5_asm(6))
+
+
+@triton.jit
+def magic(u, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``OFF + u`` in the dot's dtype, exactly (``0 <= u < 64``): bf16 ``0x4300 | u``, f16 ``0x6400 | u``."""
+    if DOT == 1:
+        w = (u | 0x4300).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    elif DOT == 2:
+        w = (u | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True)
+    else:
+        w = (u + 128).to(tl.float32)
+    return w
+
+
+@triton.jit
+def nibbles_bf16(q):  # type: ignore[no-untyped-def]
+    """Bytes ``q`` (uint8) -> ``(128 + (q & 15), 128 + (q >> 4))`` as bf16, exactly: four bytes at a time, two
+    ``prmt`` spread them into 16-bit lanes and each ``lop3`` makes two values (``(t & 0x000f000f) | 0x43004300``)."""
+    return tl.inline_asm_elementwise(asm=NIBBLES_ASM, constraints="=r,=r,=r,=r,r", args=[q],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def nibbles5_bf16(q, h, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Bytes ``q`` and high-bit bytes ``h`` (uint8) -> ``128 + u`` as bf16 for the low and the high nibbles, each
+    with its fifth bit from ``h`` (``TEXT``: one of ``Q5K_ASM*``, which bits)."""
+    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,=r,=r,r,r", args=[q, h],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def codebook_bf16(q, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Bytes ``q`` (uint8) -> the codebook entries of their low and high nibbles as bf16 (``TEXT``: ``IQ4_ASM`` or
+    ``FP4_ASM``), four bytes at a time by ``prmt`` table lookups."""
+    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,=r,=r,r", args=[q],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)

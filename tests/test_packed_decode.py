@@ -1,0 +1,254 @@
+"""Kernels A and B (packed few-rows GEMM on the planes) against dequantize-then-matmul, every packed type.
+
+Kernel A (scales after a dot per group) for 1-16 rows and MoE expert blocks, kernel B (values rounded
+once, then dotted) for 17-128 rows; both against ``x @ dequantize(W).T`` in float32 (Triton's
+interpreter on CPU runs their float32 form; a GPU runs the bf16 forms, checked at bf16 tolerance),
+with K not a multiple of the tiles, partial row and weight tiles, split K, the fused SiLU·up and the
+routing weight; and the dispatch of ``PackedWeight.matmul`` pinned by row count.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+from stagewise.kernels.moe_align import identity_alignment, moe_align
+from stagewise.kernels.packed_decode_triton import PackedTiles, packed_decode_gemm, packed_decode_gemm_glu
+from stagewise.kernels.silu_mul_triton import silu_mul
+from stagewise.weights.quant.packed_weight import PackedWeight, matmul_path
+from tests.test_packed_kernels import DEVICE, _on_device, _random_rows
+
+T = GGMLQuantizationType
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+TOL = 2e-5  # of max |y|, float32 activations: summation order and the scales' reordering only
+
+
+def _weight(qtype: GGMLQuantizationType, lead: tuple[int, ...], k: int, seed: int) -> PackedWeight:
+    n = 1
+    for d in lead:
+        n *= d
+    raw = _random_rows(qtype, n, k, seed).reshape(*lead, -1)
+    return PackedWeight.from_rows(_on_device(raw), qtype, k)
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, tol: float = TOL) -> None:
+    scale = ref.abs().max().item()
+    err = (got.float().cpu() - ref).abs().max().item()
+    assert scale > 0 and err <= tol * scale, f"max error {err:.3g} > {tol:g} x {scale:.3g}"
+
+
+def _small(scale_after: bool, split: int = 1) -> PackedTiles:
+    return PackedTiles(block_n=16, num_warps=4, num_stages=1, scale_after=scale_after, blocks=2, split_k=split)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("rows", "scale_after"), [(1, True), (5, True), (17, False), (40, False)],
+                         ids=["A1", "A5", "B17", "B40"])
+def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, scale_after: bool) -> None:
+    k = 256 * 3 if qtype in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS) else 32 * 5  # K steps: 3 / 2.5
+    w = _weight(qtype, (1, 20), k, seed=int(qtype))  # 20 weight rows: a partial 16-row tile
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    ref = x @ w.dequantize().cpu()[0].T
+    blocks = 1 if k % 64 else 2  # 5 blocks: one-block steps
+    tiles = PackedTiles(block_n=16, num_warps=4, num_stages=1, scale_after=scale_after, blocks=blocks)
+    block_m = max(16, 1 << (rows - 1).bit_length())
+    got = packed_decode_gemm(x.to(DEVICE), w, identity_alignment(rows, block_m, x.to(DEVICE).device), 1, tiles,
+                             gather_rows=False)
+    assert got.shape == (rows, 20)
+    _close(got, ref)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 128])
+def test_matmul_takes_the_kernel_of_its_row_count(rows: int) -> None:
+    k = 256
+    w = _weight(T.Q4_K, (24,), k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(0))
+    ref = x @ w.dequantize().cpu().T
+    from stagewise.kernels.triton_launch import kernels_on_host
+
+    with kernels_on_host():
+        _close(w.matmul(x.to(DEVICE)), ref)
+
+
+def test_the_dispatch_by_rows_is_pinned() -> None:
+    assert [matmul_path(r) for r in (1, 16, 17, 64, 128, 129, 4096)] == ["A", "A", "B", "B", "B", "tiles", "tiles"]
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_0], ids=lambda t: t.name)
+def test_expert_blocks_glu_split_and_route_weights(qtype: GGMLQuantizationType) -> None:
+    experts, inter, hidden, tokens, top_k = 4, 16, 256, 3, 2
+    gate_up = _weight(qtype, (experts, 2 * inter), hidden, seed=3)
+    down = _weight(qtype, (experts, hidden), 256, seed=4)  # (E, H, K = 256): the down GEMM's shape, K = 256
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(tokens, hidden, generator=g)
+    top_index = torch.tensor([[0, 2], [2, 3], [0, 3]])
+    top_weight = torch.rand(tokens, top_k, generator=g)
+    align = moe_align(top_index.to(DEVICE), experts, 16)
+    wg = gate_up.dequantize().cpu()  # (E, 2I, H)
+    slot_rows = [(t, int(top_index[t, j])) for t in range(tokens) for j in range(top_k)]
+    ref_h = torch.stack([wg[e] @ x[t] for t, e in slot_rows])  # (S, 2I)
+    for scale_after in (True, False):
+        h = packed_decode_gemm(x.to(DEVICE), gate_up, align, top_k, _small(scale_after), gather_rows=True)
+        _close(h, ref_h)
+        act = packed_decode_gemm_glu(x.to(DEVICE), gate_up, align, top_k, _small(scale_after), gather_rows=True)
+        _close(act, silu_mul(h).cpu(), 1e-5)  # the fused SiLU·up: as silu_mul of the stored pair
+        split = packed_decode_gemm_glu(x.to(DEVICE), gate_up, align, top_k, _small(scale_after, 2), gather_rows=True)
+        _close(split, act.cpu(), 1e-5)
+        a = torch.randn(tokens * top_k, 256, generator=g)
+        wd = down.dequantize().cpu()
+        y = packed_decode_gemm(a.to(DEVICE), down, align, top_k, _small(scale_after), gather_rows=False,
+                               top_weight=top_weight.to(DEVICE))
+        ref_y = torch.stack([top_weight.flatten()[s] * (wd[e] @ a[s]) for s, (_t, e) in enumerate(slot_rows)])
+        _close(y, ref_y)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 40])  # kernel A, kernel B
+def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int) -> None:
+    """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's rounded
+    values, at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal outputs."""
+    from stagewise.kernels.packed_matmul import packed_matmul
+
+    k = 4096 + (256 if qtype in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS) else 32)  # K: not a tile multiple
+    w = _weight(qtype, (1000,), k, seed=int(qtype))
+    x = torch.randn(rows, k, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)).to(torch.bfloat16)
+    ref = x.float() @ w.dequantize().T
+    got = packed_matmul(x, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 1000)
+    assert float((got.float() - ref).norm() / ref.norm()) <= 1e-2
+    assert torch.equal(packed_matmul(x, w), got)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama@q4_k", "tiny-qwen3-moe@q6_k"])
+def test_tiny_models_through_the_kernels_match_the_reference_path(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill chunks (kernel A at 4 rows; the MoE's routed tokens in one-expert blocks) and decode
+    steps (kernel A at one row; one token's experts by the GEMV) of a whole packed model, against the
+    torch path on the dequantized weights."""
+    from tests.test_triton_kernels import _trace
+
+    reference, fused = (_trace(preset, f, monkeypatch) for f in (False, True))
+    assert fused.tokens == reference.tokens
+    for got, want in zip(fused.logits, reference.logits, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
+    """A tiny interpreter of the PTX the nibble conversions use (prmt with its sign-replicate mode, lop3, shl,
+    shr, and, or, mov on b32 registers)."""
+    regs = dict(inputs)
+    mask = 0xFFFFFFFF
+
+    def value(token: str) -> int:
+        token = token.strip()
+        return regs[token] if token in regs else int(token, 0)
+
+    for line in text.replace(";", ";\n").splitlines():
+        line = line.strip().rstrip(";").strip()
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = (a.strip() for a in args.split(","))
+        if op == "prmt.b32":
+            a, b, sel = value(src[0]), value(src[1]), value(src[2])
+            pool = a | (b << 32)
+            out = 0
+            for i in range(4):
+                nibble = (sel >> (4 * i)) & 15
+                byte = (pool >> (8 * (nibble & 7))) & 0xFF
+                if nibble & 8:  # replicate the selected byte's sign bit
+                    byte = 0xFF if byte & 0x80 else 0
+                out |= byte << (8 * i)
+            regs[dst] = out
+        elif op == "lop3.b32":
+            a, b, c, lut = (value(t) for t in src)
+            regs[dst] = sum((((lut >> ((((a >> i) & 1) << 2) | (((b >> i) & 1) << 1) | ((c >> i) & 1))) & 1) << i)
+                            for i in range(32))
+        elif op == "shl.b32":
+            regs[dst] = (value(src[0]) << value(src[1])) & mask
+        elif op == "shr.u32":
+            regs[dst] = value(src[0]) >> value(src[1])
+        elif op == "and.b32":
+            regs[dst] = value(src[0]) & value(src[1])
+        elif op == "or.b32":
+            regs[dst] = value(src[0]) | value(src[1])
+        elif op == "mov.b32":
+            regs[dst] = value(src[0])
+        else:
+            raise AssertionError(f"unexpected PTX {op}")
+    return regs
+
+
+def _bf16(bits: int) -> float:
+    """The bf16 with these bits."""
+    return float(torch.tensor([bits - (bits >> 15 << 16)], dtype=torch.int16).view(torch.bfloat16).float())
+
+
+def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
+    """The inline PTX of kernel A's compiled path (not run by the interpreter), checked instruction by
+    instruction here: element ``e`` of four packed bytes gives ``128 + (q_e & 15)`` and ``128 + (q_e >> 4)``,
+    and with Q5_K's high-bit bytes the fifth bit of bits ``2c`` and ``2c + 1``."""
+    from stagewise.kernels import quant_bf16_triton as kernels
+
+    def lanes(regs: dict[str, int], first: int) -> list[int]:
+        return [(regs[f"${first + i // 2}"] >> (16 * (i % 2))) & 0xFFFF for i in range(4)]
+
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(64):
+        q = torch.randint(0, 256, (4,), generator=rng).tolist()
+        h = torch.randint(0, 256, (4,), generator=rng).tolist()
+        word, high = sum(b << (8 * i) for i, b in enumerate(q)), sum(b << (8 * i) for i, b in enumerate(h))
+        out = _run_ptx(kernels.NIBBLES_ASM.value, {"$4": word})
+        assert [_bf16(v) for v in lanes(out, 0)] == [128 + (b & 15) for b in q]
+        assert [_bf16(v) for v in lanes(out, 2)] == [128 + (b >> 4) for b in q]
+        for c, text in enumerate((kernels.Q5K_ASM0, kernels.Q5K_ASM1, kernels.Q5K_ASM2, kernels.Q5K_ASM3)):
+            out = _run_ptx(text.value, {"$4": word, "$5": high})
+            assert [_bf16(v) for v in lanes(out, 0)] == [128 + (b & 15) + 16 * ((e >> (2 * c)) & 1) for b, e in zip(q, h, strict=True)]
+            assert [_bf16(v) for v in lanes(out, 2)] == [128 + (b >> 4) + 16 * ((e >> (2 * c + 1)) & 1)
+                                                         for b, e in zip(q, h, strict=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_expert_blocks_in_bf16_match_the_grouped_gemm() -> None:
+    """Kernel A's expert blocks with SiLU·up fused (a Q4_K_M mix: Q4_K gate/up, Q6_K down) against the grouped
+    GEMM on the same stacks, bf16, 8 tokens of a 64-expert top-8 layer."""
+    from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_decode_config
+
+    experts, top_k, hidden, inter, tokens = 64, 8, 2048, 512, 8
+    gate_up = _weight(T.Q4_K, (experts, 2 * inter), hidden, seed=1)
+    down = _weight(T.Q6_K, (experts, hidden), inter, seed=2)
+    g = torch.Generator("cuda").manual_seed(3)
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    top_weight, top_index = torch.topk(torch.softmax(torch.randn(tokens, experts, device="cuda", generator=g), -1),
+                                       top_k, dim=-1)
+    top_weight = top_weight.to(torch.bfloat16)
+    blocks = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, packed_decode_config(gate_up, down, x.device))
+    grouped = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,
+                                     packed_config(x.device, gate_up, down, tokens * top_k, experts))
+    assert float((blocks.float() - grouped.float()).norm() / grouped.float().norm()) <= 2e-2
+    assert torch.equal(grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,
+                                              packed_decode_config(gate_up, down, x.device)), blocks)
+
+
+def test_the_codebook_ptx_looks_up_every_nibble_in_bf16() -> None:
+    """Kernel A's IQ4_NL / IQ4_XS and MXFP4 lookups (inline PTX, not run by the interpreter): every byte's low and
+    high nibble give their codebook entry, exactly."""
+    from stagewise.kernels import quant_bf16_triton as kernels
+
+    tables = {kernels.IQ4_ASM: (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
+              kernels.FP4_ASM: (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)}
+    for text, values in tables.items():
+        for first in range(0, 256, 4):
+            q = [first, first + 1, first + 2, first + 3][::-1 if first % 8 else 1]
+            out = _run_ptx(text.value, {"$4": sum(b << (8 * i) for i, b in enumerate(q))})
+            lanes = [(out[f"${r + i // 2}"] >> (16 * (i % 2))) & 0xFFFF for r in (0, 2) for i in range(4)]
+            assert [_bf16(v) for v in lanes] == [values[b & 15] for b in q] + [values[b >> 4] for b in q]
