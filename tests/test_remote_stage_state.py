@@ -46,7 +46,7 @@ def test_remote_stage_describes_the_workers_state(kind: str, tmp_path: Path) -> 
     assert remote.ledger.charged["state"] == local.ledger.charged["state"] > 0
     assert remote.block_table is not None and local.block_table is not None
     assert remote.block_table.pool_blocks == local.block_table.pool_blocks  # the blocks and the scratch block
-    assert remote.enable_graphs(64) is False  # the worker captures its own
+    assert remote.enable_graphs() is False  # the worker captures its own
     with pytest.raises(RuntimeError, match="lives in worker 2"):
         remote.allocate_state(ROWS, CONTEXT)
 

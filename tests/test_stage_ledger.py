@@ -49,4 +49,4 @@ def test_state_past_budget_raises_before_allocating(model_dir: Path) -> None:
     stage.ledger.budget_bytes = weights + 1000  # too small for any KV cache
     with pytest.raises(StageOutOfMemory, match="state"):
         stage.allocate_state(batch=1, max_context=4096)
-    assert stage.states == {} and stage.ledger.charged["state"] == 0
+    assert stage.states is None and stage.ledger.charged["state"] == 0
