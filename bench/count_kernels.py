@@ -104,7 +104,7 @@ def main() -> int:
         model = stage.model
         loaded.pipeline.reset(0)
         loaded.pipeline.step(torch.arange(1, 9)[None], torch.arange(8)[None], start=0)
-        ctx = model.context(torch.tensor([[8]]), 8, torch.bfloat16)
+        ctx = model.context(torch.tensor([[8]]), 8, torch.bfloat16, slots=stage.states.slots)
         for i in model.block_indices:
             count = count_block(stage, ctx, i)
             expected = block_kernels(model.config, i)

@@ -25,6 +25,6 @@ def test_block_kernel_counts(model: str) -> None:
     stage = loaded.pipeline.stages[0]
     loaded.pipeline.reset(0)
     loaded.pipeline.step(torch.arange(1, 9)[None], torch.arange(8)[None], start=0)
-    ctx = stage.model.context(torch.tensor([[8]]), 8, torch.bfloat16)
+    ctx = stage.model.context(torch.tensor([[8]]), 8, torch.bfloat16, slots=stage.states.slots)
     for i in stage.model.block_indices:
         assert count_block(stage, ctx, i) == block_kernels(stage.model.config, i), (model, i)

@@ -71,21 +71,26 @@ def packed_causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, conv_poo
 
 
 def causal_conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, read: torch.Tensor,
-                     write: torch.Tensor) -> torch.Tensor:
+                     write: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """One token of each of ``B`` decoding rows through the conv + SiLU.
 
     Args:
         x: ``(B, C)`` the new inputs; weight: ``(C, 1, K)``; conv_pool: ``(E, C, K)``;
         read, write: ``(B,)`` int32 entries: row ``b`` continues window ``read[b]`` and writes the
             shifted window to ``write[b]`` (no entry both read and written).
+        out: ``(B, C)`` for the result (allocated when None), last dim contiguous.
     Returns:
-        ``(B, C)`` in ``x``'s dtype.
+        ``(B, C)`` in ``x``'s dtype (``out``).
     """
     if use_triton(x):
         from stagewise.kernels.deltanet_decode_triton import conv_step
 
-        return conv_step(x, weight, conv_pool, read, write)
-    return causal_conv_step_reference(x, weight, conv_pool, read, write)
+        return conv_step(x, weight, conv_pool, read, write, out=out)
+    mixed = causal_conv_step_reference(x, weight, conv_pool, read, write)
+    if out is None:
+        return mixed
+    out.copy_(mixed)
+    return out
 
 
 def causal_conv_step_reference(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, read: torch.Tensor,

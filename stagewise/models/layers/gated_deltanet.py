@@ -132,7 +132,7 @@ class GatedDeltaNet(nn.Module):
         out = qkv.new_empty((tokens, self.v_heads, self.v_dim))  # (N, Hv, Dv) the rule's readout
         if decoding:
             entries = ctx.slot_entries[:decoding]  # (Nd, 2) [read, write], columns of the stage's table
-            mixed[:hi] = causal_conv_step(qkv[:hi], self.conv1d.weight, conv_pool, entries[:, 0], entries[:, 1])
+            causal_conv_step(qkv[:hi], self.conv1d.weight, conv_pool, entries[:, 0], entries[:, 1], out=mixed[:hi])
         if hi < tokens:
             segments = ctx.state_segments
             packed_causal_conv(qkv, self.conv1d.weight, conv_pool, segments, out=mixed)
