@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Call 1 of 3 (one H200, ~9 min): issue 44 (hybrid serving) on the device. In the background, in their own
-# sessions (they outlive this call on the warm machine): llama.cpp's tools built into build/lb and the
-# Qwen3.6-35B-A3B Q8_0 file written by make-model into /tmp/w. In the foreground, correctness first: the
-# kernel tests on the GPU (packed Gated DeltaNet, prefill attention, every Triton kernel), the whole
-# `-m gpu` suite, then the packed DeltaNet kernel benchmark (CUDA events). Needs .llamacpp and .wheels.
+# Call 1 of 3 (one H200, ~9 min): issues 44 and 45 on the device. In the background, in their own sessions
+# (they outlive this call on the warm machine): llama.cpp's tools built into build/lb and the Qwen3.6-35B-A3B
+# Q8_0 file written by make-model into /tmp/w. In the foreground, correctness first: the kernel tests on the
+# GPU (packed Gated DeltaNet, prefill attention, every Triton kernel), the whole `-m gpu` suite in one
+# process, then the packed DeltaNet kernel benchmark and kernels A and B (CUDA events). Needs .llamacpp and
+# .wheels carried.
 set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -20,12 +21,17 @@ setsid bash -c "timeout 480 python3 -m stagewise make-model --config qwen3.6-35b
   < /dev/null > /dev/null 2>&1 &
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 stamp "kernel tests on the GPU"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_deltanet_packed.py tests/test_triton_kernels.py \
-  2>&1 | tee "$O/gpu_kernel_tests_h200.txt" | tail -6
+cmd="python3 -m pytest -q -p no:cacheprovider -rfE tests/test_deltanet_packed.py tests/test_triton_kernels.py"
+{ echo "\$ $cmd"; timeout 180 $cmd 2>&1; echo "exit status $?"; } > "$O/gpu_kernel_tests_h200.txt"; tail -6 "$O/gpu_kernel_tests_h200.txt"
 stamp "the -m gpu suite"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$O/gpu_suite_h200.txt" | tail -6
+cmd="python3 -m pytest -m gpu tests -p no:cacheprovider -q -rfE"
+{ echo "\$ $cmd  # $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  timeout 150 $cmd 2>&1; echo "exit status $?"; } > "$O/gpu_suite_h200.txt"; tail -8 "$O/gpu_suite_h200.txt"
 stamp "packed DeltaNet kernels (Qwen3.6 dims)"
-timeout 100 python3 bench/deltanet_packed.py --no-sweep --json "$O/deltanet_packed_h200.json" 2>&1 | tail -30
+timeout 90 python3 bench/deltanet_packed.py --no-sweep --json "$O/deltanet_packed_h200.json" 2>&1 | tail -30
+stamp "kernels A and B (bench/packed_decode.py)"
+timeout 110 python3 bench/packed_decode.py --out "$O/packed_decode_h200.json" --types q4_k,q6_k --shapes gate/up,down \
+  2>&1 | tail -40
 stamp "waiting for the build and the file (at most until 540 s)"
 while [ ! -f /tmp/build.rc -o ! -f /tmp/make_model.rc ] && [ $(( $(date +%s) - t0 )) -lt 540 ]; do sleep 5; done
 echo "build rc $(cat /tmp/build.rc 2>/dev/null || echo running), make-model rc $(cat /tmp/make_model.rc 2>/dev/null || echo running)"
