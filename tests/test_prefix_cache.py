@@ -205,7 +205,7 @@ def test_preemption_and_cancellation_with_the_cache(tight: tuple[LoadedModel, Lo
 
 @pytest.fixture(scope="module")
 def hybrid_pair() -> Iterator[tuple[LoadedModel, LoadedModel]]:
-    args = dict(context=320, max_seqs=4, prefill_chunk=HYBRID_CHUNK)
+    args = dict(context=512, max_seqs=4, prefill_chunk=HYBRID_CHUNK)
     single = load_model("random:tiny-qwen3.6", "cpu:1x4GiB", "single", **args)  # type: ignore[arg-type]
     staged = load_model("random:tiny-qwen3.6", "cpu:2x2GiB", "pipeline:2", **args)  # type: ignore[arg-type]
     yield single, staged
@@ -240,7 +240,31 @@ def test_a_cached_hybrid_request_gives_its_cold_output(hybrid_pair: tuple[Loaded
         # the first prompt snapshots at 128 (its last full block); 128 tokens alone hit no snapshot at 64
         assert hits == [0, 128, 0, 128]
         assert got == want  # tokens and log-probabilities, bit for bit
-        assert len(store) == 1
+        assert len(store) == 2  # at 128 (the first prompt's last full block), at 64 (where the third leaves the cached blocks)
+
+
+def test_hybrid_agents_sharing_a_system_prompt_hit_where_they_part(
+        hybrid_pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """Prompts sharing a 260-token system prompt (four full blocks), each with its own question: the
+    first snapshots only at its own last full block (320); the second finds the shared blocks cached
+    but no snapshot at their end, so it starts cold and snapshots there (256); the third starts from
+    it, with its cold output (bit for bit: its chunks start where the cold ones do, at 256)."""
+    single, _ = hybrid_pair
+    gen = torch.Generator().manual_seed(9)
+    vocab = single.config.vocab_size
+    system = torch.randint(0, vocab, (260,), generator=gen).tolist()
+    requests = [GenerationRequest(tuple(system + torch.randint(0, vocab, (70,), generator=gen).tolist()), 6, GREEDY)
+                for _ in range(3)]
+    cold = Batcher(single.pipeline, single.max_context, HYBRID_CHUNK, prefix_cache=False)
+    want = [run_batch(cold, [r])[0][0] for r in requests]
+    warm = Batcher(single.pipeline, single.max_context, HYBRID_CHUNK)
+    hits = []
+    for request, expected in zip(requests, want, strict=True):
+        before = warm.kv.hit_tokens
+        out, errors = run_batch(warm, [request])
+        assert errors == [None] and out[0] == expected
+        hits.append(warm.kv.hit_tokens - before)
+    assert hits == [0, 0, 256]
 
 
 def test_hybrid_snapshots_are_evicted_least_recently_used(hybrid_pair: tuple[LoadedModel, LoadedModel]) -> None:

@@ -35,6 +35,7 @@ class _Seq:
     errored: bool = False
     cached_tokens: int = 0
     restored: int = -1
+    shared_tokens: int = 0
     prefix_keys: tuple[bytes, ...] = ()
     prefix_keys_of: int = -1
 

@@ -126,6 +126,7 @@ class SequenceBlocks:
         cut = len(hit.blocks)
         while cut and not self.snapshots.has(keys[cut - 1]):
             cut -= 1  # the recurrent state is known only where a snapshot is
+        seq.shared_tokens = len(hit.blocks) * self.pool.block_tokens  # where its prompt leaves the cached ones
         return hit if cut == len(hit.blocks) else cache.lookup(keys[:cut])
 
     def snapshot_key(self, seq: Sequence, tokens: int) -> bytes:
@@ -135,11 +136,15 @@ class SequenceBlocks:
         return self._keys(seq, seq.ids)[tokens // self.pool.block_tokens - 1]
 
     def snapshot_point(self, seq: Sequence, start: int, end: int) -> int | None:
-        """Where a chunk of ``seq.ids`` from ``start`` to ``end`` should snapshot its recurrent state: the
-        last of the prompt's last full block and every ``interval_blocks`` blocks that lies in
-        ``(start, end]`` (None: none does, or no snapshots)."""
+        """Where a chunk of ``seq.ids`` from ``start`` to ``end`` should snapshot its recurrent state (one
+        point a chunk, in ``(start, end]``; None: none lies there, or no snapshots): first the end of the
+        cached KV prefix it shares with earlier prompts past their last snapshot (where prompts that
+        share a system prompt part: the next such prompt starts there), else the later of the prompt's
+        last full block (the next turn of a chat continues it) and every ``interval_blocks`` blocks."""
         if self.snapshots is None or self.pool is None:
             return None
+        if start < seq.shared_tokens <= end:
+            return seq.shared_tokens
         block = self.pool.block_tokens
         last_full = len(seq.ids) // block * block
         points = [last_full] if start < last_full <= end else []
