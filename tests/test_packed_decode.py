@@ -78,7 +78,8 @@ def test_matmul_takes_the_kernel_of_its_row_count(rows: int) -> None:
 
 
 def test_the_dispatch_by_rows_is_pinned() -> None:
-    assert [matmul_path(r) for r in (1, 16, 17, 64, 128, 129, 4096)] == ["A", "A", "B", "B", "B", "tiles", "tiles"]
+    assert [matmul_path(r, T.Q6_K) for r in (1, 16, 17, 64, 128, 129, 4096)] == ["A", "A", "B", "B", "B", "tiles", "tiles"]
+    assert [matmul_path(r, T.Q4_K) for r in (1, 2, 16, 17)] == ["gemv", "A", "A", "B"]  # one Q4_K row: the GEMV
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_0], ids=lambda t: t.name)

@@ -14,6 +14,8 @@ column order and the activation is gathered instead (``ours @ x == file @ x[...,
 Dispatch depends only on the device and the number of input rows (:func:`matmul_path`), so equal
 inputs always run the same kernel (staged = single-device); every packed type takes the same path:
 
+* Triton devices, one row of :data:`GEMV_ONE_ROW_TYPES` (single-stream decode): the packed GEMV,
+  measured faster there;
 * Triton devices, 1-16 rows (decode): kernel A (:mod:`stagewise.kernels.packed_matmul`), each quant
   turned into bf16 once, a tensor-core dot per scale group for every row, the scales after it;
 * Triton devices, 17-128 rows (batched decode): kernel B, each value dequantized and rounded once,
@@ -44,13 +46,19 @@ from stagewise.weights.quant.dequant import dequantize
 from stagewise.weights.quant.packed_planes import join_planes, split_planes
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
+# one row of these types: the packed GEMV (its 8-byte slots) beats kernel A on the H200 (Q4_K, Llama-8B shapes:
+# 67 vs 90 us gate/up, 41 vs 52 us down; Q6_K the other way, 120 vs 99 us: bench/results/hybrid_serving_h200/packed_decode_h200.json)
+GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
-def matmul_path(rows: int) -> str:
-    """The path of a 2-D packed matmul of ``rows`` input rows on a Triton device: ``"A"`` (kernel A),
-    ``"B"`` (kernel B) or ``"tiles"`` (dequantized tiles and the device's matmul)."""
+def matmul_path(rows: int, ggml_type: GGMLQuantizationType) -> str:
+    """The path of a 2-D packed matmul of ``rows`` input rows of ``ggml_type`` on a Triton device:
+    ``"gemv"`` (the packed GEMV: one row of :data:`GEMV_ONE_ROW_TYPES`), ``"A"`` (kernel A), ``"B"``
+    (kernel B) or ``"tiles"`` (dequantized tiles and the device's matmul)."""
+    if rows == 1 and ggml_type in GEMV_ONE_ROW_TYPES:
+        return "gemv"
     if 0 < rows <= A_MAX_ROWS:
         return "A"
     if 0 < rows <= B_MAX_ROWS:
@@ -144,7 +152,12 @@ class PackedWeight:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
         x = self._gathered_input(x)
         tokens = x.numel() // max(x.shape[-1], 1)
-        if use_triton(self.qs) and matmul_path(tokens) != "tiles":  # kernel A or B
+        path = matmul_path(tokens, self.ggml_type)
+        if use_triton(self.qs) and path == "gemv":
+            from stagewise.kernels.packed_gemv_triton import packed_gemv
+
+            return packed_gemv(x, self).reshape(*x.shape[:-1], -1)  # (..., out)
+        if use_triton(self.qs) and path != "tiles":  # kernel A or B
             from stagewise.kernels.packed_matmul import packed_matmul
 
             return packed_matmul(x, self)
