@@ -108,7 +108,9 @@ def test_placement_view_shows_the_certified_plan(page: Any, demo: ServedModel, t
         card = page.locator(f"#devices .device[data-device='{planned['device']}']")
         assert card.locator(".stage-bars").count() == 1
         assert card.locator(".bar.planned .seg").count() == 4  # weights, KV + state, workspace, reserve
-    assert "embedding + 0–2" in rows.nth(0).inner_text() and "3 + head" in rows.nth(1).inner_text()
+    (first, cut), (_, last) = (stage["blocks"] for stage in plan["stages"])
+    assert f"embedding + {first}–{cut - 1}" in rows.nth(0).inner_text()
+    assert (f"{cut}" if last - cut == 1 else f"{cut}–{last - 1}") + " + head" in rows.nth(1).inner_text()
     assert page.locator("#links tbody tr").first.get_attribute("data-kind") == "same-device"
     _screenshot(page, "#placement-pane", "webui_placement.png", tmp_path)
 
