@@ -28,9 +28,7 @@ import argparse
 import datetime
 import functools
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.kernel_timing import eager_ms
 from stagewise.kernels.causal_conv_triton import packed_causal_conv_triton
 from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
 from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
@@ -54,30 +53,6 @@ SWEEP = [  # block_v, scan_warps, scan_stages, prep_warps, precision (the defaul
     (32, 8, 1, 4, None), (16, 4, 1, 4, None), (32, 4, 1, 4, None), (64, 8, 1, 4, None), (64, 8, 2, 4, None),
     (32, 8, 2, 4, None), (32, 8, 1, 8, None), (32, 8, 1, 4, "tf32x3"), (32, 8, 1, 4, "ieee"),
 ]
-
-
-def time_ms(fn: Callable[[], Any], warmup: int, reps: int) -> float:
-    """Median milliseconds of ``fn`` between two CUDA events (host time inside it included)."""
-    for _ in range(warmup):
-        fn()
-    if not torch.cuda.is_available():  # a CPU smoke run: wall time
-        return statistics.median(_wall_ms(fn) for _ in range(reps))
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _wall_ms(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
 
 
 def parse_step(spec: str) -> list[int]:
@@ -243,8 +218,8 @@ def decode_rows(dev: torch.device, warmup: int, reps: int, batch: int = 64) -> d
 
     indexed = run(read, write)
     rows = run(0, batch)
-    return {"rows": batch, "indexed_ms": time_ms(functools.partial(run, read, write), warmup, reps),
-            "consecutive_ms": time_ms(functools.partial(run, 0, batch), warmup, reps), "equal": torch.equal(indexed, rows)}
+    return {"rows": batch, "indexed_ms": eager_ms(functools.partial(run, read, write), warmup, reps),
+            "consecutive_ms": eager_ms(functools.partial(run, 0, batch), warmup, reps), "equal": torch.equal(indexed, rows)}
 
 
 def main() -> int:
@@ -273,12 +248,12 @@ def main() -> int:
                                "chunks": problem.segments.chunk_count}
         for name, fn in (("conv", problem.conv), ("rule", problem.rule), ("layer", problem.layer),
                          ("today", problem.today)):
-            row[f"{name}_ms"] = time_ms(fn, args.warmup, args.reps)
+            row[f"{name}_ms"] = eager_ms(fn, args.warmup, args.reps)
         if len(set(problem.lengths)) == 1 and len(problem.lengths) > 1:
-            row["today_batched_ms"] = time_ms(problem.today_batched, args.warmup, args.reps)
+            row["today_batched_ms"] = eager_ms(problem.today_batched, args.warmup, args.reps)
         if chunk_gated_delta_rule is not None:
             try:
-                row["fla_ms"] = time_ms(functools.partial(problem.fla, chunk_gated_delta_rule), args.warmup, args.reps)
+                row["fla_ms"] = eager_ms(functools.partial(problem.fla, chunk_gated_delta_rule), args.warmup, args.reps)
                 want = problem.reference()
                 got = problem.fla(chunk_gated_delta_rule).float()
                 row["fla_max_rel_diff_out"] = float((got - want).abs().max() / want.abs().max())
@@ -300,7 +275,7 @@ def main() -> int:
                         "prep_warps": prep_warps, "precision": precision}
             entry: dict[str, Any] = {"step": spec, **settings}
             try:
-                entry["rule_ms"] = time_ms(functools.partial(problem.rule, **settings), args.warmup, args.reps)
+                entry["rule_ms"] = eager_ms(functools.partial(problem.rule, **settings), args.warmup, args.reps)
                 entry.update(accuracy(problem, **settings))
             except Exception as error:  # e.g. OutOfResources: record it, try the next
                 entry["error"] = f"{type(error).__name__}: {error}"[:300]

@@ -10,6 +10,7 @@ touches more bytes than the L2 holds and every call reads HBM. :func:`eager_ms` 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -42,9 +43,12 @@ def graph_us(fn: Callable[[int], object], calls: int, replays: int = 10) -> floa
 
 
 def eager_ms(fn: Callable[[], object], warmup: int = 2, iters: int = 10) -> float:
-    """Median ms of one ordinary call of ``fn`` (launches and host work included)."""
+    """Median ms of one ordinary call of ``fn`` (launches and host work included); wall time on a
+    machine without CUDA (a CPU smoke run)."""
     for _ in range(warmup):
         fn()
+    if not torch.cuda.is_available():
+        return statistics.median(_wall_ms(fn) for _ in range(iters))
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -54,6 +58,12 @@ def eager_ms(fn: Callable[[], object], warmup: int = 2, iters: int = 10) -> floa
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def _wall_ms(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -1,8 +1,8 @@
 """Issue 46's planner targets on the reference geometries, the longest context that fits, the trades a set
 context makes, and an assess output that tells one story.
 
-Qwen3.6-35B-A3B at Q4_K_M on one 22.76 GB device: 32,768 positions fit one sequence, 8,192 fit four,
-65,536 with fp8 KV; Q8_0 across the seed's two RTX 3090s: 131,072 positions fit one sequence.
+Qwen3.6-35B-A3B at Q4_K_M on one 22.76 GB device: 32,768 positions fit one sequence, 8,192 fit four (prefix
+snapshots take what the sequences leave), 65,536 with fp8 KV; Q8_0 across the seed's two RTX 3090s: 131,072 positions fit one sequence.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ def test_qwen36_q4_k_m_on_one_capped_gpu() -> None:
     at_32k = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "32768")
     assert at_32k["outcome"] == "fits_single" and _sequences(at_32k, 32768) >= 1
     assert at_32k["longest_context_one_sequence"] >= 32768
-    # four sequences at 8,192 without the prefix cache's recurrent-state snapshots (serve --no-prefix-cache);
-    # with them (one per sequence, 63 MB each here: serve's default) three
+    # four sequences at 8,192, with the prefix cache's recurrent-state snapshots (63 MB each here) or without:
+    # snapshots take what the sequences leave, they never cost one
     at_8k = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "8192", "--no-prefix-cache")
     assert _sequences(at_8k, 8192) >= 4
     cached = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "8192")
-    assert _sequences(cached, 8192) == 3 and cached["profile"]["prefix_snapshots"] == 1
+    assert _sequences(cached, 8192) == _sequences(at_8k, 8192) and cached["profile"]["prefix_snapshots"] == 1
     fp8 = _assess(QWEN36, "--format", "q4_k_m", "--devices", "22.76GB", "--context", "65536", "--kv-dtype", "fp8")
     assert fp8["outcome"] == "fits_single" and _sequences(fp8, 65536) >= 1
     assert fp8["profile"]["kv_dtype"] == "fp8"
@@ -75,10 +75,13 @@ def test_unset_context_takes_the_longest_that_fits_one_sequence() -> None:
     assert fitted.profile.batch == 1 and fitted.profile.context_tokens % 64 == 0
     assert fitted.profile.context_tokens == longest_context(fitted.cert, spec, fitted.profile)
     assert fitted.choice.endswith("the longest context that fits")
-    # one block more does not fit
+    # one block more fits only without the prefix snapshot; with the snapshot kept, it does not
+    more = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=fitted.profile.context_tokens + 64,
+                                                      prefill_chunk_tokens=512))
+    assert more.profile.prefix_snapshots == 0 and fitted.profile.prefix_snapshots == 1
     with pytest.raises(DoesNotFit):
         fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=fitted.profile.context_tokens + 64,
-                                                   prefill_chunk_tokens=512))
+                                                   prefill_chunk_tokens=512, prefix_snapshots=1))
     # a budget that holds the model's whole context says so
     roomy = fit_profile(spec, resolve_device_spec("40GB", ReservePolicy.parse(None)), ProfileRequest(GPU))
     assert roomy.profile.context_tokens == 262144 and roomy.choice.endswith("the model's longest context")
@@ -89,17 +92,25 @@ def test_set_context_trades_sequences_then_the_chunk_then_refuses() -> None:
     auto = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=8192, batch=None, prefix_snapshots=0))
     assert auto.profile.batch == 4 and auto.profile.prefill_chunk_tokens == 512  # sequences first
     cached = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=8192, batch=None))
-    assert (cached.profile.batch, cached.profile.prefix_snapshots) == (2, 2)  # auto: 64, 32 .. 4, 2, 1; a snapshot a slot
-    longest = fit_profile(spec, topology, ProfileRequest(GPU)).profile.context_tokens
-    traded = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=longest + 1024, batch=None))
-    assert traded.profile.batch == 1 and traded.profile.prefill_chunk_tokens < 512
-    assert re.fullmatch(rf"{longest + 1024:,} positions, 1 sequence, prefill chunks of (256|128): "
-                        "the most this budget holds", traded.choice)
+    assert cached.profile.batch == 4 and cached.profile.prefill_chunk_tokens == 512  # the snapshots give way
+    assert cached.profile.prefix_snapshots == 1
+    assert cached.choice == ("8,192 positions, 4 sequences, prefill chunks of 512: "
+                             "prefix snapshots for 1 of the 4 sequences (what they leave)")
+    unset = fit_profile(spec, topology, ProfileRequest(GPU))  # the longest context keeps a snapshot a slot
+    longest = unset.profile.context_tokens
+    assert unset.profile.prefix_snapshots == 1
+    dropped = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=longest + 1024, batch=None))
+    assert (dropped.profile.prefix_snapshots, dropped.profile.prefill_chunk_tokens) == (0, 512)  # the snapshot first
+    traded = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=longest + 4096, batch=None))
+    assert traded.profile.batch == 1 and traded.profile.prefill_chunk_tokens < 512  # then the chunk
+    assert re.fullmatch(rf"{longest + 4096:,} positions, 1 sequence, prefill chunks of (256|128): "
+                        "the most this budget holds, prefix snapshots for 0 of the 1 sequences \\(what they leave\\)",
+                        traded.choice)
     with pytest.raises(DoesNotFit, match=r"also tried prefill chunks of 256, 128"):
         fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=200_000, batch=None))
     # a chunk the user set is not traded
     with pytest.raises(DoesNotFit):
-        fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=longest + 1024, prefill_chunk_tokens=512))
+        fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=longest + 4096, prefill_chunk_tokens=512))
 
 
 def test_fp8_kv_holds_about_twice_the_context() -> None:

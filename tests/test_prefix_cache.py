@@ -19,7 +19,7 @@ What is compared, exactly (``==`` on (token, log-probability) lists, i.e. bit fo
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -121,6 +121,23 @@ def _shared_prefix_requests(vocab: int, seed: int = 0) -> list[GenerationRequest
     return [GenerationRequest(tuple(p), n, GREEDY) for p, n in zip(prompts, budgets, strict=True)]
 
 
+def _one_at_a_time(warm: Batcher, requests: list[GenerationRequest],
+                   check: Callable[[], None] | None = None) -> tuple[list[list[tuple[int, float]]], list[int]]:
+    """Each request through ``warm`` alone, in order: its tokens and the prompt tokens its cache hit; only
+    the rest of each prompt is prefilled."""
+    got, hits = [], []
+    for request in requests:
+        before, prefilled = warm.kv.hit_tokens, warm.prefill_tokens
+        out, errors = run_batch(warm, [request])
+        assert errors == [None]
+        got.append(out[0])
+        hits.append(warm.kv.hit_tokens - before)
+        assert warm.prefill_tokens - prefilled == len(request.prompt_ids) - hits[-1]  # only the rest ran
+        if check is not None:
+            check()
+    return got, hits
+
+
 def test_a_cached_request_gives_its_cold_output(pair: tuple[LoadedModel, LoadedModel]) -> None:
     for model in pair:
         requests = _shared_prefix_requests(model.config.vocab_size)
@@ -128,14 +145,7 @@ def test_a_cached_request_gives_its_cold_output(pair: tuple[LoadedModel, LoadedM
         want = [run_batch(cold, [r])[0][0] for r in requests]
         assert cold.kv.hit_tokens == 0
         warm = Batcher(model.pipeline, model.max_context, CHUNK)
-        got, hits = [], []
-        for request in requests:
-            before, prefilled = warm.kv.hit_tokens, warm.prefill_tokens
-            out, errors = run_batch(warm, [request])
-            assert errors == [None]
-            got.append(out[0])
-            hits.append(warm.kv.hit_tokens - before)
-            assert warm.prefill_tokens - prefilled == len(request.prompt_ids) - hits[-1]  # only the rest ran
+        got, hits = _one_at_a_time(warm, requests)
         assert hits == [0, 128, 64, 128]  # two full blocks; a prompt of exactly two blocks hits one
         assert got == want  # tokens and log-probabilities, bit for bit
         assert warm.kv.queried_tokens == sum(len(r.prompt_ids) for r in requests)
@@ -228,15 +238,7 @@ def test_a_cached_hybrid_request_gives_its_cold_output(hybrid_pair: tuple[Loaded
         warm = Batcher(model.pipeline, model.max_context, HYBRID_CHUNK)
         store = warm.kv.snapshots
         assert store is not None and store.entries == model.pipeline.snapshot_entries and len(store.entries) == 4
-        got, hits = [], []
-        for request in requests:
-            before, prefilled = warm.kv.hit_tokens, warm.prefill_tokens
-            out, errors = run_batch(warm, [request])
-            assert errors == [None]
-            got.append(out[0])
-            hits.append(warm.kv.hit_tokens - before)
-            assert warm.prefill_tokens - prefilled == len(request.prompt_ids) - hits[-1]  # only the rest ran
-            store.check()
+        got, hits = _one_at_a_time(warm, requests, store.check)
         # the first prompt snapshots at 128 (its last full block); 128 tokens alone hit no snapshot at 64
         assert hits == [0, 128, 0, 128]
         assert got == want  # tokens and log-probabilities, bit for bit
@@ -299,5 +301,32 @@ def test_a_budget_below_a_block_keeps_hybrids_uncached() -> None:
         requests = _shared_prefix_requests(model.config.vocab_size)[:2]
         _, errors = run_batch(batcher, requests)
         assert errors == [None, None] and batcher.kv.hit_tokens == 0
+    finally:
+        model.close()
+
+
+def test_a_hybrid_crowd_with_preemption_gives_its_cold_tokens() -> None:
+    """Eight requests over three shared prefixes, twice, on a pool too small for them all (preemption)
+    with four snapshot entries (eviction): the second pass restores snapshots while other rows decode,
+    join and are preempted beside it; every token is the cold run's (log-probabilities within the
+    batching tolerance: the steps are grouped differently), no request fails."""
+    pool = 7 * KV_BLOCK_TOKENS
+    model = load_model("random:tiny-qwen3.6", "cpu:1x4GiB", "single", 256, max_seqs=4, prefill_chunk=HYBRID_CHUNK,
+                       kv_tokens=pool)
+    try:
+        requests = _crowd(model.config.vocab_size)
+        cold = Batcher(model.pipeline, model.max_context, HYBRID_CHUNK, micro_batches=2, prefix_cache=False)
+        want, errors = run_batch(cold, requests)
+        assert errors == [None] * len(requests) and cold.preemptions > 0
+        warm = Batcher(model.pipeline, model.max_context, HYBRID_CHUNK, micro_batches=2)
+        store = warm.kv.snapshots
+        assert store is not None
+        for _ in range(2):
+            got, errors = run_batch(warm, requests, each_iteration=store.check)
+            assert errors == [None] * len(requests)
+            for i, (ours, theirs) in enumerate(zip(got, want, strict=True)):
+                assert [t for t, _ in ours] == [t for t, _ in theirs], i
+                assert max(abs(x - y) for (_, x), (_, y) in zip(ours, theirs, strict=True)) <= BATCH_TOLERANCE
+        assert warm.preemptions > 0 and warm.kv.hit_tokens > 0 and store.evictions > 0
     finally:
         model.close()

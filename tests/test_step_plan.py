@@ -14,7 +14,7 @@ import pytest
 
 import stagewise
 from stagewise.engine.staging_area import StagingArea
-from stagewise.engine.step_plan import plan_packed_step
+from stagewise.engine.step_plan import plan_decode_step, plan_packed_step
 
 
 @dataclass
@@ -22,6 +22,7 @@ class _Decoding:
     row: int
     length: int
     next_token: int
+    device_greedy: bool = True
 
 
 @dataclass
@@ -30,6 +31,7 @@ class _Staged:
     ids: tuple[int, ...]
     prefilled: int = 0
     tokens: list[int] = field(default_factory=list)
+    device_greedy: bool = True
 
 
 def _area(*members: _Staged) -> StagingArea[_Staged]:
@@ -45,6 +47,21 @@ def test_decoding_rows_then_chunks_within_the_budget() -> None:
     assert plan.layout.rows == (0, 1, 2, 3) and plan.layout.starts == (7, 3, 5, 0)
     assert plan.token_ids == (101, 102, *range(15, 20), *range(30, 39))
     assert plan.sampled == (0,) and plan.layout.logits == (0, 1, 2)  # the first prompt ends: its first token
+    assert plan.greedy
+    area.members[0].device_greedy = False  # the prompt that samples draws on the host: so does the step
+    assert not plan_packed_step(decoding, area, 16).greedy  # type: ignore[union-attr]
+    area.members[0].device_greedy, area.members[1].device_greedy = True, False  # one that samples nothing
+    assert plan_packed_step(decoding, area, 16).greedy  # type: ignore[union-attr]
+
+
+def test_a_decode_step_runs_its_group_with_padding() -> None:
+    plan = plan_decode_step(1, 4, [_Decoding(4, 9, 7), None, _Decoding(6, 3, 8, device_greedy=False), None])
+    assert plan is not None and plan.group == 1 and plan.first_row == 4 and plan.rows == 4
+    assert plan.live == (True, False, True, False)
+    assert plan.token_ids == (7, 0, 8, 0) and plan.positions == (9, 0, 3, 0)  # padding: token 0 at 0
+    assert not plan.greedy
+    assert plan_decode_step(0, 0, [_Decoding(0, 1, 2)]).greedy  # type: ignore[union-attr]
+    assert plan_decode_step(0, 0, [None, None]) is None
 
 
 def test_a_recomputed_prompt_samples_nothing() -> None:

@@ -57,7 +57,6 @@ from stagewise.engine.prefix_snapshots import PrefixSnapshots
 from stagewise.engine.sampling import Sample
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
-from stagewise.engine.step_plan import plan_packed_step
 from stagewise.engine.step_scheduler import StepScheduler
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError
 from stagewise.models.step_layout import StepLayout
@@ -261,31 +260,26 @@ class Batcher:
         """One packed step: group ``g``'s decoding rows (none when None), then the staging rows' chunks
         within what the budget leaves (at least a block), first come, first served; logits for the
         decoding rows and the prompts this step ends (see the module doc)."""
-        decoding: list[Sequence] = []
-        if g is not None:
-            self.sched.cancel_group(g)
-            if self.pool is not None:
-                self.sched.reserve_blocks(g, self._drain)
-            decoding = [s for s in self.sched.members(g) if s is not None and not s.done and s.row >= 0]
-        self.sched.cancel_staging()
-        plan = plan_packed_step(decoding, self.sched.area, self.prefill_chunk) if not self.sched.regroup_needed else None
+        plan = self.sched.plan_packed(g, self._drain, self.prefill_chunk)
         if plan is None or not plan.members:  # rows are about to move, or no prompt has tokens left
             if g is not None:
                 self._launch_decode(g)  # the decoding rows' plain step
             return
-        members = [self.staging[i] for i in plan.members]
+        seqs = self.sched.step_rows(plan)
+        decoding = [s for s in seqs[: plan.decoding] if s is not None]
+        members = [s for s in seqs[plan.decoding :] if s is not None]
+        assert [s.row for s in (*decoding, *members)] == list(plan.layout.rows)  # every row's sequence
         sampled = [self.staging[i] for i in plan.sampled]
         layout, snapshots = self._snapshots(plan.layout, members, plan.chunks)
         tokens = torch.tensor(plan.token_ids, dtype=torch.long)[:, None]  # (N, 1)
         positions = torch.tensor(plan.layout.positions(), dtype=torch.long)[:, None]  # (N, 1)
         rows = (*decoding, *sampled)  # one per logits row (S, 1, V)
-        greedy = bool(rows) and all(s.device_greedy for s in rows)  # two numbers a row suffice
         self.prefill_tokens += sum(plan.chunks)
         try:
-            handle = self.pipeline.submit(tokens, positions, eager=True, greedy=greedy, layout=layout)
+            handle = self.pipeline.submit(tokens, positions, eager=True, greedy=plan.greedy, layout=layout)
         except StagewiseError as exc:
             self._settle_snapshots(snapshots, False)
-            self.sched.fail((*decoding, *members), exc)
+            self.sched.fail(seqs, exc)
             return
         for seq in decoding:
             seq.length += 1
@@ -333,30 +327,26 @@ class Batcher:
     def _launch_decode(self, g: int, device_tokens: torch.Tensor | None = None) -> None:
         """Launch group ``g``'s next step; its input tokens are the host's (each row's last sampled
         token) or ``device_tokens``, the previous step's greedy tokens still on the device."""
-        first, members, run = self.sched.groups[g]
-        self.sched.cancel_group(g)
-        if self.pool is not None:
-            self.sched.reserve_blocks(g, self._drain)
-        rows = [s if s is not None and not s.done else None for s in self.sched.members(g)] + [None] * (run - members)
-        if not any(rows):
+        plan = self.sched.plan_decode(g, self._drain)
+        if plan is None:
             return
+        rows = self.sched.step_rows(plan)
         if device_tokens is not None:
             tokens = device_tokens  # (P, 1)
         else:
-            tokens = torch.tensor([[s.next_token if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
-        positions = torch.tensor([[s.length if s else 0] for s in rows], dtype=torch.long)  # (P, 1)
-        all_greedy = all(s is None or s.device_greedy for s in rows)  # two numbers a row suffice
-        self.launched_shapes.add((first, run))
+            tokens = torch.tensor(plan.token_ids, dtype=torch.long)[:, None]  # (P, 1)
+        positions = torch.tensor(plan.positions, dtype=torch.long)[:, None]  # (P, 1)
+        self.launched_shapes.add((plan.first_row, plan.rows))
         try:
-            handle = self.pipeline.submit(tokens, positions, start=None, first_row=first, greedy=all_greedy)
+            handle = self.pipeline.submit(tokens, positions, start=None, first_row=plan.first_row, greedy=plan.greedy)
         except StagewiseError as exc:
-            self.sched.fail(tuple(rows), exc)
+            self.sched.fail(rows, exc)
             return
         for seq in rows:
             if seq is not None:
                 seq.length += 1
         # every row greedy on a device that runs ahead of the host: the next step reads these tokens there
-        self.in_flight.append(InFlight(tuple(rows), handle, group=g, tokens=handle.tokens))
+        self.in_flight.append(InFlight(rows, handle, group=g, tokens=handle.tokens))
 
     # ----- collecting results ----------------------------------------------------------------------
     def _retire_group(self, g: int) -> None:

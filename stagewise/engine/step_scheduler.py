@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from stagewise.engine.decode_groups import plan_groups
 from stagewise.engine.row_compaction import plan_compaction
 from stagewise.engine.staging_area import StagingArea
+from stagewise.engine.step_plan import DecodePlan, StepPlan, plan_decode_step, plan_packed_step
 from stagewise.errors import StagewiseError, StepCancelled
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS
 
@@ -316,6 +317,41 @@ class StepScheduler:
             for first, _, run in plan_groups(count, self.micro_batches, self.graphs, limit):
                 shapes.setdefault((first, run), count)
         return shapes
+
+    # ----- the next step ------------------------------------------------------------------------
+    def plan_decode(self, g: int, drain: Callable[[], None]) -> DecodePlan | None:
+        """Group ``g``'s next plain decode step: its sequences whose clients went away are ended, every
+        live row gets the KV block of its next position (preempting, after ``drain``, while none is
+        free), padding rows fill the group's run; None when no row is left."""
+        first, members, run = self.groups[g]
+        self.cancel_group(g)
+        if self.kv.pool is not None:
+            self.reserve_blocks(g, drain)
+        rows = [s if s is not None and not s.done else None for s in self.members(g)] + [None] * (run - members)
+        return plan_decode_step(g, first, rows)
+
+    def plan_packed(self, g: int | None, drain: Callable[[], None], budget_tokens: int) -> StepPlan | None:
+        """The next packed step: group ``g``'s decoding rows (none when None; prepared as for
+        :meth:`plan_decode`) and the staging rows' chunks within ``budget_tokens``
+        (:func:`plan_packed_step`); None while rows are about to move or nothing would run."""
+        decoding: list[Sequence] = []
+        if g is not None:
+            self.cancel_group(g)
+            if self.kv.pool is not None:
+                self.reserve_blocks(g, drain)
+            decoding = [s for s in self.members(g) if s is not None and not s.done and s.row >= 0]
+        self.cancel_staging()
+        if self.regroup_needed:
+            return None
+        return plan_packed_step(decoding, self.area, budget_tokens)
+
+    def step_rows(self, plan: DecodePlan | StepPlan) -> tuple[Sequence | None, ...]:
+        """The sequences of ``plan``'s rows: a decode step's rows (None: padding), or a packed step's
+        decoding rows then its staging members."""
+        if isinstance(plan, DecodePlan):
+            return tuple(self.decoding[plan.first_row + i] if live else None for i, live in enumerate(plan.live))
+        decoding = tuple(self.decoding[row] for row in plan.layout.rows[: plan.decoding])
+        return (*decoding, *(self.area.members[i] for i in plan.members))
 
     def members(self, g: int) -> list[Sequence | None]:
         """Group ``g``'s decoding rows' sequences (None: a hole)."""

@@ -9,6 +9,10 @@ A :class:`ProfileRequest` says what the user set; ``None`` fields are decided he
   first (down to 1), then, with ``prefill_chunk_tokens`` None, the prefill chunk halves down to
   :data:`MIN_TRADED_CHUNK_TOKENS`; then the load is refused with the first attempt's reason.
 * ``batch`` None: the most of :data:`AUTO_BATCHES` that fit on as many devices as one sequence needs.
+* ``prefix_snapshots`` None: one recurrent-state snapshot entry per sequence slot (hybrids' prefix
+  cache) where they fit; where they do not, as many as fit beside the sequences (down to none): a
+  snapshot is a cache and never costs a sequence, a context position or the chunk a set context
+  keeps. The longest context of an unset one is measured with the full snapshots (the cache stays on).
 
 The answer (:class:`FittedProfile`) carries the certificate of that profile and one line saying
 what was chosen. No torch: ``load_model`` and ``assess``/``plan`` call it alike.
@@ -72,6 +76,24 @@ def fit_profile(spec: ModelSpec, topology: Topology, request: ProfileRequest, ob
             return None  # no legal placement with exactly that many stages
         return cert if cert.fits else None
 
+    def attempt_auto(profile: Profile, k: int | None = None) -> tuple[Profile, CertifiedPlacement] | None:
+        """``profile``, or with auto snapshots the most of them that fit beside its sequences."""
+        cert = attempt(profile, k)
+        if cert is not None:
+            return profile, cert
+        if request.prefix_snapshots is not None or not profile.prefix_snapshots:
+            return None
+        if (bare := attempt(replace(profile, prefix_snapshots=0), k)) is None:
+            return None
+        lo, hi, best = 0, profile.prefix_snapshots, bare  # lo snapshots fit, hi do not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if (found := attempt(replace(profile, prefix_snapshots=mid), k)) is not None:
+                lo, best = mid, found
+            else:
+                hi = mid
+        return replace(profile, prefix_snapshots=lo), best
+
     batch = request.batch or 1
     chunk = request.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
     longest = spec.max_context_tokens or DEFAULT_CONTEXT_TOKENS
@@ -80,17 +102,16 @@ def fit_profile(spec: ModelSpec, topology: Topology, request: ProfileRequest, ob
                                        prefill_chunk_tokens=chunk), batch)
     why: list[str] = []
     if request.context_tokens is not None:
-        cert = attempt(first)
-        profile = first
+        fitted = attempt_auto(first)
         chunks = [] if request.prefill_chunk_tokens is not None else _smaller_chunks(chunk)
         for smaller in chunks:
-            if cert is not None:
+            if fitted is not None:
                 break
-            profile = replace(first, prefill_chunk_tokens=smaller)
-            cert = attempt(profile)
-        if cert is None:
+            fitted = attempt_auto(replace(first, prefill_chunk_tokens=smaller))
+        if fitted is None:
             _refuse(spec, topology, first, objective, stages, tried=chunks)
-        assert cert is not None
+        assert fitted is not None
+        profile, cert = fitted
         if profile.prefill_chunk_tokens != chunk:
             why.append("the most this budget holds")
     else:
@@ -114,11 +135,12 @@ def fit_profile(spec: ModelSpec, topology: Topology, request: ProfileRequest, ob
         for count in AUTO_BATCHES:
             if count <= profile.batch:
                 break
-            wider = request.with_batch(profile, count)
-            found = attempt(wider, len(cert.stages))
-            if found is not None:
-                profile, cert = wider, found
+            widened = attempt_auto(request.with_batch(profile, count), len(cert.stages))
+            if widened is not None:
+                profile, cert = widened
                 break
+    if request.prefix_snapshots is None and profile.prefix_snapshots < profile.batch:
+        why.append(f"prefix snapshots for {profile.prefix_snapshots} of the {profile.batch} sequences (what they leave)")
     return FittedProfile(profile, cert, describe(profile, why))
 
 

@@ -39,9 +39,10 @@ class SequenceCapacity:
 
 
 def with_batch(profile: Profile, batch: int, **changes: Any) -> Profile:
-    """``profile`` with ``batch`` slots; its prefix snapshots follow the slots when it keeps one per slot
-    (``serve``'s default), else stay as they are."""
-    snapshots = batch if profile.prefix_snapshots == profile.batch else profile.prefix_snapshots
+    """``profile`` with ``batch`` slots, as capacity counts them: when it keeps a prefix snapshot per slot
+    (``serve``'s default) the snapshots take what the sequences leave (``fit_profile``), so none is
+    charged against a sequence; a set number of snapshots stays charged."""
+    snapshots = 0 if profile.prefix_snapshots == profile.batch else profile.prefix_snapshots
     return replace(profile, batch=batch, prefix_snapshots=snapshots, **changes)
 
 
@@ -87,7 +88,8 @@ def longest_context(cert: CertifiedPlacement, spec: ModelSpec, profile: Profile)
     profile's chunk), up to the model's ``max_position_embeddings`` (or the profile's context when the
     model does not say); 0 when not even one block fits."""
     top = max(spec.max_context_tokens, profile.context_tokens) if spec.max_context_tokens else profile.context_tokens
-    base = with_batch(profile, 1, kv_tokens=None)
+    snapshots = 1 if profile.prefix_snapshots == profile.batch else profile.prefix_snapshots  # as fit_profile does
+    base = replace(profile, batch=1, prefix_snapshots=snapshots, kv_tokens=None)
     if _fits(cert, spec, replace(base, context_tokens=top)) is None:
         return top
     lo, hi = 0, top // KV_BLOCK_TOKENS  # in blocks: lo fits (0: nothing known to), hi does not
