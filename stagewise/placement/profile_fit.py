@@ -115,15 +115,14 @@ def fit_profile(spec: ModelSpec, topology: Topology, request: ProfileRequest, ob
         if profile.prefill_chunk_tokens != chunk:
             why.append("the most this budget holds")
     else:
-        cert = attempt(first)
-        if cert is None:  # not even the default context: the model alone may still fit at a shorter one
-            shortest = replace(first, context_tokens=min(KV_BLOCK_TOKENS, longest))
-            if attempt(shortest) is None:
+        start = attempt(first)
+        if start is None:  # not even the default context: the model alone may still fit at a shorter one
+            shortest = attempt_auto(replace(first, context_tokens=min(KV_BLOCK_TOKENS, longest)))
+            if shortest is None:
                 _refuse(spec, topology, first, objective, stages, tried=[])
-            cert = attempt(shortest)
-            first = shortest
-        assert cert is not None
-        k = len(cert.stages)
+            assert shortest is not None
+            first, start = shortest
+        k = len(start.stages)
         context = _longest(lambda c: attempt(replace(first, context_tokens=c), k) is not None,
                            first.context_tokens, longest)
         profile = replace(first, context_tokens=context)
