@@ -330,3 +330,30 @@ def test_a_hybrid_crowd_with_preemption_gives_its_cold_tokens() -> None:
         assert warm.preemptions > 0 and warm.kv.hit_tokens > 0 and store.evictions > 0
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("name", ["random:tiny-llama", "random:tiny-qwen3.6"])
+def test_agents_sent_at_once_compute_their_shared_prompt_once(name: str) -> None:
+    """Four prompts sharing a 260-token system prompt, each with its own question, sent at once: the
+    first prefills, the others wait for it (their shared blocks, four, are computed once, and for the
+    hybrid the first snapshots where they part) and start from the cache; every token is the one each
+    request gives alone and uncached (log-probabilities within the batching tolerance)."""
+    model = load_model(name, "cpu:1x4GiB", "single", 512, max_seqs=4, prefill_chunk=HYBRID_CHUNK)
+    try:
+        gen = torch.Generator().manual_seed(11)
+        vocab = model.config.vocab_size
+        system = torch.randint(0, vocab, (260,), generator=gen).tolist()
+        requests = [GenerationRequest(tuple(system + torch.randint(0, vocab, (40 + 9 * i,), generator=gen).tolist()),
+                                      6, GREEDY) for i in range(4)]
+        cold = Batcher(model.pipeline, model.max_context, HYBRID_CHUNK, prefix_cache=False)
+        want = [run_batch(cold, [r])[0][0] for r in requests]
+        warm = Batcher(model.pipeline, model.max_context, HYBRID_CHUNK)
+        got, errors = run_batch(warm, requests)
+        assert errors == [None] * 4
+        assert warm.kv.hit_tokens == 3 * 256  # three followers, four shared blocks each
+        assert warm.prefill_tokens == sum(len(r.prompt_ids) for r in requests) - 3 * 256
+        for ours, theirs in zip(got, want, strict=True):
+            assert [t for t, _ in ours] == [t for t, _ in theirs]
+            assert max(abs(x - y) for (_, x), (_, y) in zip(ours, theirs, strict=True)) <= BATCH_TOLERANCE
+    finally:
+        model.close()

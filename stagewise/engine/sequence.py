@@ -34,7 +34,7 @@ class Sequence:
     blocks: list[int] = field(default_factory=list)  # KV blocks of its positions, in order (a cached prefix's shared)
     cached_tokens: int = 0  # prompt positions its (latest) start took from the prefix cache
     restored: int = -1  # the prefix snapshot entry its row reads until its first step runs (-1: none)
-    shared_tokens: int = 0  # positions of its ids whose KV blocks were cached when it started (a hybrid's hit may start earlier)
+    shared_tokens: int = 0  # where its ids part from cached ones when it started, or from a prompt waiting for it (a snapshot point)
     prefix_keys: tuple[bytes, ...] = ()  # the prefix keys of ``ids``' full blocks (prefix cache)
     prefix_keys_of: int = -1  # the length of ``ids`` those keys are of
     admitted: int = -1  # admission order (starts in the staging row); the largest is preempted first

@@ -129,6 +129,35 @@ class SequenceBlocks:
         seq.shared_tokens = len(hit.blocks) * self.pool.block_tokens  # where its prompt leaves the cached ones
         return hit if cut == len(hit.blocks) else cache.lookup(keys[:cut])
 
+    def leader(self, seq: Sequence, ids: tuple[int, ...], prefilling: list[Sequence]) -> Sequence | None:
+        """A prompt of ``prefilling`` (the staging rows: their blocks are cached once they join the
+        decoding rows) whose full blocks ``ids`` shares beyond what the cache gives ``seq`` now: ``seq``
+        had better wait for it than compute those blocks again (agents sharing a system prompt, sent at
+        once). With recurrent state only while that prompt has not yet passed where the two part, and it
+        is asked to snapshot there (:meth:`snapshot_point`); never without snapshot entries. None: start."""
+        if self.prefix_cache is None or self.pool is None or (self.snapshots is not None and not self.snapshots.entries):
+            return None
+        block = self.pool.block_tokens
+        keys = self._keys(seq, ids)[: (len(ids) - 1) // block]  # as a hit is capped: the last id computed
+        hit = self.hit_tokens_for(seq, ids) // block
+        for other in prefilling:
+            shared = 0
+            for mine, theirs in zip(keys, self._keys(other, other.ids), strict=False):
+                if mine != theirs:
+                    break
+                shared += 1
+            if shared <= hit:
+                continue
+            if self.snapshots is None:
+                return other
+            point = shared * block
+            if other.shared_tokens == point or other.prefilled < point:
+                if other.shared_tokens <= other.prefilled:  # its own point is behind it: snapshot where they part
+                    other.shared_tokens = point
+                if other.shared_tokens == point:
+                    return other
+        return None
+
     def snapshot_key(self, seq: Sequence, tokens: int) -> bytes:
         """The prefix key of ``seq.ids``' first ``tokens`` positions (a multiple of the block): what a
         snapshot of the state there is keyed by."""
@@ -139,7 +168,8 @@ class SequenceBlocks:
         """Where a chunk of ``seq.ids`` from ``start`` to ``end`` should snapshot its recurrent state (one
         point a chunk, in ``(start, end]``; None: none lies there, or no snapshots): first the end of the
         cached KV prefix it shares with earlier prompts past their last snapshot (where prompts that
-        share a system prompt part: the next such prompt starts there), else the later of the prompt's
+        share a system prompt part: the next such prompt starts there), or where a prompt waiting for it
+        parts from it (:meth:`leader`), else the later of the prompt's
         last full block (the next turn of a chat continues it) and every ``interval_blocks`` blocks."""
         if self.snapshots is None or self.pool is None:
             return None

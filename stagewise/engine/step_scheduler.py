@@ -144,9 +144,20 @@ class StepScheduler:
         return self.area.accepts(left) and self.kv.fits_start(seq, ids)
 
     def admit(self) -> None:
-        """Start queued sequences in the staging rows, the queue's head first, while they may."""
-        while self.queue and self.can_start(self.queue[0]):
+        """Start queued sequences in the staging rows, the queue's head first, while they may. A sequence
+        whose prompt shares more full blocks with one still prefilling than the prefix cache holds waits
+        for it, keeping its place (:meth:`SequenceBlocks.leader`: those blocks are cached, and computed
+        once, when that one joins the decoding rows); the sequences behind it go on starting in order."""
+        waiting: list[Sequence] = []
+        while self.queue:
+            seq = self.queue[0]
+            if self.kv.leader(seq, self.prefill_ids(seq), self.staging) is not None:
+                waiting.append(self.queue.popleft())
+                continue
+            if not self.can_start(seq):
+                break
             self._start_staging(self.queue.popleft())
+        self.queue.extendleft(reversed(waiting))
 
     def _start_staging(self, seq: Sequence) -> None:
         seq.ids = self.prefill_ids(seq)
