@@ -24,4 +24,11 @@ STAGEWISE_NAN_PROBE=$O/nan_server_probe.jsonl PYTHONPATH=$PWD/$R/nan_probe_site:
   --startup-timeout-s 200 --json $O/serve_two_passes_probe_qwen36_q8_h200.json > $O/serve_two_passes_probe.txt 2>&1
 grep -v "^burst .*completed" $O/serve_two_passes_probe.txt | tail -12
 head -c 6000 $O/nan_server_probe.jsonl 2>/dev/null || echo "no non-finite logits"
+if [ -x build/lb/bin/llama-server ]; then  # built by call1.sh on this warm machine
+  stamp "agents: 16 clients x 10 turns on a 4,000-token system prompt, cache on / off / llama-server"
+  timeout 300 python3 bench/prefix_cache_load.py $F --devices cuda:0 --placement single --max-seqs 16 --context 16384 \
+    --vocab 32000 --agents 16 --agent-turns 10 --agent-system 4000 --chat-system 1500 --turns 10 --question 200 \
+    --gen 32 --peer "build/lb/bin/llama-server -ngl 99 -fa on -np 16 -c 262144" \
+    --json $O/prefix_cache_agents_qwen36_q8_h200.json 2>&1 | tail -12
+fi
 stamp done
