@@ -9,7 +9,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
