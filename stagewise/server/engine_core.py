@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 
@@ -46,7 +47,8 @@ from stagewise.server.model_facts import ModelFacts
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 
-_POLL_MS = 100  # the I/O loop looks at the parent process and the workers' health this often
+_POLL_MS = 100  # the I/O loop looks at the parent process at least this often
+_HEALTH_EVERY_S = 0.1  # and at the workers' health at most this often (not on every step)
 
 
 def run_engine_process(settings: ServeSettings, to_engine: str, from_engine: str) -> None:
@@ -102,6 +104,7 @@ class EngineCore:
         os.set_blocking(self.wake_w, False)
         self.parent = os.getppid()
         self.health: str | None = None
+        self.health_read_s = 0.0
         self.drained: list[bool] = []
         self.engine: Engine | None = None
 
@@ -220,6 +223,10 @@ class EngineCore:
             self.send(m.StepOutputs(tuple(pending)))
 
     def _report_health(self) -> None:
+        now = time.monotonic()
+        if now - self.health_read_s < _HEALTH_EVERY_S:
+            return
+        self.health_read_s = now
         report = getattr(self.model.pipeline, "health", None)
         text = json.dumps(report()) if report is not None else None
         if text != self.health:
