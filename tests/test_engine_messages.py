@@ -42,7 +42,7 @@ TO_ENGINE = st.one_of(
     st.builds(m.Submit, ints, text, token_ids, ints, sampling, st.lists(text, max_size=4).map(tuple), token_ids,
               st.booleans(), ints),
     st.builds(m.Cancel, ints), st.builds(m.MetricsQuery, ints), st.builds(m.FailNextStep, ints),
-    st.builds(m.StepDelay, floats), st.builds(m.Drain, floats),
+    st.builds(m.StepDelay, floats), st.builds(m.Drain, floats), st.just(m.Exit()),
 )
 FROM_ENGINE = st.one_of(
     st.builds(m.Phase, text), st.builds(m.Ready, models, ints), st.builds(m.LoadFailed, errors),
@@ -54,7 +54,7 @@ FROM_ENGINE = st.one_of(
 
 def test_every_kind_is_covered() -> None:
     kinds = {t.__name__ for t in (*m.ToEngine.__args__, *m.FromEngine.__args__)}  # type: ignore[attr-defined]
-    assert kinds == {"Submit", "Cancel", "MetricsQuery", "FailNextStep", "StepDelay", "Drain", "Phase", "Ready",
+    assert kinds == {"Submit", "Cancel", "MetricsQuery", "FailNextStep", "StepDelay", "Drain", "Exit", "Phase", "Ready",
                      "LoadFailed", "Admitted", "StepOutputs", "MetricsReply", "Health", "Drained"}
 
 

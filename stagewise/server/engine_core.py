@@ -105,7 +105,9 @@ class EngineCore:
         self.parent = os.getppid()
         self.health: str | None = None
         self.health_read_s = 0.0
-        self.drained: list[bool] = []
+        self.drained: list[bool] = []  # the drain's outcome, once over
+        self.said_drained = False
+        self.exit = False
         self.engine: Engine | None = None
 
     def send(self, message: m.FromEngine) -> None:
@@ -120,7 +122,7 @@ class EngineCore:
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         poller.register(self.wake_r, zmq.POLLIN)
-        while not self.drained or self.pending:
+        while not self.exit:
             events = dict(poller.poll(_POLL_MS))
             if self.wake_r in events:
                 os.read(self.wake_r, 4096)
@@ -129,10 +131,12 @@ class EngineCore:
                     self.apply(self.inbox.recv())
             self._flush()
             self._report_health()
+            if self.drained and not self.said_drained:
+                self.send(m.Drained(self.drained[0]))  # after every output (flushed above)
+                self.said_drained = True
             if os.getppid() != self.parent:  # the API process is gone: nobody to serve
                 engine.stop()
                 return
-        self.send(m.Drained(self.drained[0]))
 
     def _start(self) -> Engine:
         model, settings = self.model, self.settings
@@ -179,6 +183,9 @@ class EngineCore:
                 engine.guard.fail_next_step(message.stage)
         elif isinstance(message, m.StepDelay):
             engine.guard.delay_s = message.delay_s
+        elif isinstance(message, m.Exit):
+            engine.stop()
+            self.exit = True
         elif isinstance(message, m.Drain):
             if self.drained or any(t.name == "stagewise-drain" for t in threading.enumerate()):
                 engine.scheduler.cancel_all()  # a second drain: cancel at once

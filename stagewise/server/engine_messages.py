@@ -1,7 +1,8 @@
 """The messages between the API process and the engine process: one frozen msgspec struct per kind.
 
 API → engine (:data:`ToEngine`): :class:`Submit` (a tokenized request), :class:`Cancel`,
-:class:`MetricsQuery`, :class:`FailNextStep` / :class:`StepDelay` (fault injection), :class:`Drain`.
+:class:`MetricsQuery`, :class:`FailNextStep` / :class:`StepDelay` (fault injection), :class:`Drain`, then
+:class:`Exit`.
 Engine → API (:data:`FromEngine`): :class:`Phase` and :class:`Ready` (or :class:`LoadFailed`) while
 starting, :class:`Admitted` (one per :class:`Submit`), :class:`StepOutputs` (every output of one engine
 step, each request's newly completed text, token count, logprobs and finish), :class:`MetricsReply`,
@@ -76,7 +77,11 @@ class Drain(Struct, frozen=True, tag="drain", tag_field="kind"):
     grace_s: float
 
 
-ToEngine = Submit | Cancel | MetricsQuery | FailNextStep | StepDelay | Drain
+class Exit(Struct, frozen=True, tag="exit", tag_field="kind"):
+    """After :class:`Drained`: close the model and exit (so the exit is never taken for a death)."""
+
+
+ToEngine = Submit | Cancel | MetricsQuery | FailNextStep | StepDelay | Drain | Exit
 
 
 class TokenizerRecord(Struct, frozen=True):

@@ -84,6 +84,8 @@ class EngineProcess:
         self._load_error: StagewiseError | None = None
         self._drained = threading.Event()
         self._clean = False
+        self._exiting = False
+        self._serving = False  # a Ready came from the current process
         self._closed = False
         self.process: BaseProcess | None = None
         self.pid: int | None = None
@@ -96,6 +98,7 @@ class EngineProcess:
         """Spawn the engine process and wait until it serves; raises its load error (``DoesNotFit``, ...)."""
         self._ready.clear()
         self._load_error = None
+        self._exiting = self._serving = False
         process = multiprocessing.get_context("spawn").Process(
             target=run_engine_process, args=(self.settings, self._to_engine, self._from_engine),
             name="stagewise-engine", daemon=False)
@@ -130,10 +133,13 @@ class EngineProcess:
             self._send(m.Drain(0.0))  # a drain under way: the engine cancels everything at once
 
     def stop(self) -> None:
-        """Drain at once if still serving, wait for the process to exit, close the sockets."""
+        """Drain at once if still serving, let the process close the model and exit, close the sockets."""
         process = self.process
         if process is not None and process.is_alive():
             self.drain(0.0)
+            with self._lock:
+                self._exiting = True  # its exit is no death
+            self._send(m.Exit())
             process.join(_EXIT_TIMEOUT_S)
             if process.is_alive():  # hung past its drain: it frees nothing more by waiting
                 print(f"stagewise: the engine process (pid {process.pid}) did not exit; killing it", file=sys.stderr)
@@ -247,7 +253,7 @@ class EngineProcess:
             self._facts, self.pid = facts_of(message.model), message.pid
             self._drained.clear()
             with self._lock:
-                self.alive = True
+                self.alive = self._serving = True
             self._ready.set()
         elif isinstance(message, m.LoadFailed):
             self._load_error = error_of(message.error)
@@ -258,7 +264,7 @@ class EngineProcess:
         elif isinstance(message, m.Drained):
             self._clean = message.clean
             with self._lock:
-                self.alive = False  # its exit that follows is no death
+                self.alive = False  # it takes no more requests
             self._drained.set()
         else:
             raise EngineMessageRejected(f"the engine process sent a {type(message).__name__}, which only it may get")
@@ -268,7 +274,7 @@ class EngineProcess:
         error = EngineDied(f"the engine process (pid {process.pid}) exited with code {process.exitcode}; the "
                            "requests it carried failed, and a new one is loading the model: retry later")
         with self._lock:
-            was_serving, self.alive = self.alive, False
+            died, self.alive = self._serving and not self._exiting, False
             handles, self._handles = list(self._handles.values()), {}
             waiters = [*self._admissions.values(), *self._queries.values()]
             self._admissions, self._queries = {}, {}
@@ -281,5 +287,5 @@ class EngineProcess:
         if not self._ready.is_set():
             self._load_error = self._load_error or error
             self._ready.set()
-        if was_serving and self.on_death is not None:
+        if died and self.on_death is not None:
             self.on_death(error)
