@@ -136,3 +136,24 @@ def test_the_engine_core_applies_nothing_of_a_malformed_message(capsys: pytest.C
         core.apply(data)
     assert engine.calls == [] and outbox.calls == [] and core.handles == {}
     assert capsys.readouterr().err.count("malformed engine message") == 3
+
+
+def test_the_api_side_delivers_nothing_of_a_step_with_one_bad_output() -> None:
+    from stagewise.engine.request import EngineRequest
+    from stagewise.server.engine_process import EngineProcess
+    from stagewise.server.remote_handle import RemoteHandle
+    from stagewise.server.serve_settings import ServeSettings
+
+    front = EngineProcess(ServeSettings())  # sockets only: no engine process is started
+    try:
+        got: list[RequestOutput] = []
+        front._handles[0] = RemoteHandle(0, EngineRequest("r", (1, 2), 4), got.append, lambda key: None)
+        good = output_record(0, RequestOutput("a", 2, 1))
+        bad = m.OutputRecord(0, "", 2, 2, (), "exploded", None, 0)
+        with pytest.raises(EngineMessageRejected):
+            front._apply(m.StepOutputs((good, bad)))
+        assert got == []  # the good output of the rejected message was not delivered either
+        front._apply(m.StepOutputs((good,)))
+        assert [o.text for o in got] == ["a"]
+    finally:
+        front.stop()
