@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -76,3 +77,26 @@ def test_killed_engine_process_is_503_then_restarts(server: ServedModel) -> None
     assert served.status_code == 200 and served.json()["choices"][0]["message"]["content"]
     after = _engine_process(server)
     assert after["pid"] != before["pid"] and after["restarts"] == 1
+
+
+def test_sigterm_to_both_processes_drains_in_flight(tmp_path: Path) -> None:
+    """A service manager stopping the whole group signals the engine process too: it leaves the drain to the
+    API process, so the stream in flight still finishes."""
+    model_dir = make_model_dir(tmp_path / "x")
+    served = start_server(model_dir, tmp_path / "serve.log", "--placement", "single", "--grace-s", "60")
+    served.wait_ready()
+    engine_pid = _engine_process(served)["pid"]
+    assert httpx.post(f"{served.url}/debug/step-delay", json={"seconds": 0.02}, timeout=30).status_code == 200
+    body = {"model": "x", "messages": HELLO, "max_tokens": 60, "stream": True, "logit_bias": NO_STOP}
+    finish = None
+    with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, timeout=60) as stream:
+        for line in stream.iter_lines():
+            if finish is None and line.startswith("data: {") and "content" in line:
+                finish = "streaming"
+                os.kill(engine_pid, signal.SIGTERM)
+                served.process.send_signal(signal.SIGTERM)
+            elif line.startswith("data: {"):
+                finish = json.loads(line.removeprefix("data: "))["choices"][0]["finish_reason"] or finish
+    assert finish == "length"
+    assert served.process.wait(60) == 0
+    assert "stagewise: drained" in (tmp_path / "serve.log").read_text()

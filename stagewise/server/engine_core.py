@@ -53,7 +53,10 @@ _HEALTH_EVERY_S = 0.1  # and at the workers' health at most this often (not on e
 
 def run_engine_process(settings: ServeSettings, to_engine: str, from_engine: str) -> None:
     """The engine process's entry (spawned): load, serve messages until drained or orphaned, close."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process drains on Ctrl-C; it tells us what to do
+    # NOTE: Ctrl-C reaches the whole process group, and a service manager's SIGTERM often the whole cgroup: the
+    # API process drains on either and tells this one what to do (its own death: noticed by the parent check)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     print_requests()
     context = zmq.Context()
     inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
