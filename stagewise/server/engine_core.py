@@ -132,9 +132,10 @@ class EngineCore:
             if self.inbox in events:
                 while self.inbox.poll(0):
                     self.apply(self.inbox.recv())
+            drained = bool(self.drained)  # read before the flush: the drain's last outputs precede its end
             self._flush()
             self._report_health()
-            if self.drained and not self.said_drained:
+            if drained and not self.said_drained:
                 self.send(m.Drained(self.drained[0]))  # after every output (flushed above)
                 self.said_drained = True
             if os.getppid() != self.parent:  # the API process is gone: nobody to serve

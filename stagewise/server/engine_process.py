@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
@@ -91,7 +92,8 @@ class EngineProcess:
         self.pid: int | None = None
         self.alive = False
         self.restarts = 0
-        threading.Thread(target=self._receive, name="stagewise-engine-receiver", daemon=True).start()
+        self._receiver = threading.Thread(target=self._receive, name="stagewise-engine-receiver", daemon=True)
+        self._receiver.start()
 
     # ----- lifetime ------------------------------------------------------------------------------
     def start(self) -> ModelFacts:
@@ -146,6 +148,7 @@ class EngineProcess:
                 process.kill()
                 process.join()
         self._closed = True
+        self._receiver.join()  # within one poll: then no thread uses the sockets
         self._out.close()
         self._in.close()
         self._context.term()
@@ -213,16 +216,15 @@ class EngineProcess:
     # ----- the receiving and watching threads ---------------------------------------------------
     def _receive(self) -> None:
         while not self._closed:
-            try:
-                if not self._in.poll(_POLL_MS):
-                    continue
-                data = self._in.recv()
-            except zmq.ZMQError:  # closed by stop()
-                return
+            if not self._in.poll(_POLL_MS):
+                continue
+            data = self._in.recv()
             try:
                 self._apply(self._codec.decode(data))
             except EngineMessageRejected as exc:
                 print(f"stagewise: dropped a message from the engine process: {exc}", file=sys.stderr)
+            except Exception:  # a bug (a sink whose loop closed, ...): logged; the other requests go on
+                traceback.print_exc(file=sys.stderr)
 
     def _apply(self, message: m.ToEngine | m.FromEngine) -> None:
         if isinstance(message, m.StepOutputs):
