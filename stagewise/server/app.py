@@ -74,7 +74,7 @@ def parse_json(data: bytes) -> dict[str, Any]:
     """``data`` as a JSON object whose strings are all valid Unicode and whose nesting is at most
     :data:`MAX_JSON_DEPTH`; :class:`InvalidParam` (400) otherwise, never a crash.
 
-    Parsed on the event loop, holding the GIL (the engine's steps wait meanwhile), so by pydantic-core's
+    Parsed on the event loop, holding the GIL (the other streams wait meanwhile), so by pydantic-core's
     parser: 6-8x faster than the standard library's on a body of megabytes (0.5 ms for 3.9 MB, not
     3-4 ms), and it stops at once past its nesting limit (deeper than ours). A body it refuses otherwise is
     parsed again by :mod:`json` (:func:`_parse_slowly`), for a message naming what is wrong and where: a body
@@ -211,7 +211,7 @@ def build_app(state: ServerState) -> FastAPI:
         families = await engine.engine_families() if engine is not None else []  # the engine's reply
         started = time.perf_counter()
         response = JSONResponse(status.body(families))  # reads only: see StatusReport; never waits for a step
-        state.metrics.status_seconds.inc(time.perf_counter() - started)  # its whole cost: it holds the GIL
+        state.metrics.status_seconds.inc(time.perf_counter() - started)  # its cost on the event loop
         return response
 
     if settings.webui:
