@@ -3,8 +3,8 @@
 Two threads: the engine's worker (schedule → execute → update, as in-process) and this module's I/O
 loop, the only user of the ZeroMQ sockets. The I/O loop applies the API's messages (submit, cancel,
 metrics query, fault injection, drain) and sends what the engine produced: each request's outputs
-collect in an outbox as the engine delivers them, and the worker wakes the loop after every turn,
-which sends them as one :class:`StepOutputs`.
+collect as the engine delivers them; at the end of each turn (its metrics recorded) the worker hands
+them to the loop and wakes it, which sends them as one :class:`StepOutputs`.
 
 Detokenization, stop strings and grammar matching stay here, next to sampling: a grammar's matcher
 state must advance with every sampled token and masks the next draw; a stop string ends a request,
@@ -101,7 +101,8 @@ class EngineCore:
         self.inbox, self.outbox = inbox, outbox
         self.codec = to_engine_codec()
         self.handles: dict[int, RequestHandle] = {}  # by the API's key
-        self.pending: list[m.OutputRecord] = []  # outputs delivered, not yet sent
+        self.pending: list[m.OutputRecord] = []  # outputs delivered during the engine's current turn
+        self.ready: list[m.OutputRecord] = []  # outputs of finished turns, not yet sent
         self.lock = threading.Lock()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -217,21 +218,27 @@ class EngineCore:
         with self.lock:
             self.pending.append(output_record(key, output))
 
-    def _wake(self) -> None:  # the engine's worker, after each turn
-        if self.pending:
-            try:
-                os.write(self.wake_w, b"x")
-            except BlockingIOError:  # the pipe is full: the loop is awake already
-                pass
+    def _wake(self) -> None:  # the engine's worker, after each turn (its metrics recorded)
+        with self.lock:
+            if not self.pending:
+                return
+            self.ready.extend(self.pending)
+            self.pending.clear()
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:  # the pipe is full: the loop is awake already
+            pass
 
     def _flush(self) -> None:
+        """Send the outputs of the turns that ended: never part of a turn, so a client that has its last
+        token also finds that step in the metrics."""
         with self.lock:
-            pending, self.pending = self.pending, []
-        if pending:
-            for record in pending:
+            ready, self.ready = self.ready, []
+        if ready:
+            for record in ready:
                 if record.finish_reason is not None:
                     self.handles.pop(record.key, None)
-            self.send(m.StepOutputs(tuple(pending)))
+            self.send(m.StepOutputs(tuple(ready)))
 
     def _report_health(self) -> None:
         now = time.monotonic()
