@@ -66,25 +66,53 @@ def _metric(url: str, name: str) -> float:
     return float("nan")
 
 
+def _processes(pid: int) -> list[tuple[str, int]]:
+    """``pid`` and its descendants (the engine process serve spawns), as (role, pid): the server itself is
+    ``api``, its children ``child1``, ``child2``, ... in the order /proc lists them."""
+    found, pending = [("api", pid)], [pid]
+    while pending:
+        parent = pending.pop()
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                found.append((f"child{len(found)}", child))
+                pending.append(child)
+    return found
+
+
 def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """Resident bytes of ``pid`` and its descendants together."""
+    total = 0
+    for _, proc in _processes(pid):
+        try:
+            lines = Path(f"/proc/{proc}/status").read_text().splitlines()
+        except OSError:
+            continue  # it ended
+        total += next((int(line.split()[1]) * 1024 for line in lines if line.startswith("VmRSS:")), 0)
+    return total
 
 
-def _cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) each thread of ``pid`` has used, by thread name (names repeated: summed)."""
+def _cpu_s(pid: int, descendants: bool = True) -> dict[str, float]:
+    """CPU seconds (user + system) each thread of ``pid`` (and of its descendants) has used, by process role
+    and thread name (``api:python``, ``child1:python``; names repeated: summed)."""
     tick_s = 1 / os.sysconf("SC_CLK_TCK")
     used: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for role, proc in _processes(pid) if descendants else [("api", pid)]:
         try:
-            stat = (task / "stat").read_text()
+            tasks = list(Path(f"/proc/{proc}/task").iterdir())
         except OSError:
-            continue  # the thread ended
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * tick_s  # utime + stime
+            continue  # it ended
+        for task in tasks:
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # the thread ended
+            name = f"{role}:{stat[stat.index('(') + 1:stat.rindex(')')]}"
+            fields = stat[stat.rindex(")") + 2:].split()
+            used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * tick_s  # utime + stime
     return used
 
 
@@ -308,10 +336,10 @@ def main() -> int:
         if ours.recv() != "started":
             raise SystemExit("the hostile clients did not start")
         valid = threading.Thread(target=_valid, args=(url, stop, tally, args.max_tokens))
-        cpu_before = _cpu_s(server.pid), _cpu_s(hostile.pid or 0), _cpu_s(os.getpid())
+        cpu_before = _cpu_s(server.pid), _cpu_s(hostile.pid or 0), _cpu_s(os.getpid(), descendants=False)
         valid.start()
         time.sleep(args.duration_s)
-        cpu_after = _cpu_s(server.pid), _cpu_s(hostile.pid or 0), _cpu_s(os.getpid())
+        cpu_after = _cpu_s(server.pid), _cpu_s(hostile.pid or 0), _cpu_s(os.getpid(), descendants=False)
         stop.set()
         stopped = time.monotonic()
         valid.join(180)

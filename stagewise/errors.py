@@ -125,3 +125,21 @@ class WorkerMessageRejected(StagewiseError):
 class GrammarError(RequestError):
     """A structured-output constraint (JSON schema, forced tool call) that cannot be compiled, or that
     this model's tokenizer cannot be constrained with."""
+
+
+class EngineDied(StagewiseError):
+    """The engine process exited (crashed, killed); the requests it carried failed, and the server
+    refuses new ones until a fresh engine process has loaded the model."""
+
+    exit_code = 3
+    http_status = 503
+    code = "engine_died"
+
+
+class EngineMessageRejected(StagewiseError):
+    """A message between the API and engine processes that does not decode to a known, well-typed kind;
+    it is dropped, never acted on."""
+
+    exit_code = 3
+    http_status = 503
+    code = "engine_message_rejected"

@@ -15,6 +15,7 @@ from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.server.app import guarded_app
+from stagewise.server.engine_front import LocalEngine
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 from stagewise.weights.end_of_generation import end_of_generation_ids
@@ -71,7 +72,7 @@ def _server(path: Path) -> Iterator[tuple[OpenAI, str]]:
     loaded = load_model(str(path), None, "single", 128)
     engine = Engine(loaded, max_waiting=4).start()
     state = ServerState(ServeSettings())
-    assert state.set_ready(loaded, engine)
+    assert state.set_ready(LocalEngine(loaded, engine))
     try:
         with TestClient(guarded_app(state), base_url="http://testserver") as http:
             yield OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0), loaded.name

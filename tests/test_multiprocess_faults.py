@@ -195,6 +195,7 @@ def test_health_reports_an_exited_worker_at_once(model_dir: Path, monkeypatch: p
     """Once a killed worker's process has exited, health says so before any step or watcher tick notices
     (the watcher is held blind here: the window between its ticks): /health and admission (the server
     refuses while health is not ok) read the same state."""
+    from stagewise.server.engine_front import LocalEngine
     from stagewise.server.serve_settings import ServeSettings
     from stagewise.server.server_state import ServerState
 
@@ -208,8 +209,9 @@ def test_health_reports_an_exited_worker_at_once(model_dir: Path, monkeypatch: p
         report = pipe.health()
         assert report["status"] != "ok" and not next(w for w in report["workers"] if w["rank"] == 2)["alive"]
         state = ServerState(ServeSettings())
-        state.model = type("Model", (), {"pipeline": pipe})()  # type: ignore[assignment]
-        state.engine, state.phase = object(), "ready"  # type: ignore[assignment]
+        state.model = object()  # type: ignore[assignment]
+        state.engine = LocalEngine(type("Model", (), {"pipeline": pipe})(), object())  # type: ignore[arg-type]
+        state.phase = "ready"
         with pytest.raises(WorkerLost):
             state.serving()
     finally:

@@ -411,7 +411,8 @@ def test_sigterm_drains_in_flight_and_exits_zero(model_dir: Path, tmp_path: Path
     worker.join(HANG_S)
     assert result.get("finish") == "length", result
     assert served.process.wait(HANG_S) == 0
-    assert "model closed" in (tmp_path / "drain.log").read_text()
+    log = (tmp_path / "drain.log").read_text()
+    assert "stagewise: drained" in log and "model closed" in log  # all finished within the grace
 
 
 def test_does_not_fit_exits_2_with_one_line(model_dir: Path, tmp_path: Path) -> None:

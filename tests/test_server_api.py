@@ -17,6 +17,7 @@ from stagewise.engine.engine import Engine
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.server.app import guarded_app
+from stagewise.server.engine_front import LocalEngine
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 from tests.test_server_support import MODEL_VOCAB, make_model_dir
@@ -42,7 +43,7 @@ def engine(loaded: LoadedModel) -> Iterator[Engine]:
 
 def _http(loaded: LoadedModel, engine: Engine, **settings: object) -> TestClient:
     state = ServerState(ServeSettings(api_key=KEY, **settings))  # type: ignore[arg-type]
-    assert state.set_ready(loaded, engine)
+    assert state.set_ready(LocalEngine(loaded, engine))
     return TestClient(guarded_app(state), base_url="http://testserver")
 
 

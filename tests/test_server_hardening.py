@@ -17,6 +17,7 @@ from stagewise.engine.engine import Engine
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.server.app import guarded_app
+from stagewise.server.engine_front import LocalEngine
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 from tests.test_server_support import make_model_dir
@@ -38,7 +39,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
 def http(loaded: LoadedModel) -> Iterator[TestClient]:
     state = ServerState(ServeSettings())
     engine = Engine(loaded).start()
-    assert state.set_ready(loaded, engine)
+    assert state.set_ready(LocalEngine(loaded, engine))
     with TestClient(guarded_app(state), base_url="http://testserver", raise_server_exceptions=False) as client:
         yield client
     engine.stop()

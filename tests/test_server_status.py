@@ -52,7 +52,7 @@ def test_snapshot_reads_the_prometheus_series() -> None:
     m.stage_step.labels("0", "cpu:0").observe(0.25)
     m.stage_step.labels("0", "cpu:0").observe(0.75)
     m.handoff.labels("0->1").observe(0.5)
-    snap = snapshot_of(m, stages=2)
+    snap = snapshot_of(m.registry.collect(), stages=2)
     assert (snap.generation_tokens_total, snap.prefill_tokens_total, snap.requests_total, snap.waiting) == (7, 30, 3, 4)
     assert snap.kv_blocks_in_use == (0, 5)
     assert snap.stage_step == (Timing(1.0, 2), Timing(0.0, 0)) and snap.handoff == (Timing(0.5, 1),)

@@ -20,6 +20,7 @@ from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import Sampler, SamplingParams
 from stagewise.server.app import guarded_app
+from stagewise.server.engine_front import LocalEngine
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 from tests.test_server_support import MODEL_VOCAB, make_model_dir
@@ -48,7 +49,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
 def client(loaded: LoadedModel) -> Iterator[OpenAI]:
     engine = Engine(loaded, max_waiting=32).start()
     state = ServerState(ServeSettings())
-    assert state.set_ready(loaded, engine)
+    assert state.set_ready(LocalEngine(loaded, engine))
     with TestClient(guarded_app(state), base_url="http://testserver") as http:
         yield OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
     engine.stop()

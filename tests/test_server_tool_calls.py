@@ -22,6 +22,7 @@ from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import Sample, Sampler, SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.server.app import guarded_app
+from stagewise.server.engine_front import LocalEngine
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 from tests.test_server_support import make_model_dir
@@ -83,7 +84,7 @@ def served(loaded: LoadedModel) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
     scripted = ScriptedBatcher(engine, CALL_TEXT)
     engine.batcher = scripted
     engine.start()
-    assert state.set_ready(loaded, engine)
+    assert state.set_ready(LocalEngine(loaded, engine))
     with TestClient(guarded_app(state), base_url="http://testserver") as http:
         yield OpenAI(base_url="http://testserver/v1", api_key="secret", http_client=http), scripted
     engine.stop()

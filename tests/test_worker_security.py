@@ -47,6 +47,7 @@ from stagewise.runtime.worker_mode import WorkerMode
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.server.app import guarded_app
+from stagewise.server.engine_front import LocalEngine
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 from tests.multiprocess_helpers import PROMPT
@@ -335,7 +336,7 @@ def test_health_reports_a_killed_worker(loaded: LoadedModel) -> None:
     pipeline = loaded.pipeline
     assert isinstance(pipeline, DistributedPipeline)
     state = ServerState(ServeSettings(LoadSettings(workers="local", max_seqs=1)))
-    assert state.set_ready(loaded, Engine(loaded, max_waiting=4))
+    assert state.set_ready(LocalEngine(loaded, Engine(loaded, max_waiting=4)))
     with TestClient(guarded_app(state), base_url="http://testserver") as http:
         assert http.get("/health").json() == {"status": "ok"}
         victim = next(w for w in pipeline.health()["workers"] if w["rank"] == 2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.generation_request import TokenEvent
@@ -62,6 +63,7 @@ class Engine:
         self.stop_token_ids = model.stop_token_ids
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
+        self.after_step: Callable[[], None] | None = None  # called by the worker after each loop turn
         self.metrics.observe_memory(model.pipeline)
         self._preemptions = 0  # the batcher's count already reported
         self._prefill_tokens = 0  # the batcher's count already reported
@@ -135,6 +137,8 @@ class Engine:
                 self.execute()
             elif not batch.run:
                 self.batcher.drain()
+            if self.after_step is not None:
+                self.after_step()  # the engine process sends this turn's outputs as one message
 
     def execute(self) -> None:
         """One batcher iteration: every running sequence advances by at most one token."""

@@ -5,11 +5,16 @@ Each instance owns its registry, so several engines (tests) never collide.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
 
 from stagewise.models.kv_cache import KVCache
 from stagewise.runtime.executor import Executor
 from stagewise.runtime.pipeline import StepTimings
+
+SERVER_SERIES = frozenset({"stagewise_http_requests", "stagewise_status_seconds", "stagewise_model_loaded"})
+"""The families the HTTP side keeps; every other one is the engine's (in the engine process when serving)."""
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
@@ -112,6 +117,24 @@ class EngineMetrics:
             for category, nbytes in stage.ledger.charged.items():
                 self.memory_charge.labels(str(k), stage.spec.device, category).set(nbytes)
 
-    def render(self) -> bytes:
-        """The text exposition format."""
-        return generate_latest(self.registry)
+    def render(self, engine_families: Iterable[Metric] | None = None) -> bytes:
+        """The text exposition format; with ``engine_families`` (another registry's, e.g. the engine
+        process's), those stand for this registry's engine series (all but :data:`SERVER_SERIES`)."""
+        if engine_families is None:
+            return generate_latest(self.registry)
+        return generate_latest(_Merged(self.registry, list(engine_families)))
+
+    def engine_families(self) -> list[Metric]:
+        """This registry's engine series (all but :data:`SERVER_SERIES`), as collected now."""
+        return [family for family in self.registry.collect() if family.name not in SERVER_SERIES]
+
+
+class _Merged:
+    """A collector of ``server``'s own series plus ``engine`` families (``generate_latest`` only calls collect)."""
+
+    def __init__(self, server: CollectorRegistry, engine: list[Metric]) -> None:
+        self.server, self.engine = server, engine
+
+    def collect(self) -> Iterator[Metric]:
+        yield from (family for family in self.server.collect() if family.name in SERVER_SERIES)
+        yield from self.engine

@@ -1,4 +1,4 @@
-"""MetricsSnapshot: the engine's live counters at one instant, read from :class:`EngineMetrics`.
+"""MetricsSnapshot: the engine's live counters at one instant, read from :class:`~stagewise.engine.metrics.EngineMetrics`' families.
 
 The same series ``/metrics`` exports, read back (no second bookkeeping): cumulative totals and
 gauges, so two snapshots give rates over the time between them (:mod:`stagewise.server.live_window`).
@@ -7,10 +7,10 @@ gauges, so two snapshots give rates over the time between them (:mod:`stagewise.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from stagewise.engine.metrics import EngineMetrics
+from prometheus_client import Metric
 
 
 @dataclass(frozen=True)
@@ -46,47 +46,48 @@ class MetricsSnapshot:
     handoff: tuple[Timing, ...]  # per boundary k -> k + 1
 
 
-def _values(metric: Any, suffix: str = "") -> dict[str, float]:
-    """``metric``'s samples named ``<name><suffix>``, by their first label's value ('' when unlabelled)."""
+def _values(families: dict[str, Metric], name: str, suffix: str = "") -> dict[str, float]:
+    """The samples named ``<name><suffix>`` of family ``name``, by their first label's value ('' when unlabelled)."""
     out: dict[str, float] = {}
-    for family in metric.collect():
-        wanted = family.name + suffix
-        for sample in family.samples:
-            if sample.name == wanted:
-                out[next(iter(sample.labels.values()), "")] = sample.value
+    family = families.get(name)
+    for sample in family.samples if family is not None else ():
+        if sample.name == name + suffix:
+            out[next(iter(sample.labels.values()), "")] = sample.value
     return out
 
 
-def _one(metric: Any, suffix: str = "") -> float:
-    return sum(_values(metric, suffix).values())
+def _one(families: dict[str, Metric], name: str, suffix: str = "") -> float:
+    return sum(_values(families, name, suffix).values())
 
 
 def _per_index(values: dict[str, float], count: int) -> tuple[int, ...]:
     return tuple(int(values.get(str(k), 0)) for k in range(count))
 
 
-def _timings(metric: Any, keys: list[str]) -> tuple[Timing, ...]:
-    sums, counts = _values(metric, "_sum"), _values(metric, "_count")
+def _timings(families: dict[str, Metric], name: str, keys: list[str]) -> tuple[Timing, ...]:
+    sums, counts = _values(families, name, "_sum"), _values(families, name, "_count")
     return tuple(Timing(sums.get(key, 0.0), int(counts.get(key, 0))) for key in keys)
 
 
-def snapshot_of(metrics: EngineMetrics, stages: int) -> MetricsSnapshot:
-    """The live series of ``metrics`` for a pipeline of ``stages`` stages. Reads only (no lock is
-    taken: the engine thread may move a counter between two reads, which a rate never notices)."""
-    m = metrics
+def snapshot_of(families: Iterable[Metric], stages: int) -> MetricsSnapshot:
+    """The live series among ``families`` (an :class:`EngineMetrics` registry's ``collect()``, here or in the
+    engine process) for a pipeline of ``stages`` stages. Reads only: the engine may move a counter between
+    two reads, which a rate never notices; a family that is absent reads as zero."""
+    f = {family.name: family for family in families}
     return MetricsSnapshot(
         time_s=time.monotonic(),
-        running=int(_one(m.active_sequences)),
-        waiting=int(_one(m.queue_depth)),
-        requests_total=int(_one(m.requests, "_total")),
-        prompt_tokens_total=int(_one(m.prompt_tokens, "_total")),
-        prefill_tokens_total=int(_one(m.prefill_tokens, "_total")),
-        generation_tokens_total=int(_one(m.generation_tokens, "_total")),
-        preemptions_total=int(_one(m.preemptions, "_total")),
-        ttft=Timing(_one(m.ttft, "_sum"), int(_one(m.ttft, "_count"))),
-        kv_blocks_in_use=_per_index(_values(m.stage_kv_blocks_in_use), stages),
-        kv_blocks=_per_index(_values(m.stage_kv_blocks), stages),
-        state_bytes_in_use=_per_index(_values(m.stage_state_in_use), stages),
-        stage_step=_timings(m.stage_step, [str(k) for k in range(stages)]),
-        handoff=_timings(m.handoff, [f"{k}->{k + 1}" for k in range(stages - 1)]),
+        running=int(_one(f, "stagewise_active_sequences")),
+        waiting=int(_one(f, "stagewise_queue_depth")),
+        requests_total=int(_one(f, "stagewise_requests", "_total")),
+        prompt_tokens_total=int(_one(f, "stagewise_prompt_tokens", "_total")),
+        prefill_tokens_total=int(_one(f, "stagewise_prefill_tokens", "_total")),
+        generation_tokens_total=int(_one(f, "stagewise_generation_tokens", "_total")),
+        preemptions_total=int(_one(f, "stagewise_preemptions", "_total")),
+        ttft=Timing(_one(f, "stagewise_time_to_first_token_seconds", "_sum"),
+                    int(_one(f, "stagewise_time_to_first_token_seconds", "_count"))),
+        kv_blocks_in_use=_per_index(_values(f, "stagewise_stage_kv_blocks_in_use"), stages),
+        kv_blocks=_per_index(_values(f, "stagewise_stage_kv_blocks"), stages),
+        state_bytes_in_use=_per_index(_values(f, "stagewise_stage_state_bytes_in_use"), stages),
+        stage_step=_timings(f, "stagewise_stage_step_seconds", [str(k) for k in range(stages)]),
+        handoff=_timings(f, "stagewise_handoff_seconds", [f"{k}->{k + 1}" for k in range(stages - 1)]),
     )

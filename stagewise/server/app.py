@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from stagewise.engine.loaded_model import LoadedModel
 from stagewise.errors import StagewiseError
 from stagewise.server import chat_handler, completion_handler, tokenize_handler
 from stagewise.server.choices import Choices
 from stagewise.server.guards import Guards
+from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import (
     BodyTimeout,
     BodyTooLarge,
@@ -74,7 +74,7 @@ def parse_json(data: bytes) -> dict[str, Any]:
     """``data`` as a JSON object whose strings are all valid Unicode and whose nesting is at most
     :data:`MAX_JSON_DEPTH`; :class:`InvalidParam` (400) otherwise, never a crash.
 
-    Parsed on the event loop, holding the GIL (the engine's steps wait meanwhile), so by pydantic-core's
+    Parsed on the event loop, holding the GIL (the other streams wait meanwhile), so by pydantic-core's
     parser: 6-8x faster than the standard library's on a body of megabytes (0.5 ms for 3.9 MB, not
     3-4 ms), and it stops at once past its nesting limit (deeper than ours). A body it refuses otherwise is
     parsed again by :mod:`json` (:func:`_parse_slowly`), for a message naming what is wrong and where: a body
@@ -195,11 +195,11 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        if state.model is not None and state.phase == "ready":
-            state.metrics.observe_memory(state.model.pipeline)
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        engine = state.engine
+        families = await engine.engine_families() if engine is not None else None  # the engine's own series
+        return Response(state.metrics.render(families), media_type=CONTENT_TYPE_LATEST)
 
-    def card(model: LoadedModel) -> dict[str, Any]:
+    def card(model: ModelFacts) -> dict[str, Any]:
         return {"id": state.served_names(model).name, "object": "model", "created": int(time.time()),
                 "owned_by": "stagewise", "max_model_len": model.max_context}
 
@@ -207,9 +207,11 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/stagewise/status")
     async def stagewise_status() -> Response:
+        engine = state.engine
+        families = await engine.engine_families() if engine is not None else []  # the engine's reply
         started = time.perf_counter()
-        response = JSONResponse(status.body())  # reads only: see StatusReport; never waits for the engine
-        state.metrics.status_seconds.inc(time.perf_counter() - started)  # its whole cost: it holds the GIL
+        response = JSONResponse(status.body(families))  # reads only: see StatusReport; never waits for a step
+        state.metrics.status_seconds.inc(time.perf_counter() - started)  # its cost on the event loop
         return response
 
     if settings.webui:
@@ -264,7 +266,7 @@ def build_app(state: ServerState) -> FastAPI:
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
         # worker thread, so /health and the other streams keep being served meanwhile
         built = await anyio.to_thread.run_sync(prepare, limiter=preparing())
-        choices = Choices.submit(engine, built.requests)
+        choices = await Choices.submit(engine, built.requests)
         response: Response = await respond(built, choices, state.served_names(model).name, request)
         return response
 
@@ -282,9 +284,9 @@ def build_app(state: ServerState) -> FastAPI:
             raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
             engine, model = state.serving()
             stage = raw.get("stage", 0)
-            if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < len(model.pipeline.stages):
-                raise InvalidParam(f"stage must be an integer in [0, {len(model.pipeline.stages)})", "stage")
-            engine.guard.fail_next_step(stage)
+            if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < model.stages:
+                raise InvalidParam(f"stage must be an integer in [0, {model.stages})", "stage")
+            engine.fail_next_step(stage)
             return JSONResponse({"armed": True, "stage": stage})
 
         @app.post("/debug/step-delay")
@@ -294,7 +296,7 @@ def build_app(state: ServerState) -> FastAPI:
             seconds = raw.get("seconds", 0.0)
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 10:
                 raise InvalidParam("seconds must be a number in [0, 10]", "seconds")
-            engine.guard.delay_s = float(seconds)
+            engine.set_step_delay(float(seconds))
             return JSONResponse({"delay_s": float(seconds)})
     else:
         @app.post("/debug/fail-next-step")

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 from starlette.requests import Request
 
-from stagewise.engine.engine import Engine
 from stagewise.engine.request import EngineRequest
-from stagewise.engine.request_handle import OutputSink, RequestHandle
+from stagewise.engine.request_handle import OutputSink
 from stagewise.engine.request_output import RequestOutput
+from stagewise.server.engine_front import EngineFront, Handle
 from stagewise.server.output_stream import ClientGone, failed, failure, wait_disconnect
 
 
@@ -24,23 +24,23 @@ class Choices:
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, RequestOutput] | None] = asyncio.Queue()  # None: the client is gone
-        self.handles: list[RequestHandle] = []
+        self.handles: list[Handle] = []
         self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
-    def submit(cls, engine: Engine, requests: Sequence[EngineRequest]) -> Choices:
+    async def submit(cls, engine: EngineFront, requests: Sequence[EngineRequest]) -> Choices:
         """Submit every request; if one is refused (``QueueFull``, ...), cancel those already queued and raise."""
         choices = cls()
         try:
             for index, request in enumerate(requests):
-                choices.handles.append(engine.submit(request, choices._sink(index)))
+                choices.handles.append(await engine.submit(request, choices._sink(index)))
         except BaseException:
             choices.cancel()
             raise
         return choices
 
     def _sink(self, index: int) -> OutputSink:
-        def put(output: RequestOutput) -> None:  # engine thread
+        def put(output: RequestOutput) -> None:  # the engine's thread, or the engine process's receiver
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, output))
         return put
 

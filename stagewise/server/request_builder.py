@@ -7,12 +7,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stagewise.engine.grammar import Grammar
-from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
 from stagewise.errors import ContextLengthExceeded, StagewiseError
+from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import InvalidParam
 from stagewise.server.schemas import ChatCompletionBody, ChatMessage, CompletionBody, SamplingFields
 from stagewise.server.structured_output import response_format_grammar, tool_choice_grammar
@@ -59,7 +59,7 @@ def _choices(response_id: str, request: EngineRequest, n: int | None) -> tuple[E
     )
 
 
-def _tokenizer(model: LoadedModel) -> Tokenizer:
+def _tokenizer(model: ModelFacts) -> Tokenizer:
     if model.tokenizer is None:
         raise InvalidParam(f"model {model.name} has no tokenizer")
     return model.tokenizer
@@ -118,14 +118,14 @@ def _max_tokens(asked: int | None, prompt_tokens: int, context: int, default: in
 
 
 def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, body: SamplingFields,
-                    model: LoadedModel, logprobs: bool, top_logprobs: int,
+                    model: ModelFacts, logprobs: bool, top_logprobs: int,
                     default_max_tokens: int | None = None, grammar: Grammar | None = None) -> EngineRequest:
     try:
         return EngineRequest(
             request_id=request_id,
             prompt_ids=tuple(prompt_ids),
             max_tokens=_max_tokens(asked, len(prompt_ids), model.max_context, default_max_tokens),
-            sampling=_sampling(body, model.config.vocab_size, grammar),
+            sampling=_sampling(body, model.vocab_size, grammar),
             stop=_stops(body.stop),
             # a grammar ends on its end-of-generation token: ignore_eos leaves it be
             stop_token_ids=frozenset() if body.ignore_eos and grammar is None else model.stop_token_ids,
@@ -141,7 +141,7 @@ def _engine_request(request_id: str, prompt_ids: list[int], asked: int | None, b
         raise InvalidParam(str(exc), param) from exc
 
 
-def prompt_ids(text: str, model: LoadedModel, param: str, add_special_tokens: bool = False) -> list[int]:
+def prompt_ids(text: str, model: ModelFacts, param: str, add_special_tokens: bool = False) -> list[int]:
     """``text`` tokenized, after a check by bytes that needs no tokenizing: a text longer than the context's
     tokens × the tokenizer's longest token cannot fit, and is refused at once (a 3.9 MB prompt in
     microseconds, not seconds of tokenizing)."""
@@ -156,7 +156,7 @@ def prompt_ids(text: str, model: LoadedModel, param: str, add_special_tokens: bo
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def chat_prompt_ids(chat: list[ChatMessage], model: LoadedModel, tools: list[dict[str, Any]] | None = None,
+def chat_prompt_ids(chat: list[ChatMessage], model: ModelFacts, tools: list[dict[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> list[int]:
     """The token ids of ``chat`` rendered through the model's chat template (``tools`` offered)."""
     tokenizer = _tokenizer(model)
@@ -195,7 +195,7 @@ def _check_tool(tool: dict[str, Any], param: str) -> None:
         raise InvalidParam(f"the description of tool {name!r} must be a string", f"{param}.function.description")
 
 
-def build_chat(body: ChatCompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
+def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str) -> BuiltRequest:
     """Render the messages through the model's chat template and tokenize them; the completion id is
     ``chatcmpl-<request_id>``."""
     if body.top_logprobs is not None and not body.logprobs:
@@ -227,7 +227,7 @@ def _forced_tools(tool_choice: str | dict[str, Any] | None, tools: list[dict[str
     return names if tool_choice == "required" else ()
 
 
-def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) -> BuiltRequest:
+def build_completion(body: CompletionBody, model: ModelFacts, request_id: str) -> BuiltRequest:
     """Tokenize (or take) the prompt of a text completion; the completion id is ``cmpl-<request_id>``."""
     if body.echo:
         raise InvalidParam("echo is not supported", "echo")
@@ -241,8 +241,8 @@ def build_completion(body: CompletionBody, model: LoadedModel, request_id: str) 
     ids = prompt_ids(prompt, model, "prompt") if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise InvalidParam("the prompt is empty", "prompt")
-    if any(not 0 <= t < model.config.vocab_size for t in ids):
-        raise InvalidParam(f"prompt token ids must be in [0, {model.config.vocab_size})", "prompt")
+    if any(not 0 <= t < model.vocab_size for t in ids):
+        raise InvalidParam(f"prompt token ids must be in [0, {model.vocab_size})", "prompt")
     top = body.logprobs
     if top is not None and not 0 <= top <= 5:
         raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")

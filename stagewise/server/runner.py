@@ -1,4 +1,8 @@
-"""Run the server: HTTP up first (``/health`` 503 while loading), load in the background, drain on signals.
+"""Run the server: HTTP up first (``/health`` 503 while loading), the engine process loading meanwhile, drain
+on signals, restart the engine process if it dies.
+
+This process serves HTTP, tokenizes and streams; the engine runs in a process of its own
+(:mod:`stagewise.server.engine_core`), so HTTP load does not share an interpreter lock with its steps.
 
 SIGTERM/SIGINT: stop accepting (503), let in-flight and queued requests finish within
 ``grace_s``, cancel what is left, close the model (free the devices), exit 0. A second signal
@@ -8,7 +12,6 @@ cancels at once.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -21,16 +24,12 @@ import uvicorn
 from rich.console import Console
 
 from stagewise.cli.console import console as make_console
-from stagewise.engine.engine import Engine
-from stagewise.engine.model_loading import load_with_progress
-from stagewise.engine.request_log import print_requests
-from stagewise.engine.warm_up import needs_warm_up
-from stagewise.errors import ConfigError
+from stagewise.errors import ConfigError, EngineDied
 from stagewise.hardware.listen_socket import listen_socket
 from stagewise.server.app import guarded_app
+from stagewise.server.engine_process import EngineProcess
 from stagewise.server.http_protocol import protocol_class
-from stagewise.server.load_display import API_KEY_ENV, placement_lines, usage_lines
-from stagewise.server.random_tokenizer import with_demo_tokenizer
+from stagewise.server.load_display import API_KEY_ENV, usage_lines
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 
@@ -49,7 +48,6 @@ class _Server(uvicorn.Server):
 def serve(settings: ServeSettings, console: Console | None = None) -> int:
     """Serve until a signal; returns the exit code. Raises the load error (e.g. DoesNotFit) if loading fails."""
     console = console or make_console()
-    print_requests()  # one INFO line per finished request on stderr
     state = ServerState(settings)
     config = uvicorn.Config(guarded_app(state), host=settings.host, port=settings.port, log_level="warning",
                             lifespan="off", timeout_graceful_shutdown=_SHUTDOWN_TIMEOUT_S,
@@ -63,7 +61,7 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if not state.begin_draining():
             if state.engine is not None:
-                state.engine.scheduler.cancel_all()
+                state.engine.cancel_all()
             server.should_exit = True
             return
         # NOTE: no printing here: the handler may interrupt the main thread inside the console's lock
@@ -89,13 +87,11 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
         # it finishes, sees the server draining, and frees what it loaded
         console.print("stagewise: stopping; waiting for the model load under way to end…")
         loader.join()
+    if state.engine is not None:
+        state.engine.stop()  # the engine process closes the model (frees the devices) and exits
+        console.print("stagewise: model closed, devices freed; bye")
     if state.load_error is not None:
         raise state.load_error
-    if state.engine is not None:
-        state.engine.stop()
-    if state.model is not None:
-        state.model.close()
-        console.print("stagewise: model closed, devices freed; bye")
     return 0
 
 
@@ -110,40 +106,43 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
+    """Start the engine process (it loads, warms up and prints the placement) and publish it once it serves."""
     settings = state.settings
+    engine = EngineProcess(settings, on_phase=lambda phase: _on_phase(state, phase))
     try:
-        # without the prefix cache: no recurrent-state snapshot memory
-        load = settings.load if settings.prefix_cache else dataclasses.replace(settings.load, prefix_snapshots=0)
-        model = load_with_progress(load)
-    except BaseException as exc:
-        state.set_failed(exc)
-        server.should_exit = True
-        return
-    try:
-        if model.tokenizer is None and (settings.load.model or "").startswith("random:"):
-            model = with_demo_tokenizer(model)  # random weights come without a tokenizer
-        engine = Engine(model, settings.queue, state.metrics, prefix_cache=settings.prefix_cache)
-        pool = model.pipeline.kv_pool
-        pool_text = f", a KV pool of {pool.tokens} positions (--kv-tokens)" if pool is not None else ""
-        console.print(f"stagewise: up to {engine.batcher.slots} sequences at once, "
-                      f"{model.max_context:,} positions each (--max-seqs, --context){pool_text}", highlight=False)
-        if settings.warm_up and needs_warm_up(model) and state.set_warming_up():
-            console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
-            done = engine.warm_up(full_context=settings.peak_check)
-            console.print(f"stagewise: {done.summary()}", highlight=False)
         engine.start()
     except BaseException as exc:
-        model.close()  # the devices are freed before the server exits with the error
+        engine.stop()
         state.set_failed(exc)
         server.should_exit = True
         return
-    if not state.set_ready(model, engine):
+    engine.on_death = lambda error: _restart(state, engine, server, console, error)
+    if not state.set_ready(engine):
         engine.stop()
-        model.close()
         return
-    for line in placement_lines(model):
-        console.print(line, highlight=False, soft_wrap=True)
-    _print_usage(settings, state.served_names(model).name, console)
+    _print_usage(settings, state.served_names(engine.facts).name, console)
+
+
+def _on_phase(state: ServerState, phase: str) -> None:
+    if phase == "warming_up":
+        state.set_warming_up()
+
+
+def _restart(state: ServerState, engine: EngineProcess, server: uvicorn.Server, console: Console,
+             error: EngineDied) -> None:
+    """The engine process died while serving (its requests failed already): 503 while a new one loads."""
+    if not state.set_restarting():
+        return  # draining: nothing to restart
+    console.print(f"[red]stagewise: {error}[/]", highlight=False)
+    try:
+        engine.restart()
+    except BaseException as exc:  # the model no longer loads: nothing left to serve
+        console.print(f"[red]stagewise: the engine process did not restart: {exc}[/]", highlight=False)
+        state.set_failed(exc)
+        server.should_exit = True  # exits non-zero with that error
+        return
+    if state.set_ready(engine):
+        console.print(f"stagewise: engine process restarted (pid {engine.pid}); serving again", highlight=False)
 
 
 def _print_usage(settings: ServeSettings, name: str, console: Console) -> None:

@@ -1,18 +1,19 @@
 """StatusReport: the body of ``GET /v1/stagewise/status`` — the placement (read once) and the live counters.
 
-Cheap by construction: the placement view is built once per loaded model; each read then takes one
-:class:`MetricsSnapshot` (reads of the Prometheus series the engine already updates) and a few
-gauges the scheduler keeps. Nothing here waits for, or locks out, the engine's thread.
+Cheap by construction: the placement view is built once per loaded model (:class:`ModelFacts`); each
+read then takes one :class:`MetricsSnapshot` of the engine's Prometheus series (which the engine
+process sends on request, between steps, from its I/O thread). Nothing here locks out the engine's steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from stagewise.engine.loaded_model import LoadedModel
+from prometheus_client import Metric
+
 from stagewise.engine.metrics_snapshot import snapshot_of
 from stagewise.server.live_window import LiveWindow
-from stagewise.server.placement_view import placement_view
 from stagewise.server.server_state import ServerState
 
 
@@ -22,15 +23,10 @@ class StatusReport:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.window = LiveWindow()
-        self._placement: tuple[LoadedModel, dict[str, Any]] | None = None
 
-    def placement(self, model: LoadedModel) -> dict[str, Any]:
-        if self._placement is None or self._placement[0] is not model:
-            self._placement = (model, placement_view(model))
-        return self._placement[1]
-
-    def body(self) -> dict[str, Any]:
-        """``phase`` always; ``placement`` and ``live`` once a model is loaded (None before)."""
+    def body(self, engine_families: Iterable[Metric]) -> dict[str, Any]:
+        """``phase`` always; ``placement`` and ``live`` (from ``engine_families``, the engine's series read
+        just now) once a model is loaded (None before)."""
         state = self.state
         model, engine = state.model, state.engine
         out: dict[str, Any] = {"object": "stagewise.status", "phase": state.phase,
@@ -38,13 +34,13 @@ class StatusReport:
                                "placement": None, "live": None}
         if model is None or engine is None:
             return out
-        stages = len(model.pipeline.stages)
-        snap = snapshot_of(state.metrics, stages)
+        stages = model.stages
+        snap = snapshot_of(engine_families, stages)
         rates = self.window.add(snap)
-        out["placement"] = self.placement(model)
+        out["placement"] = model.placement
         out["live"] = {
             "time_s": snap.time_s,  # the server's monotonic clock
-            "running": snap.running, "waiting": snap.waiting, "sequence_slots": engine.batcher.slots,
+            "running": snap.running, "waiting": snap.waiting, "sequence_slots": model.slots,
             "requests_total": snap.requests_total, "prompt_tokens_total": snap.prompt_tokens_total,
             "prefill_tokens_total": snap.prefill_tokens_total,
             "generation_tokens_total": snap.generation_tokens_total, "preemptions_total": snap.preemptions_total,
@@ -53,6 +49,7 @@ class StatusReport:
                         "state_bytes_in_use": snap.state_bytes_in_use[k], "steps_total": snap.stage_step[k].count,
                         "step_s": rates["stage_step_s"][k], "steps_per_s": rates["stage_steps_per_s"][k]}
                        for k in range(stages)],
+            "engine_process": engine.process_info(),
             "handoffs": [{"boundary": f"{k}->{k + 1}", "handoffs_total": snap.handoff[k].count,
                           "handoff_s": rates["handoff_s"][k]} for k in range(stages - 1)],
         }

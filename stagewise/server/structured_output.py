@@ -18,26 +18,26 @@ from typing import Any
 
 from stagewise.engine.grammar import JSON_OPTIONS, Grammar
 from stagewise.engine.grammar_vocabulary import GrammarVocabulary
-from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.schema_finiteness import check_finite
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.engine.tool_calls import ToolCallFormat
 from stagewise.errors import GrammarError
+from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import InvalidParam
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
-def _vocabulary(model: LoadedModel, param: str) -> GrammarVocabulary:
+def _vocabulary(model: ModelFacts, param: str) -> GrammarVocabulary:
     if model.tokenizer is None:
         raise InvalidParam(f"model {model.name} has no tokenizer", param)
     try:
-        return GrammarVocabulary.of(model.tokenizer, model.config.vocab_size, model.stop_token_ids)
+        return GrammarVocabulary.of(model.tokenizer, model.vocab_size, model.stop_token_ids)
     except GrammarError as exc:
         raise InvalidParam(str(exc), param) from exc
 
 
-def response_format_grammar(response_format: dict[str, Any] | None, model: LoadedModel) -> Grammar | None:
+def response_format_grammar(response_format: dict[str, Any] | None, model: ModelFacts) -> Grammar | None:
     """The grammar ``response_format`` asks for; None for ``text`` (or none given)."""
     kind = None if response_format is None else response_format.get("type")
     if kind in (None, "text"):
@@ -63,7 +63,7 @@ def response_format_grammar(response_format: dict[str, Any] | None, model: Loade
 
 
 def tool_choice_grammar(tool_choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None,
-                        fmt: ToolCallFormat, model: LoadedModel) -> Grammar | None:
+                        fmt: ToolCallFormat, model: ModelFacts) -> Grammar | None:
     """The grammar of a forced ``tool_choice`` (``required`` or a named function); None for ``auto``/``none``."""
     if tool_choice in (None, "auto", "none"):
         return None

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagewise.engine.loaded_model import LoadedModel
+from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import InvalidParam
 from stagewise.server.request_builder import chat_prompt_ids
 from stagewise.server.schemas import DetokenizeBody, TokenizeBody
 
 
-def tokenize(body: TokenizeBody, model: LoadedModel) -> dict[str, Any]:
+def tokenize(body: TokenizeBody, model: ModelFacts) -> dict[str, Any]:
     """``{"tokens", "count", "max_model_len"}`` for exactly one of ``content`` / ``prompt`` (text, special
     tokens only where written: ``add_special`` / ``add_special_tokens`` adds BOS and the like, default off,
     as completions encode prompts) or ``messages`` (rendered through the chat template, as chat does)."""
@@ -30,10 +30,10 @@ def tokenize(body: TokenizeBody, model: LoadedModel) -> dict[str, Any]:
     return {"tokens": ids, "count": len(ids), "max_model_len": model.max_context}
 
 
-def detokenize(body: DetokenizeBody, model: LoadedModel) -> dict[str, Any]:
+def detokenize(body: DetokenizeBody, model: ModelFacts) -> dict[str, Any]:
     """``{"content"}`` (llama.cpp's key; also as ``prompt``, vLLM's): the text of ``tokens``, special tokens
     written out. Ids outside the model's vocabulary are a 400 naming ``tokens``."""
-    vocab = model.config.vocab_size
+    vocab = model.vocab_size
     bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < vocab), None)
     if bad is not None:
         raise InvalidParam(f"token id {body.tokens[bad]} is outside the vocabulary [0, {vocab})", f"tokens.{bad}")

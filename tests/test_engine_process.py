@@ -1,0 +1,102 @@
+"""``stagewise serve`` with its engine in a process of its own: killing that process mid-stream fails the
+stream with a typed 503 (OpenAI's error shape) at once, new requests get the same 503, and a fresh
+engine process serves again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_server_support import ServedModel, make_model_dir, serving, start_server
+
+HELLO = [{"role": "user", "content": "Hello, world! How are you today?"}]
+NO_STOP = {"0": -100, "1": -100, "2": -100}  # the demo tokenizer's specials (EOS among them) never drawn
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    model_dir = make_model_dir(tmp_path_factory.mktemp("served-model") / "x")
+    served = start_server(model_dir, tmp_path_factory.mktemp("log") / "serve.log", "--placement", "single")
+    with serving(served):
+        yield served
+
+
+def _engine_process(server: ServedModel) -> dict[str, int]:
+    live = httpx.get(f"{server.url}/v1/stagewise/status", timeout=30).json()["live"]
+    info: dict[str, int] = live["engine_process"]
+    return info
+
+
+def _chat(server: ServedModel, **extra: object) -> httpx.Response:
+    body = {"model": "x", "messages": HELLO, "max_tokens": 4, **extra}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_status_names_the_engine_process(server: ServedModel) -> None:
+    info = _engine_process(server)
+    assert info["pid"] != server.process.pid and info["restarts"] == 0
+    os.kill(info["pid"], 0)  # a live process of its own
+
+
+def test_killed_engine_process_is_503_then_restarts(server: ServedModel) -> None:
+    before = _engine_process(server)
+    assert httpx.post(f"{server.url}/debug/step-delay", json={"seconds": 0.05}, timeout=30).status_code == 200
+    body = {"model": "x", "messages": HELLO, "max_tokens": 200, "stream": True, "logit_bias": NO_STOP}
+    events: list[dict[str, object]] = []
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as stream:
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        for line in lines:
+            if line.startswith("data: {") and "content" in line:
+                break  # tokens are flowing: the engine process is mid-stream
+        os.kill(before["pid"], signal.SIGKILL)
+        killed_s = time.monotonic()
+        for line in lines:
+            if line.startswith("data: {"):
+                events.append(json.loads(line.removeprefix("data: ")))
+                if "error" in events[-1]:
+                    failed_s = time.monotonic()
+                    break
+    error = events[-1]["error"]
+    assert isinstance(error, dict) and set(error) == ERROR_KEYS and error["code"] == "engine_died", events[-1]
+    assert failed_s - killed_s < 1.0  # the death is noticed from the process's exit, not a timeout
+    refused = _chat(server)  # the new engine process is still importing torch: nothing serves yet
+    assert refused.status_code == 503 and set(refused.json()["error"]) == ERROR_KEYS
+    assert refused.json()["error"]["code"] == "engine_died"
+    assert httpx.get(f"{server.url}/health", timeout=30).json() == {"status": "restarting"}
+    server.wait_ready()  # /health turns 200 once the fresh engine process has loaded the model
+    served = _chat(server)
+    assert served.status_code == 200 and served.json()["choices"][0]["message"]["content"]
+    after = _engine_process(server)
+    assert after["pid"] != before["pid"] and after["restarts"] == 1
+
+
+def test_sigterm_to_both_processes_drains_in_flight(tmp_path: Path) -> None:
+    """A service manager stopping the whole group signals the engine process too: it leaves the drain to the
+    API process, so the stream in flight still finishes."""
+    model_dir = make_model_dir(tmp_path / "x")
+    served = start_server(model_dir, tmp_path / "serve.log", "--placement", "single", "--grace-s", "60")
+    served.wait_ready()
+    engine_pid = _engine_process(served)["pid"]
+    assert httpx.post(f"{served.url}/debug/step-delay", json={"seconds": 0.02}, timeout=30).status_code == 200
+    body = {"model": "x", "messages": HELLO, "max_tokens": 60, "stream": True, "logit_bias": NO_STOP}
+    finish = None
+    with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, timeout=60) as stream:
+        for line in stream.iter_lines():
+            if finish is None and line.startswith("data: {") and "content" in line:
+                finish = "streaming"
+                os.kill(engine_pid, signal.SIGTERM)
+                served.process.send_signal(signal.SIGTERM)
+            elif line.startswith("data: {"):
+                finish = json.loads(line.removeprefix("data: "))["choices"][0]["finish_reason"] or finish
+    assert finish == "length"
+    assert served.process.wait(60) == 0
+    assert "stagewise: drained" in (tmp_path / "serve.log").read_text()
