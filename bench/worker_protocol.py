@@ -1,6 +1,7 @@
 """Per-step cost of the worker protocol: a tiny model decoding one sequence through one local worker
 (``--workers local``, one stage) against the same steps in process, with the coordinator's time split
-by TCPStore operation (set / get / wait / check / delete).
+by control-plane operation (send: seal and queue a command; wait: block until its acknowledgements;
+expect / acks / forget: the bookkeeping around them).
 
     python3 bench/worker_protocol.py [--model random:tiny-qwen3] [--steps 300] [--json OUT]
 """
@@ -58,15 +59,15 @@ def main() -> int:
     local.close()
     remote = load_model(args.model, workers="local", worker_timeout_s=30, **common)  # type: ignore[arg-type]
     spent: dict[str, float] = collections.defaultdict(float)
-    for name in ("set", "read", "get", "wait", "check", "delete_key"):
-        _wrap(remote.pipeline.pool.store, name, spent)
+    for name in ("send", "wait", "expect", "acks", "forget"):
+        _wrap(remote.pipeline.pool.plane, name, spent)
     try:
         worker_s = _time_steps(remote.pipeline, args.steps)
     finally:
         remote.close()
     row = {"command": " ".join(["python3", *sys.argv]), "model": args.model, "steps": args.steps,
            "in_process_ms": in_process_s * 1e3, "worker_ms": worker_s * 1e3,
-           "coordinator_store_ms_per_step": {k: v / args.steps * 1e3 for k, v in sorted(spent.items())}}
+           "coordinator_plane_ms_per_step": {k: v / args.steps * 1e3 for k, v in sorted(spent.items())}}
     print(json.dumps(row, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(row, indent=1))

@@ -201,7 +201,7 @@ def test_health_reports_an_exited_worker_at_once(model_dir: Path, monkeypatch: p
     pipe = _start(model_dir, rejoin=False)
     try:
         assert pipe.health()["status"] == "ok"
-        monkeypatch.setattr(pipe.pool, "dead", lambda store: {})  # the watcher has not looked yet
+        monkeypatch.setattr(pipe.pool, "dead", lambda: {})  # the watcher has not looked yet
         proc = pipe.pool.procs[2]
         proc.send_signal(signal.SIGKILL)
         proc.wait(60)  # the event itself: the process is gone

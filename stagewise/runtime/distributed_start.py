@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 
 from stagewise.errors import WorkerNotJoined
@@ -21,7 +19,7 @@ from stagewise.runtime.cluster_links import ACTIVATION_BYTES, measure_cluster_li
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, stage_owners
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
-from stagewise.runtime.worker_messages import Assignment, JoinReport, ack_key, assign_key
+from stagewise.runtime.worker_messages import Assignment, JoinReport
 from stagewise.runtime.worker_mode import WorkerMode
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_secret import require_secret
@@ -63,14 +61,14 @@ def cluster_topology(pool: WorkerPool, join_timeout_s: float, measure_links: boo
 
 def refuse(pool: WorkerPool, joins: dict[int, JoinReport], message: str) -> None:
     """Tell joined workers they will not be used (they exit with ``message``)."""
+    heard = {rank: report.incarnation for rank, report in joins.items()}
+    pool.plane.expect(0, heard)  # each answers "heard you" as command 0
     for rank, report in joins.items():
-        no = Assignment("", "float32", 1, 1, (), 0, rank - 1, pool.count, "gloo", -1, -1, 1, pool.count, 1.0,
-                        refused=message or "the coordinator gave up")
-        pool.store.set(assign_key(rank, report.incarnation), no.to_json())
-    try:  # keep the store up until they have read it
-        pool.store.wait([ack_key(0, rank) for rank in joins], timedelta(seconds=5))
-    except Exception:
-        pass
+        no = Assignment(incarnation=report.incarnation, model="", dtype="float32", batch=1, context=1, stages=(),
+                        gen=0, data_rank=rank - 1, data_world=max(pool.count, rank), backend="gloo", prev_rank=-1,
+                        next_rank=-1, first_seq=1, timeout_s=1.0, refused=(message or "the coordinator gave up")[:60_000])
+        pool.plane.send([(rank, report.incarnation)], no)
+    pool.plane.wait(lambda: len(pool.plane.acks(0)) == len(heard), 5.0)  # keep the plane up until they read it
     pool.close(grace_s=1.0)
 
 
