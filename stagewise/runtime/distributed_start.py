@@ -12,11 +12,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from stagewise.errors import WorkerNotJoined
 from stagewise.runtime.cluster_links import ACTIVATION_BYTES, measure_cluster_links
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, stage_owners
+from stagewise.runtime.ray_workers import connect_ray
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.runtime.worker_messages import Assignment, JoinReport
@@ -27,13 +30,24 @@ from stagewise.spec.model_config import ModelConfig
 
 
 def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,
-              secret_file: str | None = None) -> WorkerPool:
-    """Host the rendezvous store for ``workers`` (``local`` or ``N@HOST:PORT``): on 127.0.0.1 with a
-    fresh secret for local workers; on HOST with the shared secret (``secret_file``, else
-    ``$STAGEWISE_WORKER_SECRET_FILE`` / ``$STAGEWISE_WORKER_SECRET``) for remote ones."""
+              secret_file: str | None = None, devices: str | None = None) -> WorkerPool:
+    """Host the rendezvous store and the control plane for ``workers`` (``local``, ``N@HOST:PORT`` or
+    ``ray:N``): on 127.0.0.1 with a fresh secret for local workers; on HOST with the shared secret
+    (``secret_file``, else ``$STAGEWISE_WORKER_SECRET_FILE`` / ``$STAGEWISE_WORKER_SECRET``) for remote
+    ones; for Ray, on this node's address in the cluster with a fresh secret, the N actors placed
+    (each offering ``devices``, None: the devices Ray gives it)."""
     mode = WorkerMode.parse(workers)
-    secret = None if mode.local else require_secret(secret_file, "the coordinator")
-    return WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
+    if mode.ray:
+        mode = dataclasses.replace(mode, host=connect_ray(mode.ray_address or None))
+    secret = None if mode.spawned else require_secret(secret_file, "the coordinator")
+    pool = WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
+    if mode.ray:
+        try:
+            pool.launch_ray(devices)
+        except BaseException:
+            pool.close(grace_s=0)
+            raise
+    return pool
 
 
 def cluster_topology(pool: WorkerPool, join_timeout_s: float, measure_links: bool = True,
@@ -92,7 +106,7 @@ def start_workers(pool: WorkerPool, config: ModelConfig, model: str, specs: list
     else:
         owners = stage_owners([s.device for s in specs], cluster.owners)
     pipeline = DistributedPipeline(pool, config, model, specs, owners, dtype, batch, context, pool.timeout_s,
-                                   load_timeout_s, respawn=cluster is None, rejoin=rejoin, cuda_graphs=cuda_graphs,
+                                   load_timeout_s, respawn=pool.mode.spawned, rejoin=rejoin, cuda_graphs=cuda_graphs,
                                    kv_blocks=kv_blocks, snapshots=snapshots)
     pipeline.start(joins, join_timeout_s)
     return pipeline

@@ -473,7 +473,7 @@ class DistributedPipeline:
             return
         self._message += "; requests are refused until it rejoins"
         for rank in dead:
-            if rank in self.pool.procs and self.respawn and self.respawns < self.max_respawns:
+            if self.pool.respawns(rank) and self.respawn and self.respawns < self.max_respawns:
                 self.respawns += 1
                 self.pool.spawn(rank)
 

@@ -33,6 +33,7 @@ from stagewise.hardware.listen_socket import listen_socket
 from stagewise.runtime.coordinator_plane import CoordinatorPlane
 from stagewise.runtime.distributed_group import WORKER_ENV
 from stagewise.runtime.message_seal import MessageSeal
+from stagewise.runtime.ray_workers import RayWorkers
 from stagewise.runtime.worker_messages import JoinReport, PlaneAddress
 from stagewise.runtime.worker_mode import WorkerMode
 from stagewise.runtime.worker_plane import PLANE_KEY, SESSION_KEY
@@ -57,7 +58,7 @@ class WorkerPool:
 
     def __init__(self, mode: WorkerMode, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,
                  secret: bytes | None = None) -> None:
-        if secret is None and not mode.local:
+        if secret is None and not mode.spawned:
             raise ConfigError("remote workers need a shared secret (--worker-secret-file PATH or "
                               f"${SECRET_ENV})")
         self.mode = mode
@@ -92,6 +93,7 @@ class WorkerPool:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._admitted: dict[int, float] = {}  # rank -> when its member was admitted
         self.probes = 0  # link probes sent (each numbered)
+        self.ray: RayWorkers | None = None  # the actors of ``ray:N`` (:meth:`launch_ray`)
         self._seen: dict[int, set[str]] = {}  # rank -> incarnations admitted before (a replay is refused)
         self._closed = False
         atexit.register(_kill_at_exit, weakref.ref(self))
@@ -102,8 +104,23 @@ class WorkerPool:
 
     # ----- local workers -------------------------------------------------------------------------
 
+    def launch_ray(self, devices: str | None) -> None:
+        """Place the ``ray:N`` worker actors (each offers ``devices``, None: what it sees)."""
+        threads = int(os.environ.get("OMP_NUM_THREADS") or local_worker_threads(self.count))
+        self.ray = RayWorkers(self.address, self.count, self.secret, devices, self.timeout_s, threads)
+        for rank in range(1, self.count + 1):
+            self.ray.launch(rank)
+
+    def respawns(self, rank: int) -> bool:
+        """Whether a lost worker ``rank`` is started again here (a local process or a Ray actor)."""
+        return rank in self.procs or (self.ray is not None and rank in self.ray.actors)
+
     def spawn(self, rank: int) -> None:
-        """Start local worker ``rank`` (``python -m stagewise worker --join 127.0.0.1:PORT``)."""
+        """Start local worker ``rank`` (``python -m stagewise worker --join 127.0.0.1:PORT``), or place its
+        Ray actor again."""
+        if self.ray is not None:
+            self.ray.launch(rank)
+            return
         env = dict(os.environ)
         for key, value in WORKER_ENV.items():
             env.setdefault(key, value)
@@ -120,7 +137,9 @@ class WorkerPool:
         self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
     def kill(self, rank: int) -> None:
-        """SIGKILL local worker ``rank`` (a hung one) and reap it."""
+        """SIGKILL local worker ``rank`` (a hung one) and reap it, or kill its Ray actor."""
+        if self.ray is not None:
+            self.ray.kill(rank)
         proc = self.procs.get(rank)
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -213,6 +232,8 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 pass
         self.kill_local()
+        if self.ray is not None:
+            self.ray.close()
         self.plane.close()
 
 
