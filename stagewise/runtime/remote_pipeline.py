@@ -58,6 +58,7 @@ from stagewise.runtime.pipeline import CancelCheck, FaultHook, StepHandle, StepT
 from stagewise.runtime.remote_stage import RemoteStage
 from stagewise.runtime.stage import Stage, StageSpec
 from stagewise.runtime.worker_messages import (
+    ACKNOWLEDGED,
     Ack,
     Assignment,
     Command,
@@ -229,7 +230,7 @@ class DistributedPipeline:
         seq = self._next_seq()
         publish, self._to_publish = self._to_publish, []
         members = self._members()
-        if kind in (Run, Regroup):
+        if kind in ACKNOWLEDGED:
             self.pool.plane.expect(seq, members)
         self.pool.plane.send(members.items(), kind(seq=seq, members=members, publish=publish, **fields))
         return seq

@@ -170,7 +170,7 @@ class Exit(_Command, tag="exit", frozen=True, kw_only=True):
 
 
 Command = Run | Publish | Rollback | Regroup | Exit
-ACKNOWLEDGED = (Run, Regroup)
+ACKNOWLEDGED = (Run, Regroup)  # the commands each worker answers with an Ack
 
 
 class Assignment(_Message, tag="assign", frozen=True, kw_only=True):
