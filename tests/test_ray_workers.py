@@ -54,10 +54,16 @@ def test_two_stages_on_ray_actors_equal_single_process(ray_instance: None, tmp_p
             ray.get(actor.exit_code.remote())
 
 
+def test_ray_without_a_count_needs_gpus(ray_instance: None) -> None:
+    with pytest.raises(ConfigError, match=r"has none: give the number of workers \(ray:N\)"):
+        load_model("random:tiny-qwen3", workers="ray", context=CONTEXT)
+
+
 def test_ray_mode_is_parsed_and_checked() -> None:
     assert WorkerMode.parse("ray:2") == WorkerMode(False, 2, ray=True)
     assert WorkerMode.parse("ray:3@10.0.0.1:6379").ray_address == "10.0.0.1:6379"
     assert WorkerMode.parse("ray:2").spawned and not WorkerMode.parse("2@h:1").spawned
+    assert WorkerMode.parse("ray") == WorkerMode(False, 0, ray=True)  # one per GPU of the cluster
     for bad in ("ray:", "ray:0", "ray:two"):
         with pytest.raises(ConfigError, match="ray:N"):
             WorkerMode.parse(bad)

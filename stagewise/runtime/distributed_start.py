@@ -19,7 +19,7 @@ import torch
 from stagewise.errors import WorkerNotJoined
 from stagewise.runtime.cluster_links import ACTIVATION_BYTES, measure_cluster_links
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, stage_owners
-from stagewise.runtime.ray_workers import connect_ray
+from stagewise.runtime.ray_workers import cluster_gpus, connect_ray
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.runtime.worker_messages import Assignment, JoinReport
@@ -39,6 +39,7 @@ def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float 
     mode = WorkerMode.parse(workers)
     if mode.ray:
         mode = dataclasses.replace(mode, host=connect_ray(mode.ray_address or None))
+        mode = dataclasses.replace(mode, count=mode.count or cluster_gpus())
     secret = None if mode.spawned else require_secret(secret_file, "the coordinator")
     pool = WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
     if mode.ray:

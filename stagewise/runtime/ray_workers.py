@@ -2,7 +2,7 @@
 
 Instead of waiting for N ``stagewise worker --join`` processes, the coordinator connects to the Ray
 cluster (``ray:N@ADDRESS``, else ``$RAY_ADDRESS`` or the local instance: ``ray.init(address="auto")``,
-or the one this process already joined), listens on its own node's address and places N worker
+or the one this process already joined; ``ray``: N is the cluster's GPU count), listens on its own node's address and places N worker
 actors: each holds one GPU when the cluster has N GPUs (Ray sets its ``CUDA_VISIBLE_DEVICES``), else
 one CPU. Each actor runs the ordinary worker (:func:`run_worker`) on a thread of its own: it joins
 the same control plane with a fresh secret handed over in its constructor, offers the devices it
@@ -43,6 +43,16 @@ def connect_ray(address: str | None) -> str:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConfigError(f"cannot join the Ray cluster at {address or 'auto'} ({exc})"[:300]) from None
     return str(ray.util.get_node_ip_address())
+
+
+def cluster_gpus() -> int:
+    """The GPUs of the joined Ray cluster (``--workers ray``: one worker actor each); :class:`ConfigError`
+    when it has none (then say how many workers: ``ray:N``)."""
+    gpus = int(ray_module().cluster_resources().get("GPU", 0))
+    if gpus < 1:
+        raise ConfigError("--workers ray places one worker per GPU, and this Ray cluster has none: "
+                          "give the number of workers (ray:N)")
+    return gpus
 
 
 class RayWorkerActor:

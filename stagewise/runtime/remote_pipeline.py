@@ -211,6 +211,7 @@ class DistributedPipeline:
         self._needs_regroup = False
         self._lost.clear()
         self._message = ""
+        self.pool.plane.wake()  # wait_ready
         return {}
 
     # ----- the command bus -----------------------------------------------------------------------
@@ -471,6 +472,7 @@ class DistributedPipeline:
         self._message = "; ".join(parts)
         if not self.rejoin:
             self._failed = f"{self._message}; not waiting for it to rejoin (restart stagewise)"
+            self.pool.plane.wake()  # wait_ready
             return
         self._message += "; requests are refused until it rejoins"
         for rank in dead:
@@ -546,9 +548,7 @@ class DistributedPipeline:
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Block until the pipeline is not degraded (True) or ``timeout_s`` passed (False)."""
-        deadline = time.monotonic() + timeout_s
-        while self.degraded and time.monotonic() < deadline and not self._failed and not self._closed:
-            time.sleep(0.05)
+        self.pool.plane.wait(lambda: not self.degraded or bool(self._failed) or self._closed, timeout_s)
         return not self.degraded
 
     def _watch(self) -> None:
@@ -603,6 +603,7 @@ class DistributedPipeline:
             return
         with self._lock:
             self._closed = True
+            self.pool.plane.wake()  # wait_ready
             for handle in self._pending.values():
                 handle.error = WorkerLost("the distributed pipeline is closed")
                 handle.settled = True

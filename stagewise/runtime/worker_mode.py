@@ -4,8 +4,8 @@
 127.0.0.1 only. ``N@HOST:PORT`` waits for N workers started with ``stagewise worker --join``;
 the store listens on HOST only (``0.0.0.0`` for every interface, an empty HOST means 127.0.0.1),
 so reaching other hosts is always an explicit choice. ``ray:N`` (``ray:N@ADDRESS``: that Ray
-cluster) places N worker actors on an existing Ray cluster (:mod:`stagewise.runtime.ray_workers`);
-the store then listens on this node's address in that cluster. Torch-free: the CLI and the server
+cluster; ``ray``: one per GPU of the cluster) places N worker actors on an existing Ray cluster
+(:mod:`stagewise.runtime.ray_workers`); the store then listens on this node's address in that cluster. Torch-free: the CLI and the server
 settings check it before the store, a socket or a worker exists.
 """
 
@@ -39,6 +39,8 @@ class WorkerMode:
     def parse(text: str) -> WorkerMode:
         if text == "local":
             return WorkerMode(True)
+        if text == "ray":
+            return WorkerMode(False, 0, ray=True)  # one worker actor per GPU of the cluster
         if text.startswith("ray:"):
             count, _, address = text.removeprefix("ray:").partition("@")
             if not count.isdigit() or int(count) < 1:
