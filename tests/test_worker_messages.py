@@ -18,6 +18,7 @@ from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.link_probe import LinkFigures, LinkProbe, ProbePair, ProbeReport
 from stagewise.runtime.message_seal import MessageSeal
 from stagewise.runtime.stage import StageSpec
+from stagewise.runtime.tensor_blob import TensorBlob
 from stagewise.runtime.worker_messages import (
     Ack,
     Assignment,
@@ -35,7 +36,6 @@ from stagewise.runtime.worker_messages import (
     Rollback,
     Run,
     SetBlocks,
-    TensorBlob,
     Up,
 )
 
@@ -195,7 +195,7 @@ def test_acks_assignments_and_tensors_are_checked() -> None:
     with pytest.raises(WorkerMessageRejected, match="bytes for shape"):
         up.open(signed(ack | {"hidden": msgspec.to_builtins(blob) | {"data": blob.data[:-4]}}))
     with pytest.raises(WorkerMessageRejected, match="malformed"):
-        up.open(signed(ack | {"hidden": {"op": "tensor", "shape": [-1], "dtype": "float32", "data": b""}}))
+        up.open(signed(ack | {"hidden": {"shape": [-1], "dtype": "float32", "data": b""}}))
     logits = torch.randn(40, 128_256, dtype=torch.bfloat16)  # 10.3 MB: more than a TCPStore message held
     big = up.open(up.seal(Ack(seq=3, rank=1, incarnation=INCARNATION, ok=True, logits=TensorBlob.of(logits))))
     assert isinstance(big, Ack) and big.logits is not None and torch.equal(big.logits.tensor(), logits)

@@ -120,6 +120,6 @@ def run_probe(store: torch.distributed.Store, rank: int, probe: LinkProbe) -> Pr
                                            probe.large_bytes, large["one_way_s"]))
         return ProbeReport(rank, True, figures=tuple(figures))
     except Exception as exc:
-        return ProbeReport(rank, False, f"{type(exc).__name__}: {exc}")
+        return ProbeReport(rank, False, f"{type(exc).__name__}: {exc}"[:60_000])
     finally:
         leave_group()

@@ -57,6 +57,7 @@ from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.pipeline import CancelCheck, FaultHook, StepHandle, StepTimings
 from stagewise.runtime.remote_stage import RemoteStage
 from stagewise.runtime.stage import Stage, StageSpec
+from stagewise.runtime.tensor_blob import dtype_name
 from stagewise.runtime.worker_messages import (
     ACKNOWLEDGED,
     Ack,
@@ -72,7 +73,6 @@ from stagewise.runtime.worker_messages import (
     RowOp,
     Run,
     SetBlocks,
-    dtype_name,
 )
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_segment import check_row_op

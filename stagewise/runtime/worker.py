@@ -39,6 +39,7 @@ from stagewise.runtime.distributed_channel import UpstreamAborted
 from stagewise.runtime.distributed_group import join_group, leave_group
 from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.link_probe import run_probe
+from stagewise.runtime.tensor_blob import TensorBlob
 from stagewise.runtime.worker_messages import (
     Ack,
     Assignment,
@@ -51,7 +52,6 @@ from stagewise.runtime.worker_messages import (
     Regroup,
     Rollback,
     Run,
-    TensorBlob,
 )
 from stagewise.runtime.worker_plane import SESSION_KEY, WorkerPlane, plane_port
 from stagewise.runtime.worker_segment import Opener, WorkerSegment

@@ -15,19 +15,16 @@ batching (:data:`RowOp`) ride inside a :class:`Run`. Up (worker -> coordinator):
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 import msgspec
-import torch
 from msgspec import Meta
 
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.link_probe import LinkProbe, ProbeReport
 from stagewise.runtime.stage import StageSpec
+from stagewise.runtime.tensor_blob import TensorBlob
 
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-               "int64": torch.int64}
 MAX_RANK = 4096
 MAX_INT = 2**62
 MAX_TEXT = 64 * 1024  # an error message, a host name...
@@ -43,10 +40,6 @@ Seconds = Annotated[float, Meta(ge=0.0, le=1e9)]
 Incarnation = Annotated[str, Meta(pattern="^[0-9a-f]{32}$")]
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 Grid = Annotated[list[Annotated[list[Token], Meta(min_length=1, max_length=2**20)]], Meta(min_length=1, max_length=2**20)]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class _Message(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="op"):
@@ -216,31 +209,6 @@ Down = Assignment | ProbeRequest | Run | Publish | Rollback | Regroup | Exit
 
 
 # ----- worker -> coordinator ------------------------------------------------------------------------
-
-
-class TensorBlob(_Message, tag="tensor", frozen=True, kw_only=True):
-    """A tensor's raw bytes, shape and dtype (bit-exact; copied to the host)."""
-
-    shape: Annotated[list[Annotated[int, Meta(ge=0, le=MAX_INT)]], Meta(max_length=8)]
-    dtype: Literal["float32", "bfloat16", "float16", "int64"]
-    data: bytes
-
-    def __post_init__(self) -> None:
-        expected = math.prod(self.shape) * DTYPE_NAMES[self.dtype].itemsize
-        if len(self.data) != expected:
-            raise ValueError(f"{len(self.data)} bytes for shape {self.shape} {self.dtype} ({expected} expected)")
-
-    @staticmethod
-    def of(tensor: torch.Tensor) -> TensorBlob:
-        t = tensor.detach().cpu().contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return TensorBlob(shape=list(t.shape), dtype=dtype_name(t.dtype), data=data)  # type: ignore[arg-type]
-
-    def tensor(self) -> torch.Tensor:
-        dtype = DTYPE_NAMES[self.dtype]
-        if not self.data:
-            return torch.empty(self.shape, dtype=dtype)
-        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8).view(dtype).reshape(self.shape)
 
 
 class JoinReport(_Message, tag="join", frozen=True, kw_only=True):

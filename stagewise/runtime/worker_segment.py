@@ -28,7 +28,8 @@ from stagewise.runtime.distributed_group import wire_device
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.segment import Segment, SegmentStep
 from stagewise.runtime.stage import Stage
-from stagewise.runtime.worker_messages import DTYPE_NAMES, Assignment, Move, Reset, Restore, RowOp, Run, SetBlocks
+from stagewise.runtime.tensor_blob import DTYPE_NAMES
+from stagewise.runtime.worker_messages import Assignment, Move, Reset, Restore, RowOp, Run, SetBlocks
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.tensor_source import TensorSource
 
