@@ -237,3 +237,19 @@ def test_worker_that_never_joins(model_dir: Path, monkeypatch: pytest.MonkeyPatc
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def test_a_worker_leaves_when_its_coordinator_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator disappears without telling its worker (no exit command): the worker's heartbeat
+    connection drops and it exits with code 4 instead of lingering."""
+    monkeypatch.setenv(SECRET_ENV, "a-secret-shared-by-the-coordinator-and-its-workers")
+    pool = open_pool("1@127.0.0.1:0", timeout_s=20)
+    worker = subprocess.Popen([sys.executable, "-m", "stagewise", "worker", "--join", pool.address, "--rank", "1",
+                               "--devices", "cpu:1x1GiB", "--timeout", "20"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert pool.wait_joins([1], 60)[1].pid == worker.pid
+        pool.close(grace_s=0)  # the plane and the store go away; nothing was said
+        assert worker.wait(timeout=30) == 4
+    finally:
+        if worker.poll() is None:
+            worker.kill()

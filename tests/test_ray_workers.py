@@ -1,9 +1,10 @@
 """``--workers ray:N``: worker actors placed on a Ray instance (a local one, CPU only here) join the
-same control plane as any worker; two stages through them equal one process, bit for bit, and closing
-leaves no actor behind."""
+same control plane as any worker; two stages through them equal one process, bit for bit; a lost
+actor is placed again and rejoins; closing leaves no actor behind."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ CONTEXT = 64
 
 @pytest.fixture(scope="module")
 def ray_instance() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # a local instance: the "existing cluster"
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)  # a local instance: the "existing cluster"
     yield
     ray.shutdown()
 
@@ -44,8 +45,16 @@ def test_two_stages_on_ray_actors_equal_single_process(ray_instance: None, tmp_p
         assert loaded.topology is not None and [d.id for d in loaded.topology.devices] == ["cpu:0", "cpu:1"]
         assert_same(reference, step_trace(pipeline))
         assert greedy_tokens(pipeline, CONTEXT) == ref_tokens
+        lost = pipeline.pool.ray.actors[2]
+        assert ray.get([a.exit_code.remote() for a in pipeline.pool.ray.actors.values()]) == [None, None]  # serving
+        ray.kill(lost, no_restart=True)  # its heartbeats stop: declared lost, placed again, it rejoins
+        deadline = time.monotonic() + 120  # a bound only: the loop ends on the state it waits for
+        while pipeline.respawns == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pipeline.respawns == 1 and pipeline.wait_ready(120), pipeline.health()
+        assert pipeline.pool.ray.actors[2] is not lost
+        assert_same(reference, step_trace(pipeline))
         actors = list(pipeline.pool.ray.actors.values())
-        assert ray.get([a.exit_code.remote() for a in actors]) == [None, None]  # serving
     finally:
         loaded.close()
     assert pipeline.pool.ray.actors == {}

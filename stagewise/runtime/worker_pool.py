@@ -113,7 +113,7 @@ class WorkerPool:
 
     def respawns(self, rank: int) -> bool:
         """Whether a lost worker ``rank`` is started again here (a local process or a Ray actor)."""
-        return rank in self.procs or (self.ray is not None and rank in self.ray.actors)
+        return rank in self.procs or (self.ray is not None and 1 <= rank <= self.count)
 
     def spawn(self, rank: int) -> None:
         """Start local worker ``rank`` (``python -m stagewise worker --join 127.0.0.1:PORT``), or place its
