@@ -155,8 +155,12 @@ def test_join_of_another_session_or_a_replayed_incarnation_is_refused(pool: Work
     worker.send(signed)
     assert pool.plane.wait(lambda: pool.fresh_join(1) is not None, WAIT_S)
     pool.admit(pool.fresh_join(1))  # type: ignore[arg-type]
+    stranger = Stranger(pool)
+    stranger.send(signed)  # the genuine report, replayed from another connection
+    _refused(pool, before, 2)
     newer = JoinReport(rank=1, incarnation="f" * 32, pid=2, host="h", topology={})
-    worker.send(_seal(Up, pool).seal(newer))
+    restarted = Stranger(pool, routing_id(1, newer.incarnation))
+    restarted.send(_seal(Up, pool).seal(newer))
     assert pool.plane.wait(lambda: pool.fresh_join(1) == newer, WAIT_S)
     pool.admit(newer)  # a restart
     worker.send(signed)  # the first report again, signed as it was: a replay
@@ -168,28 +172,32 @@ def test_join_of_another_session_or_a_replayed_incarnation_is_refused(pool: Work
 
 
 def test_forged_or_replayed_acks_and_heartbeats_are_refused(pool: WorkerPool) -> None:
-    stranger, before = Stranger(pool), pool.plane.rejected
+    worker, stranger, before = Stranger(pool, routing_id(1, INCARNATION)), Stranger(pool), pool.plane.rejected
     pool.plane.expect(3, {1: INCARNATION})
     genuine = Ack(seq=3, rank=1, incarnation=INCARNATION, ok=True)
-    stranger.send(_seal(Up, pool, secret=b"a guessed secret, but not the one").seal(genuine))
-    stranger.send(_seal(Up, pool).seal(Ack(seq=3, rank=1, incarnation="e" * 32, ok=True)))  # another incarnation
-    stranger.send(_seal(Up, pool).seal(Ack(seq=4, rank=1, incarnation=INCARNATION, ok=True)))  # a command not sent
-    _refused(pool, before, 3)
-    assert pool.plane.acks(3) == {}
+    worker.send(_seal(Up, pool, secret=b"a guessed secret, but not the one").seal(genuine))
+    worker.send(_seal(Up, pool).seal(Ack(seq=4, rank=1, incarnation=INCARNATION, ok=True)))  # a command not sent
+    other = Stranger(pool, routing_id(1, "e" * 32))
+    other.send(_seal(Up, pool).seal(Ack(seq=3, rank=1, incarnation="e" * 32, ok=True)))  # another incarnation
     blob = _seal(Up, pool).seal(genuine)
-    stranger.send(blob)
-    assert pool.plane.wait(lambda: pool.plane.acks(3) == {1: genuine}, WAIT_S)
-    stranger.send(blob)  # replayed while awaited: counted once
+    stranger.send(blob)  # the genuine answer, from another connection
     _refused(pool, before, 4)
-    assert pool.plane.forget(3) == {1: genuine}
-    stranger.send(blob)  # replayed later
+    assert pool.plane.acks(3) == {}
+    worker.send(blob)
+    assert pool.plane.wait(lambda: pool.plane.acks(3) == {1: genuine}, WAIT_S)
+    worker.send(blob)  # replayed while awaited: counted once
     _refused(pool, before, 5)
+    assert pool.plane.forget(3) == {1: genuine}
+    worker.send(blob)  # replayed later
+    _refused(pool, before, 6)
+    beats = Stranger(pool, routing_id(1, INCARNATION) + b":beat")
     beat = _seal(Up, pool).seal(Heartbeat(rank=1, incarnation=INCARNATION, n=5))
-    stranger.send(beat)
+    beats.send(beat)
     assert pool.plane.wait(lambda: pool.plane.last_beat(INCARNATION) is not None, WAIT_S)
     seen = pool.plane.last_beat(INCARNATION)
-    stranger.send(beat)  # a replayed heartbeat keeps no dead worker alive
-    _refused(pool, before, 6)
+    beats.send(beat)  # a replayed heartbeat keeps no dead worker alive
+    stranger.send(_seal(Up, pool).seal(Heartbeat(rank=1, incarnation=INCARNATION, n=6)))  # nor one from elsewhere
+    _refused(pool, before, 8)
     assert pool.plane.last_beat(INCARNATION) == seen
 
 

@@ -8,8 +8,9 @@ caller, hand over through an ``inproc`` wake-up socket). Nothing polls with slee
 blocks on both sockets, waiters block on the condition.
 
 Every message is sealed and opened by :class:`MessageSeal`; a genuine message that is not expected
-(an acknowledgement of a command nobody awaits or one already counted, a heartbeat not newer than
-the last, link figures of a probe not running) is a replay, logged and dropped like a forged one.
+(from another connection than its worker incarnation's, an acknowledgement of a command nobody
+awaits or one already counted, a heartbeat not newer than the last, link figures of a probe not
+running) is a replay, logged and dropped like a forged one.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class CoordinatorPlane:
                 while self._router.poll(0):
                     frames = self._router.recv_multipart()
                     try:
-                        self._file(self._seal.open(frames[-1]))
+                        self._file(frames[0], self._seal.open(frames[-1]))
                     except WorkerMessageRejected:
                         self.wake()  # logged and counted by the seal (:attr:`rejected`)
         self._flush()  # what was queued before close (the workers' exit)
@@ -160,7 +161,14 @@ class CoordinatorPlane:
             except zmq.ZMQError:
                 pass  # unroutable (the worker is gone) or its queue is full (hung): its heartbeat tells
 
-    def _file(self, message: Up) -> None:
+    def _file(self, sender: bytes, message: Up) -> None:
+        """File ``message`` from the connection ``sender`` (its routing id); a message that names another
+        worker incarnation than its connection's is refused like a replay."""
+        rank, incarnation = (message.report.rank, message.incarnation) if isinstance(message, ProbeDone) else \
+            (message.rank, message.incarnation)
+        own = routing_id(rank, incarnation) + (b":beat" if isinstance(message, Heartbeat) else b"")
+        if sender != own:
+            self._seal.reject(msgspec.msgpack.encode(message), f"a message of worker {rank} from another connection")
         with self.cond:
             if isinstance(message, JoinReport):
                 self.joins[message.rank] = message
