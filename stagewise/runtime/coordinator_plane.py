@@ -44,6 +44,7 @@ class CoordinatorPlane:
 
     def __init__(self, host: str, secret: bytes, session: str, log: Callable[[str], None] = stderr_log) -> None:
         self._seal: MessageSeal[Up] = MessageSeal(secret, session, Up, "coordinator", log)
+        self._log = log
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable message raises (dropped, not queued)
@@ -151,6 +152,8 @@ class CoordinatorPlane:
                         self._file(frames[0], self._seal.open(frames[-1]))
                     except WorkerMessageRejected:
                         self.wake()  # logged and counted by the seal (:attr:`rejected`)
+                    except Exception as exc:  # NOTE: this thread must outlive a bug in filing one message
+                        self._log(f"stagewise coordinator: control plane: {type(exc).__name__}: {exc}")
         self._flush()  # what was queued before close (the workers' exit)
 
     def _flush(self) -> None:

@@ -17,10 +17,11 @@ closing kills every actor. Ray is optional (``pip install 'stagewise[ray]'``): w
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
-from stagewise.errors import ConfigError
+from stagewise.errors import ConfigError, StagewiseError
 from stagewise.runtime.distributed_group import WORKER_ENV
 
 
@@ -74,8 +75,12 @@ class RayWorkerActor:
         from stagewise.runtime.worker import run_worker
 
         torch.set_num_threads(threads)
-        topology = resolve_device_spec(devices).to_dict()
-        self.code = run_worker(join, rank, open_model_source, topology, secret, timeout_s)
+        try:
+            topology = resolve_device_spec(devices).to_dict()
+            self.code = run_worker(join, rank, open_model_source, topology, secret, timeout_s)
+        except StagewiseError as exc:  # the coordinator sees a worker that never joined; the log says why
+            print(f"stagewise worker {rank}: {exc}", file=sys.stderr, flush=True)
+            self.code = exc.exit_code
 
     def exit_code(self) -> int | None:
         """The worker's exit code once it left (None while it serves)."""

@@ -181,9 +181,10 @@ class WorkerPool:
                 if proc is not None and proc.poll() is not None:
                     raise WorkerNotJoined(f"local worker {rank} exited with code {proc.returncode} before joining")
             if time.monotonic() > deadline:
-                how = " ".join(f"`stagewise worker --join HOST:{self.port} --rank {r}`" for r in missing)
+                how = "their Ray actors' logs say why" if self.ray is not None else "start them with " + " ".join(
+                    f"`stagewise worker --join HOST:{self.port} --rank {r}`" for r in missing)
                 raise WorkerNotJoined(f"worker rank(s) {missing} did not join {self.address} within "
-                                      f"{timeout_s:g} s (start them with {how})")
+                                      f"{timeout_s:g} s ({how})")
             # a join wakes this at once; the timeout only bounds how late a local worker's exit is seen
             self.plane.wait(lambda: all(self.fresh_join(r) is not None for r in ranks), PROCESS_CHECK_S)
 
