@@ -1,6 +1,6 @@
 """Links between workers are measured when they join and the planner uses the figures.
 
-Unit level: probe messages round-trip as JSON; measured figures land on every link between two
+Unit level: probe messages round-trip through the control plane's codec; measured figures land on every link between two
 workers' devices; the planner prices (and avoids) a slow measured hop. End to end (Gloo on
 127.0.0.1): ``stagewise devices --workers N@HOST:PORT --measure`` shows the timed links beside the
 defaults. (``load_model`` with two joining hosts is checked in test_multiprocess.py.)
@@ -25,7 +25,8 @@ from stagewise.placement.cost_model import PS_PER_S, handoff_ps
 from stagewise.runtime.cluster_links import probe_pairs, representative
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, with_measured_links
 from stagewise.runtime.link_probe import LinkFigures, LinkProbe, ProbePair, ProbeReport
-from stagewise.runtime.worker_messages import JoinReport
+from stagewise.runtime.message_seal import MessageSeal
+from stagewise.runtime.worker_messages import Down, JoinReport, ProbeDone, ProbeRequest, Up
 from stagewise.runtime.worker_secret import SECRET_ENV
 from stagewise.spec.model_source import load_model_spec
 from stagewise.spec.profile import Profile
@@ -34,7 +35,8 @@ MODEL = "/work/shared/reference/models/llama-3.1-8b.json"  # 16 GB at bf16: need
 
 
 def _cluster(specs: list[str]) -> ClusterTopology:
-    reports = {rank: JoinReport(rank, f"inc{rank}", 100 + rank, f"host{rank}", resolve_device_spec(spec).to_dict())
+    reports = {rank: JoinReport(rank=rank, incarnation=f"{rank:032x}", pid=100 + rank, host=f"host{rank}",
+                                topology=resolve_device_spec(spec).to_dict())
                for rank, spec in enumerate(specs, start=1)}
     return merge_reports(reports)
 
@@ -46,9 +48,13 @@ def _figures(a: int, b: int, latency_s: float, bandwidth_bytes_per_s: float) -> 
 
 def test_probe_messages_round_trip() -> None:
     probe = LinkProbe(3, 2, "gloo", (ProbePair(1, "cpu", 2, "cpu"),), 8192, 4 << 20, 5, 30.0)
-    assert LinkProbe.from_json(probe.to_json()) == probe
+    down: MessageSeal[Down] = MessageSeal(b"s" * 32, "0" * 32, Down, "test")
+    request = ProbeRequest(incarnation="1" * 32, probe=probe)
+    assert down.open(down.seal(request)) == request
     report = ProbeReport(1, True, figures=(_figures(1, 2, 1e-4, 2e9),))
-    assert ProbeReport.from_json(report.to_json()) == report
+    up: MessageSeal[Up] = MessageSeal(b"s" * 32, "0" * 32, Up, "test")
+    done = ProbeDone(incarnation="1" * 32, n=3, report=report)
+    assert up.open(up.seal(done)) == done
     assert report.figures[0].bandwidth_bytes_per_s == pytest.approx(2e9)
 
 

@@ -202,7 +202,7 @@ def test_health_reports_an_exited_worker_at_once(model_dir: Path, monkeypatch: p
     pipe = _start(model_dir, rejoin=False)
     try:
         assert pipe.health()["status"] == "ok"
-        monkeypatch.setattr(pipe.pool, "dead", lambda store: {})  # the watcher has not looked yet
+        monkeypatch.setattr(pipe.pool, "dead", lambda: {})  # the watcher has not looked yet
         proc = pipe.pool.procs[2]
         proc.send_signal(signal.SIGKILL)
         proc.wait(60)  # the event itself: the process is gone
@@ -236,6 +236,22 @@ def test_worker_that_never_joins(model_dir: Path, monkeypatch: pytest.MonkeyPatc
         assert worker.stderr is not None
         err = worker.stderr.read()
         assert code == 2 and "not used" in err, err  # refused: it exits instead of lingering
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_a_worker_leaves_when_its_coordinator_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator disappears without telling its worker (no exit command): the worker's heartbeat
+    connection drops and it exits with code 4 instead of lingering."""
+    monkeypatch.setenv(SECRET_ENV, "a-secret-shared-by-the-coordinator-and-its-workers")
+    pool = open_pool("1@127.0.0.1:0", timeout_s=20)
+    worker = subprocess.Popen([sys.executable, "-m", "stagewise", "worker", "--join", pool.address, "--rank", "1",
+                               "--devices", "cpu:1x1GiB", "--timeout", "20"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert pool.wait_joins([1], 60)[1].pid == worker.pid
+        pool.close(grace_s=0)  # the plane and the store go away; nothing was said
+        assert worker.wait(timeout=30) == 4
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -14,7 +14,7 @@ from stagewise.errors import WorkerMessageRejected
 from stagewise.models.state_slots import ZERO_ENTRY, StateSlots
 from stagewise.runtime.builder import build_pipeline
 from stagewise.runtime.pipeline import Pipeline
-from stagewise.runtime.worker_messages import Command
+from stagewise.runtime.worker_messages import Run
 from stagewise.runtime.worker_segment import WorkerSegment
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.safetensors_source import SafetensorsSource
@@ -36,13 +36,13 @@ def _pipeline(path: Path) -> Pipeline:
     return build_pipeline(config, SafetensorsSource(path), specs_for_cuts(config, [1]), torch.float32, ROWS, CONTEXT)
 
 
-def _cmd(step_id: int, tokens: list[list[int]], first_row: int, start: int) -> Command:
+def _cmd(step_id: int, tokens: list[list[int]], first_row: int, start: int) -> Run:
     positions = [list(range(start, start + len(tokens[0])))] * len(tokens)
-    return Command(step_id, "run", {}, step_id=step_id, tokens=tokens, positions=positions, start=start,
-                   all_logits=True, first_row=first_row)
+    return Run(seq=step_id, members={}, step_id=step_id, tokens=tokens, positions=positions, start=start,
+               all_logits=True, first_row=first_row)
 
 
-def _step(pipeline: Pipeline, cmd: Command) -> torch.Tensor:
+def _step(pipeline: Pipeline, cmd: Run) -> torch.Tensor:
     out = pipeline.step(torch.tensor(cmd.tokens), torch.tensor(cmd.positions), start=cmd.start,
                         all_logits=cmd.all_logits, first_row=cmd.first_row)
     assert out.logits is not None

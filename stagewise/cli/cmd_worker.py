@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _open(model: str) -> tuple[ModelConfig, TensorSource]:
+def open_model_source(model: str) -> tuple[ModelConfig, TensorSource]:
+    """The worker's opener: ``model``'s config and tensor source (it reads its own stages only)."""
     from stagewise.engine.model_loading import open_model
 
     opened = open_model(model)
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         from stagewise.hardware.reserve_policy import ReservePolicy
 
         topology = resolve_device_spec(args.devices, ReservePolicy.parse(args.reserve)).to_dict()
-    code = run_worker(args.join, args.rank, _open, topology, secret, args.timeout, args.host_name)
+    code = run_worker(args.join, args.rank, open_model_source, topology, secret, args.timeout, args.host_name)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # NOTE: skip interpreter teardown: the heartbeat thread may be inside a store call

@@ -48,7 +48,7 @@ class LoadSettings:
     prefix_snapshots: int | None = None  # recurrent-state snapshot entries (hybrids' prefix cache); None: one a slot
     cuda_graphs: bool = True
     timing: bool = False
-    workers: str | None = None  # None: stages in this process; "local" or "N@HOST:PORT": worker processes
+    workers: str | None = None  # None: stages in this process; "local", "N@HOST:PORT" or "ray:N": worker processes
     worker_timeout_s: float = 30.0
     join_timeout_s: float = 120.0
     rejoin: bool = True
@@ -97,9 +97,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV cache pool per stage, in positions shared by all sequences (64-position blocks); "
                         "a sequence that needs a block when none is free preempts the newest one (recomputed "
                         "later). Default: every sequence slot its whole --context")
-    p.add_argument("--workers", nargs="?", const="local", default=None, metavar="local|N@HOST:PORT",
-                   help="run stages in worker processes: one per stage here (`local`, the default), or wait for N "
-                        "`stagewise worker --join HOST:PORT` on any host (see docs/multihost.md)")
+    p.add_argument("--workers", nargs="?", const="local", default=None, metavar="local|N@HOST:PORT|ray:N",
+                   help="run stages in worker processes: one per stage here (`local`, the default), wait for N "
+                        "`stagewise worker --join HOST:PORT` on any host, or place N worker actors on an existing "
+                        "Ray cluster (`ray:N[@ADDRESS]`; --devices: what each offers) (see docs/multihost.md)")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds a step may take before a worker "
                    "is declared lost (with --workers)")
     p.add_argument("--worker-secret-file", metavar="PATH", default=None,

@@ -146,7 +146,8 @@ def load(settings: LoadSettings, progress: StageProgress | None = None,
 
     ``settings.workers``: None runs every stage in this process; ``local`` spawns one worker process per
     stage; ``N@HOST:PORT`` waits for N ``stagewise worker --join`` processes (any host) and plans
-    on the devices they offer. Then ``pipeline`` is a :class:`DistributedPipeline` (same surface,
+    on the devices they offer; ``ray:N`` places N worker actors on an existing Ray cluster (each offering
+    ``settings.devices``, or the devices Ray gives it) and plans on those. Then ``pipeline`` is a :class:`DistributedPipeline` (same surface,
     plus ``health()``); ``worker_timeout_s`` bounds a step, ``join_timeout_s`` joining and loading,
     ``rejoin=False`` fails for good when a worker is lost, ``measure_links=False`` plans on the
     default figures of the links between workers instead of timing them (see docs/multihost.md);
@@ -168,7 +169,8 @@ def load(settings: LoadSettings, progress: StageProgress | None = None,
     if settings.workers is not None:
         from stagewise.runtime.distributed_start import cluster_topology, open_pool
 
-        pool = open_pool(settings.workers, settings.worker_timeout_s, secret_file=settings.worker_secret_file)
+        pool = open_pool(settings.workers, settings.worker_timeout_s, secret_file=settings.worker_secret_file,
+                         devices=settings.devices)
         if not pool.mode.local:
             # plan on the devices the workers offer, across links timed at one activation (bf16 unless told)
             itemsize = DTYPES[settings.dtype].itemsize if settings.dtype is not None else 2

@@ -12,17 +12,14 @@ over loopback it takes a few hundred milliseconds. Nothing is cached across runs
 
 from __future__ import annotations
 
-from datetime import timedelta
 from itertools import combinations
 
-import torch.distributed as dist
-
-from stagewise.errors import WorkerMessageRejected, WorkerNotJoined
+from stagewise.errors import WorkerNotJoined
 from stagewise.hardware.device_info import DeviceInfo
 from stagewise.runtime.distributed_group import choose_backend
 from stagewise.runtime.distributed_topology import ClusterTopology, with_measured_links
-from stagewise.runtime.link_probe import LinkFigures, LinkProbe, ProbePair, ProbeReport, probe_key, probe_report_key
-from stagewise.runtime.worker_messages import JoinReport
+from stagewise.runtime.link_probe import LinkFigures, LinkProbe, ProbePair
+from stagewise.runtime.worker_messages import JoinReport, ProbeRequest
 from stagewise.runtime.worker_pool import WorkerPool
 
 ACTIVATION_BYTES = 4096 * 2  # one decode token's hidden state: 4096 x bf16
@@ -30,7 +27,6 @@ NCCL_LARGE_BYTES = 64 << 20  # past any latency: the link's bandwidth
 GLOO_LARGE_BYTES = 4 << 20  # Gloo goes through host sockets: smaller keeps the probe short
 REPEATS = 5
 REPORT_GRACE_S = 5.0  # beyond the probe's own timeout, for the slowest worker to answer
-_PROBE_COUNTER = "probe/count"
 
 
 def representative(devices: list[DeviceInfo]) -> DeviceInfo | None:
@@ -66,23 +62,18 @@ def measure_cluster_links(pool: WorkerPool, joins: dict[int, JoinReport], cluste
         return cluster, ()
     backend = choose_backend(sorted({p.a_device for p in pairs} | {p.b_device for p in pairs}))
     large = large_bytes or (NCCL_LARGE_BYTES if backend == "nccl" else GLOO_LARGE_BYTES)
-    store = pool.store
-    n = store.add(_PROBE_COUNTER, 1)
+    pool.probes += 1
+    n = pool.probes
     probe = LinkProbe(n, pool.count, backend, pairs, activation_bytes, large, repeats, pool.timeout_s)
+    pool.plane.expect_probe(n)
     for rank, report in sorted(joins.items()):
-        store.set(probe_key(rank, report.incarnation), probe.to_json())
-    keys = {rank: probe_report_key(n, rank) for rank in sorted(joins)}
+        pool.plane.send([(rank, report.incarnation)], ProbeRequest(incarnation=report.incarnation, probe=probe))
     wait_s = pool.timeout_s + REPORT_GRACE_S
-    try:
-        store.wait(list(keys.values()), timedelta(seconds=wait_s))
-    except dist.DistStoreError:
-        missing = [r for r, k in keys.items() if not store.check([k])]
+    if not pool.plane.wait(lambda: set(pool.plane.probe_reports(n)) >= set(joins), wait_s):
+        missing = sorted(set(joins) - set(pool.plane.probe_reports(n)))
         raise WorkerNotJoined(f"worker(s) {missing} did not finish timing the links between workers within "
-                              f"{wait_s:g} s") from None
-    try:
-        reports = {rank: store.read(key, ProbeReport.from_json) for rank, key in keys.items()}
-    except WorkerMessageRejected as exc:
-        raise WorkerNotJoined(f"a link-timing report was rejected ({exc})") from None
+                              f"{wait_s:g} s")
+    reports = pool.plane.probe_reports(n)
     failed = {rank: r.error for rank, r in reports.items() if not r.ok}
     if failed:
         why = "; ".join(f"worker {rank} ({joins[rank].host}): {error}" for rank, error in sorted(failed.items()))

@@ -12,16 +12,17 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import dataclasses
 
 import torch
 
 from stagewise.errors import WorkerNotJoined
 from stagewise.runtime.cluster_links import ACTIVATION_BYTES, measure_cluster_links
 from stagewise.runtime.distributed_topology import ClusterTopology, merge_reports, stage_owners
+from stagewise.runtime.ray_workers import cluster_gpus, connect_ray
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
-from stagewise.runtime.worker_messages import Assignment, JoinReport, ack_key, assign_key
+from stagewise.runtime.worker_messages import Assignment, JoinReport
 from stagewise.runtime.worker_mode import WorkerMode
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_secret import require_secret
@@ -29,13 +30,25 @@ from stagewise.spec.model_config import ModelConfig
 
 
 def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,
-              secret_file: str | None = None) -> WorkerPool:
-    """Host the rendezvous store for ``workers`` (``local`` or ``N@HOST:PORT``): on 127.0.0.1 with a
-    fresh secret for local workers; on HOST with the shared secret (``secret_file``, else
-    ``$STAGEWISE_WORKER_SECRET_FILE`` / ``$STAGEWISE_WORKER_SECRET``) for remote ones."""
+              secret_file: str | None = None, devices: str | None = None) -> WorkerPool:
+    """Host the rendezvous store and the control plane for ``workers`` (``local``, ``N@HOST:PORT`` or
+    ``ray:N``): on 127.0.0.1 with a fresh secret for local workers; on HOST with the shared secret
+    (``secret_file``, else ``$STAGEWISE_WORKER_SECRET_FILE`` / ``$STAGEWISE_WORKER_SECRET``) for remote
+    ones; for Ray, on this node's address in the cluster with a fresh secret, the N actors placed
+    (each offering ``devices``, None: the devices Ray gives it)."""
     mode = WorkerMode.parse(workers)
-    secret = None if mode.local else require_secret(secret_file, "the coordinator")
-    return WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
+    if mode.ray:
+        mode = dataclasses.replace(mode, host=connect_ray(mode.ray_address or None))
+        mode = dataclasses.replace(mode, count=mode.count or cluster_gpus())
+    secret = None if mode.spawned else require_secret(secret_file, "the coordinator")
+    pool = WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
+    if mode.ray:
+        try:
+            pool.launch_ray(devices)
+        except BaseException:
+            pool.close(grace_s=0)
+            raise
+    return pool
 
 
 def cluster_topology(pool: WorkerPool, join_timeout_s: float, measure_links: bool = True,
@@ -63,14 +76,14 @@ def cluster_topology(pool: WorkerPool, join_timeout_s: float, measure_links: boo
 
 def refuse(pool: WorkerPool, joins: dict[int, JoinReport], message: str) -> None:
     """Tell joined workers they will not be used (they exit with ``message``)."""
+    heard = {rank: report.incarnation for rank, report in joins.items()}
+    pool.plane.expect(0, heard)  # each answers "heard you" as command 0
     for rank, report in joins.items():
-        no = Assignment("", "float32", 1, 1, (), 0, rank - 1, pool.count, "gloo", -1, -1, 1, pool.count, 1.0,
-                        refused=message or "the coordinator gave up")
-        pool.store.set(assign_key(rank, report.incarnation), no.to_json())
-    try:  # keep the store up until they have read it
-        pool.store.wait([ack_key(0, rank) for rank in joins], timedelta(seconds=5))
-    except Exception:
-        pass
+        no = Assignment(incarnation=report.incarnation, model="", dtype="float32", batch=1, context=1, stages=(),
+                        gen=0, data_rank=rank - 1, data_world=max(pool.count, rank), backend="gloo", prev_rank=-1,
+                        next_rank=-1, first_seq=1, timeout_s=1.0, refused=(message or "the coordinator gave up")[:60_000])
+        pool.plane.send([(rank, report.incarnation)], no)
+    pool.plane.wait(lambda: len(pool.plane.acks(0)) == len(heard), 5.0)  # keep the plane up until they read it
     pool.close(grace_s=1.0)
 
 
@@ -94,7 +107,7 @@ def start_workers(pool: WorkerPool, config: ModelConfig, model: str, specs: list
     else:
         owners = stage_owners([s.device for s in specs], cluster.owners)
     pipeline = DistributedPipeline(pool, config, model, specs, owners, dtype, batch, context, pool.timeout_s,
-                                   load_timeout_s, respawn=cluster is None, rejoin=rejoin, cuda_graphs=cuda_graphs,
+                                   load_timeout_s, respawn=pool.mode.spawned, rejoin=rejoin, cuda_graphs=cuda_graphs,
                                    kv_blocks=kv_blocks, snapshots=snapshots)
     pipeline.start(joins, join_timeout_s)
     return pipeline

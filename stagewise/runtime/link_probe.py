@@ -1,33 +1,23 @@
 """LinkProbe: joined workers ping-pong each other, before planning, to time the links between them.
 
 When workers join, the coordinator knows their devices but not the network between them. Before it
-plans, it sends every joined worker the same :class:`LinkProbe` under ``probe/{rank}/{incarnation}``:
-the pairs of workers to time, each with the torch device a stage would use on either side, and two
-message sizes (one decode activation, one large transfer). Every worker joins a short-lived process
-group (store prefix ``probe-pg/{n}``), runs the pairs it is part of in the listed order (one global
-order, so no two workers wait on each other crosswise), leaves the group and answers with a
-:class:`ProbeReport` under ``probe-ack/{n}/{rank}``; the lower rank of each pair reports its figures.
-
-Everything is JSON, like the other worker messages.
+plans, it sends every joined worker the same :class:`LinkProbe` on the control plane (inside a
+:class:`~stagewise.runtime.worker_messages.ProbeRequest`): the pairs of workers to time, each with the
+torch device a stage would use on either side, and two message sizes (one decode activation, one
+large transfer). Every worker joins a short-lived process group (store prefix ``probe-pg/{n}``), runs
+the pairs it is part of in the listed order (one global order, so no two workers wait on each other
+crosswise), leaves the group and answers with a :class:`ProbeReport`; the lower rank of each pair
+reports its figures. The records travel as the plane's messages do (checked while decoded).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
-from stagewise.errors import StagewiseError, TopologyError, WorkerMessageRejected
+from stagewise.errors import TopologyError
 from stagewise.runtime.distributed_group import join_group, leave_group, measure_link, wire_device
-
-
-def probe_key(rank: int, incarnation: str) -> str:
-    return f"probe/{rank}/{incarnation}"
-
-
-def probe_report_key(n: int, rank: int) -> str:
-    return f"probe-ack/{n}/{rank}"
 
 
 @dataclass(frozen=True)
@@ -40,7 +30,7 @@ class ProbePair:
     b_device: str
 
     def __post_init__(self) -> None:
-        if not 1 <= self.a_rank < self.b_rank:
+        if not 1 <= self.a_rank < self.b_rank <= 4096:
             raise TopologyError(f"probe pair needs 1 <= a_rank < b_rank, got {self.a_rank}, {self.b_rank}")
 
 
@@ -61,25 +51,11 @@ class LinkProbe:
     repeats: int
     timeout_s: float
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @staticmethod
-    def from_json(text: str | bytes) -> LinkProbe:
-        """Parse a probe; :class:`WorkerMessageRejected` for anything malformed."""
-        try:
-            raw = json.loads(text)
-            raw["pairs"] = tuple(ProbePair(**p) for p in raw["pairs"])
-            probe = LinkProbe(**raw)
-            numbers = (probe.n, probe.world, probe.activation_bytes, probe.large_bytes, probe.repeats)
-            if not all(type(v) is int for v in numbers) or not (
-                    probe.n >= 1 and 1 <= probe.world <= 4096 and 0 < probe.activation_bytes <= 2**30
-                    and 0 < probe.large_bytes <= 2**31 and 1 <= probe.repeats <= 1000
-                    and 0 < probe.timeout_s <= 86400 and probe.backend in ("gloo", "nccl")):
-                raise ValueError("a field is out of range")
-            return probe
-        except (ValueError, TypeError, KeyError, AttributeError, StagewiseError) as exc:
-            raise WorkerMessageRejected(f"link probe: {exc}"[:300]) from None
+    def __post_init__(self) -> None:
+        if not (self.n >= 1 and 1 <= self.world <= 4096 and 0 < self.activation_bytes <= 2**30
+                and 0 < self.large_bytes <= 2**31 and 1 <= self.repeats <= 1000 and 0 < self.timeout_s <= 86400
+                and self.backend in ("gloo", "nccl") and len(self.pairs) <= 4096**2):
+            raise ValueError("link probe: a field is out of range")
 
 
 @dataclass(frozen=True)
@@ -117,21 +93,9 @@ class ProbeReport:
     error: str = ""
     figures: tuple[LinkFigures, ...] = ()
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @staticmethod
-    def from_json(text: str | bytes) -> ProbeReport:
-        """Parse a probe report; :class:`WorkerMessageRejected` for anything malformed."""
-        try:
-            raw = json.loads(text)
-            raw["figures"] = tuple(LinkFigures(**f) for f in raw["figures"])
-            report = ProbeReport(**raw)
-            if type(report.rank) is not int or type(report.ok) is not bool or not isinstance(report.error, str):
-                raise ValueError("rank, ok or error has the wrong type")
-            return report
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise WorkerMessageRejected(f"probe report: {exc}"[:300]) from None
+    def __post_init__(self) -> None:
+        if not 1 <= self.rank <= 4096 or len(self.error) > 64 * 1024 or len(self.figures) > 4096:
+            raise ValueError("probe report: a field is out of range")
 
 
 def run_probe(store: torch.distributed.Store, rank: int, probe: LinkProbe) -> ProbeReport:
@@ -156,6 +120,6 @@ def run_probe(store: torch.distributed.Store, rank: int, probe: LinkProbe) -> Pr
                                            probe.large_bytes, large["one_way_s"]))
         return ProbeReport(rank, True, figures=tuple(figures))
     except Exception as exc:
-        return ProbeReport(rank, False, f"{type(exc).__name__}: {exc}")
+        return ProbeReport(rank, False, f"{type(exc).__name__}: {exc}"[:60_000])
     finally:
         leave_group()

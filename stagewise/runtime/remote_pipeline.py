@@ -3,11 +3,13 @@ processes (on any host). It is no :class:`Pipeline`: the coordinator holds only 
 the stages (:class:`RemoteStage`) and never touches a device a worker owns (no peer access, no
 allocation, no CUDA context there).
 
-The coordinator (this object, rank 0) hosts the TCPStore. Each step is a two-phase transaction:
+The coordinator (this object, rank 0) hosts the rendezvous store and the control plane (its pool's
+:class:`CoordinatorPlane`): every command goes to every member worker on the plane, numbered in one
+order, and is acknowledged there. Each step is a two-phase transaction:
 
-1. ``run``: every worker runs its stages, the activation moving worker to worker over the data
-   process group (:class:`DistributedChannel`), and acknowledges; the exit's worker also leaves
-   the logits and features in the store. State stays provisional everywhere.
+1. :class:`Run`: every worker runs its stages, the activation moving worker to worker over the data
+   process group (:class:`DistributedChannel`), and acknowledges; the exit's worker's acknowledgement
+   carries the logits and features. State stays provisional everywhere.
 2. all acknowledged success -> ``publish``; anything else (a failure, a lost worker, no answer
    within ``timeout_s``) -> ``rollback`` to every live worker, and a typed error.
 
@@ -19,11 +21,10 @@ apart (by step id and rows), so publishing or rolling back one never touches ano
 row operation) over rows of an unsettled step settles that one first. A failed step is rolled back
 alone; a lost worker rolls back every step in flight and fails each with :class:`WorkerLost`.
 
-Row operations (``reset``, ``set_blocks``, ``move``: continuous batching over the
-workers' state rows) are checked here against the workers' rows, context and KV pool (a bad one
-changes nothing and fails with :class:`WorkerMessageRejected` at once), then ride on the next
-``run`` (``Command.ops``), which every worker checks again and applies them before: no round trip
-of their own. A worker lost before that run fails the run with :class:`WorkerLost`.
+Row operations (:data:`RowOp`: continuous batching over the workers' state rows) are checked here
+against the workers' rows, context and KV pool (a bad one changes nothing and fails with
+:class:`WorkerMessageRejected` at once), then ride on the next :class:`Run` (``Run.ops``), which every
+worker checks again and applies them before: no round trip of their own. A worker lost before that run fails the run with :class:`WorkerLost`.
 
 A lost worker (process exit, silent heartbeat, no answer in time) fails the request with
 :class:`WorkerLost` (HTTP 503) and leaves the pipeline *degraded*: requests are refused until a
@@ -36,11 +37,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from stagewise import errors
 from stagewise.errors import (
@@ -58,19 +57,22 @@ from stagewise.runtime.greedy_pairs import greedy_pairs
 from stagewise.runtime.pipeline import CancelCheck, FaultHook, StepHandle, StepTimings
 from stagewise.runtime.remote_stage import RemoteStage
 from stagewise.runtime.stage import Stage, StageSpec
+from stagewise.runtime.tensor_blob import dtype_name
 from stagewise.runtime.worker_messages import (
+    ACKNOWLEDGED,
     Ack,
     Assignment,
     Command,
+    Exit,
     JoinReport,
-    ack_key,
-    assign_key,
-    cmd_key,
-    count_key,
-    done_key,
-    dtype_name,
-    out_key,
-    tensor_from_bytes,
+    Move,
+    Regroup,
+    Reset,
+    Restore,
+    Rollback,
+    RowOp,
+    Run,
+    SetBlocks,
 )
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_segment import check_row_op
@@ -78,10 +80,8 @@ from stagewise.spec.kv_pool import KVPool, default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.state_bytes import recurrent_entries
 
-OUTCOMES = ("all", "fail", "lost")
 FAIL_GRACE_S = 2.0  # after one worker fails, how long the others get to report
-WATCH_S = 0.2
-CLEANUP_EVERY = 32
+WATCH_S = 0.2  # how often the watcher looks for dead workers (process exits, silent heartbeats)
 
 
 class DistributedPipeline:
@@ -129,13 +129,12 @@ class DistributedPipeline:
         self.respawns = 0
         self.gen = -1
         self._seq = 0
-        self._cleaned = 1
         self._lock = threading.RLock()
         self._pending: dict[int, _RemoteStep] = {}  # seq of a run not yet settled -> its handle
-        self._runs: dict[int, tuple[str, ...] | None] = {}  # run seq -> its output names read (None: unread)
         self._to_publish: list[int] = []  # steps published here, told to the workers with the next command
-        self._row_ops: list[Command] = []  # row operations checked here, applied by the workers before the next run
+        self._row_ops: list[RowOp] = []  # row operations checked here, applied by the workers before the next run
         self._inflight: int | None = None
+        self._inflight_lost = False  # the watcher found a worker dead while a command was awaited
         self._lost: dict[int, str] = {}
         self._failed = ""
         self._needs_regroup = False
@@ -169,16 +168,18 @@ class DistributedPipeline:
         """Indices of the stages worker ``rank`` runs."""
         return [s.index for s in self.specs if self.owners[s.index] == rank]
 
-    def _assignment(self, rank: int, first_seq: int) -> Assignment:
+    def _assignment(self, rank: int, incarnation: str, first_seq: int) -> Assignment:
         mine = tuple(s for s, r in zip(self.specs, self.owners, strict=True) if r == rank)
         prev = next_ = -1
         if mine:
             first, last = mine[0].index, mine[-1].index
             prev = self.owners[first - 1] - 1 if first > 0 else -1
             next_ = self.owners[last + 1] - 1 if last + 1 < len(self.specs) else -1
-        return Assignment(self.model, dtype_name(self.dtype), self.batch, self.context, mine, self.gen, rank - 1,
-                          self.pool.count, self.backend, prev, next_, first_seq, self.pool.count, self.timeout_s,
-                          self.cuda_graphs, kv_blocks=self.kv_blocks, snapshots=self.snapshots)
+        return Assignment(incarnation=incarnation, model=self.model, dtype=dtype_name(self.dtype),  # type: ignore[arg-type]
+                          batch=self.batch, context=self.context, stages=mine, gen=self.gen, data_rank=rank - 1,
+                          data_world=self.pool.count, backend=self.backend, prev_rank=prev, next_rank=next_,  # type: ignore[arg-type]
+                          first_seq=first_seq, timeout_s=self.timeout_s, cuda_graphs=self.cuda_graphs,
+                          kv_blocks=self.kv_blocks, snapshots=self.snapshots)
 
     def _regroup(self, fresh: dict[int, JoinReport]) -> dict[int, str]:
         """New generation: survivors rebuild the data group, ``fresh`` workers load and join it.
@@ -186,15 +187,16 @@ class DistributedPipeline:
         Returns the workers that failed to (rank -> why); empty when the group is whole again."""
         self.gen += 1
         seq = self._next_seq()
-        survivors = [r for r in self.pool.members if r not in fresh]
+        members = self.pool.incarnations()
+        survivors = {r: inc for r, inc in members.items() if r not in fresh}
+        self.pool.plane.expect(seq, members)
         if survivors:
-            self._send(Command(seq, "regroup", self.pool.incarnations(), gen=self.gen,
-                               expected_acks=self.pool.count))
+            self.pool.plane.send(survivors.items(), Regroup(seq=seq, members=members, gen=self.gen))
         for rank, report in fresh.items():
-            self.pool.store.set(assign_key(rank, report.incarnation), self._assignment(rank, seq + 1).to_json())
+            self.pool.plane.send([(rank, report.incarnation)], self._assignment(rank, report.incarnation, seq + 1))
         _, acks = self._collect(seq, self.load_timeout_s)
         problems = {r: f"{a.error_type}: {a.error}" for r, a in acks.items() if not a.ok}
-        dead = self.pool.dead(self.pool.store)
+        dead = self.pool.dead()
         for rank in self.pool.members:
             if rank not in acks:
                 problems[rank] = dead.get(rank, f"not ready within {self.load_timeout_s:g} s")
@@ -209,6 +211,7 @@ class DistributedPipeline:
         self._needs_regroup = False
         self._lost.clear()
         self._message = ""
+        self.pool.plane.wake()  # wait_ready
         return {}
 
     # ----- the command bus -----------------------------------------------------------------------
@@ -221,57 +224,41 @@ class DistributedPipeline:
     def _members(self) -> dict[int, str]:
         return {r: inc for r, inc in self.pool.incarnations().items() if r not in self._lost}
 
-    def _send(self, cmd: Command) -> None:
-        self.pool.store.set(cmd_key(cmd.seq), cmd.to_json())
-
-    def _command(self, op: str, **fields: Any) -> int:
-        """Send ``op`` to every member; the steps published since the last command ride along (workers
-        publish them first: no command of their own, and every later command sees them published)."""
+    def _command(self, kind: type[Command], **fields: Any) -> int:
+        """Send a ``kind`` command to every member (a :class:`Run` or :class:`Regroup` awaited: its
+        acknowledgements are counted from now); the steps published since the last command ride along
+        (workers publish them first: no command of their own, and every later command sees them)."""
         seq = self._next_seq()
         publish, self._to_publish = self._to_publish, []
-        self._send(Command(seq, op, self._members(), publish=publish, **fields))
+        members = self._members()
+        if kind in ACKNOWLEDGED:
+            self.pool.plane.expect(seq, members)
+        self.pool.plane.send(members.items(), kind(seq=seq, members=members, publish=publish, **fields))
         return seq
 
     def _collect(self, seq: int, timeout_s: float) -> tuple[str, dict[int, Ack]]:
-        """Wait for ``done/{seq}``; return the outcome (``all``, ``fail``, ``lost``, ``timeout``)
-        and the acknowledgements that arrived."""
-        store = self.pool.store
-        self._inflight = seq
+        """Wait for command ``seq``'s acknowledgements; return the outcome (``all``, ``fail``, ``lost``,
+        ``timeout``) and those that arrived."""
+        plane = self.pool.plane
+        ranks = list(self.pool.members)
+
+        def outcome() -> str | None:
+            acks = plane.acks(seq)
+            if any(not a.ok for a in acks.values()):
+                return "fail"
+            if all(r in acks for r in ranks):
+                return "all"
+            return "lost" if self._inflight_lost else None
+
+        self._inflight, self._inflight_lost = seq, False
         try:
-            store.wait([done_key(seq)], timedelta(seconds=timeout_s))
-            outcome = bytes(store.raw.get(done_key(seq))).decode(errors="replace")
-            if outcome not in OUTCOMES:  # the raw done key is only a wake-up: the signed acks decide
-                outcome = "fail"
-        except dist.DistStoreError:
-            outcome = "timeout"
+            plane.wait(lambda: outcome() is not None, timeout_s)
+            result = outcome() or "timeout"
+            if result == "fail" and not self.pool.dead():  # the others abort quickly unless stuck on a lost peer
+                plane.wait(lambda: all(r in plane.acks(seq) for r in ranks) or self._inflight_lost, FAIL_GRACE_S)
         finally:
             self._inflight = None
-        keys = {r: ack_key(seq, r) for r in self.pool.members}
-        if outcome == "fail" and not self.pool.dead(store):
-            try:  # the others abort quickly unless stuck on a lost peer
-                store.wait(list(keys.values()), timedelta(seconds=FAIL_GRACE_S))
-            except dist.DistStoreError:
-                pass
-        acks: dict[int, Ack] = {}
-        for rank, key in keys.items():
-            if store.check([key]):
-                try:
-                    acks[rank] = store.read(key, lambda b, r=rank: Ack.from_json(b, r))  # type: ignore[misc]
-                except WorkerMessageRejected:
-                    pass  # logged; counts as no answer
-        return outcome, acks
-
-    def _cleanup(self, upto: int) -> None:
-        """Delete the keys of every command before ``upto`` (all workers have read them)."""
-        store = self.pool.store
-        for seq in range(self._cleaned, upto):
-            for key in (cmd_key(seq), count_key(seq), done_key(seq), *(ack_key(seq, r) for r in self.pool.members)):
-                store.delete_key(key)
-            if seq in self._runs:  # only a run has outputs, which may be in parts (SealedStore)
-                names = self._runs.pop(seq)
-                for name in ("hidden", "logits") if names is None else names:  # unread: whichever are there
-                    store.delete_key(out_key(seq, name), parts=True)
-        self._cleaned = max(self._cleaned, upto)
+        return result, plane.forget(seq)
 
     # ----- steps ---------------------------------------------------------------------------------
 
@@ -369,14 +356,11 @@ class DistributedPipeline:
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
             pairs_only = greedy and not all_logits  # the exit sends each row's greedy pair, not the logits
             ops, self._row_ops = self._row_ops, []
-            seq = self._command("run", step_id=step_id, tokens=tokens.cpu().tolist(),
-                                positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
-                                first_row=first_row, expected_acks=self.pool.count, eager=eager,
-                                greedy=pairs_only, ops=ops,
-                                layout=Command.layout_fields(layout) if layout is not None else [])
+            seq = self._command(Run, step_id=step_id, tokens=tokens.cpu().tolist(), positions=positions.cpu().tolist(),
+                                start=start, all_logits=all_logits, first_row=first_row, eager=eager,
+                                greedy=pairs_only, ops=ops, layout=layout)
             handle = _RemoteStep(self, seq, step_id, rows, cancel, pairs_only)
             self._pending[seq] = handle
-            self._runs[seq] = None
             return handle
 
     def _settle(self, handle: _RemoteStep) -> None:
@@ -397,11 +381,6 @@ class DistributedPipeline:
                     other.error = WorkerLost(f"step {other.step_id} rolled back: {self._failed or self._message}")
                     other.settled = True
                 self._pending.clear()
-            # every worker acknowledged this run, so read every command before it; runs still pending
-            # keep their outputs
-            upto = min([handle.seq, *self._pending])
-            if upto - self._cleaned >= CLEANUP_EVERY:
-                self._cleanup(upto)
 
     def _settle_all(self) -> None:
         for handle in sorted(self._pending.values(), key=lambda h: h.seq):
@@ -411,41 +390,39 @@ class DistributedPipeline:
         """Collect step ``handle``; publish it and return its output, or roll it back and raise."""
         step_id = handle.step_id
         if self.degraded:
-            self._command("rollback")
+            self.pool.plane.forget(handle.seq)
+            self._command(Rollback)
             raise WorkerLost(f"step {step_id} rolled back: {self._failed or self._message or 'closed'}")
         outcome, acks = self._collect(handle.seq, self.timeout_s)
         ok = outcome == "all" and len(acks) == len(self.pool.members) and all(a.ok for a in acks.values())
         if ok and handle.cancel is not None and handle.cancel():
-            self._command("rollback", step_id=step_id)
+            self._command(Rollback, step_id=step_id)
             raise StepCancelled(f"step {step_id} cancelled before it was published")
         if not ok:
-            lost = outcome in ("lost", "timeout") or bool(self.pool.dead(self.pool.store))
-            self._command("rollback", step_id=0 if lost else step_id)  # a lost worker: every step in flight
+            lost = outcome in ("lost", "timeout") or bool(self.pool.dead())
+            self._command(Rollback, step_id=0 if lost else step_id)  # a lost worker: every step in flight
             self._fail(f"step {step_id}", outcome, acks, rolled_back=True)
         try:
             out = self._outputs(handle.seq, handle.greedy, acks)
         except WorkerMessageRejected as exc:
-            self._command("rollback", step_id=step_id)
+            self._command(Rollback, step_id=step_id)
             raise StepFailed(f"step {step_id} rolled back: {exc}") from None
         self._to_publish.append(step_id)  # told to the workers with the next command (_command)
         self.last_timings = self._timings(acks)
         return out
 
     def _outputs(self, seq: int, greedy: bool, acks: dict[int, Ack]) -> StageOutput:
-        """The exit's output of run ``seq``: a greedy step's pairs only, from the exit worker's
-        acknowledgement (its features stay in the worker: ``hidden`` is empty), else the features and,
+        """The exit's output of run ``seq``, from the exit worker's acknowledgement: a greedy step's
+        pairs only (its features stay in the worker: ``hidden`` is empty), else the features and,
         where the step has them, the logits."""
-        store = self.pool.store
+        exit_ack = acks[self.owners[-1]]
         if greedy:
-            self._runs[seq] = ()
-            pairs = acks[self.owners[-1]].pairs
-            if not pairs:
+            if not exit_ack.pairs:
                 raise WorkerMessageRejected(f"run {seq}: the exit worker sent no greedy pairs")
-            return StageOutput(torch.empty(0), None, torch.tensor(pairs, dtype=torch.float32))
-        hidden = store.read(out_key(seq, "hidden"), tensor_from_bytes)
-        logits = store.read(out_key(seq, "logits"), tensor_from_bytes) if store.check([out_key(seq, "logits")]) else None
-        self._runs[seq] = ("hidden", "logits") if logits is not None else ("hidden",)
-        return StageOutput(hidden, logits)
+            return StageOutput(torch.empty(0), None, torch.tensor(exit_ack.pairs, dtype=torch.float32))
+        if exit_ack.hidden is None:
+            raise WorkerMessageRejected(f"run {seq}: the exit worker sent no features")
+        return StageOutput(exit_ack.hidden.tensor(), exit_ack.logits.tensor() if exit_ack.logits is not None else None)
 
     def _timings(self, acks: dict[int, Ack]) -> StepTimings:
         timings = StepTimings()
@@ -459,7 +436,7 @@ class DistributedPipeline:
         """Classify a failed command (``what``: ``step 7``, ``move 3 -> 1``) and raise its typed error
         (a step's rollback is already sent: ``rolled_back``)."""
         undone = " and was rolled back" if rolled_back else ""
-        dead = self.pool.dead(self.pool.store)
+        dead = self.pool.dead()
         missing = [r for r in self.pool.members if r not in acks]
         if outcome == "timeout":
             for rank in missing:
@@ -488,14 +465,18 @@ class DistributedPipeline:
             stages = self._stages_of(rank)
             where = f"pid {member.pid} on {member.host}" if member else "never joined"
             parts.append(f"worker {rank} ({where}, stages {stages}) is lost: {why}")
+            if member is not None:  # should it come back (hung, not dead), it is replaced: it exits
+                self.pool.plane.send([(rank, member.incarnation)],  # numbered as the next command, not using it
+                                     Exit(seq=self._seq, members=self._members()))
             self.pool.kill(rank)
         self._message = "; ".join(parts)
         if not self.rejoin:
             self._failed = f"{self._message}; not waiting for it to rejoin (restart stagewise)"
+            self.pool.plane.wake()  # wait_ready
             return
         self._message += "; requests are refused until it rejoins"
         for rank in dead:
-            if rank in self.pool.procs and self.respawn and self.respawns < self.max_respawns:
+            if self.pool.respawns(rank) and self.respawn and self.respawns < self.max_respawns:
                 self.respawns += 1
                 self.pool.spawn(rank)
 
@@ -507,38 +488,37 @@ class DistributedPipeline:
                 handle.settled = True
             self._pending.clear()
             if not self._closed:
-                self._command("rollback")
+                self._command(Rollback)
 
     # ----- row operations (continuous batching) --------------------------------------------------
 
     def reset(self, slot: int) -> None:
         """Start a new sequence in ``slot`` on every worker (refused while degraded)."""
-        self._rearrange(f"reset of row {slot}", "reset", slot=slot)
+        self._rearrange(Reset(slot=slot))
 
     def restore(self, row: int, entry: int) -> None:
         """As :meth:`Executor.restore`, on every worker's stages."""
-        self._rearrange(f"restore of row {row} from entry {entry}", "restore", slot=row, entry=entry)
+        self._rearrange(Restore(slot=row, entry=entry))
 
     def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
         """As :meth:`Executor.set_blocks`, on every worker's stages."""
-        self._rearrange(f"set_blocks of row {row}", "set_blocks", slot=row, blocks=[int(b) for b in block_ids])
+        self._rearrange(SetBlocks(slot=row, blocks=[int(b) for b in block_ids]))
 
     def move(self, src: int, dst: int) -> None:
         """As :meth:`Executor.move`, on every worker's stages."""
-        self._rearrange(f"move {src} -> {dst}", "move", src=src, dst=dst)
+        self._rearrange(Move(src=src, dst=dst))
 
-    def _rearrange(self, what: str, op: str, **fields: Any) -> None:
-        """Check row operation ``op`` against the workers' rows, context and KV pool
+    def _rearrange(self, cmd: RowOp) -> None:
+        """Check row operation ``cmd`` against the workers' rows, context and KV pool
         (:class:`WorkerMessageRejected`: nothing changed) and queue it: it rides on the next run, which
         every worker applies it before (no round trip of its own). Raises :class:`WorkerLost` while
         the pipeline is degraded; a worker lost before the next run fails that run."""
         self._refuse()
         with self._lock:
-            cmd = Command(0, op, {}, **fields)
             table = self.stages[0].block_table
             assert table is not None  # described at construction
             check_row_op(cmd, self.batch, table, self.snapshot_entries)
-            named = frozenset(cmd.named_rows())
+            named = frozenset(cmd.named_rows)
             for handle in [h for h in self._pending.values() if h.rows & named]:
                 self._settle(handle)  # its outcome stays with its handle
             self._refuse()
@@ -568,30 +548,28 @@ class DistributedPipeline:
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Block until the pipeline is not degraded (True) or ``timeout_s`` passed (False)."""
-        deadline = time.monotonic() + timeout_s
-        while self.degraded and time.monotonic() < deadline and not self._failed and not self._closed:
-            time.sleep(0.05)
+        self.pool.plane.wait(lambda: not self.degraded or bool(self._failed) or self._closed, timeout_s)
         return not self.degraded
 
     def _watch(self) -> None:
         """Background: flag lost workers during a step; while idle, notice deaths and rejoins."""
-        watch = self.pool.client()
         while not self._closed:
             time.sleep(WATCH_S)
             try:
                 seq = self._inflight
                 if seq is not None:
-                    if self.pool.dead(watch):
-                        watch.raw.set(done_key(seq), "lost")
+                    if self.pool.dead():
+                        self._inflight_lost = True
+                        self.pool.plane.wake()
                 elif self._lost and not self._failed and not self._recovering:
-                    if all(self.pool.fresh_join(r, watch) is not None for r in list(self._lost)):
+                    if all(self.pool.fresh_join(r) is not None for r in list(self._lost)):
                         self._recovering = True
                         threading.Thread(target=self._recover, name="stagewise-rejoin", daemon=True).start()
-                elif not self._lost and not self._failed and self.pool.dead(watch):
+                elif not self._lost and not self._failed and self.pool.dead():
                     if self._lock.acquire(blocking=False):  # idle: nobody is stepping
                         try:
-                            if (dead := self.pool.dead(self.pool.store)) and not self._closed:
-                                self._command("rollback")
+                            if (dead := self.pool.dead()) and not self._closed:
+                                self._command(Rollback)
                                 self._lose(dead)
                         finally:
                             self._lock.release()
@@ -605,7 +583,7 @@ class DistributedPipeline:
             with self._lock:
                 if self._closed:
                     return
-                fresh = {r: self.pool.fresh_join(r, self.pool.store) for r in self._lost}
+                fresh = {r: self.pool.fresh_join(r) for r in self._lost}
                 joined = {r: rep for r, rep in fresh.items() if rep is not None}
                 if len(joined) != len(fresh):
                     return
@@ -625,15 +603,13 @@ class DistributedPipeline:
             return
         with self._lock:
             self._closed = True
+            self.pool.plane.wake()  # wait_ready
             for handle in self._pending.values():
                 handle.error = WorkerLost("the distributed pipeline is closed")
                 handle.settled = True
             self._pending.clear()
-            try:
-                seq = self._next_seq()
-                self._send(Command(seq, "exit", self.pool.incarnations()))
-            except Exception:
-                pass
+            members = self.pool.incarnations()
+            self.pool.plane.send(members.items(), Exit(seq=self._next_seq(), members=members))
             self.pool.close()
 
 

@@ -2,33 +2,31 @@
 
 ``stagewise worker --join HOST:PORT --rank K`` runs :func:`run_worker`. The worker
 
-1. connects to the coordinator's TCPStore and publishes a :class:`JoinReport` (its devices);
-   while it waits for its assignment it answers any :class:`LinkProbe` (the coordinator timing
-   the links between workers before it plans);
-2. waits for its :class:`Assignment`, loads only its stages straight to their devices, joins the
-   data process group and acknowledges (``ack/{first_seq - 1}/{rank}``);
-3. reads every :class:`Command` in sequence: ``run`` leaves state provisional and acknowledges;
-   ``publish`` / ``rollback`` settle it (the coordinator's two-phase decision), for one step
-   (``step_id``: several micro-batches may be in flight) or for all (``step_id`` 0); a publish
-   decided since the coordinator's last command rides on its next one (``publish``: settled first); ``reset``,
-   ``set_blocks`` and ``move`` rearrange state rows and acknowledge; ``regroup``
-   rebuilds the data group after another worker was replaced; ``exit`` leaves.
+1. connects to the coordinator's rendezvous store, reads the session and the control plane's signed
+   port there, connects to the plane (:class:`WorkerPlane`) and sends a :class:`JoinReport` (its
+   devices); while it waits for its assignment it answers any :class:`ProbeRequest` (the coordinator
+   timing the links between workers before it plans);
+2. on its :class:`Assignment` loads only its stages straight to their devices, joins the data
+   process group (rendezvous through the store) and acknowledges (as command ``first_seq - 1``);
+3. executes every :data:`Command` in ``seq`` order: :class:`Run` applies the row operations it
+   carries, leaves the step provisional and acknowledges; :class:`Publish` / :class:`Rollback`
+   settle it (the coordinator's two-phase decision), for one step (several micro-batches may be in
+   flight) or for all; a publish decided since the coordinator's last command rides on its next
+   one; :class:`Regroup` rebuilds the data group after another worker was replaced; :class:`Exit`
+   leaves.
 
-It exits when the coordinator's store disappears (a heartbeat thread notices within seconds),
-when told to, or when a command shows it was replaced (declared lost, e.g. after hanging).
+It exits when the coordinator disappears (the heartbeat connection drops), when told to, or when a
+command shows it was replaced (declared lost, e.g. after hanging).
 
-Every message it reads or writes is signed with the shared secret for the coordinator's session
-(:class:`SealedStore`); a message that fails its signature or its checks is logged and ignored
-(the worker keeps waiting for the genuine one), so a process that reaches the store without the
-secret cannot make it run, stop or measure anything.
+A message that fails its signature or its checks, or replays an earlier command, is logged and
+ignored (nothing of it is applied), so a process that reaches the worker without the secret cannot
+make it run, stop or measure anything.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -40,29 +38,23 @@ from stagewise.errors import StagewiseError, WorkerMessageRejected, WorkerNotJoi
 from stagewise.runtime.distributed_channel import UpstreamAborted
 from stagewise.runtime.distributed_group import join_group, leave_group
 from stagewise.runtime.greedy_pairs import greedy_pairs
-from stagewise.runtime.link_probe import LinkProbe, probe_key, probe_report_key, run_probe
-from stagewise.runtime.sealed_store import SESSION_KEY, SealedStore
+from stagewise.runtime.link_probe import run_probe
+from stagewise.runtime.tensor_blob import TensorBlob
 from stagewise.runtime.worker_messages import (
-    ROW_OPS,
     Ack,
     Assignment,
     Command,
+    Exit,
     JoinReport,
-    ack_key,
-    assign_key,
-    cmd_key,
-    count_key,
-    done_key,
-    heartbeat_key,
-    join_key,
-    out_key,
-    tensor_to_bytes,
+    ProbeDone,
+    ProbeRequest,
+    Publish,
+    Regroup,
+    Rollback,
+    Run,
 )
+from stagewise.runtime.worker_plane import SESSION_KEY, WorkerPlane, plane_port
 from stagewise.runtime.worker_segment import Opener, WorkerSegment
-
-HEARTBEAT_S = 1.0
-IDLE_WAIT = timedelta(days=7)  # a blocking wait on the next command; ends early if the store dies
-POLL_S = 0.02  # before the assignment, two keys may come (probe or assignment): poll both
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -70,7 +62,7 @@ def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise WorkerNotJoined(f"--join must look like HOST:PORT, got {address!r}")
-    return host, int(port)
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def connect(address: str, timeout_s: float) -> dist.TCPStore:
@@ -86,8 +78,8 @@ def _log(rank: int, message: str) -> None:
     print(f"stagewise worker {rank}: {message}", file=sys.stderr, flush=True)
 
 
-def open_session(raw: dist.Store, secret: bytes, rank: int, timeout_s: float) -> SealedStore:
-    """The signed view of the coordinator's store, for its current session (the nonce it published)."""
+def read_session(raw: dist.Store, timeout_s: float) -> str:
+    """The coordinator's session nonce, published in its store."""
     try:
         raw.wait([SESSION_KEY], timedelta(seconds=timeout_s))
     except dist.DistStoreError:
@@ -95,79 +87,56 @@ def open_session(raw: dist.Store, secret: bytes, rank: int, timeout_s: float) ->
     session = bytes(raw.get(SESSION_KEY)).decode(errors="replace")
     if len(session) != 32 or any(c not in "0123456789abcdef" for c in session):
         raise WorkerNotJoined(f"the store's session nonce is malformed ({session[:40]!r}); is it a stagewise coordinator?")
-    return SealedStore(raw, secret, session, f"worker {rank}")
+    return session
 
 
-def read_command(store: SealedStore, seq: int) -> Command:
-    """Command ``seq``, once a genuine one is there: a rejected value (forged, unsigned, malformed) is
-    logged and waited past (the coordinator's own write replaces it)."""
-    key = cmd_key(seq)
+def receive(plane: WorkerPlane) -> Any:
+    """The next genuine message (rejected ones are logged by the plane and read past)."""
     while True:
-        store.wait([key], IDLE_WAIT)
         try:
-            return store.read(key, lambda b: Command.from_json(b, seq))
+            return plane.receive()
         except WorkerMessageRejected:
-            time.sleep(POLL_S)
+            continue
 
 
-def _heartbeat(address: str, key: str, timeout_s: float) -> None:
-    """Bump ``key`` every second; exit the process when the coordinator's store is gone."""
-    try:
-        store = connect(address, timeout_s)
-        while True:
-            store.add(key, 1)
-            time.sleep(HEARTBEAT_S)
-    except BaseException:
-        os._exit(4)  # the coordinator is gone: leave no orphan behind
-
-
-def await_assignment(store: SealedStore, rank: int, incarnation: str) -> Assignment:
-    """Wait for this incarnation's :class:`Assignment`, answering every :class:`LinkProbe` that comes
-    first (each is deleted once read, so the next probe can use the same key; a probe numbered no
-    higher than one already answered is a replay and ignored). Rejected values are logged and skipped."""
-    assign, probe = assign_key(rank, incarnation), probe_key(rank, incarnation)
+def await_assignment(plane: WorkerPlane, store: dist.Store) -> Assignment:
+    """Wait for this incarnation's :class:`Assignment`, answering every :class:`ProbeRequest` that
+    comes first (a probe numbered no higher than one already answered is a replay and ignored);
+    anything else, or addressed to another incarnation, is logged and ignored."""
     last_probe = 0
     while True:
-        if store.check([assign]):
-            try:
-                return store.read(assign, Assignment.from_json)
-            except WorkerMessageRejected:
-                pass
-        if store.check([probe]):
-            try:
-                request = store.read(probe, LinkProbe.from_json)
-                if request.n <= last_probe:
-                    store.reject(probe, store.raw.get(probe), f"probe {request.n} replayed (answered {last_probe})")
-            except WorkerMessageRejected:
-                store.delete_key(probe)
+        message = receive(plane)
+        if isinstance(message, Assignment) and message.incarnation == plane.incarnation:
+            return message
+        if isinstance(message, ProbeRequest) and message.incarnation == plane.incarnation:
+            if message.probe.n <= last_probe:
+                _log(plane.rank, f"rejected a message: probe {message.probe.n} replayed (answered {last_probe})")
                 continue
-            store.delete_key(probe)
-            last_probe = request.n
-            store.set(probe_report_key(request.n, rank), run_probe(store.raw, rank, request).to_json())
-        else:
-            time.sleep(POLL_S)
+            last_probe = message.probe.n
+            report = run_probe(store, plane.rank, message.probe)
+            plane.send(ProbeDone(incarnation=plane.incarnation, n=message.probe.n, report=report))
+            continue
+        _log(plane.rank, f"rejected a message: {type(message).__name__} before an assignment (ignored)")
 
 
 class Worker:
     """One worker's state across commands."""
 
-    def __init__(self, store: SealedStore, rank: int, incarnation: str, opener: Opener) -> None:
+    def __init__(self, plane: WorkerPlane, store: dist.Store, opener: Opener) -> None:
+        self.plane = plane
         self.store = store
-        self.rank = rank
-        self.incarnation = incarnation
+        self.rank = plane.rank
+        self.incarnation = plane.incarnation
         self.opener = opener
         self.segment: WorkerSegment | None = None
         self.assignment: Assignment | None = None
 
-    def _ack(self, seq: int, ack: Ack, expected: int) -> None:
-        self.store.set(ack_key(seq, self.rank), ack.to_json())
-        if not ack.ok:
-            self.store.raw.set(done_key(seq), "fail")
-        if self.store.add(count_key(seq), 1) >= expected:
-            self.store.raw.set(done_key(seq), "all")
+    def _ack(self, seq: int, ok: bool = True, **fields: Any) -> None:
+        self.plane.send(Ack(seq=seq, rank=self.rank, incarnation=self.incarnation, ok=ok, **fields))
 
-    def _failure(self, exc: BaseException) -> Ack:
-        return Ack(self.rank, False, f"{exc}", type(exc).__name__, aborted=isinstance(exc, UpstreamAborted))
+    def _fail(self, seq: int, exc: BaseException) -> None:
+        self._ack(seq, False, error=f"{exc}"[:60_000], error_type=type(exc).__name__,
+                  aborted=isinstance(exc, UpstreamAborted))
 
     def start(self, assignment: Assignment) -> None:
         """Load the stages, join the data group, acknowledge readiness."""
@@ -176,97 +145,96 @@ class Worker:
         try:
             self.segment = WorkerSegment.load(assignment, self.opener)
             self._join(assignment.gen)
-            ack = Ack(self.rank, True, measured_bytes=self.segment.measured_bytes())
         except Exception as exc:
-            ack = self._failure(exc)
-        self._ack(seq, ack, assignment.expected_acks)
-        if not ack.ok:
-            raise SystemExit(f"stagewise worker {self.rank}: could not start: {ack.error}")
+            self._fail(seq, exc)
+            raise SystemExit(f"stagewise worker {self.rank}: could not start: {exc}") from None
+        self._ack(seq, measured_bytes=self.segment.measured_bytes())
         _log(self.rank, f"ready: stages {[s.index for s in assignment.stages]} (generation {assignment.gen})")
 
     def _join(self, gen: int) -> None:
         a = self.assignment
         assert a is not None and self.segment is not None
         device = self.segment.stages[0].device if self.segment.stages else torch.device("cpu")
-        join_group(self.store.raw, gen, a.data_rank, a.data_world, a.backend, a.timeout_s, device)
+        join_group(self.store, gen, a.data_rank, a.data_world, a.backend, a.timeout_s, device)
 
     def serve(self) -> int:
-        """Execute commands from ``first_seq`` on; returns the exit code."""
+        """Execute commands from ``first_seq`` on, in order; returns the exit code. A command numbered
+        no higher than the last one executed is a replay: logged and ignored."""
         assert self.assignment is not None and self.segment is not None
-        seq = self.assignment.first_seq
+        last = self.assignment.first_seq - 1
         while True:
-            cmd = read_command(self.store, seq)
+            cmd = receive(self.plane)
+            if not isinstance(cmd, Command) or cmd.seq <= last:
+                what = f"command {cmd.seq} replayed (last {last})" if isinstance(cmd, Command) else type(cmd).__name__
+                _log(self.rank, f"rejected a message: {what}")
+                continue
             if cmd.members.get(self.rank) != self.incarnation:
                 _log(self.rank, "replaced by a newer worker of the same rank (declared lost); exiting")
                 return 5
-            if cmd.op == "exit":
+            if isinstance(cmd, Exit):
                 return 0
+            if cmd.seq != last + 1:
+                _log(self.rank, f"command {cmd.seq} after {last}: commands were missed; exiting")
+                return 5
+            last = cmd.seq
             self._execute(cmd)
-            seq += 1
 
     def _execute(self, cmd: Command) -> None:
         segment = self.segment
         assert segment is not None
         for step_id in cmd.publish:  # published by the coordinator since its last command
             segment.publish(step_id)
-        if cmd.op == "run":
+        if isinstance(cmd, Run):
             try:
                 for op in cmd.ops:  # row operations decided since the last run, in stream order before it
                     segment.rearrange(op)
                 result = segment.run(cmd)
-                pairs: list[list[float]] = []
+                outputs: dict[str, Any] = {}
                 if result.output is not None:
                     logits = result.output.logits
-                    if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are,
-                        pairs = greedy_pairs(logits[:, -1])[1].cpu().tolist()  # sent in the acknowledgement
+                    if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are
+                        outputs["pairs"] = [tuple(p) for p in greedy_pairs(logits[:, -1])[1].cpu().tolist()]
                     else:
-                        self.store.set(out_key(cmd.seq, "hidden"), tensor_to_bytes(result.output.hidden))
-                        if logits is not None:
-                            self.store.set(out_key(cmd.seq, "logits"), tensor_to_bytes(logits))
-                ack = Ack(self.rank, True, stage_s=result.stage_s, handoff_s=result.handoff_s, pairs=pairs)
+                        outputs["hidden"] = TensorBlob.of(result.output.hidden)
+                        outputs["logits"] = TensorBlob.of(logits) if logits is not None else None
             except Exception as exc:
-                ack = self._failure(exc)
-            self._ack(cmd.seq, ack, cmd.expected_acks)
-        elif cmd.op == "publish":
+                self._fail(cmd.seq, exc)
+                return
+            self._ack(cmd.seq, stage_s=result.stage_s, handoff_s=result.handoff_s, **outputs)
+        elif isinstance(cmd, Publish):
             segment.publish(cmd.step_id)
-        elif cmd.op == "rollback":
+        elif isinstance(cmd, Rollback):
             segment.rollback(cmd.step_id)
-        elif cmd.op in ROW_OPS:
-            try:
-                segment.rearrange(cmd)
-                ack = Ack(self.rank, True)
-            except Exception as exc:
-                ack = self._failure(exc)
-            self._ack(cmd.seq, ack, cmd.expected_acks)
-        elif cmd.op == "regroup":
+        elif isinstance(cmd, Regroup):
             try:
                 self._join(cmd.gen)
-                ack = Ack(self.rank, True)
             except Exception as exc:
-                ack = self._failure(exc)
-            self._ack(cmd.seq, ack, cmd.expected_acks)
+                self._fail(cmd.seq, exc)
+                return
+            self._ack(cmd.seq)
 
 
 def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any], secret: bytes,
                timeout_s: float = 30.0, host: str = "") -> int:
-    """Join the coordinator at ``address`` as ``rank`` (>= 1), offering the devices in
-    ``topology`` (topology JSON), and serve until told to exit. ``secret``: the one shared with the
-    coordinator (every message is signed with it). Returns the exit code."""
+    """Join the coordinator at ``address`` (its rendezvous store) as ``rank`` (>= 1), offering the
+    devices in ``topology`` (topology JSON), and serve until told to exit. ``secret``: the one shared
+    with the coordinator (every message is signed with it). Returns the exit code."""
     if not 1 <= rank <= 4096:
         raise WorkerNotJoined(f"--rank must be in [1, 4096] (rank 0 is the coordinator), got {rank}")
-    store = open_session(connect(address, timeout_s), secret, rank, timeout_s)
+    store = connect(address, timeout_s)
+    session = read_session(store, timeout_s)
+    port = plane_port(store, secret, session, timeout_s)
     incarnation = uuid.uuid4().hex
-    beat = threading.Thread(target=_heartbeat, args=(address, heartbeat_key(rank, incarnation), timeout_s),
-                            name="stagewise-heartbeat", daemon=True)
-    beat.start()
-    report = JoinReport(rank, incarnation, os.getpid(), host or os.uname().nodename, topology)
-    worker = Worker(store, rank, incarnation, opener)
+    plane = WorkerPlane(parse_address(address)[0], port, secret, session, rank, incarnation)
+    plane.start_heartbeat(timeout_s)
+    worker = Worker(plane, store, opener)
     try:
-        store.set(join_key(rank), report.to_json())
+        plane.send(JoinReport(rank=rank, incarnation=incarnation, pid=os.getpid(), host=host or os.uname().nodename,
+                              topology=topology))
         _log(rank, f"joined {address}; waiting for an assignment")
-        assignment = await_assignment(store, rank, incarnation)
+        assignment = await_assignment(plane, store)
         if assignment.refused:
-            store.set(ack_key(0, rank), Ack(rank, False, assignment.refused).to_json())  # "heard you"
+            worker._ack(0, False, error="heard you")
             _log(rank, f"not used: {assignment.refused}")
             return 2
         worker.start(assignment)
@@ -278,6 +246,8 @@ def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any]
         _log(rank, str(exc))
         return exc.exit_code
     finally:
+        plane.leaving.set()
         if worker.segment is not None:
             worker.segment.close()
         leave_group()
+        plane.close()

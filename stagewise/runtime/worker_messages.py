@@ -1,462 +1,274 @@
-"""Worker messages: what the coordinator and its workers say to each other through the TCPStore.
+"""Worker messages: what the coordinator and its workers say to each other on the control plane.
 
-Everything is JSON (no pickle): a worker's :class:`JoinReport`, its :class:`Assignment`, each
-:class:`Command` in one global sequence, and each worker's :class:`Ack`. Tensors that must reach
-the coordinator (the exit's logits and features) travel as :func:`tensor_to_bytes` blobs. Every
-value is signed (:class:`~stagewise.runtime.sealed_store.SealedStore`), and every ``from_json`` /
-:func:`tensor_from_bytes` checks types, sizes and ranges before anything acts on a message,
-raising :class:`WorkerMessageRejected` otherwise.
+One frozen :class:`msgspec.Struct` per operation, tagged by ``op`` and encoded as MessagePack (no
+pickle). Decoding validates every type, range and length (the ``Meta`` constraints below) and each
+message's own invariants (``__post_init__``), so a malformed message raises before anything acts on
+it; :class:`~stagewise.runtime.message_seal.MessageSeal` turns that into
+:class:`WorkerMessageRejected` and signs and checks every message.
 
-Store keys (all under the coordinator's store):
-
-- ``join/{rank}``: the latest JoinReport of that rank (a restarted worker overwrites it);
-- ``assign/{rank}/{incarnation}``: the Assignment answering one JoinReport;
-- ``cmd/{seq}``: Command number ``seq`` (every worker reads every command, in order);
-- ``ack/{seq}/{rank}``, ``count/{seq}``, ``done/{seq}``: acknowledgements; ``done`` is set by the
-  last acker (``all``), by a failing one (``fail``) or by the coordinator's watcher (``lost``);
-- ``out/{seq}/{name}``: the exit's output tensors of a ``run`` command;
-- ``hb/{rank}/{incarnation}``: a heartbeat counter the worker bumps every second.
+Down (coordinator -> one worker): :class:`Assignment`, :class:`ProbeRequest` and the
+:data:`Command` union (:class:`Run`, :class:`Publish`, :class:`Rollback`, :class:`Regroup`,
+:class:`Exit`), each numbered ``seq`` in one global order; the row operations of continuous
+batching (:data:`RowOp`) ride inside a :class:`Run`. Up (worker -> coordinator): :class:`JoinReport`,
+:class:`Ack` (with the exit's outputs as :class:`TensorBlob`), :class:`Heartbeat`, :class:`ProbeDone`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import torch
+import msgspec
+from msgspec import Meta
 
-from stagewise.errors import WorkerMessageRejected
 from stagewise.models.step_layout import StepLayout
+from stagewise.runtime.link_probe import LinkProbe, ProbeReport
 from stagewise.runtime.stage import StageSpec
-
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-               "int64": torch.int64}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
+from stagewise.runtime.tensor_blob import TensorBlob
 
 MAX_RANK = 4096
 MAX_INT = 2**62
-OPS = ("run", "publish", "rollback", "reset", "set_blocks", "move", "restore", "regroup", "exit")
-ROW_OPS = ("reset", "set_blocks", "move", "restore")  # rearrange state rows; acknowledged like run
-MAX_BLOCKS = 2**31 - 1  # a KV block id
-MAX_INT_LIST = 2**20  # block ids of one row
-MAX_ROW_OPS = 2**16  # row operations riding on one run
-BACKENDS = ("gloo", "nccl")
 MAX_TEXT = 64 * 1024  # an error message, a host name...
 
-
-def _load(text: str | bytes, what: str) -> dict[str, Any]:
-    try:
-        raw = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WorkerMessageRejected(f"{what}: not JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise WorkerMessageRejected(f"{what}: expected a JSON object, got {type(raw).__name__}")
-    return raw
-
-
-def _only(raw: dict[str, Any], cls: type, what: str) -> None:
-    known = {f.name for f in fields(cls)}
-    extra = set(raw) - known
-    if extra:
-        raise WorkerMessageRejected(f"{what}: unknown field(s) {sorted(extra)}")
+Rank = Annotated[int, Meta(ge=1, le=MAX_RANK)]
+Neighbour = Annotated[int, Meta(ge=-1, le=MAX_RANK)]  # a data rank, -1: none
+Row = Annotated[int, Meta(ge=0, le=MAX_RANK)]
+Count = Annotated[int, Meta(ge=0, le=MAX_INT)]
+StepId = Annotated[int, Meta(ge=1, le=MAX_INT)]
+Token = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # a token id or a position
+BlockId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+Seconds = Annotated[float, Meta(ge=0.0, le=1e9)]
+Incarnation = Annotated[str, Meta(pattern="^[0-9a-f]{32}$")]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+Grid = Annotated[list[Annotated[list[Token], Meta(min_length=1, max_length=2**20)]], Meta(min_length=1, max_length=2**20)]
 
 
-def _int(raw: dict[str, Any], name: str, what: str, lo: int = -MAX_INT, hi: int = MAX_INT,
-         default: int | None = None) -> int:
-    value = raw.get(name, default)
-    if type(value) is not int or not lo <= value <= hi:
-        raise WorkerMessageRejected(f"{what}: {name} must be an integer in [{lo}, {hi}], got {value!r}"[:300])
-    return value
+class _Message(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="op"):
+    pass
 
 
-def _opt_int(raw: dict[str, Any], name: str, what: str, lo: int, hi: int) -> int | None:
-    return None if raw.get(name) is None else _int(raw, name, what, lo, hi)
+# ----- row operations (ride inside a Run) ----------------------------------------------------------
 
 
-def _bool(raw: dict[str, Any], name: str, what: str, default: bool | None = None) -> bool:
-    value = raw.get(name, default)
-    if type(value) is not bool:
-        raise WorkerMessageRejected(f"{what}: {name} must be true or false, got {value!r}"[:300])
-    return value
+class Reset(_Message, tag="reset", frozen=True, kw_only=True):
+    """Start a new sequence in row ``slot``."""
+
+    slot: Row
+
+    @property
+    def named_rows(self) -> list[int]:
+        return [self.slot]
 
 
-def _float(value: Any, name: str, what: str, lo: float = 0.0, hi: float = 1e9) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or not lo <= value <= hi:
-        raise WorkerMessageRejected(f"{what}: {name} must be a number in [{lo:g}, {hi:g}], got {value!r}"[:300])
-    return float(value)
+class SetBlocks(_Message, tag="set_blocks", frozen=True, kw_only=True):
+    """Row ``slot``'s KV lives in ``blocks``."""
+
+    slot: Row
+    blocks: Annotated[list[BlockId], Meta(max_length=2**20)]
+
+    @property
+    def named_rows(self) -> list[int]:
+        return [self.slot]
 
 
-def _str(raw: dict[str, Any], name: str, what: str, default: str | None = None, limit: int = MAX_TEXT) -> str:
-    value = raw.get(name, default)
-    if not isinstance(value, str) or len(value) > limit:
-        raise WorkerMessageRejected(f"{what}: {name} must be a string of at most {limit} characters")
-    return value
+class Move(_Message, tag="move", frozen=True, kw_only=True):
+    """Row ``src``'s KV blocks and recurrent entries become row ``dst``'s."""
+
+    src: Row
+    dst: Row
+
+    @property
+    def named_rows(self) -> list[int]:
+        return [self.src, self.dst]
 
 
-def _incarnation(value: Any, what: str) -> str:
-    if not isinstance(value, str) or len(value) != 32 or any(c not in "0123456789abcdef" for c in value):
-        raise WorkerMessageRejected(f"{what}: an incarnation is 32 hex digits, got {value!r}"[:300])
-    return value
+class Restore(_Message, tag="restore", frozen=True, kw_only=True):
+    """Row ``slot``'s next step reads recurrent entry ``entry`` (a prefix snapshot)."""
+
+    slot: Row
+    entry: BlockId
+
+    @property
+    def named_rows(self) -> list[int]:
+        return [self.slot]
 
 
-def _int_rows(raw: dict[str, Any], name: str, what: str, lo: int, hi: int) -> list[list[int]]:
-    rows = raw.get(name, [])
-    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
-        raise WorkerMessageRejected(f"{what}: {name} must be a list of lists of integers")
-    for row in rows:
-        for v in row:
-            if type(v) is not int or not lo <= v <= hi:
-                raise WorkerMessageRejected(f"{what}: {name} holds {v!r}, not an integer in [{lo}, {hi}]"[:300])
-    return rows
+RowOp = Reset | SetBlocks | Move | Restore
 
 
-def join_key(rank: int) -> str:
-    return f"join/{rank}"
+# ----- commands (every member, in ``seq`` order) ----------------------------------------------------
 
 
-def assign_key(rank: int, incarnation: str) -> str:
-    return f"assign/{rank}/{incarnation}"
+class _Command(_Message, frozen=True, kw_only=True):
+    """``members``: the incarnation the coordinator trusts per rank (a worker not listed, or listed
+    with another incarnation, was replaced and exits); ``publish``: steps published since the last
+    command, which the worker publishes first."""
+
+    seq: Count
+    members: Annotated[dict[Rank, Incarnation], Meta(max_length=MAX_RANK)]
+    publish: Annotated[list[StepId], Meta(max_length=MAX_RANK)] = []
 
 
-def cmd_key(seq: int) -> str:
-    return f"cmd/{seq}"
+class Run(_Command, tag="run", frozen=True, kw_only=True):
+    """Step ``step_id`` over ``tokens``/``positions`` ``(B, T)`` in rows ``first_row ..``, or a packed
+    step (``layout``: ``(N, 1)`` tokens). ``ops``: row operations applied first, in order. ``greedy``:
+    the exit answers each row's greedy (token, log-probability), not the logits; ``eager``: never a
+    CUDA graph."""
+
+    step_id: StepId
+    tokens: Grid
+    positions: Grid
+    start: Token | None = None
+    all_logits: bool = False
+    first_row: Row = 0
+    eager: bool = False
+    greedy: bool = False
+    layout: StepLayout | None = None
+    ops: Annotated[list[RowOp], Meta(max_length=2**16)] = []
+
+    def __post_init__(self) -> None:
+        if [len(r) for r in self.tokens] != [len(r) for r in self.positions]:
+            raise ValueError("tokens and positions differ in shape")
+        if len({len(r) for r in self.tokens}) != 1:
+            raise ValueError("a run needs a rectangle of tokens")
+        if self.layout is not None and (len(self.tokens) != self.layout.tokens or len(self.tokens[0]) != 1):
+            raise ValueError(f"{len(self.tokens)} tokens for a packed step of {self.layout.tokens}")
+
+    @property
+    def rows(self) -> frozenset[int]:
+        if self.layout is not None:
+            return frozenset(self.layout.rows)
+        return frozenset(range(self.first_row, self.first_row + len(self.positions)))
 
 
-def ack_key(seq: int, rank: int) -> str:
-    return f"ack/{seq}/{rank}"
+class Publish(_Command, tag="publish", frozen=True, kw_only=True):
+    """Publish step ``step_id`` (0: every unsettled step)."""
+
+    step_id: Count = 0
 
 
-def count_key(seq: int) -> str:
-    return f"count/{seq}"
+class Rollback(_Command, tag="rollback", frozen=True, kw_only=True):
+    """Roll back step ``step_id`` (0: every unsettled step)."""
+
+    step_id: Count = 0
 
 
-def done_key(seq: int) -> str:
-    return f"done/{seq}"
+class Regroup(_Command, tag="regroup", frozen=True, kw_only=True):
+    """Rebuild the data process group as generation ``gen`` (acknowledged)."""
+
+    gen: Count
 
 
-def out_key(seq: int, name: str) -> str:
-    return f"out/{seq}/{name}"
+class Exit(_Command, tag="exit", frozen=True, kw_only=True):
+    """Leave."""
 
 
-def heartbeat_key(rank: int, incarnation: str) -> str:
-    return f"hb/{rank}/{incarnation}"
+Command = Run | Publish | Rollback | Regroup | Exit
+ACKNOWLEDGED = (Run, Regroup)  # the commands each worker answers with an Ack
 
 
-@dataclass(frozen=True)
-class JoinReport:
+class Assignment(_Message, tag="assign", frozen=True, kw_only=True):
+    """What worker incarnation ``incarnation`` runs: its stages (contiguous, possibly none) of ``model``
+    at ``dtype``, its place in the data group (generation ``gen``), its neighbours' data ranks (-1
+    where it owns the entry / exit) and the first command it executes. Its readiness is acknowledged
+    as command ``first_seq - 1``. ``refused`` non-empty: not used (the text says why)."""
+
+    incarnation: Incarnation
+    model: Text
+    dtype: Literal["float32", "bfloat16", "float16"]
+    batch: Rank
+    context: Annotated[int, Meta(ge=1, le=MAX_INT)]
+    stages: Annotated[tuple[StageSpec, ...], Meta(max_length=MAX_RANK)]
+    gen: Count
+    data_rank: Annotated[int, Meta(ge=0, le=MAX_RANK)]
+    data_world: Rank
+    backend: Literal["gloo", "nccl"]
+    prev_rank: Neighbour
+    next_rank: Neighbour
+    first_seq: Annotated[int, Meta(ge=1, le=MAX_INT)]
+    timeout_s: Annotated[float, Meta(ge=1e-3, le=1e9)]
+    cuda_graphs: bool = True  # replay decode steps as CUDA graphs on GPU stages
+    refused: Text = ""
+    kv_blocks: BlockId = 0  # usable KV blocks of every stage's pool; 0: every row its whole context
+    snapshots: BlockId = 0  # prefix-snapshot entries of every stage's recurrent state
+
+    def __post_init__(self) -> None:
+        if not (self.data_rank < self.data_world and self.prev_rank < self.data_world
+                and self.next_rank < self.data_world):
+            raise ValueError(f"data ranks {self.data_rank}, {self.prev_rank}, {self.next_rank} outside a group of "
+                             f"{self.data_world}")
+
+
+class ProbeRequest(_Message, tag="probe", frozen=True, kw_only=True):
+    """Time the links of ``probe`` (sent to incarnation ``incarnation`` before it is assigned)."""
+
+    incarnation: Incarnation
+    probe: LinkProbe
+
+
+Down = Assignment | ProbeRequest | Run | Publish | Rollback | Regroup | Exit
+
+
+# ----- worker -> coordinator ------------------------------------------------------------------------
+
+
+class JoinReport(_Message, tag="join", frozen=True, kw_only=True):
     """A worker announcing itself: its rank, a fresh incarnation id, where it runs and its devices
     (a topology JSON object, device ids local to the worker)."""
 
-    rank: int
-    incarnation: str
-    pid: int
-    host: str
+    rank: Rank
+    incarnation: Incarnation
+    pid: Annotated[int, Meta(ge=1, le=2**31)]
+    host: Annotated[str, Meta(max_length=255)]
     topology: dict[str, Any]
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
-    @staticmethod
-    def from_json(text: str | bytes) -> JoinReport:
-        what = "join report"
-        raw = _load(text, what)
-        _only(raw, JoinReport, what)
-        topology = raw.get("topology")
-        if not isinstance(topology, dict):
-            raise WorkerMessageRejected(f"{what}: topology must be a JSON object")
-        return JoinReport(_int(raw, "rank", what, 1, MAX_RANK), _incarnation(raw.get("incarnation"), what),
-                          _int(raw, "pid", what, 1, 2**31), _str(raw, "host", what, limit=255), topology)
+class Ack(_Message, tag="ack", frozen=True, kw_only=True):
+    """Worker ``rank``'s answer to command ``seq`` (a run, a regroup, or its assignment as
+    ``first_seq - 1``). ``error_type`` names the exception class; ``aborted``: an upstream worker
+    failed first. ``stage_s``: compute time per owned stage, ``handoff_s``: the inbound transfer.
+    The exit's worker sends ``pairs`` (greedy (token, log-probability) per row, for a greedy run)
+    or ``hidden`` and ``logits``."""
 
-
-@dataclass(frozen=True)
-class Assignment:
-    """What one worker runs: its stages (contiguous, possibly none) of ``model`` at ``dtype``, its
-    place in the data process group (generation ``gen``), its neighbours' data ranks (``-1`` where
-    it owns the entry / exit) and the first command it must read.
-
-    Its readiness is acknowledged as ``ack/{first_seq - 1}/{rank}``.
-    """
-
-    model: str
-    dtype: str
-    batch: int
-    context: int
-    stages: tuple[StageSpec, ...]
-    gen: int
-    data_rank: int
-    data_world: int
-    backend: str
-    prev_rank: int
-    next_rank: int
-    first_seq: int
-    expected_acks: int
-    timeout_s: float
-    cuda_graphs: bool = True  # replay decode steps as CUDA graphs on GPU stages
-    refused: str = ""  # non-empty: the coordinator will not use this worker (the message says why)
-    kv_blocks: int = 0  # usable KV blocks of every stage's pool; 0: every one of ``batch`` rows its whole context
-    snapshots: int = 0  # prefix-snapshot entries of every stage's recurrent state
-
-    def to_json(self) -> str:
-        raw = asdict(self)
-        raw["stages"] = [asdict(s) for s in self.stages]
-        return json.dumps(raw)
-
-    @staticmethod
-    def from_json(text: str | bytes) -> Assignment:
-        what = "assignment"
-        raw = _load(text, what)
-        _only(raw, Assignment, what)
-        stages = raw.get("stages")
-        if not isinstance(stages, list) or len(stages) > MAX_RANK:
-            raise WorkerMessageRejected(f"{what}: stages must be a list")
-        world = _int(raw, "data_world", what, 1, MAX_RANK)
-        dtype = _str(raw, "dtype", what)
-        if dtype not in DTYPE_NAMES:
-            raise WorkerMessageRejected(f"{what}: unknown dtype {dtype!r}"[:300])
-        backend = _str(raw, "backend", what)
-        if backend not in BACKENDS:
-            raise WorkerMessageRejected(f"{what}: unknown backend {backend!r}"[:300])
-        return Assignment(
-            _str(raw, "model", what), dtype, _int(raw, "batch", what, 1, MAX_RANK),
-            _int(raw, "context", what, 1, MAX_INT), tuple(_stage_spec(s, what) for s in stages),
-            _int(raw, "gen", what, 0, MAX_INT), _int(raw, "data_rank", what, 0, world - 1), world, backend,
-            _int(raw, "prev_rank", what, -1, world - 1), _int(raw, "next_rank", what, -1, world - 1),
-            _int(raw, "first_seq", what, 1, MAX_INT), _int(raw, "expected_acks", what, 0, MAX_RANK),
-            _float(raw.get("timeout_s"), "timeout_s", what, 1e-3), _bool(raw, "cuda_graphs", what, True),
-            _str(raw, "refused", what, ""), _int(raw, "kv_blocks", what, 0, MAX_BLOCKS, 0),
-            _int(raw, "snapshots", what, 0, MAX_BLOCKS, 0))
-
-
-@dataclass(frozen=True)
-class Command:
-    """One coordinator command; ``members`` maps each rank to the incarnation the coordinator
-    trusts (a worker not listed, or listed with another incarnation, has been replaced and exits).
-
-    ``op``: ``run`` (step ``step_id`` over ``tokens``/``positions`` ``(B, T)`` in state rows
-    ``first_row ..``, or a packed step: ``(N, 1)`` tokens laid out by ``layout`` — its segments'
-    rows, starts, lengths, the segments with logits, ``[decoding]`` and its snapshots flattened
-    ``(segment, tokens, entry)`` after another, as :class:`StepLayout` holds them), ``publish``,
-    ``rollback``, the row operations of :data:`ROW_OPS` — ``reset`` (row ``slot``), ``set_blocks``
-    (row ``slot``'s KV in ``blocks``), ``move`` (row ``src``'s KV blocks and recurrent entries to row
-    ``dst``), ``restore`` (row ``slot``'s next step reads recurrent entry ``entry``) —
-    ``regroup`` (rebuild the data group as generation ``gen``), ``exit``. ``run``, the row
-    operations and ``regroup`` are acknowledged, by ``expected_acks`` workers. A ``run`` carries the
-    row operations decided since the last run in ``ops`` (each a row-operation command, checked by the
-    coordinator first): every worker applies them in order before the step, in stream order with it.
-    """
-
-    seq: int
-    op: str
-    members: dict[int, str]
-    step_id: int = 0
-    tokens: list[list[int]] = field(default_factory=list)
-    positions: list[list[int]] = field(default_factory=list)
-    start: int | None = None
-    all_logits: bool = False
-    slot: int = 0
-    gen: int = 0
-    expected_acks: int = 0
-    first_row: int = 0
-    rows: int = 0
-    blocks: list[int] = field(default_factory=list)
-    src: int = 0
-    dst: int = 0
-    entry: int = 0
-    layout: list[list[int]] = field(default_factory=list)  # run: a packed step's [rows, starts, lengths, logits, [decoding]]
-    eager: bool = False  # run: never replay (or capture) a CUDA graph for this step
-    greedy: bool = False  # run: the exit sends each row's greedy (token, log-probability), not the logits
-    publish: list[int] = field(default_factory=list)  # any op: steps to publish first (decided since the last command)
-    ops: list[Command] = field(default_factory=list)  # run: row operations to apply first, in order (no round trip)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    def step_layout(self) -> StepLayout | None:
-        """A packed run's :class:`StepLayout` (None: a rectangle); :class:`WorkerMessageRejected` when
-        the layout names no step (its checks) or does not fit the run's tokens."""
-        if not self.layout:
-            return None
-        rows, starts, lengths, logits, (decoding,), flat = self.layout
-        snapshots = tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
-        try:
-            layout = StepLayout(tuple(rows), tuple(starts), tuple(lengths), tuple(logits), decoding, snapshots)
-        except ValueError as exc:
-            raise WorkerMessageRejected(f"step {self.step_id}: {exc}") from None
-        if len(self.tokens) != layout.tokens or any(len(r) != 1 for r in self.tokens):
-            raise WorkerMessageRejected(f"step {self.step_id}: {len(self.tokens)} tokens for a packed step of {layout.tokens}")
-        return layout
-
-    @staticmethod
-    def layout_fields(layout: StepLayout) -> list[list[int]]:
-        """``layout`` as a run carries it."""
-        return [list(layout.rows), list(layout.starts), list(layout.lengths), list(layout.logits), [layout.decoding],
-                [n for snapshot in layout.snapshots for n in snapshot]]
-
-    def named_rows(self) -> list[int]:
-        """The rows a row operation names: the row it resets or gives blocks, a move's source and
-        destination."""
-        return {"reset": [self.slot], "set_blocks": [self.slot], "move": [self.src, self.dst],
-                "restore": [self.slot]}[self.op]
-
-    @staticmethod
-    def from_json(text: str | bytes, seq: int | None = None) -> Command:
-        """Parse and check a command; ``seq``: the number it must carry (the key it was read at)."""
-        what = "command"
-        raw = _load(text, what)
-        _only(raw, Command, what)
-        got = _int(raw, "seq", what, 0, MAX_INT)
-        if seq is not None and got != seq:
-            raise WorkerMessageRejected(f"{what}: numbered {got}, read as command {seq}")
-        op = _str(raw, "op", what)
-        if op not in OPS:
-            raise WorkerMessageRejected(f"{what}: unknown op {op!r}"[:300])
-        members = raw.get("members")
-        if not isinstance(members, dict) or len(members) > MAX_RANK:
-            raise WorkerMessageRejected(f"{what}: members must be an object")
-        checked: dict[int, str] = {}
-        for k, v in members.items():
-            if not k.isdigit() or not 1 <= int(k) <= MAX_RANK:
-                raise WorkerMessageRejected(f"{what}: member rank {k!r} is not in [1, {MAX_RANK}]"[:300])
-            checked[int(k)] = _incarnation(v, what)
-        tokens = _int_rows(raw, "tokens", what, 0, 2**31 - 1)
-        positions = _int_rows(raw, "positions", what, 0, 2**31 - 1)
-        if [len(r) for r in tokens] != [len(r) for r in positions] and op == "run":
-            raise WorkerMessageRejected(f"{what}: tokens and positions differ in shape")
-        if op == "run" and (not tokens or len({len(r) for r in tokens}) != 1 or not tokens[0]):
-            raise WorkerMessageRejected(f"{what}: a run needs a non-empty rectangle of tokens")
-        blocks = raw.get("blocks", [])
-        if not isinstance(blocks, list) or len(blocks) > MAX_INT_LIST:
-            raise WorkerMessageRejected(f"{what}: blocks must be a list of at most {MAX_INT_LIST} block ids")
-        for b in blocks:
-            if type(b) is not int or not 0 <= b <= MAX_BLOCKS:
-                raise WorkerMessageRejected(f"{what}: blocks holds {b!r}, not a block id"[:300])
-        publish = raw.get("publish", [])
-        if not isinstance(publish, list) or len(publish) > MAX_RANK:
-            raise WorkerMessageRejected(f"{what}: publish must be a list of at most {MAX_RANK} step ids")
-        if any(type(p) is not int or not 1 <= p <= MAX_INT for p in publish):
-            raise WorkerMessageRejected(f"{what}: publish holds {publish[:4]!r}..., not step ids"[:300])
-        ops = raw.get("ops", [])
-        if not isinstance(ops, list) or len(ops) > MAX_ROW_OPS or (ops and op != "run"):
-            raise WorkerMessageRejected(f"{what}: ops must be a list of at most {MAX_ROW_OPS} row operations, on a run")
-        nested = [Command.from_json(json.dumps(o)) if isinstance(o, dict) and not o.get("ops") else None for o in ops]
-        if any(o is None or o.op not in ROW_OPS for o in nested):
-            raise WorkerMessageRejected(f"{what}: ops holds something other than a row operation")
-        rows = _int(raw, "rows", what, 0, MAX_RANK, 0)
-        layout = _int_rows(raw, "layout", what, 0, 2**31 - 1)
-        if layout and (op != "run" or len(layout) != 6 or len(layout[4]) != 1 or len(layout[5]) % 3):
-            raise WorkerMessageRejected(f"{what}: a layout is [rows, starts, lengths, logits, [decoding], snapshots], on a run")
-        return Command(got, op, checked, _int(raw, "step_id", what, 0, MAX_INT, 0), tokens, positions,
-                       _opt_int(raw, "start", what, 0, 2**31 - 1), _bool(raw, "all_logits", what, False),
-                       _int(raw, "slot", what, 0, MAX_RANK, 0), _int(raw, "gen", what, 0, MAX_INT, 0),
-                       _int(raw, "expected_acks", what, 0, MAX_RANK, 0), _int(raw, "first_row", what, 0, MAX_RANK, 0),
-                       rows, blocks, _int(raw, "src", what, 0, MAX_RANK, 0), _int(raw, "dst", what, 0, MAX_RANK, 0),
-                       _int(raw, "entry", what, 0, MAX_BLOCKS, 0), layout, _bool(raw, "eager", what, False),
-                       _bool(raw, "greedy", what, False), publish, [o for o in nested if o is not None])
-
-
-@dataclass(frozen=True)
-class Ack:
-    """A worker's answer to ``run`` / ``regroup`` (or to its assignment).
-
-    ``error_type`` names the exception class; ``aborted`` means an upstream worker failed first.
-    ``stage_s`` is compute time per owned stage, ``handoff_s`` the inbound transfer (header to checked activation), s.
-    ``pairs``: the exit's greedy ``(token, log-probability)`` per row, for a ``run`` asked for those only.
-    """
-
-    rank: int
+    seq: Count
+    rank: Rank
+    incarnation: Incarnation
     ok: bool
-    error: str = ""
-    error_type: str = ""
+    error: Text = ""
+    error_type: Annotated[str, Meta(max_length=200, pattern="^([A-Za-z_][A-Za-z0-9_]*)?$")] = ""
     aborted: bool = False
-    stage_s: list[float] = field(default_factory=list)
-    handoff_s: float = 0.0
-    measured_bytes: list[int] = field(default_factory=list)
-    pairs: list[list[float]] = field(default_factory=list)
+    stage_s: Annotated[list[Seconds], Meta(max_length=MAX_RANK)] = []
+    handoff_s: Seconds = 0.0
+    measured_bytes: Annotated[list[Count], Meta(max_length=MAX_RANK)] = []
+    pairs: Annotated[list[tuple[Annotated[float, Meta(ge=0, lt=2**31)], float]], Meta(max_length=MAX_RANK)] = []
+    hidden: TensorBlob | None = None
+    logits: TensorBlob | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @staticmethod
-    def from_json(text: str | bytes, rank: int | None = None) -> Ack:
-        """Parse and check an acknowledgement; ``rank``: the worker it must come from."""
-        what = "acknowledgement"
-        raw = _load(text, what)
-        _only(raw, Ack, what)
-        got = _int(raw, "rank", what, 1, MAX_RANK)
-        if rank is not None and got != rank:
-            raise WorkerMessageRejected(f"{what}: from rank {got}, read as rank {rank}'s")
-        error_type = _str(raw, "error_type", what, "", limit=200)
-        if error_type and not error_type.isidentifier():
-            raise WorkerMessageRejected(f"{what}: error_type {error_type!r} is not a class name"[:300])
-        stage_s, sizes = raw.get("stage_s", []), raw.get("measured_bytes", [])
-        if not isinstance(stage_s, list) or not isinstance(sizes, list) or len(stage_s) + len(sizes) > 2 * MAX_RANK:
-            raise WorkerMessageRejected(f"{what}: stage_s and measured_bytes must be lists")
-        for v in sizes:
-            if type(v) is not int or not 0 <= v <= MAX_INT:
-                raise WorkerMessageRejected(f"{what}: measured_bytes holds {v!r}"[:300])
-        pairs = raw.get("pairs", [])
-        if not isinstance(pairs, list) or len(pairs) > MAX_RANK:
-            raise WorkerMessageRejected(f"{what}: pairs must be a list of at most {MAX_RANK} rows")
-        for pair in pairs:  # a token id, then any log-probability (a broken model's may be NaN)
-            if not isinstance(pair, list) or len(pair) != 2 or type(pair[0]) is not float or \
-                    not (pair[0].is_integer() and 0 <= pair[0] < 2**31) or type(pair[1]) not in (int, float):
-                raise WorkerMessageRejected(f"{what}: pairs holds {pair!r}, not (token, log-probability)"[:300])
-        return Ack(got, _bool(raw, "ok", what), _str(raw, "error", what, ""), error_type,
-                   _bool(raw, "aborted", what, False), [_float(v, "stage_s", what) for v in stage_s],
-                   _float(raw.get("handoff_s", 0.0), "handoff_s", what), sizes, pairs)
+    def __post_init__(self) -> None:
+        if any(not token.is_integer() for token, _ in self.pairs):
+            raise ValueError("pairs hold a token id that is not an integer")
 
 
-def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
-    """A JSON header line (shape, dtype) then the raw bytes of ``tensor`` (copied to the host)."""
-    t = tensor.detach().cpu().contiguous()
-    header = json.dumps({"shape": list(t.shape), "dtype": dtype_name(t.dtype)}).encode()
-    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return header + b"\n" + raw
+class Heartbeat(_Message, tag="beat", frozen=True, kw_only=True):
+    """Beat number ``n`` (strictly increasing per incarnation) of a live worker."""
+
+    rank: Rank
+    incarnation: Incarnation
+    n: Count
 
 
-def tensor_from_bytes(blob: bytes) -> torch.Tensor:
-    """Inverse of :func:`tensor_to_bytes`; bit-exact. :class:`WorkerMessageRejected` when the header
-    is malformed or the bytes do not match its shape and dtype."""
-    header, _, raw = blob.partition(b"\n")
-    meta = _load(header, "tensor header")
-    dtype = DTYPE_NAMES.get(meta.get("dtype"))  # type: ignore[arg-type]
-    shape = meta.get("shape")
-    if dtype is None or not isinstance(shape, list) or len(shape) > 8 or \
-            not all(type(d) is int and 0 <= d <= MAX_INT for d in shape):
-        raise WorkerMessageRejected(f"tensor header: bad dtype or shape ({header[:200]!r})")
-    expected = math.prod(shape) * dtype.itemsize
-    if len(raw) != expected:
-        raise WorkerMessageRejected(f"tensor: {len(raw)} bytes for shape {shape} {meta['dtype']} ({expected} expected)")
-    if not raw:
-        return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape)
+class ProbeDone(_Message, tag="probe_done", frozen=True, kw_only=True):
+    """A worker's figures for link probe ``report``'s request."""
+
+    incarnation: Incarnation
+    n: Count
+    report: ProbeReport
 
 
-def _kv_dtype(value: Any, what: str) -> str | None:
-    if value is not None and value != "fp8":
-        raise WorkerMessageRejected(f"{what}: kv_dtype must be null or 'fp8'")
-    return None if value is None else "fp8"
+Up = JoinReport | Ack | Heartbeat | ProbeDone
 
 
-def _stage_spec(raw: Any, what: str) -> StageSpec:
-    if not isinstance(raw, dict):
-        raise WorkerMessageRejected(f"{what}: a stage must be an object")
-    _only(raw, StageSpec, what)
-    try:
-        return StageSpec(
-            _int(raw, "index", what, 0, MAX_RANK), _str(raw, "device", what, limit=200),
-            _str(raw, "torch_device", what, limit=200), _int(raw, "start", what, 0, 2**20),
-            _int(raw, "end", what, 0, 2**20), _bool(raw, "entry", what), _bool(raw, "exit", what),
-            **{n: _int(raw, n, what, 0, MAX_INT, 0) for n in ("budget_bytes", "planned_weights_bytes",
-                                                               "planned_state_bytes", "planned_workspace_bytes",
-                                                               "planned_reserve_bytes")},
-            kv_dtype=_kv_dtype(raw.get("kv_dtype"), what))
-    except ValueError as exc:
-        raise WorkerMessageRejected(f"{what}: {exc}") from None
+class PlaneAddress(_Message, tag="plane", frozen=True, kw_only=True):
+    """Where the coordinator's control plane listens: ``port`` on the host the store was reached at
+    (published once, signed, in the rendezvous store)."""
+
+    port: Annotated[int, Meta(ge=1, le=65535)]

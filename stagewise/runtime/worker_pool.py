@@ -1,14 +1,16 @@
-"""WorkerPool: the coordinator's side of membership — the store it hosts, the workers that joined,
-the local worker processes it spawned, and whether each worker is still alive.
+"""WorkerPool: the coordinator's side of membership — the rendezvous store and the control plane
+it hosts, the workers that joined, the local worker processes it spawned, and whether each worker is
+still alive.
 
-Liveness has three signals: a local worker's process exit (seen at once), a worker's heartbeat
-counter that stops moving for ``heartbeat_timeout_s`` (a remote death, or a hung process), and a
-step that is not acknowledged in time (judged by the pipeline).
+Liveness has three signals: a local worker's process exit (seen at once), a worker's heartbeats
+that stop for ``heartbeat_timeout_s`` (a remote death, or a hung process), and a step that is not
+acknowledged in time (judged by the pipeline).
 
-The store listens only where :class:`WorkerMode` says (127.0.0.1 for local workers), and every
-message through it is signed with the pool's secret (:class:`SealedStore`): a fresh one per pool
-for local workers (handed over in their environment), the shared one for remote workers. Join
-reports that are unsigned, forged or a replay of an earlier incarnation are logged and ignored.
+The store (torch.distributed's rendezvous; it also carries the session nonce and the plane's signed
+port) and the plane (:class:`CoordinatorPlane`) listen only where :class:`WorkerMode` says (127.0.0.1
+for local workers). Every plane message is signed with the pool's secret (:class:`MessageSeal`): a
+fresh one per pool for local workers (handed over in their environment), the shared one for remote
+workers. Join reports that are unsigned, forged or a replay of an earlier incarnation are ignored.
 """
 
 from __future__ import annotations
@@ -26,15 +28,20 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from stagewise.errors import ConfigError, WorkerMessageRejected, WorkerNotJoined
+from stagewise.errors import ConfigError, WorkerNotJoined
 from stagewise.hardware.listen_socket import listen_socket
+from stagewise.runtime.coordinator_plane import CoordinatorPlane
 from stagewise.runtime.distributed_group import WORKER_ENV
-from stagewise.runtime.sealed_store import SESSION_KEY, SealedStore
-from stagewise.runtime.worker_messages import JoinReport, heartbeat_key, join_key
+from stagewise.runtime.message_seal import MessageSeal
+from stagewise.runtime.ray_workers import RayWorkers
+from stagewise.runtime.worker_messages import JoinReport, PlaneAddress
 from stagewise.runtime.worker_mode import WorkerMode
+from stagewise.runtime.worker_plane import PLANE_KEY, SESSION_KEY
 from stagewise.runtime.worker_secret import SECRET_ENV, new_secret
 
 __all__ = ["WorkerMode", "WorkerPool", "local_worker_threads"]
+
+PROCESS_CHECK_S = 0.1  # while waiting for joins, how often a local worker's exit is looked for
 
 
 def local_worker_threads(workers: int) -> int:
@@ -51,7 +58,7 @@ class WorkerPool:
 
     def __init__(self, mode: WorkerMode, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,
                  secret: bytes | None = None) -> None:
-        if secret is None and not mode.local:
+        if secret is None and not mode.spawned:
             raise ConfigError("remote workers need a shared secret (--worker-secret-file PATH or "
                               f"${SECRET_ENV})")
         self.mode = mode
@@ -73,12 +80,20 @@ class WorkerPool:
             sock.close()
             raise ConfigError(f"cannot listen on {mode.host}:{mode.port} for workers ({exc})") from None
         sock.detach()  # the store's server owns the descriptor now
+        try:
+            self.plane = CoordinatorPlane(mode.host, self.secret, self.session)
+        except Exception as exc:
+            raise ConfigError(f"cannot listen on {mode.host} for the workers' control plane ({exc})") from None
+        self.store = raw  # torch.distributed's rendezvous (the data and probe groups)
         raw.set(SESSION_KEY, self.session)
-        self.store = SealedStore(raw, self.secret, self.session, "coordinator")
+        seal: MessageSeal[PlaneAddress] = MessageSeal(self.secret, self.session, PlaneAddress, "coordinator")
+        raw.set(PLANE_KEY, seal.seal(PlaneAddress(port=self.plane.port)))  # type: ignore[arg-type]  # takes bytes too
         self.count = mode.count
         self.members: dict[int, JoinReport] = {}  # rank -> the incarnation in use
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self._beats: dict[int, tuple[int, float]] = {}  # rank -> (counter, when it last moved)
+        self._admitted: dict[int, float] = {}  # rank -> when its member was admitted
+        self.probes = 0  # link probes sent (each numbered)
+        self.ray: RayWorkers | None = None  # the actors of ``ray:N`` (:meth:`launch_ray`)
         self._seen: dict[int, set[str]] = {}  # rank -> incarnations admitted before (a replay is refused)
         self._closed = False
         atexit.register(_kill_at_exit, weakref.ref(self))
@@ -87,15 +102,25 @@ class WorkerPool:
     def address(self) -> str:
         return f"{self.mode.connect_host}:{self.port}"
 
-    def client(self) -> SealedStore:
-        """A second connection to the store (for a thread of its own)."""
-        raw = dist.TCPStore(self.mode.connect_host, self.port, None, False, timedelta(seconds=self.timeout_s))
-        return SealedStore(raw, self.secret, self.session, "coordinator")
-
     # ----- local workers -------------------------------------------------------------------------
 
+    def launch_ray(self, devices: str | None) -> None:
+        """Place the ``ray:N`` worker actors (each offers ``devices``, None: what it sees)."""
+        threads = int(os.environ.get("OMP_NUM_THREADS") or local_worker_threads(self.count))
+        self.ray = RayWorkers(self.address, self.count, self.secret, devices, self.timeout_s, threads)
+        for rank in range(1, self.count + 1):
+            self.ray.launch(rank)
+
+    def respawns(self, rank: int) -> bool:
+        """Whether a lost worker ``rank`` is started again here (a local process or a Ray actor)."""
+        return rank in self.procs or (self.ray is not None and 1 <= rank <= self.count)
+
     def spawn(self, rank: int) -> None:
-        """Start local worker ``rank`` (``python -m stagewise worker --join 127.0.0.1:PORT``)."""
+        """Start local worker ``rank`` (``python -m stagewise worker --join 127.0.0.1:PORT``), or place its
+        Ray actor again."""
+        if self.ray is not None:
+            self.ray.launch(rank)
+            return
         env = dict(os.environ)
         for key, value in WORKER_ENV.items():
             env.setdefault(key, value)
@@ -112,7 +137,9 @@ class WorkerPool:
         self.procs[rank] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
     def kill(self, rank: int) -> None:
-        """SIGKILL local worker ``rank`` (a hung one) and reap it."""
+        """SIGKILL local worker ``rank`` (a hung one) and reap it, or kill its Ray actor."""
+        if self.ray is not None:
+            self.ray.kill(rank)
         proc = self.procs.get(rank)
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -124,25 +151,15 @@ class WorkerPool:
 
     # ----- joining -------------------------------------------------------------------------------
 
-    def report(self, rank: int, store: SealedStore | None = None) -> JoinReport | None:
-        """The latest JoinReport of ``rank``, or None if it never joined or its report is rejected
-        (unsigned, forged, malformed, for another rank: logged once)."""
-        store = store or self.store
-        key = join_key(rank)
-        if not store.check([key]):
-            return None
-        try:
-            report = store.read(key, JoinReport.from_json)
-            if report.rank != rank:
-                store.reject(key, store.raw.get(key), f"a join report of rank {report.rank}")
-        except WorkerMessageRejected:
-            return None
-        return report
+    def report(self, rank: int) -> JoinReport | None:
+        """The latest genuine JoinReport of ``rank`` (None if it never joined)."""
+        with self.plane.cond:
+            return self.plane.joins.get(rank)
 
-    def fresh_join(self, rank: int, store: SealedStore | None = None) -> JoinReport | None:
+    def fresh_join(self, rank: int) -> JoinReport | None:
         """A JoinReport of ``rank`` newer than the member in use (a restarted worker), else None;
         an incarnation admitted before (a replayed report) never counts as fresh."""
-        report = self.report(rank, store)
+        report = self.report(rank)
         current = self.members.get(rank)
         if report is None or (current is not None and report.incarnation == current.incarnation):
             return None
@@ -151,13 +168,11 @@ class WorkerPool:
         return report
 
     def wait_joins(self, ranks: list[int], timeout_s: float) -> dict[int, JoinReport]:
-        """Wait until each of ``ranks`` has a fresh JoinReport; :class:`WorkerNotJoined` otherwise."""
+        """Wait until each of ``ranks`` has a fresh JoinReport; :class:`WorkerNotJoined` otherwise
+        (at once when a local worker exits before joining)."""
         deadline = time.monotonic() + timeout_s
-        found: dict[int, JoinReport] = {}
         while True:
-            for rank in ranks:
-                if rank not in found and (report := self.fresh_join(rank)) is not None:
-                    found[rank] = report
+            found = {r: rep for r in ranks if (rep := self.fresh_join(r)) is not None}
             if len(found) == len(ranks):
                 return found
             missing = [r for r in ranks if r not in found]
@@ -166,16 +181,18 @@ class WorkerPool:
                 if proc is not None and proc.poll() is not None:
                     raise WorkerNotJoined(f"local worker {rank} exited with code {proc.returncode} before joining")
             if time.monotonic() > deadline:
-                how = " ".join(f"`stagewise worker --join HOST:{self.port} --rank {r}`" for r in missing)
+                how = "their Ray actors' logs say why" if self.ray is not None else "start them with " + " ".join(
+                    f"`stagewise worker --join HOST:{self.port} --rank {r}`" for r in missing)
                 raise WorkerNotJoined(f"worker rank(s) {missing} did not join {self.address} within "
-                                      f"{timeout_s:g} s (start them with {how})")
-            time.sleep(0.05)
+                                      f"{timeout_s:g} s ({how})")
+            # a join wakes this at once; the timeout only bounds how late a local worker's exit is seen
+            self.plane.wait(lambda: all(self.fresh_join(r) is not None for r in ranks), PROCESS_CHECK_S)
 
     def admit(self, report: JoinReport) -> None:
         """Make ``report``'s incarnation the member of its rank; its heartbeat clock starts now."""
         self.members[report.rank] = report
         self._seen.setdefault(report.rank, set()).add(report.incarnation)
-        self._beats[report.rank] = (-1, time.monotonic())
+        self._admitted[report.rank] = time.monotonic()
 
     def incarnations(self) -> dict[int, str]:
         return {rank: m.incarnation for rank, m in sorted(self.members.items())}
@@ -186,26 +203,21 @@ class WorkerPool:
         proc = self.procs.get(rank)
         return proc is not None and proc.poll() is not None
 
-    def stale(self, store: SealedStore, rank: int) -> bool:
-        """True when ``rank``'s heartbeat has not moved for ``heartbeat_timeout_s``."""
+    def stale(self, rank: int) -> bool:
+        """True when ``rank``'s heartbeats stopped (or never came) for ``heartbeat_timeout_s``."""
         member = self.members.get(rank)
         if member is None:
             return False
-        count = store.add(heartbeat_key(rank, member.incarnation), 0)
-        last, since = self._beats.get(rank, (-1, time.monotonic()))
-        now = time.monotonic()
-        if count != last:
-            self._beats[rank] = (count, now)
-            return False
-        return now - since > self.heartbeat_timeout_s
+        last = max(self.plane.last_beat(member.incarnation) or 0.0, self._admitted.get(rank, 0.0))
+        return time.monotonic() - last > self.heartbeat_timeout_s
 
-    def dead(self, store: SealedStore) -> dict[int, str]:
-        """Ranks that are gone, with why: process exit or a silent heartbeat."""
+    def dead(self) -> dict[int, str]:
+        """Ranks that are gone, with why: process exit or silent heartbeats."""
         out: dict[int, str] = {}
         for rank in sorted(self.members):
             if self.exited(rank):
                 out[rank] = f"its process exited (code {self.procs[rank].returncode})"
-            elif self.stale(store, rank):
+            elif self.stale(rank):
                 out[rank] = f"no heartbeat for {self.heartbeat_timeout_s:g} s"
         return out
 
@@ -221,6 +233,9 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 pass
         self.kill_local()
+        if self.ray is not None:
+            self.ray.close()
+        self.plane.close()
 
 
 def _kill_at_exit(ref: weakref.ref[WorkerPool]) -> None:

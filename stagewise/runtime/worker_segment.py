@@ -28,7 +28,8 @@ from stagewise.runtime.distributed_group import wire_device
 from stagewise.runtime.handoff import Handoff
 from stagewise.runtime.segment import Segment, SegmentStep
 from stagewise.runtime.stage import Stage
-from stagewise.runtime.worker_messages import DTYPE_NAMES, Assignment, Command
+from stagewise.runtime.tensor_blob import DTYPE_NAMES
+from stagewise.runtime.worker_messages import Assignment, Move, Reset, Restore, RowOp, Run, SetBlocks
 from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.tensor_source import TensorSource
 
@@ -91,13 +92,13 @@ class WorkerSegment:
         return WorkerSegment(stages, inbound, outbound, config.hidden_size, config.vocab_size, assignment.context,
                              assignment.batch)
 
-    def run(self, cmd: Command) -> SegmentResult:
+    def run(self, cmd: Run) -> SegmentResult:
         """Run step ``cmd.step_id``; on failure, send an ABORT downstream, then re-raise."""
         if not self.stages:
             return SegmentResult(None, [], 0.0)  # a worker the placement left without a stage
         layout = self.check(cmd)
         positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T), or (N, 1) packed
-        rows = frozenset(layout.rows if layout is not None else range(cmd.first_row, cmd.first_row + len(cmd.positions)))
+        rows = cmd.rows
         for step, other in self.pending.items():
             if rows & other:
                 raise WorkerMessageRejected(f"step {cmd.step_id}: rows {sorted(rows & other)} overlap step "
@@ -130,11 +131,11 @@ class WorkerSegment:
                     pass  # the next worker is gone too; the coordinator sees it
             raise
 
-    def check(self, cmd: Command) -> StepLayout | None:
+    def check(self, cmd: Run) -> StepLayout | None:
         """:class:`WorkerMessageRejected` unless ``cmd`` fits this segment: token ids inside the
         vocabulary, positions inside the context, rows among the sequence slots (a packed step's
         layout a step's, naming them). Returns the packed step's layout (None: a rectangle)."""
-        layout = cmd.step_layout()
+        layout = cmd.layout  # its own checks and its fit to the tokens ran when the run was decoded
         if self.vocab_size and any(t >= self.vocab_size for row in cmd.tokens for t in row):
             raise WorkerMessageRejected(f"step {cmd.step_id}: a token id is outside the vocabulary ({self.vocab_size})")
         if self.context and any(p >= self.context for row in cmd.positions for p in row):
@@ -149,23 +150,23 @@ class WorkerSegment:
                                         f"for {self.batch} slots")
         return layout
 
-    def rearrange(self, cmd: Command) -> None:
-        """Apply row operation ``cmd`` (``reset``, ``set_blocks``, ``move``, ``restore``) to every stage,
+    def rearrange(self, cmd: RowOp) -> None:
+        """Apply row operation ``cmd`` (:class:`Reset`, :class:`SetBlocks`, :class:`Move`, :class:`Restore`) to every stage,
         after checking it against the rows and the KV pool (:class:`WorkerMessageRejected`: no stage changed)."""
         if not self.stages:
             return
         self.check_rows(cmd)
         for stage in self.stages:
-            if cmd.op == "reset":
+            if isinstance(cmd, Reset):
                 stage.reset(cmd.slot)
-            elif cmd.op == "set_blocks":
+            elif isinstance(cmd, SetBlocks):
                 stage.set_blocks(cmd.slot, cmd.blocks)
-            elif cmd.op == "move":
+            elif isinstance(cmd, Move):
                 stage.move(cmd.src, cmd.dst)
-            elif cmd.op == "restore":
+            elif isinstance(cmd, Restore):
                 stage.restore(cmd.slot, cmd.entry)
 
-    def check_rows(self, cmd: Command) -> None:
+    def check_rows(self, cmd: RowOp) -> None:
         """:func:`check_row_op` against this segment's rows and KV pool."""
         table = self.stages[0].block_table
         assert table is not None, "allocate_state first"
@@ -204,16 +205,17 @@ class WorkerSegment:
         self.stages = []
 
 
-def check_row_op(cmd: Command, batch: int, table: BlockTable, snapshots: range) -> None:
+def check_row_op(cmd: RowOp, batch: int, table: BlockTable, snapshots: range) -> None:
     """:class:`WorkerMessageRejected` unless row operation ``cmd`` names rows of the ``batch`` held,
     block ids of ``table``'s pool (no more than a row holds) and, restoring, one of the ``snapshots``
     entries. The coordinator checks each before it rides on a run; every worker checks it again."""
-    rows = cmd.named_rows()
+    rows = cmd.named_rows
     if any(r >= batch for r in rows):
-        raise WorkerMessageRejected(f"{cmd.op}: rows {rows} for {batch} slots")
-    if cmd.op == "restore" and cmd.entry not in snapshots:
+        raise WorkerMessageRejected(f"{type(cmd).__struct_config__.tag}: rows {rows} for {batch} slots")
+    if isinstance(cmd, Restore) and cmd.entry not in snapshots:
         raise WorkerMessageRejected(f"restore: entry {cmd.entry} is not a snapshot entry ({snapshots.start}.."
                                     f"{snapshots.stop - 1})")
-    if len(cmd.blocks) > table.blocks_per_row or any(b >= table.num_blocks for b in cmd.blocks):
+    if isinstance(cmd, SetBlocks) and (len(cmd.blocks) > table.blocks_per_row
+                                       or any(b >= table.num_blocks for b in cmd.blocks)):
         raise WorkerMessageRejected(f"set_blocks: {len(cmd.blocks)} block ids up to {max(cmd.blocks, default=0)} "
                                     f"for a pool of {table.num_blocks} blocks, {table.blocks_per_row} per row")
