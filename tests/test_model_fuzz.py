@@ -29,7 +29,7 @@ import gguf
 import pytest
 import torch
 
-from stagewise.engine.model_loading import open_model
+from stagewise.engine.opened_model import open_model
 from stagewise.errors import ConfigError, CorruptModelFile, StagewiseError, UnsupportedTensorType, WeightsError
 from stagewise.models.registry import build_stage
 from stagewise.spec.model_config import ModelConfig

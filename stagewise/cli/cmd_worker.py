@@ -14,9 +14,6 @@ import os
 import sys
 from typing import Any
 
-from stagewise.spec.model_config import ModelConfig
-from stagewise.weights.tensor_source import TensorSource
-
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("worker", help="run pipeline stages for a coordinator (multi-process / multi-host)")
@@ -33,15 +30,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def open_model_source(model: str) -> tuple[ModelConfig, TensorSource]:
-    """The worker's opener: ``model``'s config and tensor source (it reads its own stages only)."""
-    from stagewise.engine.model_loading import open_model
-
-    opened = open_model(model)
-    return opened.config, opened.source
-
-
 def run(args: argparse.Namespace) -> int:
+    from stagewise.engine.opened_model import open_model_source
     from stagewise.runtime.worker import run_worker
     from stagewise.runtime.worker_secret import require_secret
 

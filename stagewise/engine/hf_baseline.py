@@ -26,7 +26,7 @@ def build_hf_model(model: str, loaded: LoadedModel) -> tuple[Any, torch.device]:
         from accelerate import dispatch_model, init_empty_weights
     except ImportError as exc:
         raise ConfigError(f"--baseline transformers needs transformers and accelerate ({exc})") from None
-    from stagewise.engine.model_loading import open_model
+    from stagewise.engine.opened_model import open_model
     from stagewise.weights.make_model import load_hf_config
 
     if model.endswith(".gguf"):

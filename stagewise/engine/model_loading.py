@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
 from stagewise.engine.demo_model import DEMO_CONTEXT, DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
 from stagewise.engine.load_settings import LoadSettings, load_settings_from_args
 from stagewise.engine.loaded_model import LoadedModel
+from stagewise.engine.opened_model import OpenedModel, open_model
 from stagewise.engine.placement_summary import placement_summary
-from stagewise.engine.tokenizer import Tokenizer
 from stagewise.errors import ConfigError, PlacementError
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
@@ -33,25 +32,12 @@ from stagewise.placement.profile_fit import ProfileRequest, fit_profile
 from stagewise.runtime.builder import StageProgress, build_pipeline
 from stagewise.runtime.executor import Executor
 from stagewise.runtime.stage import StageSpec
-from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile, default_activation_dtype, kernel_path_for
-from stagewise.weights.tensor_source import TensorSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _SPEC_DTYPE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
-@dataclass(frozen=True)
-class OpenedModel:
-    """A model's metadata and tensor source, before any placement."""
-
-    name: str
-    config: ModelConfig
-    source: TensorSource
-    tokenizer: Tokenizer | None
-    gguf_path: Path | None = None
 
 
 def parse_placement(text: str) -> int | None:
@@ -63,31 +49,6 @@ def parse_placement(text: str) -> int | None:
     if text.startswith("pipeline:") and text[9:].isdigit() and int(text[9:]) >= 1:
         return int(text[9:])
     raise PlacementError(f"--placement must be auto, single or pipeline:N, got {text!r}")
-
-
-def open_model(model: str) -> OpenedModel:
-    """Open a model path (or ``random:…``) without loading any weights."""
-    if model.startswith("random:"):
-        from stagewise.weights.make_model import load_hf_config
-        from stagewise.weights.random_source import RandomSource
-
-        preset, _, fmt = model[len("random:") :].partition("@")  # random:PRESET[@q8_0|@q4_k|…]
-        raw = load_hf_config(preset)
-        config = ModelConfig.from_hf_dict(raw, source=model)
-        return OpenedModel(model, config, RandomSource(config, fmt=fmt or "dense"), None)
-    from stagewise.weights.open_source import open_source
-
-    path = Path(model)
-    source = open_source(path)
-    gguf_config = getattr(source, "config", None)
-    if isinstance(gguf_config, ModelConfig):  # GGUF: metadata and tokenizer live in the file
-        fields = getattr(source, "fields", {})
-        tokenizer = Tokenizer.from_gguf_fields(fields) if "tokenizer.ggml.tokens" in fields else None
-        gguf_path = path
-        return OpenedModel(path.name, gguf_config, source, tokenizer, gguf_path)
-    config = ModelConfig.from_path(path)
-    tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
-    return OpenedModel(path.name, config, source, tokenizer)
 
 
 def run_dtype_for(dtype: str | None, topology: Topology) -> torch.dtype:

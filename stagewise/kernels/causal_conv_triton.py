@@ -17,8 +17,7 @@ import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
-from stagewise.models.layers.delta_rule import CHUNK
-from stagewise.models.layers.packed_segments import PackedSegments
+from stagewise.models.layers.packed_segments import CHUNK, PackedSegments
 
 BLOCK_T = 16  # tokens per inner tile (a chunk is CHUNK // BLOCK_T of them)
 BLOCK_C = 128  # channels per program

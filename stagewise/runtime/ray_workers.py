@@ -70,7 +70,7 @@ class RayWorkerActor:
     def _run(self, join: str, rank: int, secret: bytes, devices: str | None, timeout_s: float, threads: int) -> None:
         import torch
 
-        from stagewise.cli.cmd_worker import open_model_source
+        from stagewise.engine.opened_model import open_model_source
         from stagewise.hardware.device_spec import resolve_device_spec
         from stagewise.runtime.worker import run_worker
 

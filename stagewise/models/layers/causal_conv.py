@@ -18,8 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from stagewise.kernels.triton_launch import use_triton
-from stagewise.models.layers.delta_rule import CHUNK
-from stagewise.models.layers.packed_segments import PackedSegments
+from stagewise.models.layers.packed_segments import CHUNK, PackedSegments
 
 
 def packed_causal_conv(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, segments: PackedSegments,

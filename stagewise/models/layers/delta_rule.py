@@ -27,11 +27,11 @@ import torch
 from torch.nn import functional as F
 
 from stagewise.kernels.triton_launch import use_triton
+from stagewise.models.layers.packed_segments import CHUNK
 
 if TYPE_CHECKING:
     from stagewise.models.layers.packed_segments import PackedSegments
 
-CHUNK = 64  # the reference's chunk size
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.models.layers.delta_rule import CHUNK
 from stagewise.models.state_slots import ZERO_ENTRY  # the pool entry that stays all zeros
+
+CHUNK = 64  # the chunked delta rule's chunk (the reference's), and where prompt segments start
 
 
 @dataclass(frozen=True)
