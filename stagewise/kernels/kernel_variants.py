@@ -49,20 +49,21 @@ class VariantLog:
     variants: set[Variant] = field(default_factory=set)
     launches: int = 0
     _binders: dict[int, Callable[..., Any]] = field(default_factory=dict)
-    _saved: list[tuple[type, Callable[..., Any]]] = field(default_factory=list)
+    _saved: list[tuple[Any, Callable[..., Any]]] = field(default_factory=list)  # (kernel class, its run)
 
     def __enter__(self) -> VariantLog:
-        for cls in (JITFunction, InterpretedFunction):
+        classes: tuple[Any, ...] = (JITFunction, InterpretedFunction)
+        for cls in classes:
             original = cls.run
             self._saved.append((cls, original))
-            cls.run = self._wrap(original)  # type: ignore[method-assign]
+            cls.run = self._wrap(original)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         while self._saved:
             cls, original = self._saved.pop()
-            cls.run = original  # type: ignore[method-assign]
+            cls.run = original
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         log = self
