@@ -17,8 +17,8 @@ from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.warm_up import packed_token_counts, warm_up
 from stagewise.errors import StagewiseError
-from stagewise.kernels.kernel_variants import VariantLog
-from stagewise.kernels.silu_mul_triton import silu_mul
+from stagewise.kernels.kernel_variants import VariantLog, compiled_variants
+from stagewise.kernels.silu_mul_triton import _silu_mul_kernel, silu_mul
 from stagewise.kernels.triton_launch import kernels_on_host
 from stagewise.runtime.step_graphs import kv_buckets
 from tests.step_graph_keys import record_graph_keys
@@ -58,6 +58,7 @@ def _workload(rng: random.Random, batcher: Batcher, vocab_size: int) -> list[Gen
     return burst
 
 
+@pytest.mark.slow  # minutes: every kernel through Triton's interpreter
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3.6"])
 def test_nothing_compiles_or_captures_after_warm_up(preset: str) -> None:
     loaded = load_model(f"random:{preset}", devices="cpu:1x1GiB", placement="single", context=CONTEXT, max_seqs=2,
@@ -88,10 +89,15 @@ def test_nothing_compiles_or_captures_after_warm_up(preset: str) -> None:
 
 def test_variant_log_keys_launches_as_triton_specializes_them() -> None:
     """The log tells apart what Triton compiles apart (an integer of another class: 1, a multiple of 16,
-    other; a misaligned pointer; another constexpr) and nothing else (the grid)."""
-    def gate_up(rows: int, width: int, offset: int = 0) -> torch.Tensor:
-        return torch.randn(rows * 2 * width + offset)[offset:].view(rows, 2 * width)
+    other; a misaligned pointer; another constexpr) and nothing else (the grid); on a GPU, Triton's cache
+    then holds one kernel per logged variant."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
 
+    def gate_up(rows: int, width: int, offset: int = 0) -> torch.Tensor:
+        return torch.randn(rows * 2 * width + offset, device=device)[offset:].view(rows, 2 * width)
+
+    if device == "cuda":
+        _silu_mul_kernel.device_caches.clear()  # type: ignore[attr-defined]  # a JIT function's compiled kernels
     with kernels_on_host(), VariantLog() as log:
         silu_mul(gate_up(3, 16))
         silu_mul(gate_up(5, 16))  # another grid only
@@ -102,6 +108,8 @@ def test_variant_log_keys_launches_as_triton_specializes_them() -> None:
         silu_mul(gate_up(3, 1))  # width 1: a constant
         silu_mul(gate_up(3, 16, offset=1))  # a misaligned input
         assert len(log.variants) == 4
-    with kernels_on_host():
-        silu_mul(gate_up(3, 48))
+    if device == "cuda":
+        assert compiled_variants() >= 4
+        assert sum(len(c[0]) for c in _silu_mul_kernel.device_caches.values()) == 4  # type: ignore[attr-defined]
+    silu_mul(gate_up(3, 48))
     assert log.launches == 6  # closed: nothing more recorded
