@@ -64,9 +64,12 @@ class WarmUp:
         full = f", a full-context step ({self.full_context_tokens:,}-token prompt)" if self.full_context_tokens else ""
         buckets = (f" at {len(self.buckets)} attended-length buckets ({self.buckets[0]:,}..{self.buckets[-1]:,}: "
                    f"{len(self.graph_keys)} steps)") if self.buckets else ""
-        return (f"warmed up in {self.seconds:.1f} s: prompts of {', '.join(map(str, sorted(set(self.prompt_tokens))))} "
-                f"tokens, decode steps of {', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes "
-                f"of {len(self.launchable_shapes)} launchable){buckets}{missing}{full}")
+        packed = (f"; packed steps of {len(self.packed_tokens)} prompt lengths alone and beside a decoding row"
+                  if self.packed_tokens else "")
+        return (f"warmed up in {self.seconds:.1f} s: {len(self.prompt_tokens)} requests (prompts of "
+                f"{min(self.prompt_tokens):,}..{max(self.prompt_tokens):,} tokens{packed}), decode steps of "
+                f"{', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes of {len(self.launchable_shapes)} "
+                f"launchable){buckets}{missing}{full}")
 
 
 def needs_warm_up(model: LoadedModel) -> bool:
