@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stagewise.engine.batcher import Batcher
+from stagewise.engine.decode_groups import plan_groups
 from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
@@ -21,6 +22,7 @@ from stagewise.kernels.kernel_variants import VariantLog, compiled_variants
 from stagewise.kernels.silu_mul_triton import _silu_mul_kernel, silu_mul
 from stagewise.kernels.triton_launch import kernels_on_host
 from stagewise.runtime.step_graphs import kv_buckets
+from stagewise.spec.workspace_bytes import batch_buckets, graph_buckets
 from tests.step_graph_keys import record_graph_keys
 
 CONTEXT = 512  # two attended-length buckets: 256 and 512
@@ -113,3 +115,14 @@ def test_variant_log_keys_launches_as_triton_specializes_them() -> None:
         assert sum(len(c[0]) for c in _silu_mul_kernel.device_caches.values()) == 4  # type: ignore[attr-defined]
     silu_mul(gate_up(3, 48))
     assert log.launches == 6  # closed: nothing more recorded
+
+
+@pytest.mark.parametrize("slots", [1, 2, 5, 9, 12, 17, 64, 100])
+def test_the_charge_counts_every_decode_graph_warm_up_captures(slots: int) -> None:
+    """The planner charges graph outputs for the decode row counts and attended-length buckets that one
+    decode group launches (what warm-up captures), no fewer."""
+    runs = {run for count in range(1, slots + 1)
+            for _, _, run in plan_groups(count, 1, True, slots - 1 if count < slots else slots)}
+    assert batch_buckets(slots) == sorted(runs)
+    for context in (64, 256, 300, 1024, 5000, 16384):
+        assert graph_buckets(context) == len(kv_buckets(context, context))
