@@ -35,16 +35,18 @@ def graph_keys(shapes: Iterable[tuple[int, int]], buckets: Iterable[int]) -> fro
 
 
 def warm_decode_steps(batcher: Batcher, keys: Iterable[GraphKey]) -> frozenset[GraphKey]:
-    """Run one decode step of free rows for each key, greedy (the tokens sampled on the exit device) then
-    with the logits returned (the host's sampler), and discard them. Call with no sequence in the
-    batcher (every row free). Returns the keys run."""
+    """Run one decode step of free rows for each key, its tokens sampled on the exit device (greedy), and
+    at each shape's smallest bucket one more with the logits returned (the host's sampler: the graph is
+    the same, the exit's reads differ); discard them. Call with no sequence in the batcher (every row
+    free). Returns the keys run."""
     if batcher.active:
         raise RuntimeError("decode warm-up runs on free rows: the batcher must be empty")
-    done = set()
+    done: set[GraphKey] = set()
     for first, run, bucket in sorted(keys, key=lambda key: (key[2], key[0], key[1])):
         tokens = torch.zeros((run, 1), dtype=torch.long)  # (P, 1)
         positions = torch.full((run, 1), bucket - 1, dtype=torch.long)  # (P, 1): the step ends at the bucket
-        for greedy in (True, False):
+        first_bucket = not any(key[:2] == (first, run) for key in done)
+        for greedy in (True, False) if first_bucket else (True,):
             batcher.pipeline.submit(tokens, positions, start=None, first_row=first, greedy=greedy).result()
         done.add((first, run, bucket))
     return frozenset(done)
