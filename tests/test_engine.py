@@ -87,9 +87,11 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     want = [e.sample.token for e in _alone(fresh).stream(request.generation())]
     warmed = Engine(loaded, max_waiting=2)
     done = warmed.warm_up()
-    assert done.prompt_tokens[:6] == (8, 17, 8, 9, 10, 11) and set(done.prompt_tokens[6:]) <= {1}
-    assert done.generated_tokens >= 6 * 4 and done.seconds > 0
+    assert done.prompt_tokens[:8] == (8, 17, 8, 9, 10, 11, 8, 8)  # ..., one sampled on the host beside a greedy one
+    assert set(done.prompt_tokens[8:]) == {1, *done.packed_tokens}
+    assert done.generated_tokens >= 8 * 4 and done.seconds > 0
     assert done.decode_shapes == done.launchable_shapes and not done.missing_shapes
+    assert done.graph_keys == {(first, run, 256) for first, run in done.launchable_shapes}  # one bucket: the context
     assert [e.sample.token for e in _alone(warmed).stream(request.generation())] == want
     started = warmed.start()
     try:

@@ -5,6 +5,14 @@ On a GPU stage the first step of each shape compiles Triton kernels (seconds to 
 machine without Triton's cache) and captures a CUDA graph; a CPU stage has neither, so only
 pipelines with a GPU stage are warmed (:func:`needs_warm_up`), as llama.cpp's server warms up before
 it listens and vLLM captures its graphs at start.
+
+What a step compiles or captures (:mod:`stagewise.kernels.kernel_variants`): a Triton kernel per
+specialization (constexpr values such as row blocks rounded to powers of two, each integer argument's
+class: 1, a multiple of 16, other, pointer alignment), a decode graph per (first row, rows run,
+attended-length bucket). Every set is finite and enumerated from the profile: decode steps at every
+shape the batcher can launch times every bucket up to the sequence length
+(:mod:`~stagewise.engine.decode_warm_up`); packed steps of every token-count class up to the prefill
+chunk (:func:`packed_token_counts`), alone and beside a decoding row; greedy and host-sampled rows.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from stagewise.engine.batcher import Batcher
+from stagewise.engine.decode_warm_up import GraphKey, decode_buckets, graph_keys, warm_decode_steps
 from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
@@ -39,6 +48,9 @@ class WarmUp:
     decode_shapes: frozenset[tuple[int, int]] = frozenset()
     launchable_shapes: frozenset[tuple[int, int]] = frozenset()
     full_context_tokens: int = 0  # the prompt of the full-context step (0: not run)
+    packed_tokens: tuple[int, ...] = ()  # prompt lengths of the packed-step sweep (alone and beside a decoding row)
+    graph_keys: frozenset[GraphKey] = frozenset()  # decode steps run at (first row, rows run, bucket)
+    buckets: tuple[int, ...] = ()  # the attended-length buckets a decode step can reach
 
     @property
     def missing_shapes(self) -> frozenset[tuple[int, int]]:
@@ -50,9 +62,14 @@ class WarmUp:
         batches = sorted({run for _, run in self.decode_shapes})
         missing = f"; {len(self.missing_shapes)} launchable shapes NOT warmed" if self.missing_shapes else ""
         full = f", a full-context step ({self.full_context_tokens:,}-token prompt)" if self.full_context_tokens else ""
-        return (f"warmed up in {self.seconds:.1f} s: prompts of {', '.join(map(str, sorted(set(self.prompt_tokens))))} "
-                f"tokens, decode steps of {', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes "
-                f"of {len(self.launchable_shapes)} launchable){missing}{full}")
+        buckets = (f" at {len(self.buckets)} attended-length buckets ({self.buckets[0]:,}..{self.buckets[-1]:,}: "
+                   f"{len(self.graph_keys)} steps)") if self.buckets else ""
+        packed = (f"; packed steps of {len(self.packed_tokens)} prompt lengths alone and beside a decoding row"
+                  if self.packed_tokens else "")
+        return (f"warmed up in {self.seconds:.1f} s: {len(self.prompt_tokens)} requests (prompts of "
+                f"{min(self.prompt_tokens):,}..{max(self.prompt_tokens):,} tokens{packed}), decode steps of "
+                f"{', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes of {len(self.launchable_shapes)} "
+                f"launchable){buckets}{missing}{full}")
 
 
 def needs_warm_up(model: LoadedModel) -> bool:
@@ -61,25 +78,42 @@ def needs_warm_up(model: LoadedModel) -> bool:
     return any(str(stage.get("device", "")).split(":")[0] == "cuda" for stage in stages)
 
 
+def packed_token_counts(prefill_chunk: int) -> tuple[int, ...]:
+    """Prompt lengths whose packed steps cover every token-count class up to ``prefill_chunk``: 1, each
+    power of two and the next count (a multiple of 16 and not, and each power-of-two block a count
+    rounds up to: Triton specializes on those, :mod:`~stagewise.kernels.kernel_variants`), and the
+    chunk and one below it. Ascending."""
+    counts = {1, prefill_chunk, max(1, prefill_chunk - 1)}
+    power = 2
+    while power <= prefill_chunk:
+        counts.update((power, min(power + 1, prefill_chunk)))
+        power *= 2
+    return tuple(sorted(counts))
+
+
 def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
-    """Run greedy requests through ``batcher`` and discard their tokens: a short prompt, then one of two
-    of its full prefill chunks and a partial one (the chunk graphs at two attended lengths, the eager
-    tail, decode at the longer length), then up to :data:`CONCURRENT` short ones at once (batched
-    decode at the small batch buckets, the staging row's prefill), then, for every decode step shape
-    the batcher can launch (:meth:`Batcher.decode_shapes`: each batch-size bucket, each micro-batch
-    group's first row) not launched yet, that many one-token prompts at once; with packed steps, a
-    one-token prompt arriving while another decodes (a packed step beside it). The next requests reset the
-    sequence slots, as after any request."""
+    """Run requests through ``batcher`` and discard their tokens: a short prompt, then one of two of its
+    full prefill chunks and a partial one, then up to :data:`CONCURRENT` short ones at once (batched
+    decode at the small batch buckets, the staging row's prefill), one sampled on the host with
+    log-probabilities beside a greedy one, then, for every decode step shape the batcher can launch
+    (:meth:`Batcher.decode_shapes`: each batch-size bucket, each micro-batch group's first row) not
+    launched yet, that many one-token prompts at once; then a prompt of each of
+    :func:`packed_token_counts` alone and arriving while a stream decodes (a packed step beside it);
+    last, a decode step of free rows for every launchable shape at every attended-length bucket
+    (:func:`~stagewise.engine.decode_warm_up.warm_decode_steps`). The next requests reset the sequence
+    slots, as after any request."""
     t0 = time.perf_counter()
     lengths: list[int] = []
     counts: list[int] = []
     max_context = batcher.sequence_tokens  # the context, or the KV pool when it is smaller
+    greedy = SamplingParams(temperature=0.0)
 
-    def request(wanted: int) -> GenerationRequest:
+    def request(wanted: int, sampling: SamplingParams = greedy, top_logprobs: int = 0) -> GenerationRequest:
         length = max(1, min(wanted, max_context - NEW_TOKENS))
         lengths.append(length)
         prompt = tuple(i % vocab_size for i in range(1, length + 1))
-        return GenerationRequest(prompt, max(1, min(NEW_TOKENS, max_context - length)), SamplingParams(temperature=0.0))
+        return GenerationRequest(prompt, max(1, min(NEW_TOKENS, max_context - length)), sampling,
+                                 top_logprobs=top_logprobs)
 
     def tally(_event: TokenEvent) -> bool:
         counts.append(1)
@@ -92,28 +126,40 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
             batcher.iterate()
         batcher.drain()
 
+    def beside(req: GenerationRequest) -> None:
+        """``req`` arriving while a one-token prompt's stream decodes: its chunks packed beside that row."""
+        stream = GenerationRequest((1,), min(BATCH_NEW_TOKENS + 1, max_context - 1), greedy)
+        lengths.append(1)
+        before = len(counts)
+        batcher.add(Sequence(stream, tally, _raise, lambda: False))
+        while batcher.active and len(counts) == before:  # until it decodes
+            batcher.iterate()
+        run([req])
+
     run([request(SHORT_PROMPT_TOKENS)])
     run([request(2 * batcher.prefill_chunk + 1)])
     run([request(SHORT_PROMPT_TOKENS + i) for i in range(min(CONCURRENT, batcher.slots))])
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, top_k=40, seed=0)  # the host's sampler
+    run([request(SHORT_PROMPT_TOKENS, sampled, top_logprobs=2)] + [request(SHORT_PROMPT_TOKENS)] * (batcher.slots > 1))
     # every decode shape the batcher can launch: for each, that many one-token prompts at once (one
     # packed prefill step of them all, in rows 0 ..), then decode steps of them all together
     launchable = batcher.decode_shapes()
     for shape, count in sorted(launchable.items(), key=lambda item: item[1]):
         if shape in batcher.launched_shapes:
             continue  # an earlier count launched it already
-        one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
+        one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), greedy)
         lengths.append(1)
         run([one_token] * count)
-    # a prompt arriving while a stream decodes: the packed step beside it
-    one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), SamplingParams(temperature=0.0))
-    lengths.extend((1, 1))
-    before = len(counts)
-    batcher.add(Sequence(one_token, tally, _raise, lambda: False))
-    while batcher.active and len(counts) == before:  # until it decodes
-        batcher.iterate()
-    run([one_token])
+    packed = tuple(n for n in packed_token_counts(batcher.prefill_chunk) if n <= max_context - NEW_TOKENS)
+    for n in packed:
+        run([request(n)])
+        if batcher.slots > 1:
+            beside(request(n))
+    buckets = decode_buckets(batcher)
+    keys = warm_decode_steps(batcher, graph_keys(launchable, buckets))
     warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
-    return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable))
+    return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable),
+                  packed_tokens=packed, graph_keys=keys, buckets=buckets)
 
 
 def full_context_prompt(batcher: Batcher) -> int:

@@ -138,9 +138,13 @@ class StepContext:
             return offsets, rows, steps
         layout = self.layout
         prompts = range(layout.decoding, len(layout.rows))
-        table = _on_device([*layout.offsets[layout.decoding :], *(layout.rows[s] for s in prompts)], device, torch.int32)
         count = len(prompts)
-        return table[: count + 1], table[count + 1 :], max((layout.lengths[s] for s in prompts), default=0)
+        # NOTE: the rows start 16 bytes into the buffer's alignment whatever the count: Triton specializes
+        # a kernel on each pointer's alignment (kernels/kernel_variants.py)
+        gap = [0] * (-(count + 1) % 4)  # int32 values up to the next 16 bytes
+        table = _on_device([*layout.offsets[layout.decoding :], *gap, *(layout.rows[s] for s in prompts)], device,
+                           torch.int32)
+        return table[: count + 1], table[count + 1 + len(gap) :], max((layout.lengths[s] for s in prompts), default=0)
 
     @functools.cached_property
     def logit_tokens(self) -> torch.Tensor:

@@ -40,6 +40,15 @@ def kv_bucket(next_length: int, max_context: int) -> int:
     return min(bucket, max_context)
 
 
+def kv_buckets(limit: int, max_context: int) -> tuple[int, ...]:
+    """Every bucket :func:`kv_bucket` gives a step ending at ``1 .. limit`` (ascending): the graphs one
+    decode shape needs to cover sequences of up to ``limit`` positions."""
+    buckets = [kv_bucket(1, max_context)]
+    while buckets[-1] < min(limit, max_context):
+        buckets.append(kv_bucket(buckets[-1] + 1, max_context))
+    return tuple(buckets)
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph

@@ -134,12 +134,14 @@ def graph_buckets(context_tokens: int) -> int:
 
 
 def batch_buckets(batch: int) -> list[int]:
-    """Rows a decode graph of up to ``batch`` sequences runs (engine/decode_groups.batch_bucket: 1, 2, 4,
-    8, then multiples of 8), each capped at ``batch``."""
+    """Rows a decode graph of up to ``batch`` sequences runs, as one decode group launches them
+    (engine/decode_groups.plan_groups, warm-up captures each): the bucket (1, 2, 4, 8, then multiples of 8)
+    unless it would reach the last row while a row is free for the next sequence, then the exact count."""
     out = set()
     for n in range(1, batch + 1):
         bucket = 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
-        out.add(min(bucket, batch))
+        limit = batch - 1 if n < batch else batch  # one row left for the next sequence to start in
+        out.add(bucket if bucket <= limit else n)
     return sorted(out)
 
 

@@ -30,6 +30,7 @@ import torch
 from stagewise.models.state_slots import ZERO_ENTRY  # the pool entry that stays all zeros
 
 CHUNK = 64  # the chunked delta rule's chunk (the reference's), and where prompt segments start
+ALIGN_VALUES = 4  # int32 values in 16 bytes: where every field of the device buffer starts
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,19 @@ class PackedSegments:
             for start in range(offsets[s], offsets[s] + n, CHUNK):
                 chunks += [s, start]
             chunk_offsets.append(len(chunks) // 2)
-        host = torch.tensor([*offsets, *read, *write, *snap, *snap_at, *chunk_offsets, *chunks], dtype=torch.int32)
+        # NOTE: each field starts 16 bytes into the buffer's alignment: Triton specializes a kernel on
+        # each pointer's alignment, so views at offsets that vary with the segment count would compile
+        # variants warm-up cannot enumerate (kernels/kernel_variants.py)
+        fields = (offsets, read, write, snap, snap_at, chunk_offsets, chunks)
+        values: list[int] = []
+        starts = []
+        for values_of in fields:
+            starts.append(len(values))
+            values += [*values_of, *[0] * (-len(values_of) % ALIGN_VALUES)]
+        host = torch.tensor(values, dtype=torch.int32)
         if device.type == "cuda":
             host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
         flat = host.to(device, non_blocking=True)
-        views, at = [], 0
-        for size in (count + 1, count, count, count, count, count + 1):
-            views.append(flat[at : at + size])
-            at += size
-        return cls(views[0], views[1], views[2], views[3], views[4], flat[at:].view(-1, 2), views[5],
+        views = [flat[at : at + len(values_of)] for at, values_of in zip(starts, fields, strict=True)]
+        return cls(views[0], views[1], views[2], views[3], views[4], views[6].view(-1, 2), views[5],
                    tuple(offsets), tuple(snap_at))

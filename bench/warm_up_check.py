@@ -1,0 +1,116 @@
+"""Warm-up check on a device: after warm-up, does serving still compile Triton kernels or capture CUDA graphs?
+
+    python bench/warm_up_check.py MODEL [--devices cuda:0] [--placement single] [--context 16384]
+        [--max-seqs 64] [--prefill-chunk N] [--bursts 8,32,64] [--prompt 208] [--gen 128] [--json OUT]
+
+Loads MODEL in process, runs :func:`stagewise.engine.warm_up.warm_up` (as ``serve`` does before ready) and
+counts the kernels Triton's caches hold (:func:`~stagewise.kernels.kernel_variants.compiled_variants`) and
+the decode graphs every stage captured; then, for each burst size, that many greedy requests of
+``--prompt`` tokens and ``--gen`` out at once, followed by a mixed burst (random prompt lengths up to the
+context, random lengths out, a third sampled on the host with log-probabilities), and reports the kernels
+compiled and graphs captured during each (the target: none) and its wall time. A table is printed; JSON
+(command, machine, date, figures) goes to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+from datetime import UTC, datetime
+
+import torch
+
+from stagewise.engine.batcher import Batcher
+from stagewise.engine.generation_request import GenerationRequest
+from stagewise.engine.model_loading import load_model
+from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
+from stagewise.engine.warm_up import warm_up
+from stagewise.errors import StagewiseError
+from stagewise.kernels.kernel_variants import compiled_variants
+
+
+def _raise(error: StagewiseError) -> None:
+    raise error
+
+
+def _graphs(batcher: Batcher) -> int:
+    return sum(len(stage.graphs.graphs) for stage in batcher.pipeline.stages if getattr(stage, "graphs", None))
+
+
+def _serve(batcher: Batcher, requests: list[GenerationRequest]) -> tuple[int, float]:
+    produced: list[int] = []
+    t0 = time.perf_counter()
+    for req in requests:
+        batcher.add(Sequence(req, lambda e: produced.append(1) is None, _raise, lambda: False))
+    while batcher.active:
+        batcher.iterate()
+    batcher.drain()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return len(produced), time.perf_counter() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("model")
+    p.add_argument("--devices", default="cuda:0")
+    p.add_argument("--placement", default="single")
+    p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--max-seqs", type=int, default=64)
+    p.add_argument("--prefill-chunk", type=int, default=None)
+    p.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32, 64])
+    p.add_argument("--prompt", type=int, default=208)
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    loaded = load_model(args.model, args.devices, args.placement, args.context, max_seqs=args.max_seqs,
+                        prefill_chunk=args.prefill_chunk)
+    batcher = Batcher(loaded.pipeline, loaded.max_context, loaded.prefill_chunk)
+    vocab = loaded.config.vocab_size
+    rng = random.Random(args.seed)
+    rows = []
+    kernels, graphs = compiled_variants(), _graphs(batcher)
+    done = warm_up(batcher, vocab)
+    print(f"stagewise: {done.summary()}")
+    rows.append({"run": "warm-up", "seconds": done.seconds, "kernels_compiled": compiled_variants() - kernels,
+                 "graphs_captured": _graphs(batcher) - graphs, "tokens": done.generated_tokens})
+
+    def measure(name: str, requests: list[GenerationRequest]) -> None:
+        k0, g0 = compiled_variants(), _graphs(batcher)
+        tokens, seconds = _serve(batcher, requests)
+        rows.append({"run": name, "seconds": seconds, "kernels_compiled": compiled_variants() - k0,
+                     "graphs_captured": _graphs(batcher) - g0, "tokens": tokens})
+
+    def prompt(length: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(1, vocab) for _ in range(length))
+
+    for n in args.bursts:
+        measure(f"burst {n} x {args.prompt}", [GenerationRequest(prompt(args.prompt), args.gen,
+                                                                 SamplingParams(temperature=0.0)) for _ in range(n)])
+    mixed = []
+    for i in range(args.max_seqs):
+        length = rng.randint(1, batcher.sequence_tokens - 64)
+        sampling = SamplingParams(temperature=0.0) if i % 3 else SamplingParams(temperature=0.8, seed=i)
+        mixed.append(GenerationRequest(prompt(length), rng.randint(1, 64), sampling, top_logprobs=0 if i % 3 else 2))
+    measure(f"mixed {args.max_seqs}", mixed)
+    print(f"{'run':<22} {'seconds':>8} {'tokens':>8} {'kernels compiled':>17} {'graphs captured':>16}")
+    for r in rows:
+        print(f"{r['run']:<22} {r['seconds']:>8.2f} {r['tokens']:>8} {r['kernels_compiled']:>17} {r['graphs_captured']:>16}")
+    if args.json:
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "machine": device, "date": datetime.now(UTC).isoformat(),
+                       "warm_up": done.summary(), "graph_keys": len(done.graph_keys), "buckets": list(done.buckets),
+                       "packed_tokens": list(done.packed_tokens), "runs": rows}, f, indent=1)
+    loaded.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""After warm-up, serving compiles and captures nothing new: a mixed workload of random prompt lengths, row
+counts, context lengths and sampling adds no Triton kernel specialization (as Triton keys them:
+:class:`~stagewise.kernels.kernel_variants.VariantLog`, the kernels run by the interpreter) and no decode
+graph key (a CPU stand-in records the keys a GPU stage would capture: ``tests/step_graph_keys.py``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from stagewise.engine.batcher import Batcher
+from stagewise.engine.decode_groups import plan_groups
+from stagewise.engine.generation_request import GenerationRequest
+from stagewise.engine.model_loading import load_model
+from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sequence import Sequence
+from stagewise.engine.warm_up import packed_token_counts, warm_up
+from stagewise.errors import StagewiseError
+from stagewise.kernels.kernel_variants import VariantLog, compiled_variants
+from stagewise.kernels.silu_mul_triton import _silu_mul_kernel, silu_mul
+from stagewise.kernels.triton_launch import kernels_on_host
+from stagewise.runtime.step_graphs import kv_buckets
+from stagewise.spec.workspace_bytes import batch_buckets, graph_buckets
+from tests.step_graph_keys import record_graph_keys
+
+CONTEXT = 512  # two attended-length buckets: 256 and 512
+PREFILL_CHUNK = 8
+
+
+def _raise(error: StagewiseError) -> None:
+    raise error
+
+
+def _serve(batcher: Batcher, requests: list[GenerationRequest]) -> int:
+    """Run ``requests`` to completion (those past the free rows queue); returns the tokens they produced."""
+    tokens: list[int] = []
+    for req in requests:
+        batcher.add(Sequence(req, lambda e: tokens.append(e.sample.token) is None, _raise, lambda: False))
+    while batcher.active:
+        batcher.iterate()
+    batcher.drain()
+    return len(tokens)
+
+
+def _workload(rng: random.Random, batcher: Batcher, vocab_size: int) -> list[GenerationRequest]:
+    """One burst: 1 .. slots + 1 requests of random prompt lengths (up to the context, so that decode steps
+    reach every bucket), lengths out and sampling (greedy, or sampled on the host with log-probabilities)."""
+    burst = []
+    for _ in range(rng.randint(1, batcher.slots + 1)):
+        length = rng.choice([rng.randint(1, 2 * PREFILL_CHUNK + 3), rng.randint(1, batcher.sequence_tokens - 8)])
+        out = rng.randint(1, min(6, batcher.sequence_tokens - length))
+        prompt = tuple(rng.randrange(1, vocab_size) for _ in range(length))
+        if rng.random() < 0.7:
+            burst.append(GenerationRequest(prompt, out, SamplingParams(temperature=0.0)))
+        else:
+            burst.append(GenerationRequest(prompt, out, SamplingParams(temperature=0.8, seed=rng.randrange(99)),
+                                           top_logprobs=rng.randint(0, 2)))
+    return burst
+
+
+@pytest.mark.slow  # minutes: every kernel through Triton's interpreter
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3.6"])
+def test_nothing_compiles_or_captures_after_warm_up(preset: str) -> None:
+    loaded = load_model(f"random:{preset}", devices="cpu:1x1GiB", placement="single", context=CONTEXT, max_seqs=2,
+                        prefill_chunk=PREFILL_CHUNK)
+    try:
+        graphs = record_graph_keys(loaded.pipeline)
+        batcher = Batcher(loaded.pipeline, loaded.max_context, PREFILL_CHUNK)
+        assert batcher.graphs  # decode groups padded to graph buckets, as on a GPU
+        vocab = loaded.config.vocab_size
+        with kernels_on_host(), VariantLog() as log:
+            done = warm_up(batcher, vocab)
+            assert done.buckets == kv_buckets(CONTEXT, CONTEXT) == (256, 512)
+            assert done.packed_tokens == packed_token_counts(PREFILL_CHUNK) == (1, 2, 3, 4, 5, 7, 8)
+            want = {(first, run, bucket) for first, run in done.launchable_shapes for bucket in done.buckets}
+            assert done.graph_keys == want
+            assert {(first, run, bucket) for first, run, _, bucket in graphs[0].captured} == want
+            warm_variants, warm_keys, warm_launches = set(log.variants), list(graphs[0].captured), log.launches
+            assert warm_variants and warm_launches
+            rng = random.Random(47)
+            produced = sum(_serve(batcher, _workload(rng, batcher, vocab)) for _ in range(4))
+            assert produced > 0 and log.launches > warm_launches  # the workload ran kernels
+            new = sorted(log.variants - warm_variants, key=lambda v: (v.kernel, v.key))
+            assert not new, "kernel specializations compiled after warm-up:\n" + "\n".join(f"{v.kernel} {v.key}" for v in new)
+            assert graphs[0].captured == warm_keys, "decode graphs captured after warm-up"
+    finally:
+        loaded.close()
+
+
+def test_variant_log_keys_launches_as_triton_specializes_them() -> None:
+    """The log tells apart what Triton compiles apart (an integer of another class: 1, a multiple of 16,
+    other; a misaligned pointer; another constexpr) and nothing else (the grid); on a GPU, Triton's cache
+    then holds one kernel per logged variant."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def gate_up(rows: int, width: int, offset: int = 0) -> torch.Tensor:
+        return torch.randn(rows * 2 * width + offset, device=device)[offset:].view(rows, 2 * width)
+
+    if device == "cuda":
+        _silu_mul_kernel.device_caches.clear()  # type: ignore[attr-defined]  # a JIT function's compiled kernels
+    with kernels_on_host(), VariantLog() as log:
+        silu_mul(gate_up(3, 16))
+        silu_mul(gate_up(5, 16))  # another grid only
+        assert len(log.variants) == 1 and log.launches == 2
+        silu_mul(gate_up(3, 17))  # width and row stride not multiples of 16; BLOCK 32
+        silu_mul(gate_up(3, 19))  # the same classes
+        assert len(log.variants) == 2
+        silu_mul(gate_up(3, 1))  # width 1: a constant
+        silu_mul(gate_up(3, 16, offset=1))  # a misaligned input
+        assert len(log.variants) == 4
+    if device == "cuda":
+        assert compiled_variants() >= 4
+        assert sum(len(c[0]) for c in _silu_mul_kernel.device_caches.values()) == 4  # type: ignore[attr-defined]
+    silu_mul(gate_up(3, 48))
+    assert log.launches == 6  # closed: nothing more recorded
+
+
+@pytest.mark.parametrize("slots", [1, 2, 5, 9, 12, 17, 64, 100])
+def test_the_charge_counts_every_decode_graph_warm_up_captures(slots: int) -> None:
+    """The planner charges graph outputs for the decode row counts and attended-length buckets that one
+    decode group launches (what warm-up captures), no fewer."""
+    runs = {run for count in range(1, slots + 1)
+            for _, _, run in plan_groups(count, 1, True, slots - 1 if count < slots else slots)}
+    assert batch_buckets(slots) == sorted(runs)
+    for context in (64, 256, 300, 1024, 5000, 16384):
+        assert graph_buckets(context) == len(kv_buckets(context, context))
