@@ -93,9 +93,12 @@ def test_set_context_trades_sequences_then_the_chunk_then_refuses() -> None:
     assert auto.profile.batch == 4 and auto.profile.prefill_chunk_tokens == 512  # sequences first
     cached = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=8192, batch=None))
     assert cached.profile.batch == 4 and cached.profile.prefill_chunk_tokens == 512  # the snapshots give way
-    assert cached.profile.prefix_snapshots == 1
-    assert cached.choice == ("8,192 positions, 4 sequences, prefill chunks of 512: "
-                             "prefix snapshots for 1 of the 4 sequences (what they leave)")
+    kept = cached.profile.prefix_snapshots
+    assert kept < 4 and cached.choice == ("8,192 positions, 4 sequences, prefill chunks of 512: "
+                                          f"prefix snapshots for {kept} of the 4 sequences (what they leave)")
+    with pytest.raises(DoesNotFit):  # the most that fit beside them
+        fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=8192, batch=4, prefill_chunk_tokens=512,
+                                                   prefix_snapshots=kept + 1))
     unset = fit_profile(spec, topology, ProfileRequest(GPU))  # the longest context keeps a snapshot a slot
     longest = unset.profile.context_tokens
     assert unset.profile.prefix_snapshots == 1

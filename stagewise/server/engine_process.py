@@ -39,6 +39,7 @@ from stagewise.server.serve_settings import ServeSettings
 
 _POLL_MS = 100
 _QUERY_TIMEOUT_S = 10.0
+_ANSWER_GRACE_S = 1.0  # a process that exited while loading: how long its last message may take to arrive
 _EXIT_TIMEOUT_S = 30.0  # after its drain, the engine process closes the model and exits  # a bound on a hung engine process's metrics reply
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
@@ -141,7 +142,10 @@ class EngineProcess:
             self.drain(0.0)
             with self._lock:
                 self._exiting = True  # its exit is no death
-            self._send(m.Exit())
+            try:
+                self._send(m.Exit())
+            except EngineDied:
+                pass  # it reads nothing more (a failed load: it is leaving on its own): wait for it, as below
             process.join(_EXIT_TIMEOUT_S)
             if process.is_alive():  # hung past its drain: it frees nothing more by waiting
                 print(f"stagewise: the engine process (pid {process.pid}) did not exit; killing it", file=sys.stderr)
@@ -286,7 +290,8 @@ class EngineProcess:
             handle.fail(error)
         self._report = None
         self._drained.set()
-        if not self._ready.is_set():
+        # a process that failed to load sends LoadFailed and leaves: its message may still be on its way
+        if not self._ready.wait(_ANSWER_GRACE_S):
             self._load_error = self._load_error or error
             self._ready.set()
         if died and self.on_death is not None:

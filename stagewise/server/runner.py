@@ -112,9 +112,11 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
     try:
         engine.start()
     except BaseException as exc:
-        engine.stop()
-        state.set_failed(exc)
-        server.should_exit = True
+        try:
+            engine.stop()
+        finally:  # the load's error is what the server exits with, whatever stopping the process met
+            state.set_failed(exc)
+            server.should_exit = True
         return
     engine.on_death = lambda error: _restart(state, engine, server, console, error)
     if not state.set_ready(engine):
