@@ -135,8 +135,9 @@ class SequenceBlocks:
         had better wait for it than compute those blocks again (agents sharing a system prompt, sent at
         once). With recurrent state only while that prompt has not yet passed where the two part, and it
         is asked to snapshot there (:meth:`snapshot_point`); never without snapshot entries. None: start."""
-        if self.prefix_cache is None or self.pool is None or (self.snapshots is not None and not self.snapshots.entries):
-            return None
+        if not prefilling or self.prefix_cache is None or self.pool is None or (
+                self.snapshots is not None and not self.snapshots.entries):
+            return None  # (no prefix lookup on the admission path when nothing prefills)
         block = self.pool.block_tokens
         keys = self._keys(seq, ids)[: (len(ids) - 1) // block]  # as a hit is capped: the last id computed
         hit = self.hit_tokens_for(seq, ids) // block
@@ -151,11 +152,10 @@ class SequenceBlocks:
             if self.snapshots is None:
                 return other
             point = shared * block
-            if other.shared_tokens == point or other.prefilled < point:
-                if other.shared_tokens <= other.prefilled:  # its own point is behind it: snapshot where they part
-                    other.shared_tokens = point
-                if other.shared_tokens == point:
-                    return other
+            if other.prefilled < point and other.shared_tokens <= other.prefilled:
+                other.shared_tokens = point  # its own point is behind it and this one ahead: snapshot there
+            if other.shared_tokens == point:
+                return other
         return None
 
     def snapshot_key(self, seq: Sequence, tokens: int) -> bytes:

@@ -335,9 +335,7 @@ class StepScheduler:
         live row gets the KV block of its next position (preempting, after ``drain``, while none is
         free), padding rows fill the group's run; None when no row is left."""
         first, members, run = self.groups[g]
-        self.cancel_group(g)
-        if self.kv.pool is not None:
-            self.reserve_blocks(g, drain)
+        self._prepare_group(g, drain)
         rows = [s if s is not None and not s.done else None for s in self.members(g)] + [None] * (run - members)
         return plan_decode_step(g, first, rows)
 
@@ -347,14 +345,19 @@ class StepScheduler:
         (:func:`plan_packed_step`); None while rows are about to move or nothing would run."""
         decoding: list[Sequence] = []
         if g is not None:
-            self.cancel_group(g)
-            if self.kv.pool is not None:
-                self.reserve_blocks(g, drain)
+            self._prepare_group(g, drain)
             decoding = [s for s in self.members(g) if s is not None and not s.done and s.row >= 0]
         self.cancel_staging()
         if self.regroup_needed:
             return None
         return plan_packed_step(decoding, self.area, budget_tokens)
+
+    def _prepare_group(self, g: int, drain: Callable[[], None]) -> None:
+        """Before group ``g``'s step: end its sequences whose clients went away, give every live row the
+        KV block of its next position."""
+        self.cancel_group(g)
+        if self.kv.pool is not None:
+            self.reserve_blocks(g, drain)
 
     def step_rows(self, plan: DecodePlan | StepPlan) -> tuple[Sequence | None, ...]:
         """The sequences of ``plan``'s rows: a decode step's rows (None: padding), or a packed step's
