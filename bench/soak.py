@@ -383,6 +383,8 @@ def main() -> int:
         "valid_first_chunk_p99_s": _percentile(tally.first_s, 0.99),
         "valid_longest_gap_alone_s": sorted(a[4] for a in alone)[1],
         "valid_longest_gap_p99_s": _percentile(tally.gap_s, 0.99),
+        "valid_streams_s": [{"total": round(t, 4), "first_chunk": round(f, 4), "longest_gap": round(g, 4)}
+                            for t, f, g in zip(tally.valid_s, tally.first_s, tally.gap_s, strict=True)],
         "after_mix_stream_s": after[0],
         "counts": counts,
         "responses_5xx": five_xx,

@@ -46,6 +46,19 @@ def test_status_names_the_engine_process(server: ServedModel) -> None:
     os.kill(info["pid"], 0)  # a live process of its own
 
 
+def _nice(pid: int, tid: int | None = None) -> int:
+    stat = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
+    return int(stat.rpartition(")")[2].split()[16])  # field 19 of proc(5), after the command's parentheses
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread nice values are Linux's")
+def test_http_yields_the_cpu_to_the_engine(server: ServedModel) -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # what the server started with
+    api = server.process.pid
+    assert _nice(api) == min(19, own + 10)  # the HTTP thread (and the threads it starts) gives way
+    assert _nice(_engine_process(server)["pid"]) == own  # the engine process keeps the default priority
+
+
 def test_killed_engine_process_is_503_then_restarts(server: ServedModel) -> None:
     before = _engine_process(server)
     assert httpx.post(f"{server.url}/debug/step-delay", json={"seconds": 0.05}, timeout=30).status_code == 200
@@ -77,6 +90,8 @@ def test_killed_engine_process_is_503_then_restarts(server: ServedModel) -> None
     assert served.status_code == 200 and served.json()["choices"][0]["message"]["content"]
     after = _engine_process(server)
     assert after["pid"] != before["pid"] and after["restarts"] == 1
+    if Path("/proc/self/task").is_dir():  # a restarted engine process does not inherit the HTTP thread's nice
+        assert _nice(after["pid"]) == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_sigterm_to_both_processes_drains_in_flight(tmp_path: Path) -> None:

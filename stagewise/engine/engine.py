@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.generation_request import TokenEvent
@@ -63,7 +62,6 @@ class Engine:
         self.stop_token_ids = model.stop_token_ids
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
-        self.after_step: Callable[[], None] | None = None  # called by the worker after each loop turn
         self.metrics.observe_memory(model.pipeline)
         self._preemptions = 0  # the batcher's count already reported
         self._prefill_tokens = 0  # the batcher's count already reported
@@ -126,19 +124,28 @@ class Engine:
     # ----- worker side -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not (self._stop.is_set() and self.scheduler.idle()):
-            busy = self.batcher.active > 0
-            batch = self.scheduler.schedule(0.0 if busy else _POLL_S, self.batcher.free)
-            for handle in batch.dropped:
-                self._finish(handle, RequestOutput("", handle.request.prompt_tokens, 0, finish_reason="cancelled"))
-            for handle in batch.run:
-                self._admit(handle)
-            self.metrics.queue_depth.set(self.scheduler.waiting)
-            if self.batcher.active:
-                self.execute()
-            elif not batch.run:
-                self.batcher.drain()
-            if self.after_step is not None:
-                self.after_step()  # the engine process sends this turn's outputs as one message
+            self.turn(_POLL_S)
+
+    @property
+    def busy(self) -> bool:
+        """Sequences run, or requests wait or await their cancellation: the next :meth:`turn` has work."""
+        return self.batcher.active > 0 or not self.scheduler.idle()
+
+    def turn(self, timeout_s: float) -> None:
+        """One turn of the loop: admit waiting requests while slots are free (waiting up to ``timeout_s``
+        for one when nothing runs), then one :meth:`execute`. The worker thread calls it; an engine
+        process that owns its sockets calls it from its own loop instead of :meth:`start`."""
+        busy = self.batcher.active > 0
+        batch = self.scheduler.schedule(0.0 if busy else timeout_s, self.batcher.free)
+        for handle in batch.dropped:
+            self._finish(handle, RequestOutput("", handle.request.prompt_tokens, 0, finish_reason="cancelled"))
+        for handle in batch.run:
+            self._admit(handle)
+        self.metrics.queue_depth.set(self.scheduler.waiting)
+        if self.batcher.active:
+            self.execute()
+        elif not batch.run:
+            self.batcher.drain()
 
     def execute(self) -> None:
         """One batcher iteration: every running sequence advances by at most one token."""

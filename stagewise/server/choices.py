@@ -28,12 +28,13 @@ class Choices:
         self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
-    async def submit(cls, engine: EngineFront, requests: Sequence[EngineRequest]) -> Choices:
-        """Submit every request; if one is refused (``QueueFull``, ...), cancel those already queued and raise."""
+    async def submit(cls, engine: EngineFront, requests: Sequence[EngineRequest], client_fd: int | None = None) -> Choices:
+        """Submit every request (``client_fd``: see :meth:`EngineFront.submit`); if one is refused
+        (``QueueFull``, ...), cancel those already queued and raise."""
         choices = cls()
         try:
             for index, request in enumerate(requests):
-                choices.handles.append(await engine.submit(request, choices._sink(index)))
+                choices.handles.append(await engine.submit(request, choices._sink(index), client_fd))
         except BaseException:
             choices.cancel()
             raise

@@ -1,10 +1,10 @@
 """EngineCore: the engine process — loads the model, runs the :class:`Engine`, talks to the API process.
 
-Two threads: the engine's worker (schedule → execute → update, as in-process) and this module's I/O
-loop, the only user of the ZeroMQ sockets. The I/O loop applies the API's messages (submit, cancel,
-metrics query, fault injection, drain) and sends what the engine produced: each request's outputs
-collect as the engine delivers them; at the end of each turn (its metrics recorded) the worker hands
-them to the loop and wakes it, which sends them as one :class:`StepOutputs`.
+One thread: the engine's loop and the ZeroMQ sockets take turns, so no step waits for another thread
+to hand back the interpreter lock. Each turn applies the API's messages that arrived (submit, cancel,
+metrics query, fault injection, drain; without waiting while the engine has work, blocking on the
+inbox while it has none), runs one engine turn (schedule → execute, as in-process), and sends what the
+turn produced (its metrics recorded) as one :class:`StepOutputs`.
 
 Detokenization, stop strings and grammar matching stay here, next to sampling: a grammar's matcher
 state must advance with every sampled token and masks the next draw; a stop string ends a request,
@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from stagewise.server.model_facts import ModelFacts
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.serve_settings import ServeSettings
 
-_POLL_MS = 100  # the I/O loop looks at the parent process at least this often
+_POLL_MS = 100  # an idle loop looks at the parent process at least this often
 _HEALTH_EVERY_S = 0.1  # and at the workers' health at most this often (not on every step)
 
 
@@ -102,14 +101,11 @@ class EngineCore:
         self.codec = to_engine_codec()
         self.handles: dict[int, RequestHandle] = {}  # by the API's key
         self.pending: list[m.OutputRecord] = []  # outputs delivered during the engine's current turn
-        self.ready: list[m.OutputRecord] = []  # outputs of finished turns, not yet sent
-        self.lock = threading.Lock()
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
         self.parent = os.getppid()
         self.health: str | None = None
         self.health_read_s = 0.0
-        self.drained: list[bool] = []  # the drain's outcome, once over
+        self.drain_deadline_s: float | None = None  # monotonic; set by the first Drain
+        self.drain_clean = True  # no request was cancelled at the drain's deadline
         self.said_drained = False
         self.exit = False
         self.engine: Engine | None = None
@@ -123,23 +119,15 @@ class EngineCore:
         except StagewiseError as exc:
             self.send(m.LoadFailed(error_record(exc)))
             return
-        poller = zmq.Poller()
-        poller.register(self.inbox, zmq.POLLIN)
-        poller.register(self.wake_r, zmq.POLLIN)
-        while not self.exit:
-            events = dict(poller.poll(_POLL_MS))
-            if self.wake_r in events:
-                os.read(self.wake_r, 4096)
-            if self.inbox in events:
+        while not (self.exit and not engine.busy):
+            if self.inbox.poll(0 if engine.busy or self.exit else _POLL_MS):
                 while self.inbox.poll(0):
                     self.apply(self.inbox.recv())
-            drained = bool(self.drained)  # read before the flush: the drain's last outputs precede its end
+            engine.turn(0.0)
             self._flush()
+            self._end_drain(engine)
             self._report_health()
-            if drained and not self.said_drained:
-                self.send(m.Drained(self.drained[0]))  # after every output (flushed above)
-                self.said_drained = True
-            if os.getppid() != self.parent:  # the API process is gone: nobody to serve
+            if os.getppid() != self.parent:  # the API process is gone: nobody to serve (or to send to)
                 engine.stop()
                 return
 
@@ -156,8 +144,6 @@ class EngineCore:
             console.print("stagewise: warming up (compiling kernels, capturing CUDA graphs)…")
             done = engine.warm_up(full_context=settings.peak_check)
             console.print(f"stagewise: {done.summary()}", highlight=False)
-        engine.after_step = self._wake
-        engine.start()
         self.engine = engine
         for line in placement_lines(model):
             console.print(line, highlight=False, soft_wrap=True)
@@ -189,14 +175,14 @@ class EngineCore:
         elif isinstance(message, m.StepDelay):
             engine.guard.delay_s = message.delay_s
         elif isinstance(message, m.Exit):
-            engine.stop()
+            engine.stop()  # cancels what runs; the loop turns until it has finished
             self.exit = True
         elif isinstance(message, m.Drain):
-            if self.drained or any(t.name == "stagewise-drain" for t in threading.enumerate()):
-                engine.scheduler.cancel_all()  # a second drain: cancel at once
-                return
-            threading.Thread(target=self._drain, args=(engine, message.grace_s), name="stagewise-drain",
-                             daemon=True).start()
+            engine.scheduler.close()
+            if self.drain_deadline_s is not None:
+                self.drain_deadline_s = 0.0  # a second drain: cancel at once
+            else:
+                self.drain_deadline_s = time.monotonic() + message.grace_s
 
     def _submit(self, engine: Engine, submit: m.Submit) -> None:
         key = submit.key
@@ -214,31 +200,31 @@ class EngineCore:
             raise GrammarError(f"model {model.name} has no tokenizer to constrain")
         return GrammarVocabulary.of(model.tokenizer, model.config.vocab_size, model.stop_token_ids)
 
-    def _deliver(self, key: int, output: RequestOutput) -> None:  # the engine's threads
-        with self.lock:
-            self.pending.append(output_record(key, output))
-
-    def _wake(self) -> None:  # the engine's worker, after each turn (its metrics recorded)
-        with self.lock:
-            if not self.pending:
-                return
-            self.ready.extend(self.pending)
-            self.pending.clear()
-        try:
-            os.write(self.wake_w, b"x")
-        except BlockingIOError:  # the pipe is full: the loop is awake already
-            pass
+    def _deliver(self, key: int, output: RequestOutput) -> None:  # during the engine's turn
+        self.pending.append(output_record(key, output))
 
     def _flush(self) -> None:
-        """Send the outputs of the turns that ended: never part of a turn, so a client that has its last
+        """Send the outputs of the turn that ended: never part of a turn, so a client that has its last
         token also finds that step in the metrics."""
-        with self.lock:
-            ready, self.ready = self.ready, []
-        if ready:
+        if self.pending:
+            ready, self.pending = self.pending, []
             for record in ready:
                 if record.finish_reason is not None:
                     self.handles.pop(record.key, None)
             self.send(m.StepOutputs(tuple(ready)))
+
+    def _end_drain(self, engine: Engine) -> None:
+        """Drain: refuse new requests (done on the message), let the others finish until the deadline,
+        then cancel what still runs; once nothing runs, say :class:`Drained` (after every output)."""
+        if self.drain_deadline_s is None or self.said_drained:
+            return
+        if engine.busy:
+            if time.monotonic() >= self.drain_deadline_s and self.drain_clean:
+                self.drain_clean = False
+                engine.scheduler.cancel_all()  # they end as cancelled in the next turns
+            return
+        self.send(m.Drained(self.drain_clean))
+        self.said_drained = True
 
     def _report_health(self) -> None:
         now = time.monotonic()
@@ -250,8 +236,3 @@ class EngineCore:
         if text != self.health:
             self.health = text
             self.send(m.Health(text))
-
-    def _drain(self, engine: Engine, grace_s: float) -> None:
-        clean = engine.drain(grace_s)
-        self.drained.append(clean)
-        os.write(self.wake_w, b"x")

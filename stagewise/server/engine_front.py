@@ -15,6 +15,8 @@ from stagewise.engine.engine import Engine
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_handle import OutputSink
+from stagewise.engine.request_output import RequestOutput
+from stagewise.server.client_socket import hung_up
 from stagewise.server.model_facts import ModelFacts
 
 
@@ -35,8 +37,10 @@ class EngineFront(Protocol):
     @property
     def facts(self) -> ModelFacts: ...
 
-    async def submit(self, request: EngineRequest, sink: OutputSink) -> Handle:
+    async def submit(self, request: EngineRequest, sink: OutputSink, client_fd: int | None = None) -> Handle:
         """Queue ``request`` (from the event loop); its outputs go to ``sink``, the last one finished.
+        ``client_fd``: the HTTP client's socket; once it reports a hang-up after an output, the request is
+        cancelled from the thread that delivered it (:mod:`~stagewise.server.client_socket`).
         Raises the refusal's typed error (``QueueFull``, ``ContextLengthExceeded``, ``EngineDied``, ...)."""
 
     def fail_next_step(self, stage: int) -> None: ...
@@ -74,8 +78,17 @@ class LocalEngine:
             self._facts = ModelFacts.of(self.model, self.engine.batcher.slots)
         return self._facts
 
-    async def submit(self, request: EngineRequest, sink: OutputSink) -> Handle:
-        return self.engine.submit(request, sink)
+    async def submit(self, request: EngineRequest, sink: OutputSink, client_fd: int | None = None) -> Handle:
+        if client_fd is None:
+            return self.engine.submit(request, sink)
+        handles: list[Handle] = []
+
+        def deliver(output: RequestOutput) -> None:  # the engine's thread
+            sink(output)
+            if not output.finished and handles and hung_up((client_fd,)):
+                handles[0].cancel()
+        handles.append(self.engine.submit(request, deliver))
+        return handles[0]
 
     def fail_next_step(self, stage: int) -> None:
         self.engine.guard.fail_next_step(stage)

@@ -30,6 +30,7 @@ from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_handle import OutputSink
 from stagewise.errors import EngineDied, EngineMessageRejected, StagewiseError
 from stagewise.server import engine_messages as m
+from stagewise.server.client_socket import hung_up
 from stagewise.server.engine_core import run_engine_process
 from stagewise.server.message_codec import error_of, from_engine_codec
 from stagewise.server.message_records import facts_of, families_of, output_of, submit_of
@@ -159,10 +160,10 @@ class EngineProcess:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # ----- requests ------------------------------------------------------------------------------
-    async def submit(self, request: EngineRequest, sink: OutputSink) -> RemoteHandle:
+    async def submit(self, request: EngineRequest, sink: OutputSink, client_fd: int | None = None) -> RemoteHandle:
         loop = asyncio.get_running_loop()
         admitted: asyncio.Future[None] = loop.create_future()
-        handle = RemoteHandle(next(self._keys), request, sink, self._cancel)
+        handle = RemoteHandle(next(self._keys), request, sink, self._cancel, client_fd)
         with self._lock:
             if not self.alive:
                 raise EngineDied("the engine process is not running; retry later")
@@ -233,6 +234,7 @@ class EngineProcess:
     def _apply(self, message: m.ToEngine | m.FromEngine) -> None:
         if isinstance(message, m.StepOutputs):
             outputs = [(record.key, output_of(record)) for record in message.outputs]  # all checked first
+            watched: dict[int, list[RemoteHandle]] = {}  # client socket -> the running requests it receives
             for key, output in outputs:
                 with self._lock:
                     handle = self._handles.get(key)
@@ -240,6 +242,11 @@ class EngineProcess:
                         del self._handles[key]
                 if handle is not None:
                     handle.deliver(output)
+                    if not output.finished and handle.client_fd is not None:
+                        watched.setdefault(handle.client_fd, []).append(handle)
+            for fd in hung_up(watched) if watched else ():
+                for handle in watched[fd]:
+                    handle.cancel()  # the client left: the engine stops at its next step, not the event loop's
         elif isinstance(message, m.Admitted):
             error = error_of(message.error) if message.error is not None else None
             with self._lock:

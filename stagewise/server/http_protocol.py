@@ -5,6 +5,9 @@ a socket that connects and sends nothing, or half a request line, is held foreve
 sockets hold a thousand file descriptors). Here every connection must deliver a request's complete
 headers within ``header_timeout_s`` of connecting, and of its previous response; else it is closed.
 
+Each request's scope records the connection's file descriptor (:mod:`stagewise.server.client_socket`), so
+the engine outputs' receiver can see a client gone without waiting for this event loop.
+
 The body's deadline is the app's (``read_json``: 408 past ``--body-timeout-s``); a response that ends
 before its request's body did (that 408, a 413, a route that reads no body) ends the connection, so a
 client trickling a body it will never finish is not held either: the server half-closes (FIN after
@@ -16,10 +19,12 @@ reset the connection (RST), and the client could lose the response.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from stagewise.server.client_socket import remember_client_fd
 
 
 class HeaderTimeoutProtocol(H11Protocol):
@@ -39,7 +44,12 @@ class HeaderTimeoutProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return  # NOTE: uvicorn's data_received is skipped, so its keep-alive timer stays armed: it ends the linger
+        cycle = self.cycle
         super().data_received(data)
+        if self.cycle is not None and self.cycle is not cycle:  # a request began: its app task has not run yet
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                remember_client_fd(cast(dict[str, Any], self.cycle.scope), sock.fileno())
         if self.conn.their_state is not h11.IDLE:  # the request line and headers are in: the app has it
             self._disarm()
 

@@ -15,10 +15,13 @@ class RemoteHandle:
     """Outputs arrive through :meth:`deliver` (the receiving thread); :meth:`cancel` asks the engine process
     to end the request. ``key`` names it on the wire (unique here; client request ids may repeat)."""
 
-    def __init__(self, key: int, request: EngineRequest, sink: OutputSink, send_cancel: Callable[[int], None]) -> None:
+    def __init__(self, key: int, request: EngineRequest, sink: OutputSink, send_cancel: Callable[[int], None],
+                 client_fd: int | None = None) -> None:
         self.key, self.request = key, request
         self._sink, self._send_cancel = sink, send_cancel
+        self.client_fd = client_fd  # the HTTP client's socket, asked after each output (None: not asked)
         self._done = threading.Event()
+        self._cancelled = False
         self.completion_tokens = 0  # as the last output said
 
     @property
@@ -30,7 +33,9 @@ class RemoteHandle:
         return self._done.is_set()
 
     def cancel(self) -> None:
-        if not self.done:
+        """Ask once (the client's hang-up may be seen by the receiver and by the event loop)."""
+        if not self.done and not self._cancelled:
+            self._cancelled = True
             self._send_cancel(self.key)
 
     def deliver(self, output: RequestOutput) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -35,6 +36,7 @@ from stagewise.server.server_state import ServerState
 
 _SHUTDOWN_TIMEOUT_S = 5
 _MAX_HEADER_BYTES = 64 * 1024  # request line + headers; a larger head is refused with 400
+_HTTP_NICE = 10  # how much lower the HTTP thread's CPU priority is than the engine's (see _yield_to_engine)
 
 
 class _Server(uvicorn.Server):
@@ -75,6 +77,7 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
     console.print(f"stagewise: listening on http://{settings.host}:{settings.port} (loading the model…)")
     try:
         loader.start()
+        _yield_to_engine()
         server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
@@ -103,6 +106,16 @@ def _bind(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose another --port)") from exc
     sock.set_inheritable(True)
     return sock
+
+
+def _yield_to_engine() -> None:
+    """Lower this thread's CPU priority (Linux nice is per thread; threads it starts inherit it) before it
+    serves HTTP, so that on a machine short of cores a flood of requests takes CPU time from the HTTP work,
+    not from the engine's steps that every admitted stream waits on. The loader thread, started before,
+    keeps the default priority, and so do the engine processes it and the watchers spawn, the engine
+    outputs' receiver and ZeroMQ's I/O thread. Nothing changes while cores are idle."""
+    if sys.platform == "linux":  # elsewhere nice is per process: a restarted engine process would inherit it
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + _HTTP_NICE))
 
 
 def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
