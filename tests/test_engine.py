@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import time
@@ -11,6 +12,7 @@ import pytest
 
 from stagewise.engine.engine import Engine
 from stagewise.engine.generator import Generator
+from stagewise.engine.heap_freeze import freeze_heap
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.request import EngineRequest
@@ -194,3 +196,13 @@ def test_warm_up_launches_every_decode_shape_the_batcher_can(loaded: LoadedModel
     assert done.launchable_shapes == want
     assert done.decode_shapes == want and not done.missing_shapes
     assert f"({len(want)} shapes of {len(want)} launchable)" in done.summary()
+
+
+
+def test_freeze_heap_leaves_what_is_loaded_out_of_full_collections(loaded: LoadedModel) -> None:
+    gc.unfreeze()  # whatever an earlier test froze
+    try:
+        freeze_heap()  # as the server's processes do once loaded
+        assert gc.get_freeze_count() > 10_000  # the model and the imports: not walked by later collections
+    finally:
+        gc.unfreeze()  # this test process loads many models: let them be collected

@@ -31,6 +31,7 @@ import zmq
 from stagewise.cli.console import console as make_console
 from stagewise.engine.engine import Engine
 from stagewise.engine.grammar_vocabulary import GrammarVocabulary
+from stagewise.engine.heap_freeze import freeze_heap
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_with_progress
 from stagewise.engine.request_handle import RequestHandle
@@ -145,6 +146,7 @@ class EngineCore:
             done = engine.warm_up(full_context=settings.peak_check)
             console.print(f"stagewise: {done.summary()}", highlight=False)
         self.engine = engine
+        freeze_heap()  # loaded and warmed: what lives from now on is not walked by every full collection
         for line in placement_lines(model):
             console.print(line, highlight=False, soft_wrap=True)
         self.send(m.Ready(model_record(ModelFacts.of(model, engine.batcher.slots)), os.getpid()))

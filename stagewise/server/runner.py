@@ -25,6 +25,7 @@ import uvicorn
 from rich.console import Console
 
 from stagewise.cli.console import console as make_console
+from stagewise.engine.heap_freeze import freeze_heap
 from stagewise.errors import ConfigError, EngineDied
 from stagewise.hardware.listen_socket import listen_socket
 from stagewise.server.app import guarded_app
@@ -132,6 +133,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             server.should_exit = True
         return
     engine.on_death = lambda error: _restart(state, engine, server, console, error)
+    freeze_heap()  # this process's imports and app, before it serves: full collections skip them
     if not state.set_ready(engine):
         engine.stop()
         return
