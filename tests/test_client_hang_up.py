@@ -11,10 +11,12 @@ from stagewise.engine.model_loading import load_model
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_output import RequestOutput
 from stagewise.server import engine_messages as m
-from stagewise.server.client_socket import client_fd, hung_up, remember_client_fd
+from stagewise.server.choices import Choices
+from stagewise.server.client_socket import client_fd, client_transport, hung_up, remember_client
 from stagewise.server.engine_front import LocalEngine
 from stagewise.server.engine_process import EngineProcess
 from stagewise.server.message_records import output_record
+from stagewise.server.output_stream import ClientGone
 from stagewise.server.random_tokenizer import with_demo_tokenizer
 from stagewise.server.remote_handle import RemoteHandle
 from stagewise.server.serve_settings import ServeSettings
@@ -39,11 +41,20 @@ def test_hung_up_reports_closed_and_reset_peers_only() -> None:
             sock.close()
 
 
-def test_the_scope_carries_the_descriptor() -> None:
+def test_the_scope_carries_the_connection() -> None:
     scope: dict[str, object] = {"type": "http"}
-    assert client_fd(scope) is None  # a test client's scope: nothing to ask
-    remember_client_fd(scope, 7)
-    assert client_fd(scope) == 7
+    assert client_transport(scope) is None and client_fd(None) is None  # a test client's scope: nothing to ask
+
+    async def record() -> None:
+        ours, theirs = socket.socketpair()
+        transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, sock=ours)
+        remember_client(scope, transport)
+        assert client_transport(scope) is transport and client_fd(transport) == ours.fileno()
+        transport.close()
+        await asyncio.sleep(0)  # the transport closes its socket on the next iteration
+        assert client_fd(transport) is None
+        theirs.close()
+    asyncio.run(record())
 
 
 def test_the_receiver_cancels_a_request_whose_client_hung_up() -> None:
@@ -95,3 +106,27 @@ def test_an_in_process_engine_cancels_at_the_output_after_the_hang_up() -> None:
         engine.stop()
         ours.close()
         loaded.close()
+
+
+def test_a_stream_writes_nothing_more_once_its_connection_is_closing() -> None:
+    class Connection(asyncio.BaseTransport):
+        closing = False
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+    async def read() -> list[str]:
+        client = Connection()
+        choices = Choices(client)
+        choices.handles.append(RemoteHandle(0, EngineRequest("r", (1, 2), 8), lambda output: None, lambda key: None))
+        seen = []
+        for text in ("a", "b"):
+            choices.queue.put_nowait((0, RequestOutput(text, 2, 1)))
+        seen.append((await choices.get())[1].text)
+        client.closing = True  # a send failed: the transport closed itself, the response not told yet
+        try:
+            await choices.get()
+        except ClientGone:
+            seen.append("gone")
+        return seen
+    assert asyncio.run(read()) == ["a", "gone"]  # "b" was queued, and is not written

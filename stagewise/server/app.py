@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 from stagewise.errors import StagewiseError
 from stagewise.server import chat_handler, completion_handler, tokenize_handler
 from stagewise.server.choices import Choices
-from stagewise.server.client_socket import client_fd
+from stagewise.server.client_socket import client_transport
 from stagewise.server.guards import Guards
 from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import (
@@ -267,7 +267,7 @@ def build_app(state: ServerState) -> FastAPI:
         # NOTE: rendering the chat template and tokenizing a body of megabytes takes seconds: in a
         # worker thread, so /health and the other streams keep being served meanwhile
         built = await anyio.to_thread.run_sync(prepare, limiter=preparing())
-        choices = await Choices.submit(engine, built.requests, client_fd(request.scope))
+        choices = await Choices.submit(engine, built.requests, client_transport(request.scope))
         response: Response = await respond(built, choices, state.served_names(model).name, request)
         return response
 

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_handle import OutputSink
 from stagewise.engine.request_output import RequestOutput
+from stagewise.server.client_socket import client_fd
 from stagewise.server.engine_front import EngineFront, Handle
 from stagewise.server.output_stream import ClientGone, failed, failure, wait_disconnect
 
@@ -21,20 +22,24 @@ from stagewise.server.output_stream import ClientGone, failed, failure, wait_dis
 class Choices:
     """Handles of one HTTP request's engine requests (index = choice index) and their merged outputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: asyncio.BaseTransport | None = None) -> None:
         self.loop = asyncio.get_running_loop()
+        self.client = client  # the HTTP client's connection (None: a test client)
         self.queue: asyncio.Queue[tuple[int, RequestOutput] | None] = asyncio.Queue()  # None: the client is gone
         self.handles: list[Handle] = []
         self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
-    async def submit(cls, engine: EngineFront, requests: Sequence[EngineRequest], client_fd: int | None = None) -> Choices:
-        """Submit every request (``client_fd``: see :meth:`EngineFront.submit`); if one is refused
-        (``QueueFull``, ...), cancel those already queued and raise."""
-        choices = cls()
+    async def submit(cls, engine: EngineFront, requests: Sequence[EngineRequest],
+                     client: asyncio.BaseTransport | None = None) -> Choices:
+        """Submit every request (``client``: the HTTP connection, whose socket the engine front asks after
+        each output, see :meth:`EngineFront.submit`); if one is refused (``QueueFull``, ...), cancel those
+        already queued and raise."""
+        choices = cls(client)
+        fd = client_fd(client)
         try:
             for index, request in enumerate(requests):
-                choices.handles.append(await engine.submit(request, choices._sink(index), client_fd))
+                choices.handles.append(await engine.submit(request, choices._sink(index), fd))
         except BaseException:
             choices.cancel()
             raise
@@ -70,8 +75,8 @@ class Choices:
         """The next output of any choice, with its index; :class:`ClientGone` once the watched client
         (:meth:`watch`) has disconnected."""
         item = await self.queue.get()
-        if item is None:
-            raise ClientGone(self.request_id)
+        if item is None or (self.client is not None and self.client.is_closing()):
+            raise ClientGone(self.request_id)  # nothing more is written to a closing connection
         return item
 
     def cancel(self) -> None:

@@ -5,8 +5,9 @@ a socket that connects and sends nothing, or half a request line, is held foreve
 sockets hold a thousand file descriptors). Here every connection must deliver a request's complete
 headers within ``header_timeout_s`` of connecting, and of its previous response; else it is closed.
 
-Each request's scope records the connection's file descriptor (:mod:`stagewise.server.client_socket`), so
-the engine outputs' receiver can see a client gone without waiting for this event loop.
+Each request's scope records the connection's transport (:mod:`stagewise.server.client_socket`), so the
+engine outputs' receiver can see a client gone without waiting for this event loop, and a stream stops
+writing to a transport that is closing.
 
 The body's deadline is the app's (``read_json``: 408 past ``--body-timeout-s``); a response that ends
 before its request's body did (that 408, a 413, a route that reads no body) ends the connection, so a
@@ -24,7 +25,7 @@ from typing import Any, cast
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from stagewise.server.client_socket import remember_client_fd
+from stagewise.server.client_socket import remember_client
 
 
 class HeaderTimeoutProtocol(H11Protocol):
@@ -47,9 +48,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         cycle = self.cycle
         super().data_received(data)
         if self.cycle is not None and self.cycle is not cycle:  # a request began: its app task has not run yet
-            sock = self.transport.get_extra_info("socket")
-            if sock is not None:
-                remember_client_fd(cast(dict[str, Any], self.cycle.scope), sock.fileno())
+            remember_client(cast(dict[str, Any], self.cycle.scope), self.transport)
         if self.conn.their_state is not h11.IDLE:  # the request line and headers are in: the app has it
             self._disarm()
 
