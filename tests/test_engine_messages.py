@@ -48,7 +48,7 @@ FROM_ENGINE = st.one_of(
     st.builds(m.Phase, text), st.builds(m.Ready, models, ints), st.builds(m.LoadFailed, errors),
     st.builds(m.Admitted, ints, st.none() | errors), st.builds(m.StepOutputs, st.lists(outputs, max_size=3).map(tuple)),
     st.builds(m.MetricsReply, ints, st.lists(families, max_size=2).map(tuple)), st.builds(m.Health, st.none() | text),
-    st.builds(m.Drained, st.booleans()),
+    st.builds(m.Drained, st.booleans()), st.just(m.Alive()),
 )
 
 

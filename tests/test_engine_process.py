@@ -115,3 +115,20 @@ def test_sigterm_to_both_processes_drains_in_flight(tmp_path: Path) -> None:
     assert finish == "length"
     assert served.process.wait(60) == 0
     assert "stagewise: drained" in (tmp_path / "serve.log").read_text()
+
+
+def test_a_hung_engine_process_is_stopped_and_replaced(tmp_path: Path) -> None:
+    model_dir = make_model_dir(tmp_path / "x")
+    served = start_server(model_dir, tmp_path / "serve.log", "--placement", "single", "--step-timeout-s", "1")
+    with serving(served):
+        before = _engine_process(served)
+        assert httpx.post(f"{served.url}/debug/step-delay", json={"seconds": 10}, timeout=30).status_code == 200
+        hung = _chat(served)  # its step sleeps 10 s: the engine loop sends nothing meanwhile
+        assert hung.status_code == 503 and set(hung.json()["error"]) == ERROR_KEYS
+        assert hung.json()["error"]["code"] == "engine_died"
+        assert "without progress (--step-timeout-s)" in hung.json()["error"]["message"]
+        served.wait_ready()  # a fresh engine process (no step delay) serves
+        assert _chat(served).status_code == 200
+        after = _engine_process(served)
+        assert after["pid"] != before["pid"] and after["restarts"] == 1
+    assert "sent nothing for" in (tmp_path / "serve.log").read_text()

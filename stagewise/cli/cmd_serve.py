@@ -57,6 +57,9 @@ def register(subparsers: Any) -> None:
                         help="close an idle keep-alive connection after this many seconds (default 5)")
     parser.add_argument("--max-connections", type=int, default=1024,
                         help="open connections before new requests are refused with 503 (default 1024)")
+    parser.add_argument("--step-timeout-s", type=float, default=120.0,
+                        help="stop and replace the engine process when it sends nothing for this many seconds (a "
+                             "step that never ends; its requests get 503 engine_died) (default 120)")
     parser.add_argument("--no-webui", dest="webui", action="store_false",
                         help="serve no web page at / (the API, /v1/stagewise/status included, is served as ever)")
     parser.set_defaults(func=run)
@@ -72,6 +75,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         cors_origins=tuple(args.cors_origins), header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,
+        step_timeout_s=args.step_timeout_s,
         served_model_names=tuple(args.served_model_names),
     )
 

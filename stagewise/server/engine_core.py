@@ -49,6 +49,7 @@ from stagewise.server.serve_settings import ServeSettings
 
 _POLL_MS = 100  # an idle loop looks at the parent process at least this often
 _HEALTH_EVERY_S = 0.1  # and at the workers' health at most this often (not on every step)
+ALIVE_EVERY_S = 1.0  # with nothing else sent for this long, the loop says it is alive (the API's hang check)
 
 
 def run_engine_process(settings: ServeSettings, to_engine: str, from_engine: str) -> None:
@@ -105,6 +106,7 @@ class EngineCore:
         self.parent = os.getppid()
         self.health: str | None = None
         self.health_read_s = 0.0
+        self.sent_s = time.monotonic()  # when a message last went to the API process
         self.drain_deadline_s: float | None = None  # monotonic; set by the first Drain
         self.drain_clean = True  # no request was cancelled at the drain's deadline
         self.said_drained = False
@@ -113,6 +115,7 @@ class EngineCore:
 
     def send(self, message: m.FromEngine) -> None:
         self.outbox.send(self.codec.encode(message))
+        self.sent_s = time.monotonic()
 
     def serve(self) -> None:
         try:
@@ -128,6 +131,8 @@ class EngineCore:
             self._flush()
             self._end_drain(engine)
             self._report_health()
+            if time.monotonic() - self.sent_s >= ALIVE_EVERY_S:
+                self.send(m.Alive())
             if os.getppid() != self.parent:  # the API process is gone: nobody to serve (or to send to)
                 engine.stop()
                 return

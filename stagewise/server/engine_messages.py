@@ -6,7 +6,8 @@ API → engine (:data:`ToEngine`): :class:`Submit` (a tokenized request), :class
 Engine → API (:data:`FromEngine`): :class:`Phase` and :class:`Ready` (or :class:`LoadFailed`) while
 starting, :class:`Admitted` (one per :class:`Submit`), :class:`StepOutputs` (every output of one engine
 step, each request's newly completed text, token count, logprobs and finish), :class:`MetricsReply`,
-:class:`Health` (the worker processes' liveness, when it changes) and :class:`Drained`.
+:class:`Health` (the worker processes' liveness, when it changes), :class:`Alive` (after a second with
+nothing else sent: the API process's proof that the engine loop turns) and :class:`Drained`.
 
 Each struct is tagged with its kind (``{"kind": "submit", ...}``), so a message decodes to exactly one
 type; :mod:`stagewise.server.message_codec` encodes and checks them.
@@ -174,4 +175,8 @@ class Drained(Struct, frozen=True, tag="drained", tag_field="kind"):
     clean: bool
 
 
-FromEngine = Phase | Ready | LoadFailed | Admitted | StepOutputs | MetricsReply | Health | Drained
+class Alive(Struct, frozen=True, tag="alive", tag_field="kind"):
+    """Nothing else was sent for a while; the engine's loop still turns."""
+
+
+FromEngine = Phase | Ready | LoadFailed | Admitted | StepOutputs | MetricsReply | Health | Drained | Alive

@@ -4,7 +4,9 @@ Two ZeroMQ sockets on IPC paths this process binds (so a restarted engine proces
 ones): PUSH for :data:`~stagewise.server.engine_messages.ToEngine` messages, PULL for what the engine
 sends back. A receiving thread decodes each message and hands it on (outputs to their request's sink,
 replies to the awaiting coroutine); a watching thread waits on the process's exit and then fails every
-request it carried with :class:`EngineDied` at once (503 in OpenAI's shape) and calls ``on_death``.
+request it carried with :class:`EngineDied` at once (503 in OpenAI's shape) and calls ``on_death``. A
+serving process that sends nothing for ``--step-timeout-s`` (its loop says :class:`Alive` every second
+when it has nothing else to say) is hung: the watching thread kills it, and its exit is a death as any.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -39,6 +42,7 @@ from stagewise.server.remote_handle import RemoteHandle
 from stagewise.server.serve_settings import ServeSettings
 
 _POLL_MS = 100
+_HANG_CHECK_S = 0.5  # how often the watching thread looks at when the engine process was last heard
 _QUERY_TIMEOUT_S = 10.0
 _ANSWER_GRACE_S = 1.0  # a process that exited while loading: how long its last message may take to arrive
 _EXIT_TIMEOUT_S = 30.0  # after its drain, the engine process closes the model and exits  # a bound on a hung engine process's metrics reply
@@ -90,6 +94,8 @@ class EngineProcess:
         self._exiting = False
         self._serving = False  # a Ready came from the current process
         self._closed = False
+        self._heard_s = time.monotonic()  # when the engine process's last message arrived
+        self._hung_s: float | None = None  # how long the process was silent when it was stopped as hung
         self.process: BaseProcess | None = None
         self.pid: int | None = None
         self.alive = False
@@ -102,6 +108,7 @@ class EngineProcess:
         """Spawn the engine process and wait until it serves; raises its load error (``DoesNotFit``, ...)."""
         self._ready.clear()
         self._load_error = None
+        self._hung_s = None
         self._exiting = self._serving = False
         process = multiprocessing.get_context("spawn").Process(
             target=run_engine_process, args=(self.settings, self._to_engine, self._from_engine),
@@ -224,6 +231,7 @@ class EngineProcess:
             if not self._in.poll(_POLL_MS):
                 continue
             data = self._in.recv()
+            self._heard_s = time.monotonic()
             try:
                 self._apply(self._codec.decode(data))
             except EngineMessageRejected as exc:
@@ -274,6 +282,8 @@ class EngineProcess:
         elif isinstance(message, m.Phase):
             if self.on_phase is not None:
                 self.on_phase(message.phase)
+        elif isinstance(message, m.Alive):
+            pass  # heard (above): the loop turns
         elif isinstance(message, m.Drained):
             self._clean = message.clean
             with self._lock:
@@ -283,9 +293,18 @@ class EngineProcess:
             raise EngineMessageRejected(f"the engine process sent a {type(message).__name__}, which only it may get")
 
     def _watch(self, process: BaseProcess) -> None:
-        wait([process.sentinel])
-        error = EngineDied(f"the engine process (pid {process.pid}) exited with code {process.exitcode}; the "
-                           "requests it carried failed, and a new one is loading the model: retry later")
+        timeout_s = self.settings.step_timeout_s
+        while not wait([process.sentinel], _HANG_CHECK_S):
+            silent_s = time.monotonic() - self._heard_s
+            if self._serving and not self._exiting and silent_s > timeout_s and self._hung_s is None:
+                self._hung_s = silent_s
+                print(f"stagewise: the engine process (pid {process.pid}) sent nothing for {silent_s:.0f} s "
+                      f"(--step-timeout-s {timeout_s:g}): a step that does not end; stopping it", file=sys.stderr)
+                process.kill()
+        how = f"was stopped after {self._hung_s:.0f} s without progress (--step-timeout-s)" if self._hung_s is not None \
+            else f"exited with code {process.exitcode}"
+        error = EngineDied(f"the engine process (pid {process.pid}) {how}; the requests it carried failed, and a "
+                           "new one is loading the model: retry later")
         with self._lock:
             died, self.alive = self._serving and not self._exiting, False
             handles, self._handles = list(self._handles.values()), {}

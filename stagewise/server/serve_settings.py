@@ -32,6 +32,7 @@ class ServeSettings:
     header_timeout_s: float = 10.0  # a connection's request headers must be complete this long after it opens
     body_timeout_s: float = 30.0  # a request's body must be complete this long after the server starts reading it
     keep_alive_s: int = 5  # an idle keep-alive connection is closed after this long (uvicorn's default)
+    step_timeout_s: float = 120.0  # an engine process silent this long (a step that never ends) is stopped and replaced
     max_connections: int = 1024  # open connections (and requests in flight) before new requests get 503
     webui: bool = True  # serve the web page at / (the status endpoint is served either way)
     served_model_names: tuple[str, ...] = ()  # --served-model-name: the names requests may give (first listed)
@@ -46,7 +47,7 @@ class ServeSettings:
         if self.max_body_bytes < 1024:
             raise ConfigError(f"the body size limit must be >= 1024 bytes, got {self.max_body_bytes}")
         for flag, seconds in (("--header-timeout-s", self.header_timeout_s), ("--body-timeout-s", self.body_timeout_s),
-                              ("--keep-alive-s", self.keep_alive_s)):
+                              ("--keep-alive-s", self.keep_alive_s), ("--step-timeout-s", self.step_timeout_s)):
             if not 0 < seconds <= 3600:
                 raise ConfigError(f"{flag} must be in (0, 3600], got {seconds}")
         if self.max_connections < 1:
