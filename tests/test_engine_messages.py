@@ -55,7 +55,7 @@ FROM_ENGINE = st.one_of(
 def test_every_kind_is_covered() -> None:
     kinds = {t.__name__ for t in (*m.ToEngine.__args__, *m.FromEngine.__args__)}  # type: ignore[attr-defined]
     assert kinds == {"Submit", "Cancel", "MetricsQuery", "FailNextStep", "StepDelay", "Drain", "Exit", "Phase", "Ready",
-                     "LoadFailed", "Admitted", "StepOutputs", "MetricsReply", "Health", "Drained"}
+                     "LoadFailed", "Admitted", "StepOutputs", "MetricsReply", "Health", "Drained", "Alive"}
 
 
 @settings(max_examples=300, deadline=None)
