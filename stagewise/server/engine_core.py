@@ -151,6 +151,11 @@ class EngineCore:
             done = engine.warm_up(full_context=settings.peak_check)
             console.print(f"stagewise: {done.summary()}", highlight=False)
         self.engine = engine
+        if model.tokenizer is not None and model.stop_token_ids:
+            try:  # built now (~1 s for 150k tokens, once), not by the first structured request, between two steps
+                self._vocabulary()
+            except GrammarError:
+                pass  # a tokenizer llguidance cannot read: each structured request is refused with the error
         freeze_heap()  # loaded and warmed: what lives from now on is not walked by every full collection
         for line in placement_lines(model):
             console.print(line, highlight=False, soft_wrap=True)
