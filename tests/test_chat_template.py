@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
+from stagewise.engine.chat_template import ChatTemplate
 from stagewise.errors import ConfigError, RequestError
+from stagewise.weights.chatml_template import DEFAULT_CHATML
 from stagewise.weights.tokenizer_train import train_demo_tokenizer
 
 TOOLS = [

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from stagewise.engine.chat_template import DEFAULT_CHATML
+from stagewise.weights.chatml_template import DEFAULT_CHATML
 from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
 from tests.hf_models import make_hf_model
 

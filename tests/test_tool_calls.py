@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from stagewise.engine.chat_template import DEFAULT_CHATML
 from stagewise.engine.tool_calls import (
     ParsedToolCalls,
     ToolCall,
@@ -16,6 +15,7 @@ from stagewise.engine.tool_calls import (
     new_call_id,
     parse_tool_calls,
 )
+from stagewise.weights.chatml_template import DEFAULT_CHATML
 
 
 def rng() -> random.Random:

@@ -68,7 +68,7 @@ def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profi
     """The outcome as one story: the headline names the attempt the bars draw (the placement, or for a
     model that does not fit the best attempt with the stage that overflows), in the units the devices
     were given in."""
-    from stagewise.cli.console import console as make_console
+    from stagewise.console import console as make_console
 
     console = make_console()
     units = in_binary_units if binary else str
@@ -134,7 +134,7 @@ def _bar(device_id: str, charge: Charge, budget: int, label: str, binary: bool =
 def _catalog(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from stagewise.cli.console import console as make_console
+    from stagewise.console import console as make_console
 
     topology, profile = devices_and_profile(args)
     rows: list[dict[str, Any]] = []

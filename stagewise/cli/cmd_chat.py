@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stagewise.cli.console import console as make_console
+    from stagewise.console import console as make_console
     from stagewise.engine.engine import Engine
     from stagewise.engine.model_loading import load_model_from_args
     from stagewise.server.load_display import placement_lines

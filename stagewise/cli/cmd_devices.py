@@ -97,7 +97,7 @@ def _link_dict(topology: Topology, datasheet: Topology, a: str, b: str, beside_d
 def _render(topology: Topology, datasheet: Topology, owners: dict[str, int] | None = None) -> None:
     from rich.table import Table
 
-    from stagewise.cli.console import console as make_console
+    from stagewise.console import console as make_console
 
     columns = ["id", "name", "torch", "memory", "free", "budget", "bandwidth GB/s", "matmul TFLOP/s", "pci", "uuid"]
     if owners is not None:

@@ -169,7 +169,7 @@ def speed_line(cert: CertifiedPlacement) -> str:
 def render_plan(cert: CertifiedPlacement, topology: Topology, binary: bool = False) -> None:
     from rich.table import Table
 
-    from stagewise.cli.console import console as make_console
+    from stagewise.console import console as make_console
 
     console = make_console()
     units = in_binary_units if binary else str

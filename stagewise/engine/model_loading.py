@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
+from stagewise.engine.chat_template import ChatTemplate
 from stagewise.engine.demo_model import DEMO_CONTEXT, DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
 from stagewise.engine.load_settings import LoadSettings, load_settings_from_args
 from stagewise.engine.loaded_model import LoadedModel
@@ -34,6 +34,7 @@ from stagewise.runtime.executor import Executor
 from stagewise.runtime.stage import StageSpec
 from stagewise.spec.model_spec import ModelSpec
 from stagewise.spec.profile import Profile, default_activation_dtype, kernel_path_for
+from stagewise.weights.chatml_template import DEFAULT_CHATML
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

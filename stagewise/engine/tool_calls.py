@@ -2,7 +2,7 @@
 
 Two formats:
 
-* ``"hermes"`` (Qwen2.5/Qwen3, Hermes, :data:`~stagewise.engine.chat_template.DEFAULT_CHATML`): one
+* ``"hermes"`` (Qwen2.5/Qwen3, Hermes, :data:`~stagewise.weights.chatml_template.DEFAULT_CHATML`): one
   or more ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks; text outside
   the blocks is the message content. A final block cut off before ``</tool_call>`` still counts.
 * ``"llama3"`` (Llama 3.1/3.2 JSON tool calling): the whole output is ``{"name": ..., "parameters":

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import zmq
 
-from stagewise.cli.console import console as make_console
+from stagewise.console import console as make_console
 from stagewise.engine.engine import Engine
 from stagewise.engine.grammar_vocabulary import GrammarVocabulary
 from stagewise.engine.heap_freeze import freeze_heap

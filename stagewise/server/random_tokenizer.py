@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from stagewise.engine.chat_template import DEFAULT_CHATML, ChatTemplate
+from stagewise.engine.chat_template import ChatTemplate
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.errors import ConfigError
+from stagewise.weights.chatml_template import DEFAULT_CHATML
 
 DEMO_TOKENIZER_MAX = 1024  # trained vocabulary at most (the built-in corpus runs out of merges past it)
 

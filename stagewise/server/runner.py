@@ -24,7 +24,7 @@ from typing import Any
 import uvicorn
 from rich.console import Console
 
-from stagewise.cli.console import console as make_console
+from stagewise.console import console as make_console
 from stagewise.engine.heap_freeze import freeze_heap
 from stagewise.errors import ConfigError, EngineDied
 from stagewise.hardware.listen_socket import listen_socket

@@ -72,7 +72,7 @@ def make_model(config: str | Path | dict[str, Any], out: str | Path, fmt: str = 
         pieces = tensor_chunks(model_config, name, shape, seed, device)
         return pieces if fmt == "gguf" else (piece.cpu() for piece in pieces)
 
-    from stagewise.engine.chat_template import DEFAULT_CHATML
+    from stagewise.weights.chatml_template import DEFAULT_CHATML
     from stagewise.weights.tokenizer_train import export_for_gguf, save_for_hf
 
     target = Path(out)
