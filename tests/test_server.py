@@ -308,7 +308,8 @@ def test_disconnect_mid_stream_frees_state(server: ServedModel) -> None:
     _set_delay(server, 0.05)  # 200 tokens would take 10 s
     before = server.metric('stagewise_requests_total{finish_reason="cancelled"}') if _has_cancelled(server) else 0
     try:
-        body = {"messages": HELLO, "max_tokens": 200, "stream": True}
+        # the end-of-sequence token never drawn: cancelled is the only way to end before 200 tokens
+        body = {"messages": HELLO, "max_tokens": 200, "stream": True, "logit_bias": NO_STOP}
         with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=server.headers) as r:
             lines = r.iter_lines()
             for _ in range(4):
