@@ -21,7 +21,7 @@ from stagewise.engine.chat_template import ChatTemplate
 from stagewise.engine.demo_model import DEMO_CONTEXT, DEMO_DEVICES, DEMO_PLACEMENT, ensure_demo_model
 from stagewise.engine.load_settings import LoadSettings, load_settings_from_args
 from stagewise.engine.loaded_model import LoadedModel
-from stagewise.engine.opened_model import OpenedModel, open_model
+from stagewise.engine.opened_model import OpenedModel, open_model, open_model_source
 from stagewise.engine.placement_summary import placement_summary
 from stagewise.errors import ConfigError, PlacementError
 from stagewise.hardware.device_spec import resolve_device_spec
@@ -132,7 +132,7 @@ def load(settings: LoadSettings, progress: StageProgress | None = None,
         from stagewise.runtime.distributed_start import cluster_topology, open_pool
 
         pool = open_pool(settings.workers, settings.worker_timeout_s, secret_file=settings.worker_secret_file,
-                         devices=settings.devices)
+                         devices=settings.devices, opener=open_model_source)
         if not pool.mode.local:
             # plan on the devices the workers offer, across links timed at one activation (bf16 unless told)
             itemsize = DTYPES[settings.dtype].itemsize if settings.dtype is not None else 2

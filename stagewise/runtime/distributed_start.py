@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,18 +25,21 @@ from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.runtime.worker_messages import Assignment, JoinReport
 from stagewise.runtime.worker_mode import WorkerMode
+
+if TYPE_CHECKING:
+    from stagewise.runtime.worker_segment import Opener
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_secret import require_secret
 from stagewise.spec.model_config import ModelConfig
 
 
 def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,
-              secret_file: str | None = None, devices: str | None = None) -> WorkerPool:
+              secret_file: str | None = None, devices: str | None = None, opener: Opener | None = None) -> WorkerPool:
     """Host the rendezvous store and the control plane for ``workers`` (``local``, ``N@HOST:PORT`` or
     ``ray:N``): on 127.0.0.1 with a fresh secret for local workers; on HOST with the shared secret
     (``secret_file``, else ``$STAGEWISE_WORKER_SECRET_FILE`` / ``$STAGEWISE_WORKER_SECRET``) for remote
     ones; for Ray, on this node's address in the cluster with a fresh secret, the N actors placed
-    (each offering ``devices``, None: the devices Ray gives it)."""
+    (each offering ``devices``, None: the devices Ray gives it, and opening the model with ``opener``)."""
     mode = WorkerMode.parse(workers)
     if mode.ray:
         mode = dataclasses.replace(mode, host=connect_ray(mode.ray_address or None))
@@ -43,8 +47,11 @@ def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float 
     secret = None if mode.spawned else require_secret(secret_file, "the coordinator")
     pool = WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
     if mode.ray:
+        if opener is None:
+            pool.close(grace_s=0)
+            raise ValueError("Ray workers open the model themselves: open_pool needs an opener")
         try:
-            pool.launch_ray(devices)
+            pool.launch_ray(devices, opener)
         except BaseException:
             pool.close(grace_s=0)
             raise

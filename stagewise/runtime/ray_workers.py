@@ -19,10 +19,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagewise.errors import ConfigError, StagewiseError
 from stagewise.runtime.distributed_group import WORKER_ENV
+
+if TYPE_CHECKING:
+    from stagewise.runtime.worker_segment import Opener
 
 
 def ray_module() -> Any:
@@ -60,24 +63,24 @@ class RayWorkerActor:
     """One worker inside a Ray actor: ``run_worker`` on a thread (the actor's methods stay free)."""
 
     def __init__(self, join: str, rank: int, secret: bytes, devices: str | None, timeout_s: float,
-                 threads: int) -> None:
+                 threads: int, opener: Opener) -> None:
         for key, value in WORKER_ENV.items():
             os.environ.setdefault(key, value)
         self.code: int | None = None
-        args = (join, rank, secret, devices, timeout_s, threads)
+        args = (join, rank, secret, devices, timeout_s, threads, opener)
         threading.Thread(target=self._run, args=args, name="stagewise-worker", daemon=True).start()
 
-    def _run(self, join: str, rank: int, secret: bytes, devices: str | None, timeout_s: float, threads: int) -> None:
+    def _run(self, join: str, rank: int, secret: bytes, devices: str | None, timeout_s: float, threads: int,
+             opener: Opener) -> None:
         import torch
 
-        from stagewise.engine.opened_model import open_model_source
         from stagewise.hardware.device_spec import resolve_device_spec
         from stagewise.runtime.worker import run_worker
 
         torch.set_num_threads(threads)
         try:
             topology = resolve_device_spec(devices).to_dict()
-            self.code = run_worker(join, rank, open_model_source, topology, secret, timeout_s)
+            self.code = run_worker(join, rank, opener, topology, secret, timeout_s)
         except StagewiseError as exc:  # the coordinator sees a worker that never joined; the log says why
             print(f"stagewise worker {rank}: {exc}", file=sys.stderr, flush=True)
             self.code = exc.exit_code
@@ -91,9 +94,9 @@ class RayWorkers:
     """The actors of one pool: ``count`` ranks joining ``join`` (the pool's store address)."""
 
     def __init__(self, join: str, count: int, secret: bytes, devices: str | None, timeout_s: float,
-                 threads: int) -> None:
+                 threads: int, opener: Opener) -> None:
         self._ray = ray_module()
-        self._args = (join, secret, devices, timeout_s, threads)
+        self._args = (join, secret, devices, timeout_s, threads, opener)
         gpus = self._ray.cluster_resources().get("GPU", 0)
         self.gpus_per_worker = 1 if gpus >= count else 0  # one stage's device per actor
         self.actors: dict[int, Any] = {}
@@ -101,10 +104,10 @@ class RayWorkers:
     def launch(self, rank: int) -> None:
         """Place the actor of ``rank`` (replacing a previous one)."""
         self.kill(rank)
-        join, secret, devices, timeout_s, threads = self._args
+        join, secret, devices, timeout_s, threads, opener = self._args
         cls = self._ray.remote(num_gpus=self.gpus_per_worker, num_cpus=0 if self.gpus_per_worker else 1,
                                max_restarts=0)(RayWorkerActor)
-        self.actors[rank] = cls.options(name=None).remote(join, rank, secret, devices, timeout_s, threads)
+        self.actors[rank] = cls.options(name=None).remote(join, rank, secret, devices, timeout_s, threads, opener)
 
     def kill(self, rank: int) -> None:
         actor = self.actors.pop(rank, None)

@@ -25,6 +25,7 @@ import sys
 import time
 import weakref
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -38,6 +39,9 @@ from stagewise.runtime.worker_messages import JoinReport, PlaneAddress
 from stagewise.runtime.worker_mode import WorkerMode
 from stagewise.runtime.worker_plane import PLANE_KEY, SESSION_KEY
 from stagewise.runtime.worker_secret import SECRET_ENV, new_secret
+
+if TYPE_CHECKING:
+    from stagewise.runtime.worker_segment import Opener
 
 __all__ = ["WorkerMode", "WorkerPool", "local_worker_threads"]
 
@@ -104,10 +108,11 @@ class WorkerPool:
 
     # ----- local workers -------------------------------------------------------------------------
 
-    def launch_ray(self, devices: str | None) -> None:
-        """Place the ``ray:N`` worker actors (each offers ``devices``, None: what it sees)."""
+    def launch_ray(self, devices: str | None, opener: Opener) -> None:
+        """Place the ``ray:N`` worker actors (each offers ``devices``, None: what it sees; each opens the
+        model with ``opener``, a module-level function Ray sends by reference)."""
         threads = int(os.environ.get("OMP_NUM_THREADS") or local_worker_threads(self.count))
-        self.ray = RayWorkers(self.address, self.count, self.secret, devices, self.timeout_s, threads)
+        self.ray = RayWorkers(self.address, self.count, self.secret, devices, self.timeout_s, threads, opener)
         for rank in range(1, self.count + 1):
             self.ray.launch(rank)
 
