@@ -135,8 +135,8 @@ class Engine:
         """One turn of the loop: admit waiting requests while slots are free (waiting up to ``timeout_s``
         for one when nothing runs), then one :meth:`execute`. The worker thread calls it; an engine
         process that owns its sockets calls it from its own loop instead of :meth:`start`."""
-        busy = self.batcher.active > 0
-        batch = self.scheduler.schedule(0.0 if busy else timeout_s, self.batcher.free)
+        running = self.batcher.active > 0
+        batch = self.scheduler.schedule(0.0 if running else timeout_s, self.batcher.free)
         for handle in batch.dropped:
             self._finish(handle, RequestOutput("", handle.request.prompt_tokens, 0, finish_reason="cancelled"))
         for handle in batch.run:

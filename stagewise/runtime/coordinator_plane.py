@@ -68,7 +68,7 @@ class CoordinatorPlane:
         self._waiters: set[int] = set()  # the wake pipes (write ends) of the threads in wait()
         self._io_watching = True  # the I/O thread polls the socket (no thread waited when it last looked)
         self._local = threading.local()  # each waiting thread's wake pipe
-        self.cond = threading.Condition()  # guards what was filed (below)
+        self.lock = threading.RLock()  # guards what was filed (below); re-entered by wait()'s ready()
         self.joins: dict[int, JoinReport] = {}  # rank -> its latest join report
         self._acks: dict[int, dict[int, Ack]] = {}  # awaited command -> rank -> acknowledgement
         self._awaited: dict[int, dict[int, str]] = {}  # awaited command -> rank -> incarnation
@@ -98,52 +98,52 @@ class CoordinatorPlane:
 
     def expect(self, seq: int, members: dict[int, str]) -> None:
         """Count acknowledgements of command ``seq`` from these incarnations (before sending it)."""
-        with self.cond:
+        with self.lock:
             self._awaited[seq] = dict(members)
             self._acks[seq] = {}
 
     def acks(self, seq: int) -> dict[int, Ack]:
-        with self.cond:
+        with self.lock:
             return dict(self._acks.get(seq, {}))
 
     def forget(self, seq: int) -> dict[int, Ack]:
         """Stop awaiting command ``seq``; returns what arrived (later answers count as replays)."""
-        with self.cond:
+        with self.lock:
             self._awaited.pop(seq, None)
             return self._acks.pop(seq, {})
 
     def awaiting(self) -> list[int]:
         """The commands whose acknowledgements are still counted."""
-        with self.cond:
+        with self.lock:
             return sorted(self._awaited)
 
     def expect_probe(self, n: int) -> None:
-        with self.cond:
+        with self.lock:
             self._probes[n] = {}
 
     def probe_reports(self, n: int) -> dict[int, ProbeReport]:
-        with self.cond:
+        with self.lock:
             return dict(self._probes.get(n, {}))
 
     def last_beat(self, incarnation: str) -> float | None:
         """When (``time.monotonic``) ``incarnation``'s latest heartbeat arrived; None before its first."""
-        with self.cond:
+        with self.lock:
             beat = self._beats.get(incarnation)
         return None if beat is None else beat[1]
 
     def wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
-        """Block until ``ready()`` (checked under the condition, after each arrival) or ``timeout_s``;
+        """Block until ``ready()`` (checked under the lock, after each arrival) or ``timeout_s``;
         meanwhile this thread reads the socket itself whenever something arrives."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         wake_r, wake_w = self._wake_pipe()
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
-        with self.cond:
+        with self.lock:
             self._waiters.add(wake_w)
         try:
             while True:
-                with self.cond:
+                with self.lock:
                     if ready():
                         return True
                 left_s = deadline - time.monotonic()
@@ -153,7 +153,7 @@ class CoordinatorPlane:
                 _drain(wake_r)
                 self._pump()
         finally:
-            with self.cond:
+            with self.lock:
                 self._waiters.discard(wake_w)
                 if not self._waiters and not self._io_watching:
                     os.write(self._io_wake_w, b"x")  # the I/O thread reads again
@@ -165,7 +165,7 @@ class CoordinatorPlane:
 
     def wake(self) -> None:
         """Make every waiter check again (a watcher found a worker dead)."""
-        with self.cond:
+        with self.lock:
             self._notify()
 
     # ----- reading (any thread) -------------------------------------------------------------------
@@ -177,8 +177,7 @@ class CoordinatorPlane:
         return pipe.r, pipe.w
 
     def _notify(self) -> None:
-        """Wake every waiting thread (the caller holds the condition)."""
-        self.cond.notify_all()
+        """Wake every waiting thread (the caller holds the lock)."""
         for fd in self._waiters:
             try:
                 os.write(fd, b"x")
@@ -209,11 +208,11 @@ class CoordinatorPlane:
             poller.register(self._io_wake_r, select.POLLIN)
         watching.register(self._fd, select.POLLIN)
         while not self._closed:
-            with self.cond:
+            with self.lock:
                 self._io_watching = not self._waiters
             (watching if self._io_watching else idle).poll()
             _drain(self._io_wake_r)
-            with self.cond:
+            with self.lock:
                 if self._waiters:
                     continue
             self._pump()
@@ -226,7 +225,7 @@ class CoordinatorPlane:
         own = routing_id(rank, incarnation) + (b":beat" if isinstance(message, Heartbeat) else b"")
         if sender != own:
             self._seal.reject(msgspec.msgpack.encode(message), f"a message of worker {rank} from another connection")
-        with self.cond:
+        with self.lock:
             if isinstance(message, JoinReport):
                 self.joins[message.rank] = message
             elif isinstance(message, Ack):

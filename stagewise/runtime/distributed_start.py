@@ -42,14 +42,14 @@ def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float 
     (each offering ``devices``, None: the devices Ray gives it, and opening the model with ``opener``)."""
     mode = WorkerMode.parse(workers)
     if mode.ray:
+        if opener is None:
+            raise ValueError("Ray workers open the model themselves: open_pool needs an opener")
         mode = dataclasses.replace(mode, host=connect_ray(mode.ray_address or None))
         mode = dataclasses.replace(mode, count=mode.count or cluster_gpus())
     secret = None if mode.spawned else require_secret(secret_file, "the coordinator")
     pool = WorkerPool(mode, timeout_s, heartbeat_timeout_s, secret)
     if mode.ray:
-        if opener is None:
-            pool.close(grace_s=0)
-            raise ValueError("Ray workers open the model themselves: open_pool needs an opener")
+        assert opener is not None  # checked above
         try:
             pool.launch_ray(devices, opener)
         except BaseException:

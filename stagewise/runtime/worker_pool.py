@@ -158,7 +158,7 @@ class WorkerPool:
 
     def report(self, rank: int) -> JoinReport | None:
         """The latest genuine JoinReport of ``rank`` (None if it never joined)."""
-        with self.plane.cond:
+        with self.plane.lock:
             return self.plane.joins.get(rank)
 
     def fresh_join(self, rank: int) -> JoinReport | None:
