@@ -337,6 +337,7 @@ def _serve(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[b
            "--queue", str(args.queue or max(args.concurrency)), *_device_args(args)]
     if args.max_seqs:
         cmd += ["--max-seqs", str(args.max_seqs)]
+    cmd += args.serve_args
     env = {**os.environ, "PYTHONPATH": _python_path(), "COLUMNS": "300"}  # banner lines unwrapped in the log
     env.pop("STAGEWISE_API_KEY", None)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -492,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--placement")
     p.add_argument("--context", type=int)
     p.add_argument("--max-seqs", type=int)
+    p.add_argument("--serve-arg", dest="serve_args", action="append", default=[],
+                   help="one more argument for stagewise serve (repeat: --serve-arg=--no-prefix-cache)")
     p.add_argument("--queue", type=int, help="serve's --queue (default: the largest level)")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64, 128])
     p.add_argument("--rate", type=float, help="also a Poisson run at this many requests per second")
@@ -565,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         device = "unknown"
     result = {"command": shlex.join(["python3", *sys.argv]), "machine": platform.node(), "device": device,
               "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model,
-              "serve_args": _device_args(args) + (["--max-seqs", str(args.max_seqs)] if args.max_seqs else []),
+              "serve_args": _device_args(args) + (["--max-seqs", str(args.max_seqs)] if args.max_seqs else []) + args.serve_args,
               "endpoint": args.endpoint, "prompt_tokens": args.prompt, "gen_tokens": args.gen,
               "server_ready_s": ours["server_ready_s"], "server_banner": banner, "runs": runs,
               "in_process": in_process, "total_s": time.perf_counter() - started}

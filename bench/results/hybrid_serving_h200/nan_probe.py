@@ -17,7 +17,7 @@ slots = m.pipeline.stages[0].states.slots
 rng = random.Random(0)
 V = m.config.vocab_size
 words = [rng.randrange(3, min(V, 30000)) for _ in range(10)]
-head = [rng.randrange(3, min(V, 30000)) for _ in range(8)]
+head = [rng.randrange(3, min(V, 30000)) for _ in range(int(os.environ.get("HEAD", 8)))]  # shared by every prompt
 
 
 def prompt():
@@ -42,7 +42,7 @@ for variant in os.environ.get("VARIANTS", "cache,nocache").split(","):
         for s in m.pipeline.stages:
             s.graphs = None
     b = Batcher(m.pipeline, m.max_context, 512, prefix_cache=variant == "cache")
-    for p in range(2):
+    for p in range(int(os.environ.get("PASSES", 2))):
         for n in (8, 32, 64):
             reqs = [GenerationRequest(prompt(), int(os.environ.get("GEN", 128)), G) for _ in range(n)]
             t = time.time()

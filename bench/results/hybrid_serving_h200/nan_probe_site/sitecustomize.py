@@ -30,6 +30,7 @@ if PATH:
         if state["first_block"] is None and not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
             bad = (~torch.isfinite(out.float())).flatten(1).any(1)
             if bool(bad.any()):
+              try:
                 layout = ctx.layout
                 state["first_block"] = {
                     "block": self.linear_attn.__class__.__name__ if self.is_linear else "attention",
@@ -39,6 +40,9 @@ if PATH:
                                                            "snapshots": layout.snapshots},
                     "input_finite": bool(torch.isfinite(hidden.float()).all())}
                 _write({"first_nonfinite_block_output": state["first_block"]})
+              except Exception as e:  # noqa: BLE001 (a probe: report, never break the step)
+                state["first_block"] = {"error": repr(e)}
+                _write({"first_nonfinite_block_output_error": repr(e)})
         return out
 
     hybrid_mod.HybridBlock.forward = _probe_forward
@@ -52,6 +56,14 @@ if PATH:
         b = state["batcher"]
         if b is not None and not state["dumped"]:
             state["dumped"] = True
+            try:
+                _dump(b)
+            except Exception as e:  # noqa: BLE001
+                _write({"dump_error": repr(e)})
+        return _non_finite()
+
+    def _dump(b):  # type: ignore[no-untyped-def]
+        if True:
             seqs = [s for s in (*b.decoding, *b.staging) if s is not None]
             stage = b.pipeline.stages[0]
             slots = stage.states.slots
@@ -68,6 +80,5 @@ if PATH:
                                    "preemptions": s.preemptions} for s in seqs],
                     "nonfinite_entries": pools, "snapshot_evictions": getattr(b.kv.snapshots, "evictions", None),
                     "hit_tokens": b.kv.hit_tokens, "preemptions": b.preemptions})
-        return _non_finite()
 
     sampling_mod._non_finite = _probe_non_finite
