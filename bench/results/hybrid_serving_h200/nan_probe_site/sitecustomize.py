@@ -82,3 +82,49 @@ if PATH:
                     "hit_tokens": b.kv.hit_tokens, "preemptions": b.preemptions})
 
     sampling_mod._non_finite = _probe_non_finite
+
+    # Every step (STAGEWISE_NAN_PROBE_STEPS=1): after each collected step, the device synchronized, the first
+    # step that leaves a non-finite value in any state pool is reported once: its rows and layout, which
+    # entries of which layers' pools, and whose entries they are (row, read or write) by the table.
+    if os.environ.get("STAGEWISE_NAN_PROBE_STEPS") == "1":
+        state["steps_seen"] = 0
+        state["step_reported"] = False
+        _retire = batcher_mod.Batcher._retire
+
+        def _probe_retire(self, item):  # type: ignore[no-untyped-def]
+            rows = [None if s is None else s.row for s in item.rows]
+            group = item.group
+            out = _retire(self, item)
+            state["steps_seen"] += 1
+            if not state["step_reported"]:
+                try:
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+                    st = self.pipeline.stages[0].states
+                    bad = {}
+                    for i, block in st.blocks.items():
+                        for name, t in (getattr(block, "pools", None) or {}).items():
+                            per = (~torch.isfinite(t.float())).flatten(1).any(1).nonzero().flatten().tolist()
+                            if per:
+                                bad[f"{i}.{name}"] = per
+                    if bad:
+                        state["step_reported"] = True
+                        slots = st.slots
+                        table = slots.table.tolist() if slots else []
+                        owner = {}
+                        for r, (rd, wr) in enumerate(table):
+                            owner.setdefault(rd, []).append(f"r{r}:read")
+                            owner.setdefault(wr, []).append(f"r{r}:write")
+                        entries = sorted({e for v in bad.values() for e in v})
+                        _write({"first_nonfinite_state_after_step": state["steps_seen"], "step_rows": rows,
+                                "group": group, "layers": sorted(bad), "entries": entries,
+                                "owners": {e: owner.get(e, ["free or snapshot"]) for e in entries},
+                                "first_snapshot": slots.first_snapshot if slots else None,
+                                "live": {s.row: [s.length, s.generated] for s in (*self.decoding, *self.staging)
+                                         if s is not None}})
+                except Exception as e:  # noqa: BLE001
+                    state["step_reported"] = True
+                    _write({"step_probe_error": repr(e)})
+            return out
+
+        batcher_mod.Batcher._retire = _probe_retire
