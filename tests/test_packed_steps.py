@@ -115,3 +115,21 @@ def test_layout_arithmetic() -> None:
     assert LAYOUT.token_rows() == [0] + [1] * 6 + [2] * 5
     assert LAYOUT.positions() == [10, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4]
     assert LAYOUT.logit_tokens() == [0, 6, 11]
+    assert LAYOUT.kv_end == max(LAYOUT.positions()) + 1 == 11
+
+
+def test_a_packed_step_reads_nothing_back_from_the_device(pair: tuple[LoadedModel, LoadedModel],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # the step's extent is the layout's (host) arithmetic: a packed step never waits for the device
+    # before its layers (on a GPU, the host queues the next step while this one runs)
+    single, _ = pair
+    stage = single.pipeline.stages[0]
+    positions = torch.tensor(LAYOUT.positions())[:, None]
+
+    def no_item(self: torch.Tensor) -> float:
+        raise AssertionError("a packed step's context read a tensor back to the host")
+
+    monkeypatch.setattr(torch.Tensor, "item", no_item)
+    assert stage.states is not None
+    ctx = stage.model.context(positions, None, torch.float32, layout=LAYOUT, slots=stage.states.slots)
+    assert ctx.kv_length == LAYOUT.kv_end

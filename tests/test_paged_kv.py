@@ -5,6 +5,7 @@ than the pool is refused at admission."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Iterator
@@ -244,3 +245,41 @@ def test_engine_counts_preemptions_and_blocks(tmp_path: Path) -> None:
     finally:
         engine.stop()
         model.close()
+
+
+def _poison(model: LoadedModel) -> None:
+    """Fill what no fresh sequence may read with NaN: every KV pool (blocks a freed sequence left, or
+    never written) and every recurrent-state entry but the zero entry (rows' own and snapshots)."""
+    for stage in model.pipeline.stages:
+        assert stage.states is not None
+        for state in stage.states.blocks.values():
+            pools = getattr(state, "pools", None)
+            if pools is not None:
+                for pool in pools.values():
+                    pool[1:].fill_(float("nan"))  # entry 0 is the zero entry fresh sequences read
+            else:
+                assert isinstance(state, KVCache)
+                state.key.fill_(float("nan"))
+                state.value.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+@pytest.mark.parametrize("preset", ["random:tiny-llama", "random:tiny-qwen3.6"])
+def test_stale_pool_contents_never_reach_a_sequence(preset: str, path: str) -> None:
+    # what a sequence has not written (a freed sequence's blocks and state, positions past its own in a
+    # block) weighs nothing: a NaN there (left by a sequence whose model overflowed) must not fail or
+    # change any other sequence, on the reference path (masked keys' values are zeroed before the
+    # weighted sum: 0 x NaN is NaN) and on the kernels' (masked loads)
+    from stagewise.kernels.triton_launch import kernels_on_host
+
+    with kernels_on_host() if path == "triton" else contextlib.nullcontext():
+        model = _load(preset, kv_tokens=None)
+        # two sequences, one crossing a block boundary while it decodes: the interpreter is slow
+        prompts = _prompts(model.config.vocab_size, [60, 20])
+        requests = [GenerationRequest(p, 8, GREEDY) for p in prompts]
+        clean, clean_errors = _run(Batcher(model.pipeline, model.max_context, 32), requests)
+        _poison(model)
+        poisoned, errors = _run(Batcher(model.pipeline, model.max_context, 32), requests)
+        model.close()
+    assert clean_errors == errors == [None] * len(requests)
+    assert poisoned == clean  # the same tokens and log-probabilities, bit for bit

@@ -71,10 +71,16 @@ def kernels_on_host() -> Iterator[None]:
         _on_host = previous
 
 
+_NO_SWITCH = contextlib.nullcontext()
+
+
 def launch_device(t: torch.Tensor) -> Any:
     """Context that makes ``t``'s device current: Triton launches on the current CUDA device,
-    not on its tensors' device. A no-op off CUDA (the interpreter runs on the host)."""
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+    not on its tensors' device. A no-op off CUDA (the interpreter runs on the host) and where that
+    device is already current (a stage's step runs on its device: no switch, a few us per launch)."""
+    if t.device.type != "cuda" or t.device.index is None or t.device.index == torch.cuda.current_device():
+        return _NO_SWITCH
+    return torch.cuda.device(t.device)
 
 
 def int32_index(index: torch.Tensor) -> torch.Tensor:

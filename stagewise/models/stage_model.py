@@ -144,7 +144,9 @@ class StageModel(nn.Module):
     def context(self, positions: torch.Tensor, start: int | None, dtype: torch.dtype,
                 kv_length: int | None = None, first_row: int = 0, layout: StepLayout | None = None,
                 slots: StateSlots | None = None) -> StepContext:
-        if kv_length is None:
+        if kv_length is None and layout is not None:
+            kv_length = layout.kv_end  # known on the host: a packed step never waits for the device here
+        elif kv_length is None:
             kv_length = int(positions.max().item()) + 1 if start is None else start + positions.shape[1]
         groups = self.config.num_attention_heads // self.config.num_kv_heads
         return StepContext.build(positions, start, kv_length, self.inv_freq, dtype, groups, first_row, layout, slots)

@@ -66,6 +66,11 @@ class StepLayout:
             out.append(out[-1] + n)
         return tuple(out)
 
+    @property
+    def kv_end(self) -> int:
+        """One past the last position any segment writes: the keys the step attends to."""
+        return max(start + n for start, n in zip(self.starts, self.lengths, strict=True))
+
     def token_rows(self) -> list[int]:
         """The state row of every token, in order (``N`` entries)."""
         return [row for row, n in zip(self.rows, self.lengths, strict=True) for _ in range(n)]

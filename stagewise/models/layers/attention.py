@@ -119,6 +119,12 @@ class Attention(nn.Module):
         # kv head become G * T query rows of that head (rows ordered group-major, then token)
         groups = self.heads // self.kv_heads
         rows = q.reshape(batch, self.kv_heads, groups * steps, self.head_dim)  # (B, kvH, G*T, D)
+        # a key no query of the row sees (past its last position: a block's unwritten tail, another
+        # sequence's leftovers) must weigh nothing, but a masked score is the product plus -inf and its
+        # weight times the value: a NaN left there would come through both. Such keys and values are
+        # zeroed first, as the kernels' masked loads never read them.
+        unseen = ~mask.any(dim=2)[..., None]  # (B, 1, L, 1)
+        keys, values = keys.masked_fill(unseen, 0.0), values.masked_fill(unseen, 0.0)
         out = nn.functional.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)  # (B, kvH, G*T, D)
         out = out.reshape(batch, self.heads, steps, self.head_dim)  # (B, H, T, D)
         return self._gated(out.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim), gate_heads)
