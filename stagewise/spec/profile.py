@@ -38,7 +38,7 @@ class Profile:
     kv_tokens: int | None = None
     prefix_snapshots: int = 0
     kv_dtype: str | None = None  # normalized: the activation dtype when not given
-    cuda_graphs: bool = True  # with the triton path: decode steps and full prefill chunks replay graphs
+    cuda_graphs: bool = True  # with the triton path: decode steps replay graphs (packed steps run eagerly)
 
     def __post_init__(self) -> None:
         if self.kv_dtype is None:
