@@ -126,3 +126,35 @@ def test_the_charge_counts_every_decode_graph_warm_up_captures(slots: int) -> No
     assert batch_buckets(slots) == sorted(runs)
     for context in (64, 256, 300, 1024, 5000, 16384):
         assert graph_buckets(context) == len(kv_buckets(context, context))
+
+
+@pytest.mark.slow  # a minute and a half: 64 MoE steps through Triton's interpreter
+def test_warm_up_token_counts_launch_every_moe_variant_a_prompt_can() -> None:
+    # a MoE layer's kernels specialize on the routed slot count (tokens x top_k) and the alignment's
+    # blocks, whose classes differ from the token count's: the counts warm-up prefills must launch every
+    # variant a packed step of any count up to the chunk launches (2 were missed at a 64-token chunk)
+    from stagewise.engine.warm_up import launch_classes
+    from stagewise.models.layers.moe import SparseMoE
+
+    chunk = 64
+    loaded = load_model("random:tiny-qwen3-moe", devices="cpu:1x1GiB", placement="single", context=256, max_seqs=2,
+                        prefill_chunk=chunk)
+    try:
+        batcher = Batcher(loaded.pipeline, loaded.max_context, chunk)
+        classes = launch_classes(batcher)
+        assert classes is not None
+        counts = packed_token_counts(chunk, classes)
+        assert set(packed_token_counts(chunk)) < set(counts)  # the slot classes add counts
+        moe = next(m for m in loaded.pipeline.stages[0].model.modules() if isinstance(m, SparseMoE))
+        hidden = loaded.config.hidden_size
+        gen = torch.Generator().manual_seed(0)
+
+        def variants(ns: range | tuple[int, ...]) -> set[object]:
+            with kernels_on_host(), VariantLog() as log:
+                for n in ns:
+                    moe(torch.randn(n, hidden, generator=gen))
+            return {v for v in log.variants if "moe" in v.kernel or "grouped" in v.kernel}
+
+        assert variants(range(1, chunk + 1)) == variants(counts)
+    finally:
+        loaded.close()

@@ -18,6 +18,7 @@ chunk (:func:`packed_token_counts`), alone and beside a decoding row; greedy and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from stagewise.engine.batcher import Batcher
@@ -27,6 +28,7 @@ from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
+from stagewise.models.layers.moe import SparseMoE
 
 SHORT_PROMPT_TOKENS = 8  # a chat turn's shapes: an eager prefill and decode at the smallest bucket
 NEW_TOKENS = 4
@@ -78,17 +80,38 @@ def needs_warm_up(model: LoadedModel) -> bool:
     return any(str(stage.get("device", "")).split(":")[0] == "cuda" for stage in stages)
 
 
-def packed_token_counts(prefill_chunk: int) -> tuple[int, ...]:
+def packed_token_counts(prefill_chunk: int,
+                        classes: Callable[[int], tuple[object, ...]] | None = None) -> tuple[int, ...]:
     """Prompt lengths whose packed steps cover every token-count class up to ``prefill_chunk``: 1, each
     power of two and the next count (a multiple of 16 and not, and each power-of-two block a count
-    rounds up to: Triton specializes on those, :mod:`~stagewise.kernels.kernel_variants`), and the
-    chunk and one below it. Ascending."""
+    rounds up to: Triton specializes on those, :mod:`~stagewise.kernels.kernel_variants`), the chunk and
+    one below it, and, where ``classes`` names what else a step of ``n`` tokens specializes on (a MoE
+    layer's slot and block counts: :func:`launch_classes`), the first count of each class it gives.
+    Ascending."""
     counts = {1, prefill_chunk, max(1, prefill_chunk - 1)}
     power = 2
     while power <= prefill_chunk:
         counts.update((power, min(power + 1, prefill_chunk)))
         power *= 2
+    if classes is not None:
+        seen = {classes(n) for n in counts}
+        for n in range(1, prefill_chunk + 1):
+            key = classes(n)
+            if key not in seen:
+                seen.add(key)
+                counts.add(n)
     return tuple(sorted(counts))
+
+
+def launch_classes(batcher: Batcher) -> Callable[[int], tuple[object, ...]] | None:
+    """What a packed step of ``n`` tokens specializes on in the pipeline's MoE layers beside ``n`` itself
+    (the routed slot count ``n * top_k`` and the alignment's blocks: their classes differ from ``n``'s),
+    on every stage's device; None when no stage in this process has one."""
+    layers = [(module, stage.device) for stage in batcher.pipeline.stages
+              for module in stage.model.modules() if isinstance(module, SparseMoE)]
+    if not layers:
+        return None
+    return lambda n: tuple(module.launch_classes(n, device) for module, device in layers)
 
 
 def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
@@ -150,7 +173,8 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
         one_token = GenerationRequest((1,), min(BATCH_NEW_TOKENS, max_context - 1), greedy)
         lengths.append(1)
         run([one_token] * count)
-    packed = tuple(n for n in packed_token_counts(batcher.prefill_chunk) if n <= max_context - NEW_TOKENS)
+    packed = tuple(n for n in packed_token_counts(batcher.prefill_chunk, launch_classes(batcher))
+                   if n <= max_context - NEW_TOKENS)
     for n in packed:
         run([request(n)])
         if batcher.slots > 1:

@@ -37,6 +37,11 @@ class Variant:
     key: str
 
 
+def int_class(value: int) -> str:
+    """An integer argument's class as Triton specializes on it: ``1``, ``16`` (divisible by 16) or ``other``."""
+    return "1" if value == 1 else "16" if value % 16 == 0 else "other"
+
+
 def _describe(value: Any) -> str:
     """A constexpr's or option's value as text (dtypes and Triton's types have no stable equality)."""
     return repr(value)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.kernels.expert_stacks import ExpertWeight, PackedStack, Q8_0Stack, as_packed, stack_shape
-from stagewise.kernels.moe_align import moe_align
+from stagewise.kernels.kernel_variants import int_class
+from stagewise.kernels.moe_align import align_capacity, moe_align
 from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
 from stagewise.kernels.moe_decode_triton import DECODE_Q8_0, DecodeConfig, decode_gemm, decode_gemm_glu
 from stagewise.kernels.moe_grouped_triton import (
@@ -88,6 +89,31 @@ def packed_config(device: torch.device, gate_up: PackedStack | None, down: Packe
     return GroupedConfig(block_m, packed_tiles(device, gate_up, hidden or 256), packed_tiles(device, down, inter or 256))
 
 
+def experts_config(num_slots: int, gate_up: ExpertWeight, down: ExpertWeight,
+                   device: torch.device) -> GroupedConfig | DecodeConfig | PackedDecodeConfig:
+    """The kernels and tiles :func:`grouped_swiglu_experts` takes for ``num_slots`` routed slots: a function
+    of the slots, the stacks' formats and shapes, and the device kind (never of the routing)."""
+    experts = stack_shape(gate_up)[0]
+    gate_packed, down_packed = as_packed(gate_up), as_packed(down)
+    if gate_packed is not None and down_packed is not None and num_slots <= DECODE_SLOTS_PER_EXPERT * experts:
+        return packed_decode_config(gate_packed, down_packed, device)
+    if gate_packed is not None or down_packed is not None:  # NOTE: a packed stack beside a dense or Q8_0 one
+        # (no file mixes them), or prefill sizes: the grouped GEMM
+        return packed_config(device, gate_packed, down_packed, num_slots, experts)
+    return default_config(num_slots, experts, device, isinstance(gate_up, Q8_0Stack), isinstance(down, Q8_0Stack))
+
+
+def launch_classes(num_slots: int, gate_up: ExpertWeight, down: ExpertWeight, device: torch.device) -> tuple[object, ...]:
+    """What of :func:`grouped_swiglu_experts`' launches for ``num_slots`` routed slots Triton specializes on
+    (:mod:`~stagewise.kernels.kernel_variants`) and only the slot count decides: the config, the alignment's
+    kernel, and the classes of the slot and block counts the kernels take. Two slot counts with equal
+    classes launch the same compiled kernels (what warm-up covers)."""
+    cfg = experts_config(num_slots, gate_up, down, device)
+    capacity = align_capacity(num_slots, stack_shape(gate_up)[0], cfg.block_m)
+    return (repr(cfg), num_slots <= MAX_FUSED_SLOTS, int_class(num_slots), int_class(capacity // cfg.block_m),
+            int_class(capacity))
+
+
 def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                            gate_up: ExpertWeight, down: ExpertWeight,
                            config: GroupedConfig | DecodeConfig | PackedDecodeConfig | None = None,
@@ -105,14 +131,7 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
     if tokens == 0:
         return x.new_zeros((0, hidden))
     gate_packed, down_packed = as_packed(gate_up), as_packed(down)
-    if config is None and gate_packed is not None and down_packed is not None \
-            and tokens * top_k <= DECODE_SLOTS_PER_EXPERT * experts:
-        config = packed_decode_config(gate_packed, down_packed, x.device)
-    elif config is None and (gate_packed is not None or down_packed is not None):  # NOTE: a packed stack beside a
-        # dense or Q8_0 one (no file mixes them), or prefill sizes: the grouped GEMM
-        config = packed_config(x.device, gate_packed, down_packed, tokens * top_k, experts)
-    cfg = config or default_config(tokens * top_k, experts, x.device, isinstance(gate_up, Q8_0Stack),
-                                   isinstance(down, Q8_0Stack))
+    cfg = config or experts_config(tokens * top_k, gate_up, down, x.device)
     if tokens * top_k <= MAX_FUSED_SLOTS:
         align = moe_align_fused(top_index, experts, cfg.block_m)  # one launch (batched decode)
     else:

@@ -107,6 +107,19 @@ class Experts(nn.Module):
         out = (y * top_weight[..., None]).sum(dim=1).to(x.dtype)  # a fixed-order sum: deterministic
         return out if residual is None else out + residual
 
+    def launch_classes(self, slots: int, device: torch.device) -> tuple[object, ...]:
+        """What Triton specializes on in a step of ``slots`` routed (token, expert) pairs on ``device``'s
+        Triton path and only the slot count decides (:func:`~stagewise.kernels.moe_experts.launch_classes`):
+        equal classes, the same compiled kernels (warm-up runs one step of each)."""
+        from stagewise.kernels.kernel_variants import int_class
+
+        gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
+        if slots <= GATHER_MAX_SLOTS or gate_up is None or down is None:
+            return ("gathered", int_class(slots))
+        from stagewise.kernels.moe_experts import launch_classes
+
+        return ("grouped", *launch_classes(slots, gate_up, down, device))  # type: ignore[arg-type]
+
     def _grouped_weight(self, name: str) -> torch.Tensor | QuantizedExperts | None:
         """The stack the grouped GEMM reads, or None for a packed format it does not know."""
         packed = self.quantized.get(name)

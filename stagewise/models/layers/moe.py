@@ -33,6 +33,11 @@ class SparseMoE(nn.Module):
             self.shared_expert = SwiGLU(hidden, config.shared_expert_intermediate_size)
             self.shared_expert_gate = Linear(hidden, 1)
 
+    def launch_classes(self, tokens: int, device: torch.device) -> tuple[object, ...]:
+        """What Triton specializes on in this layer's experts for a step of ``tokens`` tokens on ``device``
+        (:meth:`Experts.launch_classes` of its routed slots)."""
+        return self.experts.launch_classes(tokens * self.top_k, device)
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k expert indices ``(N, K)`` and their weights ``(N, K)`` in ``x``'s dtype."""
         logits = self.gate(x)  # (N, E)
