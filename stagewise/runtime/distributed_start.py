@@ -25,12 +25,12 @@ from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.stage import StageSpec
 from stagewise.runtime.worker_messages import Assignment, JoinReport
 from stagewise.runtime.worker_mode import WorkerMode
-
-if TYPE_CHECKING:
-    from stagewise.runtime.worker_segment import Opener
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_secret import require_secret
 from stagewise.spec.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from stagewise.runtime.worker_segment import Opener
 
 
 def open_pool(workers: str, timeout_s: float = 30.0, heartbeat_timeout_s: float = 10.0,

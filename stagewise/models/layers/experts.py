@@ -68,14 +68,15 @@ class Experts(nn.Module):
         Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``, plus ``residual``
         ``(N, H)`` when given (added by the decode path's last launch, else by a separate add).
         """
-        if top_index.numel() <= GATHER_MAX_SLOTS or self._gather_only(x):
+        if self._gathers(top_index.numel(), use_triton(x)):
             return self._gathered(x, top_index, top_weight, residual)
         return self._routed(x, top_index, top_weight, residual)
 
-    def _gather_only(self, x: torch.Tensor) -> bool:
-        """On the Triton path, packed stacks the grouped GEMM cannot read are always gathered: the
-        per-expert loop reads the routed counts on the host, which a captured step cannot do."""
-        return use_triton(x) and any(not q.supports_grouped for q in self.quantized.values())
+    def _gathers(self, slots: int, triton: bool) -> bool:
+        """Whether a step of ``slots`` routed pairs gathers its experts: few slots, or, on the Triton
+        path, packed stacks the grouped GEMM cannot read (the per-expert loop reads the routed counts on
+        the host, which a captured step cannot do)."""
+        return slots <= GATHER_MAX_SLOTS or (triton and any(not q.supports_grouped for q in self.quantized.values()))
 
     def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -113,11 +114,11 @@ class Experts(nn.Module):
         equal classes, the same compiled kernels (warm-up runs one step of each)."""
         from stagewise.kernels.kernel_variants import int_class
 
-        gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
-        if slots <= GATHER_MAX_SLOTS or gate_up is None or down is None:
+        if self._gathers(slots, triton=True):
             return ("gathered", int_class(slots))
         from stagewise.kernels.moe_experts import launch_classes
 
+        gate_up, down = self._grouped_weight("gate_up_proj"), self._grouped_weight("down_proj")
         return ("grouped", *launch_classes(slots, gate_up, down, device))  # type: ignore[arg-type]
 
     def _grouped_weight(self, name: str) -> torch.Tensor | QuantizedExperts | None:
