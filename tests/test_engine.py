@@ -169,6 +169,23 @@ def test_drain_lets_requests_finish(engine: Engine) -> None:
     assert handle.done and finals[0].finish_reason in ("stop", "length")
 
 
+def test_second_drain_cancels_at_once(engine: Engine) -> None:
+    engine.guard.delay_s = 0.05  # 200 tokens: 10 s at least, far past this test
+    sink: queue.Queue[RequestOutput] = queue.Queue()
+    handle = engine.submit(_request(engine, max_tokens=200), sink.put)
+    engine.begin_drain(grace_s=60)
+    assert engine.drain(grace_s=60) is False  # the second: what runs is cancelled at the next turn
+    assert handle.done and list(sink.queue)[-1].finish_reason == "cancelled"
+
+
+def test_drain_without_a_worker_takes_the_turns(loaded: LoadedModel) -> None:
+    engine = Engine(loaded, max_waiting=2)  # never started: the draining thread runs the request
+    sink: queue.Queue[RequestOutput] = queue.Queue()
+    handle = engine.submit(_request(engine, max_tokens=8), sink.put)
+    assert engine.drain(grace_s=30) is True
+    assert handle.done and list(sink.queue)[-1].finish_reason in ("stop", "length")
+
+
 def test_one_info_line_per_request(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="stagewise.requests")
     request = _request(engine, max_tokens=5)

@@ -14,6 +14,7 @@ import threading
 import time
 
 from stagewise.engine.batcher import Batcher
+from stagewise.engine.drain import Drain
 from stagewise.engine.generation_request import TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.metrics import EngineMetrics
@@ -61,6 +62,7 @@ class Engine:
         model.pipeline.fault_hook = self.guard
         self.stop_token_ids = model.stop_token_ids
         self._stop = threading.Event()
+        self._drain: Drain | None = None  # set by the first begin_drain
         self._worker = threading.Thread(target=self._loop, name="stagewise-engine", daemon=True)
         self.metrics.observe_memory(model.pipeline)
         self._preemptions = 0  # the batcher's count already reported
@@ -102,16 +104,34 @@ class Engine:
         self.metrics.queue_depth.set(self.scheduler.waiting)
         return handle
 
-    def drain(self, grace_s: float) -> bool:
-        """Refuse new requests, let queued and running ones finish for up to ``grace_s``, then cancel
-        the rest and stop the worker. Returns True when everything finished within the grace."""
+    def begin_drain(self, grace_s: float) -> None:
+        """Refuse new requests from now on; queued and running ones may finish for ``grace_s``, then are
+        cancelled (by :meth:`end_drain`, at a turn). A second call cancels them at the next turn."""
         self.scheduler.close()
-        deadline = time.monotonic() + grace_s
-        while not self.scheduler.idle() and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        clean = self.scheduler.idle()
-        self.stop()  # cancels what still runs
-        return clean
+        if self._drain is None:
+            self._drain = Drain(grace_s)
+        else:
+            self._drain.hurry()
+
+    def end_drain(self) -> bool | None:
+        """After each :meth:`turn`, by the thread that takes them: a drain under way cancels what still runs
+        once its deadline has passed. Returns, the first time a drain is done (nothing waits or runs), whether
+        everything finished within the grace; else None (no drain, or not done, or done before)."""
+        drain = self._drain
+        return drain.turn(self.busy, self.scheduler.cancel_all) if drain is not None else None
+
+    def drain(self, grace_s: float) -> bool:
+        """:meth:`begin_drain`, wait until it is done, then stop the worker. Returns True when everything
+        finished within the grace. Blocks; with no worker running, this thread takes the turns."""
+        self.begin_drain(grace_s)
+        drain = self._drain
+        assert drain is not None
+        while not drain.wait(_POLL_S):
+            if not self._worker.is_alive():  # never started, or stopped: nothing else turns
+                self.turn(_POLL_S)
+                self.end_drain()
+        self.stop()
+        return drain.clean
 
     def stop(self) -> None:
         """Stop the worker after the current step (cancelling what still runs)."""
@@ -125,6 +145,7 @@ class Engine:
     def _loop(self) -> None:
         while not (self._stop.is_set() and self.scheduler.idle()):
             self.turn(_POLL_S)
+            self.end_drain()
 
     @property
     def busy(self) -> bool:

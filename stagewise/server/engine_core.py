@@ -107,9 +107,6 @@ class EngineCore:
         self.health: str | None = None
         self.health_read_s = 0.0
         self.sent_s = time.monotonic()  # when a message last went to the API process
-        self.drain_deadline_s: float | None = None  # monotonic; set by the first Drain
-        self.drain_clean = True  # no request was cancelled at the drain's deadline
-        self.said_drained = False
         self.exit = False
         self.engine: Engine | None = None
 
@@ -129,7 +126,9 @@ class EngineCore:
                     self.apply(self.inbox.recv())
             engine.turn(0.0)
             self._flush()
-            self._end_drain(engine)
+            clean = engine.end_drain()  # after every output of the turn
+            if clean is not None:
+                self.send(m.Drained(clean))
             self._report_health()
             if time.monotonic() - self.sent_s >= ALIVE_EVERY_S:
                 self.send(m.Alive())
@@ -190,11 +189,7 @@ class EngineCore:
             engine.stop()  # cancels what runs; the loop turns until it has finished
             self.exit = True
         elif isinstance(message, m.Drain):
-            engine.scheduler.close()
-            if self.drain_deadline_s is not None:
-                self.drain_deadline_s = 0.0  # a second drain: cancel at once
-            else:
-                self.drain_deadline_s = time.monotonic() + message.grace_s
+            engine.begin_drain(message.grace_s)  # a second one: cancel at once
 
     def _submit(self, engine: Engine, submit: m.Submit) -> None:
         key = submit.key
@@ -224,19 +219,6 @@ class EngineCore:
                 if record.finish_reason is not None:
                     self.handles.pop(record.key, None)
             self.send(m.StepOutputs(tuple(ready)))
-
-    def _end_drain(self, engine: Engine) -> None:
-        """Drain: refuse new requests (done on the message), let the others finish until the deadline,
-        then cancel what still runs; once nothing runs, say :class:`Drained` (after every output)."""
-        if self.drain_deadline_s is None or self.said_drained:
-            return
-        if engine.busy:
-            if time.monotonic() >= self.drain_deadline_s and self.drain_clean:
-                self.drain_clean = False
-                engine.scheduler.cancel_all()  # they end as cancelled in the next turns
-            return
-        self.send(m.Drained(self.drain_clean))
-        self.said_drained = True
 
     def _report_health(self) -> None:
         now = time.monotonic()
