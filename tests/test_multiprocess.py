@@ -99,7 +99,7 @@ def test_batched_requests_through_workers_equal_single_device(model_dir: Path) -
         assert errors == [None] * len(crowded)
         assert got == want_crowded and batcher.preemptions == reference.preemptions
         # every step settled: the plane awaits no acknowledgement (nothing kept per command)
-        assert pipeline._seq > 10 and pipeline.pool.plane.awaiting() == []
+        assert pipeline.commands.seq > 10 and pipeline.pool.plane.awaiting() == []
     finally:
         loaded.close()
 

@@ -49,9 +49,9 @@ def test_two_stages_on_ray_actors_equal_single_process(ray_instance: None, tmp_p
         assert ray.get([a.exit_code.remote() for a in pipeline.pool.ray.actors.values()]) == [None, None]  # serving
         ray.kill(lost, no_restart=True)  # its heartbeats stop: declared lost, placed again, it rejoins
         deadline = time.monotonic() + 120  # a bound only: the loop ends on the state it waits for
-        while pipeline.respawns == 0 and time.monotonic() < deadline:
+        while pipeline.faults.respawns == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert pipeline.respawns == 1 and pipeline.wait_ready(120), pipeline.health()
+        assert pipeline.faults.respawns == 1 and pipeline.wait_ready(120), pipeline.health()
         assert pipeline.pool.ray.actors[2] is not lost
         assert_same(reference, step_trace(pipeline))
         actors = list(pipeline.pool.ray.actors.values())

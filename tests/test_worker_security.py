@@ -314,7 +314,7 @@ def test_local_workers_ignore_forged_answers(loaded: LoadedModel) -> None:
     members, before = pool.incarnations(), pool.plane.rejected
     stranger = Stranger(pool)
     for rank, inc in members.items():
-        stranger.send(msgspec.msgpack.encode(Ack(seq=pipeline._seq, rank=rank, incarnation=inc, ok=False,
+        stranger.send(msgspec.msgpack.encode(Ack(seq=pipeline.commands.seq, rank=rank, incarnation=inc, ok=False,
                                                  error="forged", error_type="WorkerLost")))
     stranger.send(msgspec.msgpack.encode(JoinReport(rank=2, incarnation="e" * 32, pid=1, host="evil", topology={})))
     _refused(pool, before, len(members) + 1)
@@ -361,10 +361,10 @@ def test_row_operations_ride_on_the_next_run_and_workers_check_them_again(loaded
     pipeline = loaded.pipeline
     assert isinstance(pipeline, DistributedPipeline)
     expected = _greedy(pipeline)
-    seq = pipeline._seq
+    seq = pipeline.commands.seq
     pipeline.reset(0)
     pipeline.reset(1)
-    assert pipeline._seq == seq and len(pipeline._row_ops) == 2  # nothing sent yet
+    assert pipeline.commands.seq == seq and len(pipeline._row_ops) == 2  # nothing sent yet
     pipeline._row_ops.append(Reset(slot=pipeline.rows))  # past the coordinator's check
     with pytest.raises(WorkerMessageRejected, match=r"worker \d .*reset: rows"):
         pipeline.step(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], start=0)
