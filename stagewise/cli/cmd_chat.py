@@ -84,7 +84,7 @@ def _fit(model: Any, tokenizer: Any, system: list[dict[str, str]], history: list
 def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
     from stagewise.engine.request import EngineRequest
     from stagewise.engine.request_output import RequestOutput
-    from stagewise.engine.sampling import SamplingParams
+    from stagewise.engine.sampling_params import SamplingParams
     from stagewise.errors import StagewiseError
 
     model = engine.model

@@ -16,7 +16,7 @@ from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.generator import Generator
 from stagewise.engine.load_settings import add_model_arguments
 from stagewise.engine.model_loading import load_model_from_args
-from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sampling_params import SamplingParams
 from stagewise.errors import RequestError
 from stagewise.runtime.peak_memory import PeakMeter
 from stagewise.server.load_display import placement_lines

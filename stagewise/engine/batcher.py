@@ -54,7 +54,7 @@ from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.in_flight import InFlight
 from stagewise.engine.prefix_root import holds_recurrent_state, prefix_root
 from stagewise.engine.prefix_snapshots import PrefixSnapshots
-from stagewise.engine.sampling import Sample
+from stagewise.engine.sample import Sample
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.sequence_blocks import SequenceBlocks
 from stagewise.engine.step_scheduler import StepScheduler

@@ -16,7 +16,7 @@ import torch
 from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.generator import Generator
 from stagewise.engine.loaded_model import LoadedModel
-from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sampling_params import SamplingParams
 from stagewise.hardware.measure import copy_bandwidth_bytes_per_s
 
 BENCH_GPU_COPY_BYTES = 512 << 20  # roofline bandwidth measurement on a GPU stage

@@ -23,7 +23,7 @@ import torch
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
-from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 

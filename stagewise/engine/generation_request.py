@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stagewise.engine.sampling import Sample, SamplingParams
+from stagewise.engine.sample import Sample
+from stagewise.engine.sampling_params import SamplingParams
 from stagewise.errors import RequestError
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI

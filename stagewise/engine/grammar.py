@@ -1,11 +1,10 @@
-"""Grammar: a constraint on what a sequence may generate (JSON schema or Lark, compiled by llguidance),
-and GrammarState, one sequence's position in it.
+"""Grammar: a constraint on what a sequence may generate (JSON schema or Lark, compiled by llguidance).
 
 A :class:`Grammar` is immutable and shared by every sequence of a request; each sequence's
-:class:`~stagewise.engine.sampling.Sampler` starts its own :class:`GrammarState`, asks it which
-tokens are allowed before each draw (:meth:`GrammarState.allowed`) and advances it with the token
-drawn (:meth:`GrammarState.advance`). Once the grammar is complete, only end-of-sequence ids are
-allowed; a token outside the grammar is a :class:`StepFailed` (a bug: the mask forbids it).
+:class:`~stagewise.engine.sampling.Sampler` starts its own
+:class:`~stagewise.engine.grammar_state.GrammarState` over it. Compiling and validating need no
+tensors: the API process compiles a request's grammar (refusing a bad one before a response starts)
+without importing torch.
 """
 
 from __future__ import annotations
@@ -15,12 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
-import numpy as np
-import torch
 
 from stagewise.engine.grammar_vocabulary import GrammarVocabulary
 from stagewise.engine.schema_finiteness import check_finite
-from stagewise.errors import GrammarError, StepFailed
+from stagewise.errors import GrammarError
 
 # compact, as json.dumps writes it: no free whitespace a weak model could loop in
 JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -76,41 +73,3 @@ class Grammar:
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"{description}: {library_message(str(exc))}") from exc
         return cls(definition, description, vocabulary)
-
-    def start(self) -> GrammarState:
-        """A fresh state at the grammar's start, for one sequence."""
-        return GrammarState(self)
-
-
-class GrammarState:
-    """One sequence's position in a :class:`Grammar` (mutable; used by one sampler)."""
-
-    def __init__(self, grammar: Grammar) -> None:
-        self.grammar = grammar
-        self._matcher = llguidance.LLMatcher(grammar.vocabulary.backend, grammar.definition, log_level=0)
-        self._check()
-
-    def allowed(self) -> torch.Tensor:
-        """Boolean ``(vocab_size,)``: the tokens that keep the output inside the grammar (never empty)."""
-        words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)  # 32 ids per little-endian u32
-        self._check()
-        bits = np.unpackbits(words, bitorder="little")[: self.grammar.vocabulary.vocab_size]
-        mask = torch.from_numpy(bits.astype(bool))
-        if not bool(mask.any()):
-            raise StepFailed(f"{self.grammar.description}: no token can continue the output")
-        return mask
-
-    def advance(self, token: int) -> None:
-        """Move past ``token``; raises :class:`StepFailed` if the grammar does not allow it."""
-        if not self._matcher.consume_token(int(token)):
-            raise StepFailed(f"{self.grammar.description}: token {token} is outside the grammar "
-                             f"({library_message(self._matcher.get_error())})")
-
-    @property
-    def complete(self) -> bool:
-        """The output so far is a whole sentence of the grammar (end of sequence is allowed)."""
-        return bool(self._matcher.is_accepting())
-
-    def _check(self) -> None:
-        if self._matcher.is_error():
-            raise StepFailed(f"{self.grammar.description}: {library_message(self._matcher.get_error())}")

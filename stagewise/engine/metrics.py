@@ -6,12 +6,13 @@ Each instance owns its registry, so several engines (tests) never collide.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
 
-from stagewise.models.kv_cache import KVCache
-from stagewise.runtime.executor import Executor
-from stagewise.runtime.pipeline import StepTimings
+if TYPE_CHECKING:  # NOTE: not at run time: the API process keeps its HTTP series here and imports no torch
+    from stagewise.runtime.executor import Executor
+    from stagewise.runtime.pipeline import StepTimings
 
 SERVER_SERIES = frozenset({"stagewise_http_requests", "stagewise_status_seconds", "stagewise_model_loaded"})
 """The families the HTTP side keeps; every other one is the engine's (in the engine process when serving)."""
@@ -87,6 +88,8 @@ class EngineMetrics:
             if table is None or not stage.states:
                 nbytes = stage.ledger.charged.get("state", 0) * rows // slots
             else:
+                from stagewise.models.kv_cache import KVCache  # the engine's side only (torch; see the imports)
+
                 pooled = sum(s.nbytes for s in stage.states.values() if isinstance(s, KVCache))
                 per_row = sum(s.nbytes for s in stage.states.values() if not isinstance(s, KVCache))
                 nbytes = pooled * (kv_blocks or 0) // table.pool_blocks + per_row * rows // slots

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stagewise.engine.generation_request import GenerationRequest
-from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sampling_params import SamplingParams
 from stagewise.errors import RequestError
 
 MAX_STOP_STRINGS = 4  # as OpenAI

@@ -7,17 +7,19 @@ caller holding a loaded model and engine already.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Metric
 
-from stagewise.engine.engine import Engine
-from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_handle import OutputSink
 from stagewise.engine.request_output import RequestOutput
 from stagewise.server.client_socket import hung_up
 from stagewise.server.model_facts import ModelFacts
+
+if TYPE_CHECKING:  # NOTE: not at run time: the API process, which holds an EngineProcess, imports no torch
+    from stagewise.engine.engine import Engine
+    from stagewise.engine.loaded_model import LoadedModel
 
 
 class Handle(Protocol):

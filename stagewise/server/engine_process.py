@@ -34,7 +34,6 @@ from stagewise.engine.request_handle import OutputSink
 from stagewise.errors import EngineDied, EngineMessageRejected, StagewiseError
 from stagewise.server import engine_messages as m
 from stagewise.server.client_socket import hung_up
-from stagewise.server.engine_core import run_engine_process
 from stagewise.server.message_codec import error_of, from_engine_codec
 from stagewise.server.message_records import facts_of, families_of, output_of, submit_of
 from stagewise.server.model_facts import ModelFacts
@@ -47,6 +46,14 @@ _QUERY_TIMEOUT_S = 10.0
 _ANSWER_GRACE_S = 1.0  # a process that exited while loading: how long its last message may take to arrive
 _EXIT_TIMEOUT_S = 30.0  # after its drain, the engine process closes the model and exits  # a bound on a hung engine process's metrics reply
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+
+def _engine_main(settings: ServeSettings, to_engine: str, from_engine: str) -> None:
+    """The spawned process's target: the engine core, imported there only (the API process imports no torch;
+    a spawn target is pickled by name, which imports its module here)."""
+    from stagewise.server.engine_core import run_engine_process
+
+    run_engine_process(settings, to_engine, from_engine)
 
 
 def _resolve(waiter: _Waiter, value: Any, error: BaseException | None = None) -> None:
@@ -111,7 +118,7 @@ class EngineProcess:
         self._hung_s = None
         self._exiting = self._serving = False
         process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_process, args=(self.settings, self._to_engine, self._from_engine),
+            target=_engine_main, args=(self.settings, self._to_engine, self._from_engine),
             name="stagewise-engine", daemon=False)
         process.start()
         self.process = process

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING
 
 from stagewise.engine.load_settings import LoadSettings
-from stagewise.engine.loaded_model import LoadedModel
 from stagewise.hardware.sizes import format_bytes
-from stagewise.runtime.stage import ChargeCheck
 from stagewise.server.serve_settings import ServeSettings
+
+if TYPE_CHECKING:  # NOTE: not at run time: the API process prints the usage lines and imports no torch
+    from stagewise.engine.loaded_model import LoadedModel
+    from stagewise.runtime.stage import ChargeCheck
 
 API_KEY_ENV = "STAGEWISE_API_KEY"  # serve's --api-key when not given (cli/cmd_serve.py)
 

@@ -19,7 +19,7 @@ from stagewise.engine.grammar import Grammar
 from stagewise.engine.grammar_vocabulary import GrammarVocabulary
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_output import RequestOutput, TokenLogprob
-from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.errors import EngineMessageRejected
 from stagewise.server.engine_messages import (

@@ -8,12 +8,13 @@ loaded model (the engine process, or this process in the in-process tests) and r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagewise.engine.chat_template import ChatTemplate
-from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.tokenizer import Tokenizer
-from stagewise.server.placement_view import placement_view
+
+if TYPE_CHECKING:  # NOTE: not at run time: the API process imports no torch
+    from stagewise.engine.loaded_model import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class ModelFacts:
     @classmethod
     def of(cls, model: LoadedModel, slots: int) -> ModelFacts:
         """The facts of a loaded ``model`` whose engine decodes ``slots`` sequences at once."""
+        # NOTE: imported here: the placement is read where the model is loaded (torch); the API process,
+        # which receives the facts as a message, imports no torch (tests/test_api_imports.py)
+        from stagewise.server.placement_view import placement_view
+
         if model.tokenizer is None:
             raise ValueError(f"model {model.name} has no tokenizer; serving needs one")
         return cls(model.name, model.config.vocab_size, model.max_context, model.stop_token_ids, model.tokenizer,

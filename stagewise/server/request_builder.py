@@ -8,7 +8,7 @@ from typing import Any
 
 from stagewise.engine.grammar import Grammar
 from stagewise.engine.request import EngineRequest
-from stagewise.engine.sampling import SamplingParams
+from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
 from stagewise.errors import ContextLengthExceeded, StagewiseError
