@@ -62,8 +62,8 @@ def test_a_serving_api_process_has_no_torch_loaded(server: ServedModel) -> None:
 
 
 def test_serve_refuses_a_bad_kernel_setting_in_one_line(tmp_path: Path) -> None:
-    """The API process leaves STAGEWISE_KERNELS to the engine process (checking it here would import torch):
-    still the typed one-line error and a non-zero exit, before any model loads."""
+    """A bad STAGEWISE_KERNELS: the typed one-line error and exit 2 before the server listens or any
+    model loads (the check reads the environment without torch)."""
     model_dir = make_model_dir(tmp_path / "x")
     served = start_server(model_dir, tmp_path / "serve.log", "--placement", "single",
                           env={"STAGEWISE_KERNELS": "cuda-graphs"})
@@ -71,3 +71,4 @@ def test_serve_refuses_a_bad_kernel_setting_in_one_line(tmp_path: Path) -> None:
     log = served.log.read_text()
     assert "stagewise: error: STAGEWISE_KERNELS='cuda-graphs': expected 'triton' or 'torch'" in log.splitlines(), log
     assert "Traceback" not in log
+    assert "listening" not in log.lower() and "http://" not in log, "refused before the server starts"

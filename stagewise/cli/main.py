@@ -22,7 +22,6 @@ from stagewise.errors import StagewiseError
 
 COMMANDS = ("run", "devices", "assess", "plan", "make_model", "serve", "chat", "bench", "worker")
 METADATA_ONLY = ("assess", "plan")  # commands that run no kernels (and must not import torch)
-ENGINE_PROCESS = ("serve",)  # its engine process checks the kernel settings; the API process imports no torch
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -101,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        if command not in METADATA_ONLY + ENGINE_PROCESS and not _simulated_devices(args):
-            from stagewise.kernels.triton_launch import kernels_mode, pdl_enabled  # imports torch
+        if command not in METADATA_ONLY and not _simulated_devices(args):
+            from stagewise.kernels.kernel_env import kernels_mode, pdl_enabled  # no torch (serve's API process)
 
             kernels_mode()  # a bad STAGEWISE_KERNELS or STAGEWISE_PDL is the user's mistake: one line, before any work
             pdl_enabled()

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from stagewise.errors import ConfigError
+from stagewise.kernels.kernel_env import ENV, PDL_ENV, kernels_mode, pdl_enabled
 
-ENV = "STAGEWISE_KERNELS"
-PDL_ENV = "STAGEWISE_PDL"
+__all__ = ["ENV", "PDL_ENV", "dependent_launch", "hopper_or_later", "int32_index", "kernels_mode", "kernels_on_host",
+           "launch_device", "pdl_enabled", "triton_available", "use_triton"]
 _on_host = False  # tests: take the Triton path on CPU tensors too (run by Triton's interpreter)
 
 
@@ -43,14 +43,6 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def kernels_mode() -> str:
-    """``triton`` (default) or ``torch`` (the reference path everywhere), from ``STAGEWISE_KERNELS``."""
-    mode = os.environ.get(ENV, "triton").strip().lower() or "triton"
-    if mode not in ("triton", "torch"):
-        raise ConfigError(f"{ENV}={mode!r}: expected 'triton' or 'torch'")
-    return mode
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -107,14 +99,6 @@ def hopper_or_later(device: torch.device) -> bool:
     """Whether CUDA ``device`` is Hopper or later (dependent launch, the tensor memory accelerator);
     asked of the driver once per device."""
     return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def pdl_enabled() -> bool:
-    """``STAGEWISE_PDL``: ``1`` (default) or ``0``."""
-    value = os.environ.get(PDL_ENV, "1").strip()
-    if value not in ("0", "1", ""):
-        raise ConfigError(f"{PDL_ENV}={value!r}: expected '0' or '1'")
-    return value != "0"
 
 
 def dependent_launch(t: torch.Tensor) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from stagewise.engine.request_log import print_requests
 from stagewise.engine.request_output import RequestOutput
 from stagewise.engine.warm_up import needs_warm_up
 from stagewise.errors import EngineDied, EngineMessageRejected, GrammarError, StagewiseError
-from stagewise.kernels.triton_launch import kernels_mode, pdl_enabled
+from stagewise.kernels.kernel_env import kernels_mode, pdl_enabled
 from stagewise.server import engine_messages as m
 from stagewise.server.load_display import placement_lines
 from stagewise.server.message_codec import error_record, to_engine_codec
@@ -82,7 +82,7 @@ def _load(settings: ServeSettings, send: Callable[[m.FromEngine], None]) -> Load
     """The loaded model, or None after sending :class:`LoadFailed` (the typed error; a bug as EngineDied)."""
     try:
         kernels_mode()  # a bad STAGEWISE_KERNELS or STAGEWISE_PDL: the typed one-line error, before loading
-        pdl_enabled()  # (the CLI checks them for the commands that run in process)
+        pdl_enabled()  # (the CLI checked them already; an engine process started otherwise checks here)
         load = settings.load if settings.prefix_cache else dataclasses.replace(settings.load, prefix_snapshots=0)
         model = load_with_progress(load)
         if model.tokenizer is None and (settings.load.model or "").startswith("random:"):
