@@ -106,7 +106,7 @@ def main() -> int:
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "machine": device, "date": datetime.now(UTC).isoformat(),
-                       "warm_up": done.summary(), "graph_keys": len(done.graph_keys), "buckets": list(done.buckets),
+                       "warm_up": done.summary(), "graph_keys": len(done.graph_keys), "graph_lengths": list(done.graph_lengths),
                        "packed_tokens": list(done.packed_tokens), "runs": rows}, f, indent=1)
     loaded.close()
     return 0

@@ -96,7 +96,7 @@ def test_decode_and_prefill_attention_read_fp8_caches() -> None:
     mask = (torch.arange(max_len, device=DEVICE)[None, :] <= positions)[:, None, None, :]
     rows = q.transpose(1, 2).reshape(batch, kv_heads, groups, dim)
     want = torch.nn.functional.scaled_dot_product_attention(rows, dq_keys, dq_values, attn_mask=mask)
-    got = decode_attention(q, kpool, vpool, table, positions, max_len, scales=(kscale, vscale))
+    got = decode_attention(q, kpool, vpool, table, positions, scales=(kscale, vscale))
     torch.testing.assert_close(got, want.reshape(batch, 1, heads * dim), rtol=1e-4, atol=1e-4)
     # prefill: row 1's tokens 20..35 attend causally
     pos = torch.arange(20, 36, device=DEVICE)

@@ -364,7 +364,7 @@ def _paged(dense: torch.Tensor, table: torch.Tensor, block_tokens: int) -> torch
 @pytest.mark.parametrize("block_tokens", [64, 16])
 @pytest.mark.parametrize("groups", [1, 4])
 def test_decode_attention_matches_masked_sdpa(groups: int, block_tokens: int) -> None:
-    from stagewise.kernels.decode_attention_triton import decode_attention, slicing
+    from stagewise.kernels.decode_attention_triton import decode_attention
 
     torch.manual_seed(9)
     batch, kv_heads, dim, max_len, bucket = 2, 2, 32, 320, 256
@@ -376,8 +376,7 @@ def test_decode_attention_matches_masked_sdpa(groups: int, block_tokens: int) ->
     table = torch.randperm(batch * per_row + 3, generator=gen)[: batch * per_row].view(batch, per_row)
     table = table.to(torch.int32).to(DEVICE)  # scattered blocks, some ids unused
     keys, values = _paged(dense_keys, table, block_tokens), _paged(dense_values, table, block_tokens)
-    positions = torch.tensor([[3], [200]], device=DEVICE)  # 1 and 4 of the 64-key slices hold keys
-    assert slicing(bucket) == (64, 4) and slicing(4096) == (256, 16)
+    positions = torch.tensor([[3], [200]], device=DEVICE)  # 1 and 4 of the rows' 64-key ranges hold keys
     q = torch.randn(batch, 1, heads, dim, device=DEVICE)
     gate = torch.randn(batch, 1, heads, 2 * dim, device=DEVICE)[..., dim:]  # strided, as chunk() leaves it
     mask = (torch.arange(bucket, device=DEVICE)[None, :] <= positions)[:, None, None, :]  # (B, 1, 1, L)
@@ -385,9 +384,9 @@ def test_decode_attention_matches_masked_sdpa(groups: int, block_tokens: int) ->
     want = torch.nn.functional.scaled_dot_product_attention(rows, dense_keys[:, :, :bucket],
                                                             dense_values[:, :, :bucket], attn_mask=mask)
     want = want.reshape(batch, 1, heads * dim)
-    torch.testing.assert_close(decode_attention(q, keys, values, table, positions, bucket), want, **TOL)
+    torch.testing.assert_close(decode_attention(q, keys, values, table, positions), want, **TOL)
     gated = want * torch.sigmoid(gate.reshape(batch, 1, heads * dim))
-    torch.testing.assert_close(decode_attention(q, keys, values, table, positions, bucket, gate), gated, **TOL)
+    torch.testing.assert_close(decode_attention(q, keys, values, table, positions, gate), gated, **TOL)
 
 
 @pytest.mark.parametrize("block_tokens", [64, 16])

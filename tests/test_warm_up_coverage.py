@@ -1,7 +1,8 @@
 """After warm-up, serving compiles and captures nothing new: a mixed workload of random prompt lengths, row
 counts, context lengths and sampling adds no Triton kernel specialization (as Triton keys them:
 :class:`~stagewise.kernels.kernel_variants.VariantLog`, the kernels run by the interpreter) and no decode
-graph key (a CPU stand-in records the keys a GPU stage would capture: ``tests/step_graph_keys.py``)."""
+graph key (a CPU stand-in records the keys a GPU stage would capture: ``tests/step_graph_keys.py``); the
+decode graphs warm-up captures (and the planner charges) are one per launchable shape, whatever the context."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from stagewise.errors import StagewiseError
 from stagewise.kernels.kernel_variants import VariantLog, compiled_variants
 from stagewise.kernels.silu_mul_triton import _silu_mul_kernel, silu_mul
 from stagewise.kernels.triton_launch import kernels_on_host
-from stagewise.runtime.step_graphs import kv_buckets
-from stagewise.spec.workspace_bytes import batch_buckets, graph_buckets
+from stagewise.runtime.step_graphs import graph_lengths, kv_buckets
+from stagewise.spec.profile import Profile
+from stagewise.spec.workspace_bytes import batch_buckets, graph_output_bytes
 from tests.step_graph_keys import record_graph_keys
 
-CONTEXT = 512  # two attended-length buckets: 256 and 512
+CONTEXT = 512  # two attended-length buckets on the reference path (256 and 512), one graph a shape here
 PREFILL_CHUNK = 8
 
 
@@ -72,11 +74,11 @@ def test_nothing_compiles_or_captures_after_warm_up(preset: str) -> None:
         vocab = loaded.config.vocab_size
         with kernels_on_host(), VariantLog() as log:
             done = warm_up(batcher, vocab)
-            assert done.buckets == kv_buckets(CONTEXT, CONTEXT) == (256, 512)
+            assert done.graph_lengths == (CONTEXT,)  # decode attention reads each row's length on the device
             assert done.packed_tokens == packed_token_counts(PREFILL_CHUNK) == (1, 2, 3, 4, 5, 7, 8)
-            want = {(first, run, bucket) for first, run in done.launchable_shapes for bucket in done.buckets}
+            want = {(first, run, CONTEXT) for first, run in done.launchable_shapes}
             assert done.graph_keys == want
-            assert {(first, run, bucket) for first, run, _, bucket in graphs[0].captured} == want
+            assert {(first, run, length) for first, run, _, length in graphs[0].captured} == want
             warm_variants, warm_keys, warm_launches = set(log.variants), list(graphs[0].captured), log.launches
             assert warm_variants and warm_launches
             rng = random.Random(47)
@@ -119,13 +121,41 @@ def test_variant_log_keys_launches_as_triton_specializes_them() -> None:
 
 @pytest.mark.parametrize("slots", [1, 2, 5, 9, 12, 17, 64, 100])
 def test_the_charge_counts_every_decode_graph_warm_up_captures(slots: int) -> None:
-    """The planner charges graph outputs for the decode row counts and attended-length buckets that one
-    decode group launches (what warm-up captures), no fewer."""
+    """The planner charges graph outputs for the decode row counts that one decode group launches (what
+    warm-up captures: one graph each, whatever the context), no fewer."""
     runs = {run for count in range(1, slots + 1)
             for _, _, run in plan_groups(count, 1, True, slots - 1 if count < slots else slots)}
     assert batch_buckets(slots) == sorted(runs)
-    for context in (64, 256, 300, 1024, 5000, 16384):
-        assert graph_buckets(context) == len(kv_buckets(context, context))
+    for context in (64, 256, 300, 1024, 5000, 16384, 131072):
+        assert graph_lengths(context, context) == (context,)
+
+
+def test_decode_graphs_warm_up_captures_do_not_grow_with_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm-up captures one decode graph per launchable shape at a short and at an 8x longer context (each
+    step's attended length is the context: every length replays it), and the planner charges the same
+    graph outputs for both; the reference path's graphs (a bucket each) would grow: 2 buckets, then 6."""
+    captured = []
+    for context in (512, 4096):
+        loaded = load_model("random:tiny-llama", devices="cpu:1x1GiB", placement="single", context=context,
+                            max_seqs=3, prefill_chunk=PREFILL_CHUNK)
+        try:
+            graphs = record_graph_keys(loaded.pipeline)
+            batcher = Batcher(loaded.pipeline, loaded.max_context, PREFILL_CHUNK)
+            done = warm_up(batcher, loaded.config.vocab_size)
+            assert done.graph_lengths == (context,)
+            assert done.graph_keys == {(first, run, context) for first, run in done.launchable_shapes}
+            assert f"a graph each for every attended length up to {context:,}" in done.summary()
+            captured.append(len(graphs[0].captured))
+            assert loaded.spec is not None
+            profile = Profile(context_tokens=context, batch=3, kernel_path="triton")
+            charged = graph_output_bytes(loaded.spec, profile, exit=True)
+            assert charged == sum(batch_buckets(3)) * (loaded.config.vocab_size * 4 + loaded.config.hidden_size * 2)
+        finally:
+            loaded.close()
+    assert captured[0] == captured[1] == len(done.launchable_shapes)
+    monkeypatch.setenv("STAGEWISE_KERNELS", "torch")  # the reference path masks an extent: a graph per bucket
+    assert graph_lengths(512, 512) == kv_buckets(512, 512) == (256, 512)
+    assert len(graph_lengths(4096, 4096)) == 6
 
 
 @pytest.mark.slow  # a minute and a half: 64 MoE steps through Triton's interpreter

@@ -9,10 +9,12 @@ it listens and vLLM captures its graphs at start.
 What a step compiles or captures (:mod:`stagewise.kernels.kernel_variants`): a Triton kernel per
 specialization (constexpr values such as row blocks rounded to powers of two, each integer argument's
 class: 1, a multiple of 16, other, pointer alignment), a decode graph per (first row, rows run,
-attended-length bucket). Every set is finite and enumerated from the profile: decode steps at every
-shape the batcher can launch times every bucket up to the sequence length
-(:mod:`~stagewise.engine.decode_warm_up`); packed steps of every token-count class up to the prefill
-chunk (:func:`packed_token_counts`), alone and beside a decoding row; greedy and host-sampled rows.
+attended length), the length one for the whole context where decode attention is the Triton kernel (it
+reads each row's length on the device), a bucket each on the reference path. Every set is finite and
+enumerated from the profile: decode steps at every shape the batcher can launch times every attended
+length its graphs are keyed by (:mod:`~stagewise.engine.decode_warm_up`); packed steps of every
+token-count class up to the prefill chunk (:func:`packed_token_counts`), alone and beside a decoding
+row; greedy and host-sampled rows.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stagewise.engine.batcher import Batcher
-from stagewise.engine.decode_warm_up import GraphKey, decode_buckets, graph_keys, warm_decode_steps
+from stagewise.engine.decode_warm_up import GraphKey, decode_lengths, graph_keys, warm_decode_steps
 from stagewise.engine.generation_request import GenerationRequest, TokenEvent
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.sampling import SamplingParams
@@ -30,7 +32,7 @@ from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 from stagewise.models.layers.moe import SparseMoE
 
-SHORT_PROMPT_TOKENS = 8  # a chat turn's shapes: an eager prefill and decode at the smallest bucket
+SHORT_PROMPT_TOKENS = 8  # a chat turn's shapes: an eager prefill and decode of a short sequence
 NEW_TOKENS = 4
 CONCURRENT = 4  # short requests at once: batched decode steps of 2 and 4 sequences
 
@@ -51,8 +53,8 @@ class WarmUp:
     launchable_shapes: frozenset[tuple[int, int]] = frozenset()
     full_context_tokens: int = 0  # the prompt of the full-context step (0: not run)
     packed_tokens: tuple[int, ...] = ()  # prompt lengths of the packed-step sweep (alone and beside a decoding row)
-    graph_keys: frozenset[GraphKey] = frozenset()  # decode steps run at (first row, rows run, bucket)
-    buckets: tuple[int, ...] = ()  # the attended-length buckets a decode step can reach
+    graph_keys: frozenset[GraphKey] = frozenset()  # decode steps run at (first row, rows run, attended length)
+    graph_lengths: tuple[int, ...] = ()  # the attended lengths decode graphs are keyed by (one: every length)
 
     @property
     def missing_shapes(self) -> frozenset[tuple[int, int]]:
@@ -64,14 +66,18 @@ class WarmUp:
         batches = sorted({run for _, run in self.decode_shapes})
         missing = f"; {len(self.missing_shapes)} launchable shapes NOT warmed" if self.missing_shapes else ""
         full = f", a full-context step ({self.full_context_tokens:,}-token prompt)" if self.full_context_tokens else ""
-        buckets = (f" at {len(self.buckets)} attended-length buckets ({self.buckets[0]:,}..{self.buckets[-1]:,}: "
-                   f"{len(self.graph_keys)} steps)") if self.buckets else ""
+        lengths = self.graph_lengths
+        if len(lengths) == 1:  # one graph a shape serves every attended length up to it
+            graphs = f", a graph each for every attended length up to {lengths[0]:,} ({len(self.graph_keys)} steps)"
+        else:
+            graphs = (f" at {len(lengths)} attended-length buckets ({lengths[0]:,}..{lengths[-1]:,}: "
+                      f"{len(self.graph_keys)} steps)") if lengths else ""
         packed = (f"; packed steps of {len(self.packed_tokens)} prompt lengths alone and beside a decoding row"
                   if self.packed_tokens else "")
         return (f"warmed up in {self.seconds:.1f} s: {len(self.prompt_tokens)} requests (prompts of "
                 f"{min(self.prompt_tokens):,}..{max(self.prompt_tokens):,} tokens{packed}), decode steps of "
                 f"{', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes of {len(self.launchable_shapes)} "
-                f"launchable){buckets}{missing}{full}")
+                f"launchable){graphs}{missing}{full}")
 
 
 def needs_warm_up(model: LoadedModel) -> bool:
@@ -122,8 +128,9 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
     (:meth:`Batcher.decode_shapes`: each batch-size bucket, each micro-batch group's first row) not
     launched yet, that many one-token prompts at once; then a prompt of each of
     :func:`packed_token_counts` alone and arriving while a stream decodes (a packed step beside it);
-    last, a decode step of free rows for every launchable shape at every attended-length bucket
-    (:func:`~stagewise.engine.decode_warm_up.warm_decode_steps`). The next requests reset the sequence
+    last, a decode step of free rows for every launchable shape at every attended length its graphs are
+    keyed by (one, or each bucket on the reference path:
+    :func:`~stagewise.engine.decode_warm_up.warm_decode_steps`). The next requests reset the sequence
     slots, as after any request."""
     t0 = time.perf_counter()
     lengths: list[int] = []
@@ -179,11 +186,11 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
         run([request(n)])
         if batcher.slots > 1:
             beside(request(n))
-    buckets = decode_buckets(batcher)
-    keys = warm_decode_steps(batcher, graph_keys(launchable, buckets))
+    attended = decode_lengths(batcher)
+    keys = warm_decode_steps(batcher, graph_keys(launchable, attended))
     warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
     return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable),
-                  packed_tokens=packed, graph_keys=keys, buckets=buckets)
+                  packed_tokens=packed, graph_keys=keys, graph_lengths=attended)
 
 
 def full_context_prompt(batcher: Batcher) -> int:

@@ -2,15 +2,19 @@
 
 A decode step (one token per sequence) launches hundreds of small kernels; replaying a captured
 graph removes the host's launch cost and any synchronization inside the step. Graphs are keyed by
-(first state row, batch, attended-length bucket): the attended length is rounded up (the causal
-mask hides the unused positions); recurrent state is read and written through the stage's
-state-slot table and KV through its block table, both at fixed addresses and updated in place
-between steps, so a replay reads them as they are then (no recapture, no host sync). Every graph
-of one (first row, shape) reads the same static input and positions buffers, so a step's inputs can
-be written into them directly (the positions from pinned host memory ahead of time, the previous
-stage's activation by its channel, the sampled token by the sampler) with no copy inside the step.
-Steps that carry prompts (packed steps) run eagerly. Single-device and staged pipelines capture the
-same graphs for the same shapes, so their results stay bit-identical.
+(first state row, batch, tokens per sequence, attended length) (:func:`graph_length`): decode
+attention's Triton kernel reads each row's length from the positions on the device and cuts its keys
+by that length alone (:mod:`~stagewise.kernels.decode_attention_triton`), so its graphs are captured
+once at the whole context and serve every length: one graph per (first row, batch, steps). The
+reference path (``STAGEWISE_KERNELS=torch``) masks an attended extent instead, rounded up to a bucket
+(:func:`kv_bucket`; the causal mask hides the unused positions): a graph per bucket. Recurrent state
+is read and written through the stage's state-slot table and KV through its block table, both at fixed
+addresses and updated in place between steps, so a replay reads them as they are then (no recapture,
+no host sync). Every graph of one (first row, shape) reads the same static input and positions
+buffers, so a step's inputs can be written into them directly (the positions from pinned host memory
+ahead of time, the previous stage's activation by its channel, the sampled token by the sampler) with
+no copy inside the step. Steps that carry prompts (packed steps) run eagerly. Single-device and staged
+pipelines capture the same graphs for the same shapes, so their results stay bit-identical.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stagewise.kernels.triton_launch import kernels_mode, triton_available
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.stage_states import StageStates
 
@@ -47,6 +52,25 @@ def kv_buckets(limit: int, max_context: int) -> tuple[int, ...]:
     while buckets[-1] < min(limit, max_context):
         buckets.append(kv_bucket(buckets[-1] + 1, max_context))
     return tuple(buckets)
+
+
+def length_free() -> bool:
+    """Whether a decode graph serves every attended length: a CUDA stage's decode attention is then the
+    Triton kernel (``STAGEWISE_KERNELS`` not ``torch``), which reads each row's length from the
+    positions on the device; the reference path masks an extent fixed at capture."""
+    return kernels_mode() == "triton" and triton_available()
+
+
+def graph_length(kv_end: int, max_context: int) -> int:
+    """The attended length a decode step ending at ``kv_end`` replays the graph of: ``max_context`` for
+    every step where :func:`length_free` (one graph serves them all), else :func:`kv_bucket`."""
+    return max_context if length_free() else kv_bucket(kv_end, max_context)
+
+
+def graph_lengths(limit: int, max_context: int) -> tuple[int, ...]:
+    """Every :func:`graph_length` of a step ending at ``1 .. limit`` (ascending): the graphs one decode
+    shape needs to cover sequences of up to ``limit`` positions; one where :func:`length_free`."""
+    return (max_context,) if length_free() else kv_buckets(limit, max_context)
 
 
 @dataclass
@@ -99,9 +123,9 @@ class StepGraphs:
         ``first_row ..``, the largest position being ``kv_end - 1`` (only each row's last position's
         logits). Inputs or positions already written into :meth:`slots_for`'s buffers are not copied again."""
         batch, steps = int(positions.shape[0]), int(positions.shape[1])
-        bucket = kv_bucket(kv_end, self.max_context)
+        length = graph_length(kv_end, self.max_context)
         rows = slice(first_row, first_row + batch)
-        key = (first_row, batch, steps, bucket)
+        key = (first_row, batch, steps, length)
         with torch.cuda.device(self.device):  # capture and replay on this stage's own device
             slots = self.slots_for(tuple(inputs.shape), first_row)
             if positions is not slots.positions:
@@ -110,26 +134,26 @@ class StepGraphs:
                 slots.inputs.copy_(inputs, non_blocking=True)
             entry = self.graphs.get(key)
             if entry is None:
-                entry = self._capture(slots, bucket, first_row)
+                entry = self._capture(slots, length, first_row)
                 self.graphs[key] = entry
             entry.graph.replay()
         self.states.begin(range(rows.start, rows.stop))  # no Python of the model ran to begin the step
         return entry.output
 
-    def _capture(self, slots: _Slots, bucket: int, first_row: int) -> _Graph:
+    def _capture(self, slots: _Slots, length: int, first_row: int) -> _Graph:
         side = self.stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), torch.inference_mode():
             # NOTE: warm-up writes provisional state with this very step's inputs; the replay that
             # follows writes the same values, so nothing published changes.
             for _ in range(2):
-                self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket,
+                self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=length,
                            first_row=first_row)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the server's other threads may touch CUDA (metrics) while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"), \
                 torch.inference_mode():
-            output = self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=bucket,
+            output = self.model(slots.inputs, slots.positions, self.states, start=None, kv_length=length,
                                 first_row=first_row)
         return _Graph(graph, output)

@@ -36,7 +36,9 @@ class BlockSpec:
     path ``activation_values_per_token`` (activation dtype), ``f32_values_per_token`` (router logits) and
     ``score_values_per_position`` (fp32 attention scores per attended position: one per query head); on
     the Triton path the values live at the block's peak, ``step_values_per_token`` (activation dtype)
-    and ``step_f32_values_per_token`` (float32: the chunked delta rule, routing). ``matrices``: the
+    and ``step_f32_values_per_token`` (float32: the chunked delta rule, routing), and per decoding row
+    ``decode_partial_values`` (float32: decode attention's split partials,
+    :func:`~stagewise.spec.decode_splits.decode_partial_values`). ``matrices``: the
     ``(out, in)`` shapes the block multiplies by (fused and apart), whose dense tiles a packed matmul
     dequantizes. ``kv_heads``: key/value heads (fp8 KV keeps a scale per position and head).
     ``kernels_per_token``: kernels one decode
@@ -62,6 +64,7 @@ class BlockSpec:
     experts_per_token: int = 0
     step_values_per_token: int = 0
     step_f32_values_per_token: int = 0
+    decode_partial_values: int = 0
     matrices: tuple[tuple[int, int], ...] = ()
     kv_heads: int = 0
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from stagewise.errors import ConfigError
 from stagewise.spec.block_spec import BlockSpec, EndSpec
+from stagewise.spec.decode_splits import decode_partial_values
 from stagewise.spec.kernel_counts import ENTRY_KERNELS, EXIT_KERNELS, block_kernels
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
@@ -115,6 +116,7 @@ def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read
         mats = ((q + 2 * kv * d, h), (q, h), (h, heads * d))
         mixer = dict(mixer="attention",
                      kv_values_per_token=2 * kv * d,  # key + value
+                     decode_partial_values=decode_partial_values(heads, kv, d),
                      attention_flops_per_position=4 * heads * d,  # q.k and p.v, multiply-add
                      score_values_per_position=heads, kv_heads=kv)
     return BlockSpec(

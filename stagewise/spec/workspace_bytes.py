@@ -6,9 +6,10 @@ what the stage itself holds for a step. Each kernel path states its own (``profi
 * ``triton`` (accelerators): per block, the tensors live at the block's peak for the step's tokens
   (``BlockSpec.step_values_per_token`` in the activation dtype), plus the larger of the float32 values
   live inside the mixer (``step_f32_values_per_token``: the chunked delta rule's operands; attention
-  runs in paged flash-style kernels, so no score matrix) and the dense tile a packed (non-Q8_0) matmul
-  of 128 or more rows dequantizes (``DEVICE_TILE_ELEMENTS`` values at most) with that tile's output,
-  never live at once; per stage, cuBLAS's
+  runs in paged flash-style kernels, so no score matrix), decode attention's split partials for every
+  decoding row (``decode_partial_values``: a fixed number of splits per row, whatever its length) and
+  the dense tile a packed (non-Q8_0) matmul of 128 or more rows dequantizes (``DEVICE_TILE_ELEMENTS``
+  values at most) with that tile's output, never live at once; per stage, cuBLAS's
   workspaces (:data:`CUBLAS_WORKSPACE_BYTES` per stream that multiplies) and the outputs CUDA graphs
   keep (:func:`graph_output_bytes`);
 * ``torch`` (CPUs): the reference layers' activations, router values and fp32 attention scores over
@@ -38,10 +39,6 @@ HANDOFF_BUFFERS = 2  # hidden state in + hidden state out
 # on its compute stream and on its CUDA-graph capture stream
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 CUBLAS_STREAMS = 2
-# CUDA graphs' attended-length buckets (runtime/step_graphs.kv_bucket): powers of two from 256 to 1,024,
-# then multiples of 1,024
-GRAPH_MIN_BUCKET = 256
-GRAPH_LINEAR_BUCKET = 1024
 
 
 def _quantized(fmt: str) -> bool:
@@ -86,9 +83,12 @@ def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int
                                         + block.conv_state_values * profile.activation_bytes)
     if path == "triton":
         values = tokens * block.step_values_per_token * profile.activation_bytes  # live at any moment, at most
+        # decode attention's split partials of every decoding row (kernels/decode_attention_triton.py)
+        partials = profile.batch * block.decode_partial_values * F32_BYTES
         # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul, a decode's
-        # state entries inside its recurrent step: never at once
-        return values + max(tokens * block.step_f32_values_per_token * F32_BYTES, tile, decode_state)
+        # state entries inside its recurrent step, the partials between decode attention's two launches:
+        # never at once
+        return values + max(tokens * block.step_f32_values_per_token * F32_BYTES, tile, decode_state, partials)
     per_token = (
         max(block.activation_values_per_token, block.step_values_per_token) * profile.activation_bytes
         + (block.f32_values_per_token + block.step_f32_values_per_token) * F32_BYTES
@@ -123,16 +123,6 @@ def logits_buffer_bytes(vocab_size: int, profile: Profile, hidden_size: int = 0,
     return rows * vocab_size * (profile.activation_bytes + F32_BYTES) + head
 
 
-def graph_buckets(context_tokens: int) -> int:
-    """Attended-length buckets CUDA graphs are captured for up to ``context_tokens``: 256, 512, 1,024, then
-    every multiple of 1,024, each capped at the context."""
-    c = context_tokens
-    small = {min(b, c) for b in (GRAPH_MIN_BUCKET, 2 * GRAPH_MIN_BUCKET, GRAPH_LINEAR_BUCKET)}
-    multiples = c // GRAPH_LINEAR_BUCKET - (1 if c >= GRAPH_LINEAR_BUCKET else 0)  # 2,048 .. below or at c
-    capped = 1 if c > GRAPH_LINEAR_BUCKET and c % GRAPH_LINEAR_BUCKET else 0  # the last bucket, cut to c
-    return len(small) + multiples + capped
-
-
 def batch_buckets(batch: int) -> list[int]:
     """Rows a decode graph of up to ``batch`` sequences runs, as one decode group launches them
     (engine/decode_groups.plan_groups, warm-up captures each): the bucket (1, 2, 4, 8, then multiples of 8)
@@ -147,17 +137,18 @@ def batch_buckets(batch: int) -> list[int]:
 
 def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
     """What CUDA graphs keep once captured (``runtime/step_graphs.py``: decode steps; prompts run eagerly in
-    packed steps): each graph's own outputs, for every attended-length bucket up to the context and each
-    decode batch bucket. At the exit a graph keeps its rows' float32 logits and features, elsewhere the
-    hidden state it hands on.
+    packed steps): each graph's own outputs, one graph for each decode batch bucket (decode attention
+    reads each row's length on the device: one graph serves every attended length). At the exit a graph
+    keeps its rows' float32 logits and features, elsewhere the hidden state it hands on.
 
-    NOTE: this grows with the context (buckets) and the sequences (shapes): graphs writing into one
-    output buffer per shape would keep a few MB instead (the step path's graphs)."""
+    NOTE: the reference path on a GPU (``STAGEWISE_KERNELS=torch``, for A/B runs and bisecting) keys its
+    graphs by attended-length bucket too (``runtime/step_graphs.kv_bucket``), a graph per bucket up to
+    the context: not charged here."""
     if profile.kernel_path == "torch" or not profile.cuda_graphs:
         return 0
     a = profile.activation_bytes
     per_row = spec.vocab_size * F32_BYTES + spec.hidden_size * a if exit else spec.hidden_size * a
-    return graph_buckets(profile.context_tokens) * sum(batch_buckets(profile.batch)) * per_row
+    return sum(batch_buckets(profile.batch)) * per_row
 
 
 def stage_workspace_bytes(spec: ModelSpec, profile: Profile, blocks: list[BlockSpec], entry: bool, exit: bool) -> int:

@@ -90,9 +90,10 @@ class Attention(nn.Module):
             scales = _scales(cache)
             q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm,
                            scales)  # (B, T, H, D)
-            if steps == 1:  # decode: paged split-K attention over the pool (+ gate), no mask tensor
-                return self.o_proj(decode_attention(q, cache.key, cache.value, table, ctx.positions,
-                                                    ctx.kv_length, gate_heads, scales))
+            if steps == 1:  # decode: paged split-K attention over the pool (+ gate), each row's length read
+                # from its position on the device: no mask tensor and no attended length (ctx.kv_length unused)
+                return self.o_proj(decode_attention(q, cache.key, cache.value, table, ctx.positions, gate_heads,
+                                                    scales))
             from stagewise.kernels.prefill_attention_triton import prefill_attention
 
             segments, rows, longest = ctx.prompt_segments  # a prompt chunk per row, over the paged pool
@@ -201,8 +202,7 @@ class Attention(nn.Module):
         if decoding:  # one token per row: split-K over each row's keys, as a decode step
             hi = layout.offsets[decoding]
             gate = gate_heads[:hi] if gate_heads is not None else None
-            out[:hi] = decode_attention(q[:hi], cache.key, cache.value, table[:hi], ctx.positions[:hi],
-                                        max(layout.starts[:decoding]) + 1, gate, scales)
+            out[:hi] = decode_attention(q[:hi], cache.key, cache.value, table[:hi], ctx.positions[:hi], gate, scales)
         return out
 
 
