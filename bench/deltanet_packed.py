@@ -42,6 +42,7 @@ from bench.kernel_timing import eager_ms
 from stagewise.kernels.causal_conv_triton import packed_causal_conv_triton
 from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
 from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
+from stagewise.models.layers.decay_gates import DecayGates
 from stagewise.models.layers.delta_rule import chunked_gated_delta_rule, packed_chunked_gated_delta_rule_reference
 from stagewise.models.layers.packed_segments import PackedSegments
 
@@ -88,8 +89,12 @@ class Problem:
         self.conv_pool[0] = 0
         self.pool = torch.randn(entries, V_HEADS, DK, DV, device=dev, generator=gen) * 0.05
         self.pool[0] = 0
-        self.g = -(torch.rand(tokens, V_HEADS, device=dev, generator=gen) * 0.3 + 0.01)  # float32 log decay
-        self.beta = torch.rand(tokens, V_HEADS, device=dev, generator=gen).to(DTYPE)
+        # the gates' inputs (b, a per token; A_log, dt_bias per head) and their values (beta, float32 log decay g)
+        b, a = (torch.randn(tokens, V_HEADS, device=dev, generator=gen).to(DTYPE) for _ in range(2))
+        a_log = torch.rand(V_HEADS, device=dev, generator=gen) * 2 - 3
+        dt_bias = torch.randn(V_HEADS, device=dev, generator=gen)
+        self.gates = DecayGates(b, a, a_log, dt_bias)
+        self.beta, self.g = self.gates.values()
         self.mixed = torch.empty_like(self.x)  # the conv's output, whose views q, k, v are
         self.out = torch.empty(tokens, V_HEADS, DV, device=dev, dtype=DTYPE)
         packed_causal_conv_triton(self.x, self.weight, self.conv_pool, self.segments, out=self.mixed)
@@ -105,7 +110,7 @@ class Problem:
 
     def rule(self, **settings: Any) -> None:
         q, k, v = self.qkv()
-        packed_gated_delta_rule_triton(q, k, v, self.g, self.beta, self.pool, self.segments, out=self.out, **settings)
+        packed_gated_delta_rule_triton(q, k, v, self.gates, self.pool, self.segments, out=self.out, **settings)
 
     def layer(self) -> None:
         self.conv()
@@ -148,7 +153,7 @@ class Problem:
     def reference(self) -> torch.Tensor:
         """The float32 torch reference's readout (float32 copies of q/k/v; pool untouched)."""
         q, k, v = (t.float() for t in self.qkv())
-        return packed_chunked_gated_delta_rule_reference(q, k, v, self.g, self.beta, self.pool.clone(), self.segments)
+        return packed_chunked_gated_delta_rule_reference(q, k, v, self.gates, self.pool.clone(), self.segments)
 
 
 def accuracy(problem: Problem, **settings: Any) -> dict[str, float]:
@@ -158,10 +163,10 @@ def accuracy(problem: Problem, **settings: Any) -> dict[str, float]:
     q, k, v = problem.qkv()
     q32, k32, v32 = q.float(), k.float(), v.float()
     want_pool, got_pool = problem.pool.clone(), problem.pool.clone()
-    want = packed_chunked_gated_delta_rule_reference(q32, k32, v32, problem.g, problem.beta, want_pool, problem.segments)
-    got = packed_gated_delta_rule_triton(q, k, v, problem.g, problem.beta, got_pool, problem.segments, **settings)
+    want = packed_chunked_gated_delta_rule_reference(q32, k32, v32, problem.gates, want_pool, problem.segments)
+    got = packed_gated_delta_rule_triton(q, k, v, problem.gates, got_pool, problem.segments, **settings)
     settings = {"precision": "tf32", **{n: s for n, s in settings.items() if s is not None}}
-    got32 = packed_gated_delta_rule_triton(q32, k32, v32, problem.g, problem.beta, problem.pool.clone(),
+    got32 = packed_gated_delta_rule_triton(q32, k32, v32, problem.gates, problem.pool.clone(),
                                            problem.segments, **settings)
     written = torch.tensor(problem.write, device=q.device)
     scale = want.abs().max()
@@ -178,21 +183,21 @@ def split_checks(dev: torch.device) -> dict[str, bool]:
     segments = PackedSegments.build([448, 9], [1, 2], [3, 4], dev, snap=[5, 0], snap_at=[128, 0])
     conv_pool, pool = whole.conv_pool.clone(), whole.pool.clone()
     mixed = packed_causal_conv_triton(whole.x, whole.weight, conv_pool, segments)
-    out = packed_gated_delta_rule_triton(*whole.qkv(mixed), whole.g, whole.beta, pool, segments)
+    out = packed_gated_delta_rule_triton(*whole.qkv(mixed), whole.gates, pool, segments)
     split_conv, split_pool, pieces, conv_pieces, src = whole.conv_pool.clone(), whole.pool.clone(), [], [], 1
     for lo, hi, dst in ((0, 64, 4), (64, 192, 6), (192, 448, 3)):
         rows = list(range(lo, hi)) + list(range(448, 457))
         piece = PackedSegments.build([hi - lo, 9], [src, 2], [dst, 7], dev)
         m = packed_causal_conv_triton(whole.x[rows], whole.weight, split_conv, piece)
         conv_pieces.append(m[: hi - lo])
-        pieces.append(packed_gated_delta_rule_triton(*whole.qkv(m), whole.g[rows], whole.beta[rows], split_pool,
-                                                     piece)[: hi - lo])
+        gates = DecayGates(whole.gates.b[rows], whole.gates.a[rows], whole.gates.a_log, whole.gates.dt_bias)
+        pieces.append(packed_gated_delta_rule_triton(*whole.qkv(m), gates, split_pool, piece)[: hi - lo])
         src = dst
     resumed_conv, resumed_pool = whole.conv_pool.clone(), whole.pool.clone()
     resumed_conv[8], resumed_pool[8] = conv_pool[5], pool[5]
     tail = PackedSegments.build([320], [8], [9], dev)
     m = packed_causal_conv_triton(whole.x[128:448], whole.weight, resumed_conv, tail)
-    resumed = packed_gated_delta_rule_triton(*whole.qkv(m), whole.g[128:448], whole.beta[128:448], resumed_pool, tail)
+    resumed = packed_gated_delta_rule_triton(*whole.qkv(m), whole.gates.rows(128, 448), resumed_pool, tail)
     return {"split_conv_equal": torch.equal(torch.cat(conv_pieces), mixed[:448]),
             "split_rule_equal": torch.equal(torch.cat(pieces), out[:448]),
             "split_state_equal": torch.equal(split_pool[3], pool[3]) and torch.equal(split_conv[3], conv_pool[3]),

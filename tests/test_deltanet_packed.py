@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from stagewise.models.layers.causal_conv import causal_conv_step_reference, packed_causal_conv_reference
+from stagewise.models.layers.decay_gates import DecayGates
 from stagewise.models.layers.delta_rule import (
     chunked_gated_delta_rule,
     packed_chunked_gated_delta_rule_reference,
@@ -41,17 +42,35 @@ TOL = {"atol": 2e-5, "rtol": 2e-5}
 
 @dataclass
 class Step:
-    """One packed step's rule inputs ``(N, ...)`` and a pool (entry 0 zero, the others random)."""
+    """One packed step's rule inputs ``(N, ...)`` (q, k, v and the gates' inputs ``b``, ``a``; per head
+    ``a_log``, ``dt_bias``) and a pool (entry 0 zero, the others random)."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
+    b: torch.Tensor
+    a: torch.Tensor
+    a_log: torch.Tensor
+    dt_bias: torch.Tensor
     pool: torch.Tensor
 
+    @property
+    def gates(self) -> DecayGates:
+        return DecayGates(self.b, self.a, self.a_log, self.dt_bias)
+
     def rows(self, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
-        return self.q[lo:hi], self.k[lo:hi], self.v[lo:hi], self.g[lo:hi], self.beta[lo:hi]
+        """q, k, v, g, beta of tokens ``lo .. hi - 1`` (the gates evaluated), for the per-sequence rules."""
+        beta, g = self.gates.rows(lo, hi).values()
+        return self.q[lo:hi], self.k[lo:hi], self.v[lo:hi], g, beta
+
+    def select(self, index: torch.Tensor) -> Step:
+        """The step of tokens ``index`` (in that order), the same pool."""
+        q, k, v, b, a = (x[index] for x in (self.q, self.k, self.v, self.b, self.a))
+        return Step(q, k, v, b, a, self.a_log, self.dt_bias, self.pool)
+
+    def as_float(self) -> Step:
+        q, k, v, b, a = (x.float() for x in (self.q, self.k, self.v, self.b, self.a))
+        return Step(q, k, v, b, a, self.a_log, self.dt_bias, self.pool)
 
 
 def _step(tokens: int, seed: int, dtype: torch.dtype = torch.float32, dk: int = DK, dv: int = DV) -> Step:
@@ -59,12 +78,14 @@ def _step(tokens: int, seed: int, dtype: torch.dtype = torch.float32, dk: int = 
     # q, k, v as strided views of one conv output row, as the layer gives them
     mixed = torch.randn(tokens, 2 * K_HEADS * dk + V_HEADS * dv, generator=gen)
     q, k, v = mixed.to(DEVICE, dtype).split([K_HEADS * dk, K_HEADS * dk, V_HEADS * dv], dim=-1)
-    g = -torch.rand(tokens, V_HEADS, generator=gen) * 0.5  # float32 log decay
-    beta = torch.rand(tokens, V_HEADS, generator=gen)
+    # the gates' inputs, as the layer's projections give them: strided views of one (N, 2 Hv) row
+    ba = (torch.randn(tokens, 2 * V_HEADS, generator=gen) * 2).to(DEVICE, dtype)
+    a_log = (torch.rand(V_HEADS, generator=gen) * 2 - 1.5).to(DEVICE)
+    dt_bias = torch.randn(V_HEADS, generator=gen).to(DEVICE)
     pool = torch.randn(ENTRIES, V_HEADS, dk, dv, generator=gen) * 0.3
     pool[0] = 0
     return Step(q.view(tokens, K_HEADS, dk), k.view(tokens, K_HEADS, dk), v.view(tokens, V_HEADS, dv),
-                g.to(DEVICE), beta.to(DEVICE, dtype), pool.to(DEVICE))
+                ba[:, :V_HEADS], ba[:, V_HEADS:], a_log, dt_bias, pool.to(DEVICE))
 
 
 def _segments(lengths: tuple[int, ...], read: tuple[int, ...], write: tuple[int, ...], first_token: int = 0,
@@ -73,13 +94,13 @@ def _segments(lengths: tuple[int, ...], read: tuple[int, ...], write: tuple[int,
 
 
 def _reference_rule(step: Step, pool: torch.Tensor, segments: PackedSegments) -> torch.Tensor:
-    return packed_chunked_gated_delta_rule_reference(step.q, step.k, step.v, step.g, step.beta, pool, segments)
+    return packed_chunked_gated_delta_rule_reference(step.q, step.k, step.v, step.gates, pool, segments)
 
 
 def _triton_rule(step: Step, pool: torch.Tensor, segments: PackedSegments) -> torch.Tensor:
     from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
 
-    return packed_gated_delta_rule_triton(step.q, step.k, step.v, step.g, step.beta, pool, segments)
+    return packed_gated_delta_rule_triton(step.q, step.k, step.v, step.gates, pool, segments)
 
 
 RULES = [pytest.param(_reference_rule, id="reference"), pytest.param(_triton_rule, id="triton", marks=needs_kernels)]
@@ -118,7 +139,7 @@ def test_the_layer_functions_take_the_triton_path_where_use_triton_says() -> Non
     rule = [_reference_rule(step, pools[0][0], segments), _triton_rule(step, pools[1][0], segments)]
     conv = [_reference_conv(x, weight, pools[0][1], segments), _triton_conv(x, weight, pools[1][1], segments)]
     with kernels_on_host():
-        got_rule = packed_chunked_gated_delta_rule(step.q, step.k, step.v, step.g, step.beta, pools[2][0], segments)
+        got_rule = packed_chunked_gated_delta_rule(step.q, step.k, step.v, step.gates, pools[2][0], segments)
         got_conv = packed_causal_conv(x, weight, pools[2][1], segments)
     assert torch.equal(got_rule, rule[1]) and torch.equal(got_conv, conv[1])  # the kernels' bits
     assert not torch.equal(rule[0], rule[1]), "the paths differ in rounding, so the check above means something"
@@ -134,13 +155,36 @@ def test_triton_rule_matches_the_reference(dk: int, dv: int, block_v: int) -> No
     want_pool, got_pool = step.pool.clone(), step.pool.clone()
     want = _reference_rule(step, want_pool, segments)
     got = torch.full_like(want, 7.0)
-    packed_gated_delta_rule_triton(step.q, step.k, step.v, step.g, step.beta, got_pool, segments, out=got,
+    packed_gated_delta_rule_triton(step.q, step.k, step.v, step.gates, got_pool, segments, out=got,
                                    block_v=block_v)
     torch.testing.assert_close(got[3:], want[3:], **TOL)
     assert torch.equal(got[:3], torch.full_like(got[:3], 7.0)), "tokens outside every segment are not written"
     torch.testing.assert_close(got_pool, want_pool, **TOL)
     for e in (0, 8, 10, 13, 14, 15, *READ):  # entries 1 and 6 hold snapshots now
         assert torch.equal(got_pool[e], step.pool[e])
+
+
+@needs_kernels
+def test_triton_rule_computes_the_gates_as_decay_gates_values() -> None:
+    """The kernels evaluate the gates where they read them: at saturated sigmoids (beta 0 and 1), past
+    softplus' linear threshold (a + dt_bias > 20), at 0 and below, they give what the reference gives
+    from :meth:`DecayGates.values`."""
+    from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
+
+    step = _step(70, seed=21)
+    edges = torch.tensor([-110.0, -20.5, -1.0, 0.0, 19.5, 20.0, 20.5, 30.0], device=DEVICE)
+    index = torch.arange(70 * V_HEADS, device=DEVICE) % edges.numel()
+    step.b.copy_(edges[index].view(70, V_HEADS))
+    step.a.copy_(edges[(index + 3) % edges.numel()].view(70, V_HEADS) - step.dt_bias)
+    beta, g = step.gates.values()
+    assert bool((beta == 0).any()) and bool((beta == 1).any())  # the edges are reached
+    assert bool((step.a + step.dt_bias > 20).any()) and bool((g < -5).any())
+    segments = _segments((5, 65), (3, 0), (9, 10))
+    want_pool, got_pool = step.pool.clone(), step.pool.clone()
+    want = _reference_rule(step, want_pool, segments)
+    got = packed_gated_delta_rule_triton(step.q, step.k, step.v, step.gates, got_pool, segments)
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got_pool, want_pool, **TOL)
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -159,7 +203,7 @@ def test_rule_split_at_chunks_and_resumed_from_snapshots_is_bit_identical(rule: 
     pieces, src = [], 3
     for lo, hi, dst, beside in ((0, 64, 11, 70), (64, 128, 12, 5), (128, 200, 13, 1)):
         # the piece first, then a segment of another sequence (from the step's last tokens)
-        sub = Step(*(torch.cat([x[lo:hi], x[200 : 200 + beside]]) for x in step.rows(0, 270)), step.pool)
+        sub = step.select(torch.cat([torch.arange(lo, hi), torch.arange(200, 200 + beside)]).to(DEVICE))
         pieces.append(rule(sub, split_pool, _segments((hi - lo, beside), (src, 0), (dst, 14)))[: hi - lo])
         src = dst
     assert torch.equal(torch.cat(pieces), whole[:200])
@@ -169,7 +213,7 @@ def test_rule_split_at_chunks_and_resumed_from_snapshots_is_bit_identical(rule: 
     for at, entry in ((64, 1), (128, 6)):
         resumed_pool = step.pool.clone()
         resumed_pool[entry] = snapshots[at]
-        sub = Step(*step.rows(at, 200), step.pool)
+        sub = step.select(torch.arange(at, 200, device=DEVICE))
         resumed = rule(sub, resumed_pool, _segments((200 - at,), (entry,), (15,)))
         assert torch.equal(resumed, whole[at:200]), f"resumed at {at}"
         assert torch.equal(resumed_pool[15], pool[9]), f"resumed at {at}"
@@ -276,9 +320,10 @@ def test_packed_recurrent_step_equals_the_recurrent_rule() -> None:
     step = _step(3, seed=6)
     pool = step.pool.clone()
     read, write = (torch.tensor(e, dtype=torch.int32, device=DEVICE) for e in ((5, 0, 2), (7, 1, 3)))
-    out = packed_recurrent_step(step.q, step.k, step.v, step.g, step.beta, pool, read, write)
-    want_out, want_state = recurrent_gated_delta_rule(step.q[:, None], step.k[:, None], step.v[:, None],
-                                                      step.g[:, None], step.beta[:, None], step.pool[[5, 0, 2]])
+    out = packed_recurrent_step(step.q, step.k, step.v, step.gates, pool, read, write)
+    q, k, v, g, beta = step.rows(0, 3)
+    want_out, want_state = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                                      step.pool[[5, 0, 2]])
     assert torch.equal(out, want_out[:, 0]) and torch.equal(pool[[7, 1, 3]], want_state)
     untouched = [e for e in range(ENTRIES) if e not in (7, 1, 3)]
     assert torch.equal(pool[untouched], step.pool[untouched])
@@ -326,10 +371,9 @@ def test_indexed_decode_kernels_equal_the_contiguous_rows_and_the_reference() ->
     assert torch.equal(delta_step(mixed, b, a, a_log, dt_bias, rows_pool, 10, 13, K_HEADS, DK), out)
     assert torch.equal(rows_pool[13:16], indexed_pool[[7, 1, 3]])
     q, k, v = mixed.split([K_HEADS * DK, K_HEADS * DK, V_HEADS * DV], dim=-1)
-    g = -a_log.exp() * F.softplus(a + dt_bias)
     ref_pool = step.pool.clone()
     want = packed_recurrent_step(q.reshape(batch, K_HEADS, DK), k.reshape(batch, K_HEADS, DK),
-                                 v.reshape(batch, V_HEADS, DV), g, b.sigmoid(), ref_pool, read, write)
+                                 v.reshape(batch, V_HEADS, DV), DecayGates(b, a, a_log, dt_bias), ref_pool, read, write)
     torch.testing.assert_close(out, want, **TOL)
     torch.testing.assert_close(indexed_pool, ref_pool, **TOL)
 
@@ -368,17 +412,17 @@ def test_bf16_rule_on_the_gpu_near_the_float32_reference_and_bit_identical_when_
     from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
 
     step = _step(200 + 70, seed=11, dtype=torch.bfloat16, dk=128, dv=128)
-    exact = Step(*(x.float() for x in step.rows(0, 270)), step.pool)
+    exact = step.as_float()
     segments = _segments((200, 70), (3, 0), (9, 10), snap=(1, 0), snap_at=(128, 0))
     want_pool, got_pool = step.pool.clone(), step.pool.clone()
     want = _reference_rule(exact, want_pool, segments)
-    got = packed_gated_delta_rule_triton(step.q, step.k, step.v, step.g, step.beta, got_pool, segments)
+    got = packed_gated_delta_rule_triton(step.q, step.k, step.v, step.gates, got_pool, segments)
     scale = want.abs().max()
     assert float((got.float() - want).abs().max()) <= 2e-2 * float(scale)
     assert float((got_pool - want_pool).abs().max()) <= 2e-2 * float(want_pool.abs().max())
     resumed_pool = step.pool.clone()
     resumed_pool[4] = got_pool[1]
-    sub = Step(*step.rows(128, 200), step.pool)
-    resumed = packed_gated_delta_rule_triton(sub.q, sub.k, sub.v, sub.g, sub.beta, resumed_pool,
+    sub = step.select(torch.arange(128, 200, device=DEVICE))
+    resumed = packed_gated_delta_rule_triton(sub.q, sub.k, sub.v, sub.gates, resumed_pool,
                                              _segments((72,), (4,), (15,)))
     assert torch.equal(resumed, got[128:200]) and torch.equal(resumed_pool[15], got_pool[9])

@@ -5,6 +5,7 @@ design follows flash-linear-attention's chunked forward (kkt, solve_tril, recomp
 output), written for our state pool and exactness rules:
 
 1. :func:`_chunk_prep_kernel`, one program per (chunk, value head), all chunks of the step at once:
+   computes the gates from their inputs (:class:`~stagewise.models.layers.decay_gates.DecayGates`),
    L2-normalizes q/k, cumulates the log decay, and forms the chunk's UT transform: ``L`` (the strictly
    lower ``beta k k^T`` weighted by the pairwise decay), ``(I + L)^-1`` (forward substitution inside
    16-row blocks, then the block-strictly-lower rest as a terminating Neumann series), ``w`` (the
@@ -35,6 +36,7 @@ import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.models.layers.decay_gates import DecayGates
 from stagewise.models.layers.packed_segments import CHUNK, PackedSegments
 
 SUB = 16  # rows of the diagonal blocks inverted by forward substitution
@@ -74,9 +76,9 @@ def _columns(ptr, t, t_ok, d, d_ok, stride_n):
 
 @triton.jit
 def _chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunks_ptr, w_ptr, u_ptr, a_ptr, scales_ptr, decay_ptr,
-    group, dk, dv, scale,
-    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_bn,
+    q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, alog_ptr, dtb_ptr, cu_ptr, chunks_ptr, w_ptr, u_ptr, a_ptr,
+    scales_ptr, decay_ptr, group, dk, dv, scale,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_an, stride_bn,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, GDC: tl.constexpr,
 ):
@@ -102,7 +104,15 @@ def _chunk_prep_kernel(
         k_sq += tl.sum(k * k, axis=1)
     q_norm = tl.rsqrt(q_sq + 1e-6)
     k_norm = tl.rsqrt(k_sq + 1e-6)
-    beta = tl.load(beta_ptr + t.to(tl.int64) * stride_bn + h, mask=t_ok, other=0.0).to(tl.float32)
+    # the gates (DecayGates.values, the same formula): beta = sigmoid(b) kept in the activation dtype,
+    # g = -exp(A_log) softplus(a + dt_bias) in float32; padding rows: beta 0, g 0
+    b_in = tl.load(gate_b_ptr + t.to(tl.int64) * stride_bn + h, mask=t_ok, other=0.0).to(tl.float32)
+    beta = (1.0 / (1.0 + tl.exp(-b_in))).to(gate_b_ptr.dtype.element_ty).to(tl.float32)
+    beta = tl.where(t_ok, beta, 0.0)
+    shifted = tl.load(gate_a_ptr + t.to(tl.int64) * stride_an + h, mask=t_ok, other=0.0).to(tl.float32) \
+        + tl.load(dtb_ptr + h).to(tl.float32)
+    softplus = tl.where(shifted > 20.0, shifted, tl.log(1.0 + tl.exp(tl.minimum(shifted, 20.0))))
+    g = tl.where(t_ok, -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus, 0.0)
     kk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
     qk = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
     for d0 in tl.static_range(0, BLOCK_K, BLOCK_D):  # beta k k^T and q k^T, normalized
@@ -111,7 +121,7 @@ def _chunk_prep_kernel(
         q = _columns(q_base, t, t_ok, d, d < dk, stride_qn) * q_norm[:, None] * scale
         kk += tl.dot(k * beta[:, None], tl.trans(k), input_precision=PRECISION)
         qk += tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    cum = tl.cumsum(tl.load(g_ptr + t.to(tl.int64) * stride_gn + h, mask=t_ok, other=0.0).to(tl.float32), axis=0)
+    cum = tl.cumsum(g, axis=0)
     lower = r[:, None] >= r[None, :]
     pair = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)  # (C, C) decay j -> i
     rows = t.to(tl.int64) * heads + h  # (C,) the tokens' rows in the (N, Hv, ...) scratch
@@ -201,8 +211,8 @@ def _chunk_scan_kernel(
     tl.store(target + tile2, s2, mask=ok2)
 
 
-def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                                   beta: torch.Tensor, pool: torch.Tensor, segments: PackedSegments,
+def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: DecayGates,
+                                   pool: torch.Tensor, segments: PackedSegments,
                                    out: torch.Tensor | None = None, block_v: int = 32, scan_warps: int = 8,
                                    scan_stages: int = 1, prep_warps: int = 4, block_d: int = 32,
                                    precision: str | None = None) -> torch.Tensor:
@@ -214,13 +224,13 @@ def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """
     tokens, k_heads, dk = q.shape
     v_heads, dv = v.shape[1], v.shape[2]
-    if k.shape != q.shape or v.shape[0] != tokens or g.shape != (tokens, v_heads) or beta.shape != g.shape:
+    if k.shape != q.shape or v.shape[0] != tokens or gates.b.shape != (tokens, v_heads):
         raise ValueError(f"packed delta rule: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"g {tuple(g.shape)}, beta {tuple(beta.shape)} do not share tokens and heads")
+                         f"gates {tuple(gates.b.shape)} do not share tokens and heads")
     if v_heads % k_heads or pool.shape[1:] != (v_heads, dk, dv) or pool.dtype != torch.float32:
         raise ValueError(f"packed delta rule: pool {pool.dtype} {tuple(pool.shape[1:])} is not float32 "
                          f"({v_heads}, {dk}, {dv}) entries, or {v_heads} value heads do not share {k_heads} key heads")
-    if any(x.stride(-1) != 1 for x in (q, k, v, g, beta)) or pool[0].stride() != (dk * dv, dv, 1):
+    if any(x.stride(-1) != 1 for x in (q, k, v, gates.a, gates.b)) or pool[0].stride() != (dk * dv, dv, 1):
         raise ValueError("packed delta rule needs contiguous head dims and contiguous pool entries")
     if out is None:
         out = torch.empty((tokens, v_heads, dv), dtype=q.dtype, device=q.device)
@@ -241,9 +251,10 @@ def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     group = v_heads // k_heads
     with launch_device(q):
         _chunk_prep_kernel[(chunks, v_heads)](
-            q, k, v, g, beta, segments.cu_seqlens, segments.chunks, w, u, intra, scales, decay,
-            group, dk, dv, dk**-0.5,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+            q, k, v, gates.a, gates.b, gates.a_log, gates.dt_bias, segments.cu_seqlens, segments.chunks,
+            w, u, intra, scales, decay, group, dk, dv, dk**-0.5,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), gates.a.stride(0),
+            gates.b.stride(0),
             CHUNK=CHUNK, SUB=SUB, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_D=min(block_d, block_k, block_dv),
             PRECISION=precision, num_warps=prep_warps, **dependent_launch(q),
         )

@@ -30,6 +30,7 @@ from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.packed_segments import CHUNK
 
 if TYPE_CHECKING:
+    from stagewise.models.layers.decay_gates import DecayGates
     from stagewise.models.layers.packed_segments import PackedSegments
 
 
@@ -139,14 +140,14 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out.transpose(1, 2).contiguous().to(dtype), s
 
 
-def packed_chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                                    beta: torch.Tensor, pool: torch.Tensor, segments: PackedSegments,
+def packed_chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: DecayGates,
+                                    pool: torch.Tensor, segments: PackedSegments,
                                     out: torch.Tensor | None = None) -> torch.Tensor:
     """The gated delta rule over a packed step's prompt segments, state read and written by index.
 
     Args:
-        q, k: ``(N, Hk, Dk)``; v: ``(N, Hv, Dv)``; g (float32 log decay, <= 0), beta: ``(N, Hv)``: the
-            step's tokens (last dims contiguous; strided token and head dims allowed).
+        q, k: ``(N, Hk, Dk)``; v: ``(N, Hv, Dv)``: the step's tokens (last dims contiguous; strided token
+            and head dims allowed); gates: their ``(N, Hv)`` gate inputs (evaluated where they are read).
         pool: recurrent state entries ``(E, Hv, Dk, Dv)`` float32. Segment ``s`` starts from entry
             ``segments.read[s]``; its final state is written to entry ``segments.write[s]`` and, where
             ``segments.snap_at[s] > 0``, the state after that many of its tokens to ``segments.snap[s]``.
@@ -164,14 +165,15 @@ def packed_chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.T
     if use_triton(q):
         from stagewise.kernels.deltanet_packed_triton import packed_gated_delta_rule_triton
 
-        return packed_gated_delta_rule_triton(q, k, v, g, beta, pool, segments, out)
-    return packed_chunked_gated_delta_rule_reference(q, k, v, g, beta, pool, segments, out)
+        return packed_gated_delta_rule_triton(q, k, v, gates, pool, segments, out)
+    return packed_chunked_gated_delta_rule_reference(q, k, v, gates, pool, segments, out)
 
 
-def packed_chunked_gated_delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                                              beta: torch.Tensor, pool: torch.Tensor, segments: PackedSegments,
+def packed_chunked_gated_delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: DecayGates,
+                                              pool: torch.Tensor, segments: PackedSegments,
                                               out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`packed_chunked_gated_delta_rule`'s torch path, on any device (a Python loop over chunks)."""
+    beta, g = gates.values()
     heads, dv = v.shape[1], v.shape[2]
     if out is None:
         out = torch.empty((q.shape[0], heads, dv), dtype=q.dtype, device=q.device)
@@ -192,18 +194,19 @@ def packed_chunked_gated_delta_rule_reference(q: torch.Tensor, k: torch.Tensor, 
     return out
 
 
-def packed_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+def packed_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: DecayGates,
                           pool: torch.Tensor, read: torch.Tensor, write: torch.Tensor) -> torch.Tensor:
     """One token of each of ``B`` decoding rows, state read and written by index (torch reference;
     on the Triton path ``deltanet_decode_triton.delta_step`` computes the same from the gates' inputs).
 
     Args:
-        q, k: ``(B, Hk, Dk)``; v: ``(B, Hv, Dv)``; g (float32 log decay), beta: ``(B, Hv)``.
+        q, k: ``(B, Hk, Dk)``; v: ``(B, Hv, Dv)``; gates: their ``(B, Hv)`` gate inputs.
         pool: ``(E, Hv, Dk, Dv)`` float32; read, write: ``(B,)`` int32 entries (row ``b`` reads entry
             ``read[b]`` and writes its new state to entry ``write[b]``; no entry both read and written).
     Returns:
         ``(B, Hv, Dv)`` readout in ``q``'s dtype.
     """
+    beta, g = gates.values()
     state = pool.index_select(0, read)  # (B, Hv, Dk, Dv)
     out, state = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state)
     pool.index_put_((write,), state)

@@ -23,6 +23,7 @@ from torch import nn
 
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.causal_conv import causal_conv_step, packed_causal_conv
+from stagewise.models.layers.decay_gates import DecayGates
 from stagewise.models.layers.delta_rule import packed_chunked_gated_delta_rule, packed_recurrent_step
 from stagewise.models.layers.fused_linear import fuse_linears
 from stagewise.models.layers.gated_rms_norm import GatedRMSNorm
@@ -137,6 +138,7 @@ class GatedDeltaNet(nn.Module):
             segments = ctx.state_segments
             packed_causal_conv(qkv, self.conv1d.weight, conv_pool, segments, out=mixed)
         q, k, v = self._split_heads(mixed)
+        gates = DecayGates(b, a, self.A_log, self.dt_bias)  # evaluated where the rule reads them
         if decoding:
             if use_triton(x):  # the gates, L2 norms and the state update in one launch, entries in place
                 from stagewise.kernels.deltanet_decode_triton import delta_step
@@ -144,24 +146,12 @@ class GatedDeltaNet(nn.Module):
                 delta_step(mixed[:hi], b[:hi], a[:hi], self.A_log, self.dt_bias, rec_pool, entries[:, 0],
                            entries[:, 1], self.k_heads, self.k_dim, out=out[:hi])
             else:
-                beta, g = self._gates(b[:hi], a[:hi])
-                out[:hi] = packed_recurrent_step(q[:hi], k[:hi], v[:hi], g, beta, rec_pool, entries[:, 0], entries[:, 1])
+                out[:hi] = packed_recurrent_step(q[:hi], k[:hi], v[:hi], gates.rows(0, hi), rec_pool, entries[:, 0],
+                                                 entries[:, 1])
         if hi < tokens:
-            beta, g = self._gates(b, a)
-            packed_chunked_gated_delta_rule(q, k, v, g, beta, rec_pool, segments, out=out)
+            packed_chunked_gated_delta_rule(q, k, v, gates, rec_pool, segments, out=out)
         out = self.norm(out, z)  # (N, Hv, Dv)
         return self.out_proj(out.reshape(batch, steps, self.value_dim))
-
-    def _gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``beta`` (write strength, activation dtype) and ``g`` (log decay, float32), ``(N, Hv)``.
-
-        NOTE: sigmoid and softplus written with exp and log: on the CPU, torch's vectorized sigmoid and
-        softplus may round an element differently by where it lies in the tensor (exp and log do not), and
-        a token's gates must not depend on which step carries it (a cached prompt = a cold one, bit for bit)."""
-        beta = torch.reciprocal(1.0 + torch.exp(-b.float())).to(b.dtype)
-        shifted = a.float() + self.dt_bias
-        softplus = torch.where(shifted > 20.0, shifted, torch.log(1.0 + torch.exp(shifted.clamp(max=20.0))))
-        return beta, -self.A_log.float().exp() * softplus
 
     def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The conv output ``(N, C)`` as q, k ``(N, Hk, Dk)`` and v ``(N, Hv, Dv)`` (views)."""
