@@ -67,10 +67,37 @@ def moe_align(top_index: torch.Tensor, num_experts: int, block_m: int) -> MoeAli
     return MoeAlignment(sorted_slots, block_expert, num_valid, num_slots, block_m)
 
 
-@functools.lru_cache(maxsize=64)
+_CAPTURED: dict[tuple[int, int, torch.device], MoeAlignment] = {}  # handed to a CUDA graph: never freed
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlignment:
     """Rows ``0..rows-1`` in order, all of expert 0, padded to whole ``block_m`` blocks: one matrix's
-    matmul as a grouped GEMM with a single expert (cached: built once per shape and device)."""
+    matmul as a grouped GEMM with a single expert (cached: built once per shape and device).
+
+    NOTE: one handed out while a CUDA graph is captured is kept for good (and handed out from then on):
+    the graph holds its tensors' addresses, not references, and its replays call no Python, so they
+    never refresh a cache entry. Left in the LRU, a decode graph's alignment was freed while a burst's
+    packed steps (one alignment per token count) went by, and the graph's next replay read whatever
+    reused that memory as its rows and blocks (issue 44). The others stay in a bounded LRU; a graph's
+    is made by the eager passes before its capture (StepGraphs), never inside it (a capture runs
+    nothing: its tensors would hold no values until a replay)."""
+    key = (rows, block_m, device)
+    held = _CAPTURED.get(key)
+    if held is not None:
+        return held
+    alignment = _identity_alignment(rows, block_m, device)
+    if _capturing(device):
+        _CAPTURED[key] = alignment
+    return alignment
+
+
+@functools.lru_cache(maxsize=64)
+def _identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlignment:
     blocks = -(-rows // block_m)
     slots = torch.arange(blocks * block_m, dtype=torch.int32, device=device)
     slots = torch.where(slots < rows, slots, torch.full_like(slots, rows))  # padding = rows
