@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 from stagewise.models.layers.packed_segments import CHUNK, PackedSegments
 
 BLOCK_T = 16  # tokens per inner tile (a chunk is CHUNK // BLOCK_T of them)
@@ -98,12 +98,12 @@ def packed_causal_conv_triton(x: torch.Tensor, weight: torch.Tensor, conv_pool: 
     if segments.count == 0:
         return out
     w = weight.reshape(channels, kernel).contiguous()
-    grid = (segments.chunk_count, triton.cdiv(channels, BLOCK_C))
+    grid = (segments.chunk_count, cdiv(channels, BLOCK_C))
     with launch_device(x):
         _packed_conv_kernel[grid](
             x, w, conv_pool, out, segments.cu_seqlens, segments.read, segments.write, segments.snap,
             segments.snap_at, segments.chunks, channels, x.stride(0), out.stride(0), conv_pool.stride(0),
-            KERNEL=kernel, K_PAD=triton.next_power_of_2(kernel), CHUNK=CHUNK, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
+            KERNEL=kernel, K_PAD=next_power_of_2(kernel), CHUNK=CHUNK, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
             num_warps=4, **dependent_launch(x),
         )
     return out

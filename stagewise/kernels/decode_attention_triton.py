@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import dependent_launch, launch_device, next_power_of_2
 from stagewise.spec.decode_splits import decode_splits
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS
 
@@ -175,7 +175,7 @@ def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     acc = torch.empty((batch, heads, splits, dim), dtype=torch.float32, device=dev)
     out = torch.empty((batch, 1, heads * dim), dtype=q.dtype, device=dev)
     pos = positions.reshape(-1)
-    block_d = triton.next_power_of_2(dim)
+    block_d = next_power_of_2(dim)
     key_scale, value_scale = scales if scales is not None else (m, m)  # unused without fp8
     with launch_device(q):
         _split_kernel[(batch * kv_heads, splits)](
@@ -184,7 +184,7 @@ def decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
             q.stride(0), q.stride(2), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
             block_table.stride(0), key_scale.stride(0) if scales is not None else 0,
             key_scale.stride(1) if scales is not None else 0,
-            SPLITS=splits, BLOCK_KEYS=BLOCK_KEYS, G_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_D=block_d,
+            SPLITS=splits, BLOCK_KEYS=BLOCK_KEYS, G_PAD=max(16, next_power_of_2(groups)), BLOCK_D=block_d,
             BLOCK_L=block_tokens, IEEE=q.dtype == torch.float32, FP8=scales is not None, num_warps=4, num_stages=2,
             **dependent_launch(q),
         )

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 
 
 @triton.jit
@@ -100,7 +100,7 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, re
         raise ValueError(f"conv_step: out {tuple(y.shape)} is not ({batch}, {channels}) with contiguous rows")
     block = 256
     with launch_device(x):
-        _conv_step_kernel[(batch, triton.cdiv(channels, block))](
+        _conv_step_kernel[(batch, cdiv(channels, block))](
             source, read_index, x, w, target, write_index, y, channels,
             conv_pool.stride(0), x.stride(0), conv_pool.stride(0), y.stride(0), stride_r, stride_w,
             KERNEL=kernel, BLOCK_C=block, INDEXED=indexed, num_warps=4, **dependent_launch(x),
@@ -181,13 +181,13 @@ def delta_step(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: tor
     y = out if out is not None else torch.empty((batch, v_heads, dv), dtype=mixed.dtype, device=mixed.device)
     if y.shape != (batch, v_heads, dv) or y.stride()[1:] != (dv, 1):
         raise ValueError(f"delta_step: out {tuple(y.shape)} is not ({batch}, {v_heads}, {dv}) with contiguous heads")
-    block_v = min(32, triton.next_power_of_2(dv))
+    block_v = min(32, next_power_of_2(dv))
     with launch_device(mixed):
-        _delta_step_kernel[(batch * v_heads, triton.cdiv(dv, block_v))](
+        _delta_step_kernel[(batch * v_heads, cdiv(dv, block_v))](
             mixed, b, a, a_log, dt_bias, source, read_index, target, write_index, y,
             v_heads, v_heads // k_heads, k_heads * k_dim, dk, dv, dk**-0.5,
             mixed.stride(0), b.stride(0), a.stride(0), pool.stride(0), pool.stride(0), y.stride(0), stride_r, stride_w,
-            BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, INDEXED=indexed, num_warps=4,
+            BLOCK_K=next_power_of_2(dk), BLOCK_V=block_v, INDEXED=indexed, num_warps=4,
             **dependent_launch(mixed),
         )
     return y

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 from stagewise.models.layers.decay_gates import DecayGates
 from stagewise.models.layers.packed_segments import CHUNK, PackedSegments
 
@@ -245,8 +245,8 @@ def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     w, u, intra, scales = (torch.empty((tokens, v_heads, size), dtype=torch.float32, device=q.device)
                            for size in (dk, dv, CHUNK, 2))
     decay = torch.empty((chunks, v_heads), dtype=torch.float32, device=q.device)
-    block_k = max(32, triton.next_power_of_2(dk))  # two halves of at least 16 columns in the scan
-    block_dv = max(16, triton.next_power_of_2(dv))
+    block_k = max(32, next_power_of_2(dk))  # two halves of at least 16 columns in the scan
+    block_dv = max(16, next_power_of_2(dv))
     block_v = min(block_v, block_dv)
     group = v_heads // k_heads
     with launch_device(q):
@@ -258,7 +258,7 @@ def packed_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Te
             CHUNK=CHUNK, SUB=SUB, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_D=min(block_d, block_k, block_dv),
             PRECISION=precision, num_warps=prep_warps, **dependent_launch(q),
         )
-        _chunk_scan_kernel[(v_heads * triton.cdiv(dv, block_v), segments.count)](
+        _chunk_scan_kernel[(v_heads * cdiv(dv, block_v), segments.count)](
             q, k, w, u, intra, scales, decay, pool, out,
             segments.cu_seqlens, segments.chunk_offsets, segments.read, segments.write, segments.snap,
             segments.snap_at, v_heads, group, dk, dv,

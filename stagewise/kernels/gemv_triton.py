@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, int32_index, launch_device, next_power_of_2
 
 GEMV_MAX_TOKENS = 4  # more tokens: cuBLAS's GEMM re-reads nothing and wins
 
@@ -128,7 +128,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | Non
         raise ValueError("a 3-D weight stack needs one expert index per row")
     block_n, block_k, warps, stages = config or (DEFAULT_CONFIG if weight.dim() == 3 else config_for(n, k)
                                                  or DEFAULT_CONFIG)
-    block_k = min(block_k, triton.next_power_of_2(k))
+    block_k = min(block_k, next_power_of_2(k))
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     r = y  # unused without a residual
@@ -139,7 +139,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | Non
         if r.stride(-1) != 1:
             r = r.contiguous()
     with launch_device(x):
-        _gemv_kernel[(triton.cdiv(n, block_n), m)](
+        _gemv_kernel[(cdiv(n, block_n), m)](
             x2, weight, y, e, r, n, k,
             x2.stride(0), weight.stride(0) if gather else 0, weight.stride(-2), y.stride(0), r.stride(0), x_repeat,
             GATHER=gather, RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 
 BLOCK = 4096
 
@@ -64,7 +64,7 @@ def _launch(x: torch.Tensor, token_out: torch.Tensor | None) -> torch.Tensor:
         raise ValueError("vocabulary too large for a float32 token id")
     if token_out is not None and (token_out.dtype != torch.long or token_out.numel() != rows):
         raise ValueError(f"token_out must be {rows} int64 element(s)")
-    slices = triton.cdiv(n, BLOCK)
+    slices = cdiv(n, BLOCK)
     dev = x.device
     m = torch.empty((rows, slices), dtype=torch.float32, device=dev)
     s = torch.empty((rows, slices), dtype=torch.float32, device=dev)
@@ -74,7 +74,7 @@ def _launch(x: torch.Tensor, token_out: torch.Tensor | None) -> torch.Tensor:
         _slice_kernel[(slices, rows)](x, m, index, s, n, x.stride(0), slices, BLOCK=BLOCK, num_warps=8,
                                       **dependent_launch(x))
         _merge_kernel[(rows,)](m, index, s, out, token_out if token_out is not None else index, slices, n,
-                               HAS_TOKEN=token_out is not None, BLOCK_S=max(2, triton.next_power_of_2(slices)), num_warps=1,
+                               HAS_TOKEN=token_out is not None, BLOCK_S=max(2, next_power_of_2(slices)), num_warps=1,
                                **dependent_launch(x))
     return out
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment, align_capacity
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import dependent_launch, launch_device, next_power_of_2
 
 MAX_FUSED_SLOTS = 1024  # routed slots up to which the one-launch alignment is used (all held in registers)
 
@@ -79,6 +79,6 @@ def moe_align_fused(top_index: torch.Tensor, num_experts: int, block_m: int) -> 
         return MoeAlignment(sorted_slots, block_expert, num_valid, 0, block_m)
     with launch_device(flat):
         _align_kernel[(num_blocks,)](flat, sorted_slots, block_expert, num_valid, num_slots, num_experts,
-                                     BLOCK_M=block_m, E_P2=triton.next_power_of_2(max(num_experts, 2)),
-                                     S_P2=triton.next_power_of_2(num_slots), num_warps=4, **dependent_launch(flat))
+                                     BLOCK_M=block_m, E_P2=next_power_of_2(max(num_experts, 2)),
+                                     S_P2=next_power_of_2(num_slots), num_warps=4, **dependent_launch(flat))
     return MoeAlignment(sorted_slots, block_expert, num_valid, num_slots, block_m)

@@ -45,7 +45,7 @@ import triton.language as tl
 from stagewise.kernels.expert_stacks import Q8_0Stack
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
-from stagewise.kernels.triton_launch import dependent_launch, hopper_or_later, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, hopper_or_later, launch_device
 
 QBLOCK = 32
 
@@ -313,7 +313,7 @@ def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int,
     if num_slots == 0 or num_blocks == 0:
         return out
     route = top_weight.reshape(-1).contiguous() if top_weight is not None else out
-    n_tiles = triton.cdiv(n_out, tiles.block_n)
+    n_tiles = cdiv(n_out, tiles.block_n)
     split = tiles.split_k
     if split > 1:
         planes = split * (2 if glu else 1)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.kernels.expert_stacks import ExpertWeight, PackedStack, Q8_0Stack, as_packed, stack_shape
+from stagewise.kernels.expert_stacks import ExpertWeight, PackedStack, as_packed, is_q8_0, stack_shape
 from stagewise.kernels.kernel_variants import int_class
 from stagewise.kernels.moe_align import align_capacity, moe_align
 from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
@@ -100,7 +100,7 @@ def experts_config(num_slots: int, gate_up: ExpertWeight, down: ExpertWeight,
     if gate_packed is not None or down_packed is not None:  # NOTE: a packed stack beside a dense or Q8_0 one
         # (no file mixes them), or prefill sizes: the grouped GEMM
         return packed_config(device, gate_packed, down_packed, num_slots, experts)
-    return default_config(num_slots, experts, device, isinstance(gate_up, Q8_0Stack), isinstance(down, Q8_0Stack))
+    return default_config(num_slots, experts, device, is_q8_0(gate_up), is_q8_0(down))
 
 
 def launch_classes(num_slots: int, gate_up: ExpertWeight, down: ExpertWeight, device: torch.device) -> tuple[object, ...]:
@@ -143,7 +143,7 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
         y = packed_decode_gemm(act, down_packed, align, top_k, cfg.down, gather_rows=False)  # (S, H)
         return combine(y, top_weight, x.dtype, residual)
     if isinstance(cfg, DecodeConfig):
-        if not (isinstance(gate_up, Q8_0Stack) and isinstance(down, Q8_0Stack)):
+        if not (is_q8_0(gate_up) and is_q8_0(down)):
             raise ValueError("the decode experts' kernels take Q8_0 stacks only")
         if cfg.fuse_silu:
             act = decode_gemm_glu(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, I) silu(gate)*up

@@ -36,7 +36,7 @@ from stagewise.kernels.expert_stacks import (
 )
 from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.packed_blocks_triton import block_values
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.triton_launch import cdiv, launch_device
 from stagewise.spec.packed_types import block_elements
 
 QBLOCK = 32  # elements per Q8_0 block: BLOCK_K must be a multiple of it
@@ -202,7 +202,7 @@ def grouped_gemm(a: torch.Tensor, weight: ExpertWeight, align: MoeAlignment, top
     route = top_weight.reshape(-1).contiguous() if top_weight is not None else out  # (S,), unused if None
     s_ptr = scales if scales is not None else values  # unused for a dense stack
     s_strides = scales.stride() if scales is not None else (0, 0, 0)
-    grid = (num_blocks * triton.cdiv(n_out, tiles.block_n),)
+    grid = (num_blocks * cdiv(n_out, tiles.block_n),)
     with launch_device(a):
         _grouped_gemm_kernel[grid](
             a, values, s_ptr, out, route,

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 
 
 @triton.jit
@@ -54,7 +54,7 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
     weight = torch.empty((tokens, top_k), dtype=logits.dtype, device=logits.device)
     with launch_device(logits):
         _route_kernel[(tokens,)](logits, index, weight, experts, logits.stride(0), TOP_K=top_k, NORMALIZE=normalize,
-                                 BLOCK_E=triton.next_power_of_2(experts), num_warps=4, **dependent_launch(logits))
+                                 BLOCK_E=next_power_of_2(experts), num_warps=4, **dependent_launch(logits))
     return index, weight
 
 
@@ -94,9 +94,9 @@ def combine(y: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype,
     y, weight = y.contiguous(), weight.contiguous()
     out = torch.empty((tokens, hidden), dtype=dtype, device=y.device)
     r = _residual_rows(residual, out)
-    block = min(1024, triton.next_power_of_2(hidden))
+    block = min(1024, next_power_of_2(hidden))
     with launch_device(y):
-        _combine_kernel[(tokens, triton.cdiv(hidden, block))](y, weight, r, out, hidden, TOP_K=top_k,
+        _combine_kernel[(tokens, cdiv(hidden, block))](y, weight, r, out, hidden, TOP_K=top_k,
                                                              RESIDUAL=residual is not None, BLOCK_H=block, num_warps=4,
                                                              **dependent_launch(y))
     return out
@@ -127,9 +127,9 @@ def add_gated_shared(out: torch.Tensor, shared: torch.Tensor, gate_logit: torch.
     out, shared = out.contiguous(), shared.contiguous()
     y = torch.empty_like(out)
     r = _residual_rows(residual, y)
-    block = min(1024, triton.next_power_of_2(hidden))
+    block = min(1024, next_power_of_2(hidden))
     with launch_device(out):
-        _gated_add_kernel[(tokens, triton.cdiv(hidden, block))](out, shared, gate_logit, r, y, hidden,
+        _gated_add_kernel[(tokens, cdiv(hidden, block))](out, shared, gate_logit, r, y, hidden,
                                                                 gate_logit.stride(0), RESIDUAL=residual is not None,
                                                                 BLOCK_H=block, num_warps=4, **dependent_launch(out))
     return y

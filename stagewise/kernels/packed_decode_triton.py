@@ -43,7 +43,7 @@ from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.moe_decode_triton import silu_mul_tile, store_tile, tile_counters
 from stagewise.kernels.packed_steps_triton import k_step
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device
 from stagewise.spec.packed_types import block_elements
 
 NIBBLE_ASM = True  # kernel A's Q4_0, Q4_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4 bytes -> bf16 by inline PTX (else Triton's ops)
@@ -167,7 +167,7 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
     if num_slots == 0 or num_blocks == 0:
         return out
     route = top_weight.reshape(-1).contiguous() if top_weight is not None else out
-    n_tiles = triton.cdiv(n_out, tiles.block_n)
+    n_tiles = cdiv(n_out, tiles.block_n)
     split = tiles.split_k
     if split > 1:
         partials = torch.empty((split * (2 if glu else 1), num_slots, n_out), dtype=torch.float32, device=a.device)

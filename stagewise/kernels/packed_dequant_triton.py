@@ -19,7 +19,7 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.expert_stacks import check_planes
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.packed_blocks_triton import block_values
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 from stagewise.spec.packed_types import block_elements
 
 BLOCK_R = 16  # rows a program
@@ -54,8 +54,8 @@ def dequantize_rows(qs: torch.Tensor, qh: torch.Tensor, meta: torch.Tensor, ggml
     if qs.shape[0] == 0:
         return out
     qh_arg = qh if qh.shape[-1] else qs  # no high plane: any pointer (never read)
-    block_k = max(block_elements(ggml_type), min(BLOCK_K, triton.next_power_of_2(k)))
-    grid = (triton.cdiv(qs.shape[0], BLOCK_R), triton.cdiv(k, block_k))
+    block_k = max(block_elements(ggml_type), min(BLOCK_K, next_power_of_2(k)))
+    grid = (cdiv(qs.shape[0], BLOCK_R), cdiv(k, block_k))
     with launch_device(qs):
         _dequant_kernel[grid](
             qs, qh_arg, meta, out, qs.shape[0], k, qs.stride(0), qh_arg.stride(0), meta.stride(0), out.stride(0),

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.triton_launch import launch_device
+from stagewise.kernels.triton_launch import cdiv, launch_device
 
 BLOCK = 2048
 MAX_KERNEL_BYTES = 1 << 16  # larger copies go through the copy engine
@@ -50,4 +50,4 @@ def peer_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
         raise ValueError("peer_copy needs contiguous tensors")
     n = src.numel()
     with launch_device(src):
-        _copy_kernel[(triton.cdiv(n, BLOCK),)](src, dst, n, BLOCK=BLOCK, num_warps=4)
+        _copy_kernel[(cdiv(n, BLOCK),)](src, dst, n, BLOCK=BLOCK, num_warps=4)

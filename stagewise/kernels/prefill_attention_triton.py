@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 
 TILE_ROWS = 128  # query rows (G heads x tokens) per program; 64 when D > 128 (the accumulator's registers)
 
@@ -127,11 +127,11 @@ def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     if out is None:
         out = torch.empty_like(q)
     groups = heads // kv_heads
-    g_pad = triton.next_power_of_2(groups)
-    block_d = triton.next_power_of_2(dim)
+    g_pad = next_power_of_2(groups)
+    block_d = next_power_of_2(dim)
     tile = TILE_ROWS if block_d <= 128 else TILE_ROWS // 2
     block_m = max(16, tile // g_pad)
-    grid = (int(rows.shape[0]), triton.cdiv(max(longest, 1), block_m), kv_heads)
+    grid = (int(rows.shape[0]), cdiv(max(longest, 1), block_m), kv_heads)
     key_scale, value_scale = scales if scales is not None else (out, out)  # unused without fp8
     with launch_device(q):
         _prefill_kernel[grid](

@@ -13,6 +13,7 @@ weight tile once for all rows (the rows on the dot's narrow side) and splits K o
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -40,6 +41,7 @@ def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
     return (128, TILES_128) if rows >= 1024 else (64, TILES_64_Q8_0_GATE_UP)
 
 
+@functools.cache  # a function of three ints, asked at every launch
 def decode_tiles(rows: int, out_features: int, in_features: int) -> tuple[int, DecodeTiles]:
     """``(block_m, tiles)`` of the few-rows kernel for ``rows <= DECODE_ROWS``: every row in one block,
     K split until a launch has :data:`DENSE_PROGRAMS_PER_ROW` programs per row. A function of the

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from stagewise.kernels.gemv_triton import gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, int32_index, launch_device, next_power_of_2
 
 QBLOCK = 32
 
@@ -105,12 +105,12 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     qe = qs.stride(0) if gather else 0
     se = scales.stride(0) if gather else 0
-    grid = (triton.cdiv(n, block_n), m)
+    grid = (cdiv(n, block_n), m)
     with launch_device(x):
         _q8_0_gemv_kernel[grid](
             x2, qs, scales, y, e, n, k,
             x2.stride(0), qe, qs.stride(-2), se, scales.stride(-2), y.stride(0), x_repeat,
-            GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+            GATHER=gather, BLOCK_N=block_n, BLOCK_K=min(block_k, next_power_of_2(k)),
             num_warps=warps, num_stages=stages, **dependent_launch(x),
         )
     return y

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import dependent_launch, launch_device, next_power_of_2
 
 PLAIN, ZERO_CENTERED, GATED = 0, 1, 2  # weight modes
 
@@ -80,7 +80,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     with launch_device(x):
         _rms_norm_kernel[(outer * inner,)](
             x, weight, gate if gate is not None else x, y, inner, dim, eps, so, si, zo, zi,
-            MODE=mode, BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8, **dependent_launch(x),
+            MODE=mode, BLOCK=next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8, **dependent_launch(x),
         )
     return y
 
@@ -116,6 +116,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     with launch_device(x):
         _add_rms_norm_kernel[(x.numel() // dim,)](
             x, residual, weight, total, y, dim, eps, ZERO_CENTERED=zero_centered,
-            BLOCK=triton.next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8, **dependent_launch(x),
+            BLOCK=next_power_of_2(dim), num_warps=4 if dim <= 2048 else 8, **dependent_launch(x),
         )
     return total, y

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import dependent_launch, launch_device, next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torc
             block_table.stride(0), key_scale.stride(0) if scales is not None else 0,
             key_scale.stride(1) if scales is not None else 0,
             NORM=norm is not None, ZERO_CENTERED=norm is not None and norm.zero_centered, FP8=scales is not None,
-            BLOCK=triton.next_power_of_2(dim), BLOCK_TOKENS=key_cache.shape[2], num_warps=1 if dim <= 256 else 2,
+            BLOCK=next_power_of_2(dim), BLOCK_TOKENS=key_cache.shape[2], num_warps=1 if dim <= 256 else 2,
             **dependent_launch(q),
         )
     return out

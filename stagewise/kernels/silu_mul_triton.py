@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import dependent_launch, launch_device
+from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 
 
 @triton.jit
@@ -28,8 +28,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, triton.next_power_of_2(width))
+    block = min(1024, next_power_of_2(width))
     with launch_device(gate_up):
-        _silu_mul_kernel[(x.shape[0], triton.cdiv(width, block))](x, y, width, x.stride(0), BLOCK=block, num_warps=4,
+        _silu_mul_kernel[(x.shape[0], cdiv(width, block))](x, y, width, x.stride(0), BLOCK=block, num_warps=4,
                                                                 **dependent_launch(x))
     return y

@@ -30,8 +30,8 @@ import torch
 
 from stagewise.kernels.kernel_env import ENV, PDL_ENV, kernels_mode, pdl_enabled
 
-__all__ = ["ENV", "PDL_ENV", "dependent_launch", "hopper_or_later", "int32_index", "kernels_mode", "kernels_on_host",
-           "launch_device", "pdl_enabled", "triton_available", "use_triton"]
+__all__ = ["ENV", "PDL_ENV", "cdiv", "dependent_launch", "hopper_or_later", "int32_index", "kernels_mode", "kernels_on_host",
+           "launch_device", "next_power_of_2", "pdl_enabled", "triton_available", "use_triton"]
 _on_host = False  # tests: take the Triton path on CPU tensors too (run by Triton's interpreter)
 
 
@@ -47,7 +47,7 @@ def triton_available() -> bool:
 
 def use_triton(t: torch.Tensor) -> bool:
     """True when a layer given ``t`` should take its fused Triton path."""
-    on_device = t.device.type == "cuda" or (_on_host and os.environ.get("TRITON_INTERPRET") == "1")
+    on_device = t.is_cuda or (_on_host and os.environ.get("TRITON_INTERPRET") == "1")
     return on_device and kernels_mode() == "triton" and triton_available()
 
 
@@ -73,6 +73,19 @@ def launch_device(t: torch.Tensor) -> Any:
     if t.device.type != "cuda" or t.device.index is None or t.device.index == torch.cuda.current_device():
         return _NO_SWITCH
     return torch.cuda.device(t.device)
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids and tile counts on the host.
+
+    NOTE: Triton's ``triton.cdiv`` / ``triton.next_power_of_2`` are constexpr functions now, whose host
+    calls unwrap every argument through a Python wrapper (several us each, dozens a layer)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``), on the host (see :func:`cdiv`)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def int32_index(index: torch.Tensor) -> torch.Tensor:
@@ -101,13 +114,22 @@ def hopper_or_later(device: torch.device) -> bool:
     return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
 
+_ORDINARY: dict[str, Any] = {"GDC": False}
+
+
 def dependent_launch(t: torch.Tensor) -> dict[str, Any]:
-    """Launch options for a kernel that keeps the dependent-launch contract (module note), on ``t``'s
-    device: ``GDC`` (the kernel's constexpr: wait, then release the successor) and ``launch_pdl``
-    where the device, Triton and ``STAGEWISE_PDL`` allow it; ``GDC=False`` otherwise (the interpreter,
-    older GPUs), which launches exactly as before."""
-    if t.device.type != "cuda" or not pdl_enabled() or not _triton_launches_pdl():
-        return {"GDC": False}
-    if not hopper_or_later(t.device):
-        return {"GDC": False}
+    """Launch options (to unpack into the launch; never to modify) for a kernel that keeps the
+    dependent-launch contract (module note), on ``t``'s device: ``GDC`` (the kernel's constexpr: wait,
+    then release the successor) and ``launch_pdl`` where the device, Triton and ``STAGEWISE_PDL`` allow
+    it; ``GDC=False`` otherwise (the interpreter, older GPUs), which launches exactly as before.
+    Decided once per process and device (``STAGEWISE_PDL`` read at the first launch): asked at every launch."""
+    if not t.is_cuda:
+        return _ORDINARY
+    return _device_launch(t.get_device())
+
+
+@functools.cache
+def _device_launch(index: int) -> dict[str, Any]:
+    if not pdl_enabled() or not _triton_launches_pdl() or not _hopper_or_later(index):
+        return _ORDINARY
     return {"GDC": True, "launch_pdl": True}
