@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_server_support import REPO, ServedModel, make_model_dir, serving, start_server
+from tests.test_server_support import REPO, ServedModel, make_model_dir, serving_tiny_model, start_server
 
 HELLO = [{"role": "user", "content": "Hello, world! How are you today?"}]
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
@@ -34,9 +34,7 @@ def test_the_api_side_imports_no_torch() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
-    model_dir = make_model_dir(tmp_path_factory.mktemp("served-model") / "x")
-    served = start_server(model_dir, tmp_path_factory.mktemp("log") / "serve.log", "--placement", "single")
-    with serving(served):
+    with serving_tiny_model(tmp_path_factory) as served:
         yield served
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_server_support import ServedModel, make_model_dir, serving, start_server
+from tests.test_server_support import ServedModel, make_model_dir, serving, serving_tiny_model, start_server
 
 HELLO = [{"role": "user", "content": "Hello, world! How are you today?"}]
 NO_STOP = {"0": -100, "1": -100, "2": -100}  # the demo tokenizer's specials (EOS among them) never drawn
@@ -23,9 +23,7 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
-    model_dir = make_model_dir(tmp_path_factory.mktemp("served-model") / "x")
-    served = start_server(model_dir, tmp_path_factory.mktemp("log") / "serve.log", "--placement", "single")
-    with serving(served):
+    with serving_tiny_model(tmp_path_factory) as served:
         yield served
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 from stagewise.weights.chatml_template import DEFAULT_CHATML
 from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
@@ -94,6 +95,15 @@ def serving(served: ServedModel) -> Iterator[ServedModel]:
         yield served
     finally:
         assert served.stop() == 0, served.log.read_text()[-3000:]
+
+
+@contextlib.contextmanager
+def serving_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    """A tiny model served as ``x`` on one device (``--placement single``), ready; stopped afterwards."""
+    model_dir = make_model_dir(tmp_path_factory.mktemp("served-model") / "x")
+    served = start_server(model_dir, tmp_path_factory.mktemp("log") / "serve.log", "--placement", "single")
+    with serving(served):
+        yield served
 
 
 def start_server(model_dir: Path, log: Path, *extra: str, api_key: str | None = None,
