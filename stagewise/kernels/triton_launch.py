@@ -31,7 +31,8 @@ import torch
 from stagewise.kernels.kernel_env import ENV, PDL_ENV, kernels_mode, pdl_enabled
 
 __all__ = ["ENV", "PDL_ENV", "cdiv", "dependent_launch", "hopper_or_later", "int32_index", "kernels_mode", "kernels_on_host",
-           "launch_device", "next_power_of_2", "pdl_enabled", "triton_available", "use_triton"]
+           "launch_device", "next_power_of_2", "pdl_enabled", "triton_available", "triton_selected",
+           "use_triton"]
 _on_host = False  # tests: take the Triton path on CPU tensors too (run by Triton's interpreter)
 
 
@@ -48,7 +49,13 @@ def triton_available() -> bool:
 def use_triton(t: torch.Tensor) -> bool:
     """True when a layer given ``t`` should take its fused Triton path."""
     on_device = t.is_cuda or (_on_host and os.environ.get("TRITON_INTERPRET") == "1")
-    return on_device and kernels_mode() == "triton" and triton_available()
+    return on_device and triton_selected()
+
+
+def triton_selected() -> bool:
+    """Whether the Triton paths are chosen wherever a device can run them: Triton is importable and
+    ``STAGEWISE_KERNELS`` is not ``torch`` (:func:`use_triton` adds the tensor's device)."""
+    return kernels_mode() == "triton" and triton_available()
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.kernels.triton_launch import kernels_mode, triton_available
+from stagewise.kernels.triton_launch import triton_selected
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.stage_states import StageStates
 
@@ -58,7 +58,7 @@ def length_free() -> bool:
     """Whether a decode graph serves every attended length: a CUDA stage's decode attention is then the
     Triton kernel (``STAGEWISE_KERNELS`` not ``torch``), which reads each row's length from the
     positions on the device; the reference path masks an extent fixed at capture."""
-    return kernels_mode() == "triton" and triton_available()
+    return triton_selected()
 
 
 def graph_length(kv_end: int, max_context: int) -> int:

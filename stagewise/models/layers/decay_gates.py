@@ -32,10 +32,6 @@ class DecayGates:
             raise ValueError(f"gates: b {tuple(self.b.shape)}, a {tuple(self.a.shape)}, A_log {tuple(self.a_log.shape)}, "
                              f"dt_bias {tuple(self.dt_bias.shape)} are not (N, Hv) twice and (Hv,) twice")
 
-    @property
-    def tokens(self) -> int:
-        return int(self.b.shape[0])
-
     def rows(self, lo: int, hi: int) -> DecayGates:
         """The gates of tokens ``lo .. hi - 1``."""
         return DecayGates(self.b[lo:hi], self.a[lo:hi], self.a_log, self.dt_bias)
