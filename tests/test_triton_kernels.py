@@ -16,10 +16,13 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
+import triton
+import triton.language as tl
+
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.kernels.deltanet_decode_triton import conv_step, delta_step
-from stagewise.kernels.gemv_triton import TALL_OVERLAPPED_CONFIG, config_for, gemv
+from stagewise.kernels.gemv_triton import TALL_OVERLAPPED_CONFIG, config_for, gemv, gemv_grid, gemv_tile
 from stagewise.kernels.moe_route_triton import add_gated_shared, combine, route
 from stagewise.kernels.rms_norm_triton import add_rms_norm, rms_norm
 from stagewise.kernels.rope_store_triton import rope_store
@@ -333,6 +336,42 @@ def test_gemv_dense_and_gathered() -> None:
     index = torch.tensor([3, 1, 4, 0], device=DEVICE)  # token 0 -> experts 3, 1; token 1 -> 4, 0
     want = torch.stack([stack[3] @ x[0], stack[1] @ x[0], stack[4] @ x[1], stack[0] @ x[1]])
     torch.testing.assert_close(gemv(x, stack, index, config=small, x_repeat=2), want, **TOL)
+
+
+@triton.jit
+def _gemv_tile_probe(out_ptr, N, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]
+    m, _, _, offs_n, _ = gemv_tile(out_ptr, N, 1, False, BLOCK_N)
+    pid = tl.program_id(0)
+    tl.store(out_ptr + 2 * pid, m)
+    tl.store(out_ptr + 2 * pid + 1, tl.min(offs_n, axis=0) // BLOCK_N)
+
+
+def test_gemv_programs_run_rows_fastest() -> None:
+    # consecutive programs are the rows of one column tile (they read one weight tile together, so a
+    # step of several rows reads the matrix from memory once); every (row, tile) exactly once
+    rows, n, block_n = 3, 40, 8  # 5 tiles
+    grid = gemv_grid(n, block_n, rows)
+    assert grid == (15,)
+    out = torch.full((2 * grid[0],), -1, dtype=torch.int32, device=DEVICE)
+    _gemv_tile_probe[grid](out, n, BLOCK_N=block_n)
+    pairs = out.view(-1, 2).cpu().tolist()
+    assert pairs == [[p % rows, p // rows] for p in range(grid[0])]
+
+
+def test_gemv_rows_are_computed_as_each_row_alone() -> None:
+    from stagewise.kernels.q8_0_gemv_triton import q8_0_gemv
+
+    torch.manual_seed(6)
+    w = torch.randn(44, 96, device=DEVICE)  # 44 outputs: the last 8-column tile is partial
+    x = torch.randn(5, 96, device=DEVICE)
+    small = (8, 32, 4, 3)
+    together = gemv(x, w, config=small)
+    assert torch.equal(together, torch.cat([gemv(x[i : i + 1], w, config=small) for i in range(5)]))
+    qs = torch.randint(-127, 128, (44, 96), dtype=torch.int8, device=DEVICE)
+    scales = (torch.rand(44, 3, device=DEVICE) / 64).half()
+    config = (4, 64, 4, 3)
+    together = q8_0_gemv(x, qs, scales, config=config)
+    assert torch.equal(together, torch.cat([q8_0_gemv(x[i : i + 1], qs, scales, config=config) for i in range(5)]))
 
 
 def test_gemv_takes_tall_matrices_only_when_launches_overlap() -> None:

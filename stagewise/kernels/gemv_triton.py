@@ -24,10 +24,17 @@ GEMV_MAX_TOKENS = 4  # more tokens: cuBLAS's GEMM re-reads nothing and wins
 
 @triton.jit
 def gemv_tile(e_ptr, N, x_repeat, GATHER: tl.constexpr, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]
-    """This program's share of a GEMV (the dense and the Q8_0 kernels'): output row ``m``, its input row,
-    its expert (0 without a stack), its ``BLOCK_N`` output columns and their mask."""
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
+    """This program's share of a GEMV (the dense, Q8_0 and packed kernels'): output row ``m``, its input row,
+    its expert (0 without a stack), its ``BLOCK_N`` output columns and their mask.
+
+    The grid is one-dimensional, :func:`gemv_grid` programs, output rows fastest: the programs that run
+    together read the same weight tile, so a step of several rows reads each weight from memory once (the
+    others hit L2). Columns fastest, each row swept the whole matrix before the next began, and a matrix
+    larger than L2 (an output head, a fused projection) was read from memory once per row."""
+    rows = tl.num_programs(0) // tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    m = pid % rows
+    pid_n = pid // rows
     xm = m // x_repeat  # the input row of output row m
     if GATHER:
         e = tl.load(e_ptr + m).to(tl.int64)
@@ -35,6 +42,11 @@ def gemv_tile(e_ptr, N, x_repeat, GATHER: tl.constexpr, BLOCK_N: tl.constexpr): 
         e = 0
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return m, xm, e, offs_n, offs_n < N
+
+
+def gemv_grid(n: int, block_n: int, rows: int) -> tuple[int]:
+    """The launch grid :func:`gemv_tile` decodes: ``rows`` output rows times ``n / block_n`` column tiles."""
+    return (cdiv(n, block_n) * rows,)
 
 
 @triton.jit
@@ -139,7 +151,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, expert_index: torch.Tensor | Non
         if r.stride(-1) != 1:
             r = r.contiguous()
     with launch_device(x):
-        _gemv_kernel[(cdiv(n, block_n), m)](
+        _gemv_kernel[gemv_grid(n, block_n, m)](
             x2, weight, y, e, r, n, k,
             x2.stride(0), weight.stride(0) if gather else 0, weight.stride(-2), y.stride(0), r.stride(0), x_repeat,
             GATHER=gather, RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,

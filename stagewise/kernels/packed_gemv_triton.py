@@ -30,10 +30,10 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.expert_stacks import PackedStack, check_planes
-from stagewise.kernels.gemv_triton import gemv_tile
+from stagewise.kernels.gemv_triton import gemv_grid, gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.packed_blocks_triton import block_tile
-from stagewise.kernels.triton_launch import cdiv, dependent_launch, int32_index, launch_device, next_power_of_2
+from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device, next_power_of_2
 from stagewise.spec.packed_types import block_elements
 
 # types whose GEMV reads 8-byte slots and applies scales once a sub-block
@@ -227,7 +227,7 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
         return (p.stride(0) if gather else 0), p.stride(-2)
 
     with launch_device(x):
-        _packed_gemv_kernel[(cdiv(n, block_n), m)](
+        _packed_gemv_kernel[gemv_grid(n, block_n, m)](
             x2, qs, qh_arg, meta, meta32, y, e, n, k,
             x2.stride(0), *strides(qs), *strides(qh_arg), *strides(meta), y.stride(0), x_repeat,
             TYPE=int(ggml_type), SLOTS=use_slots, GATHER=gather, BLOCK_N=block_n, BLOCK_K=block_k,

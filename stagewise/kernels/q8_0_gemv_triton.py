@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.gemv_triton import gemv_tile
+from stagewise.kernels.gemv_triton import gemv_grid, gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.triton_launch import cdiv, dependent_launch, int32_index, launch_device, next_power_of_2
+from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device, next_power_of_2
 
 QBLOCK = 32
 
@@ -105,7 +105,7 @@ def q8_0_gemv(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, expert_in
     e = int32_index(expert_index) if gather and expert_index is not None else y  # unused if 2-D
     qe = qs.stride(0) if gather else 0
     se = scales.stride(0) if gather else 0
-    grid = (cdiv(n, block_n), m)
+    grid = gemv_grid(n, block_n, m)
     with launch_device(x):
         _q8_0_gemv_kernel[grid](
             x2, qs, scales, y, e, n, k,
