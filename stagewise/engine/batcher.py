@@ -276,7 +276,7 @@ class Batcher:
         rows = (*decoding, *sampled)  # one per logits row (S, 1, V)
         self.prefill_tokens += sum(plan.chunks)
         try:
-            handle = self.pipeline.submit(tokens, positions, eager=True, greedy=plan.greedy, layout=layout)
+            handle = self.pipeline.submit(tokens, positions, greedy=plan.greedy, layout=layout)
         except StagewiseError as exc:
             self._settle_snapshots(snapshots, False)
             self.sched.fail(seqs, exc)

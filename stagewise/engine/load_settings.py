@@ -110,7 +110,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --workers N@HOST:PORT: plan on default figures for the links between workers "
                         "instead of timing them when they join")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                   help="run decode steps eagerly instead of replaying CUDA graphs (steps with prompts always run eagerly)")
+                   help="run every step eagerly instead of replaying CUDA graphs (decode steps whole, steps with "
+                        "prompts piece by piece between their attention / linear-attention mixers)")
 
 
 def load_settings_from_args(args: argparse.Namespace, **overrides: Any) -> LoadSettings:

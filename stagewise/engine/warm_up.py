@@ -14,7 +14,8 @@ reads each row's length on the device), a bucket each on the reference path. Eve
 enumerated from the profile: decode steps at every shape the batcher can launch times every attended
 length its graphs are keyed by (:mod:`~stagewise.engine.decode_warm_up`); packed steps of every
 token-count class up to the prefill chunk (:func:`packed_token_counts`), alone and beside a decoding
-row; greedy and host-sampled rows.
+row, which captures the packed steps' graph pieces at every token bucket up to the chunk
+(:mod:`~stagewise.runtime.packed_graphs`: the counts land in each); greedy and host-sampled rows.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class WarmUp:
     packed_tokens: tuple[int, ...] = ()  # prompt lengths of the packed-step sweep (alone and beside a decoding row)
     graph_keys: frozenset[GraphKey] = frozenset()  # decode steps run at (first row, rows run, attended length)
     graph_lengths: tuple[int, ...] = ()  # the attended lengths decode graphs are keyed by (one: every length)
+    packed_buckets: tuple[int, ...] = ()  # token buckets whose packed-step graph pieces are captured
+    packed_bucket_count: int = 0  # token buckets the in-process stages pad packed steps to (0: no packed graphs)
 
     @property
     def missing_shapes(self) -> frozenset[tuple[int, int]]:
@@ -74,6 +77,9 @@ class WarmUp:
                       f"{len(self.graph_keys)} steps)") if lengths else ""
         packed = (f"; packed steps of {len(self.packed_tokens)} prompt lengths alone and beside a decoding row"
                   if self.packed_tokens else "")
+        if self.packed_bucket_count:
+            packed += (f", their graph pieces at {len(self.packed_buckets)} of {self.packed_bucket_count} token "
+                       f"buckets (up to {max(self.packed_buckets, default=0):,})")
         return (f"warmed up in {self.seconds:.1f} s: {len(self.prompt_tokens)} requests (prompts of "
                 f"{min(self.prompt_tokens):,}..{max(self.prompt_tokens):,} tokens{packed}), decode steps of "
                 f"{', '.join(map(str, batches))} rows ({len(self.decode_shapes)} shapes of {len(self.launchable_shapes)} "
@@ -189,8 +195,11 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
     attended = decode_lengths(batcher)
     keys = warm_decode_steps(batcher, graph_keys(launchable, attended))
     warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
+    pieces = [p for p in (getattr(stage, "packed", None) for stage in batcher.pipeline.stages) if p is not None]
+    captured = frozenset.intersection(*(frozenset(p.graphs) for p in pieces)) if pieces else frozenset()
     return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable),
-                  packed_tokens=packed, graph_keys=keys, graph_lengths=attended)
+                  packed_tokens=packed, graph_keys=keys, graph_lengths=attended,
+                  packed_buckets=tuple(sorted(captured)), packed_bucket_count=len(pieces[0].buckets) if pieces else 0)
 
 
 def full_context_prompt(batcher: Batcher) -> int:

@@ -50,14 +50,32 @@ class HybridBlock(nn.Module):
         return self.self_attn.new_state(batch, max_context, dtype, device, table)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: BlockState) -> torch.Tensor:
+        carry = self.begin(hidden)
+        return self.end(carry, self.mix(carry, ctx, state))
+
+    def begin(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Token by token: ``hidden`` (the residual stream) and the mixer's input projections of its norm."""
         normed = self.input_layernorm(hidden)  # (B, T, H)
+        mixer = self.linear_attn if self.is_linear else self.self_attn
+        return (hidden, *mixer.project(normed))
+
+    def mix(self, carry: tuple[torch.Tensor, ...], ctx: StepContext, state: BlockState,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        """The mixer over the step's layout (its state read and written): (linear) attention's output
+        before its output projection (into ``out`` when given)."""
         if self.is_linear:
             assert isinstance(state, RecurrentState)
-            mixed = self.linear_attn(normed, state, ctx)
+            return self.linear_attn.mix(carry[1:], state, ctx, out)
+        assert isinstance(state, KVCache)
+        return self.self_attn.attend(carry[1:], ctx, state, out)
+
+    def end(self, carry: tuple[torch.Tensor, ...], mixed: torch.Tensor) -> torch.Tensor:
+        """Token by token: the mixer's output projection, the residual add, the MLP."""
+        if self.is_linear:
+            out = self.linear_attn.finish(mixed, carry[1:])
         else:
-            assert isinstance(state, KVCache)
-            mixed = self.self_attn(normed, ctx, state)
-        hidden, normed = self.post_attention_layernorm.add_forward(hidden, mixed)  # residual add + norm
+            out = self.self_attn.finish(mixed)
+        hidden, normed = self.post_attention_layernorm.add_forward(carry[0], out)  # residual add + norm
         return self.mlp(normed, residual=hidden)  # the MLP's last launch adds the residual
 
 

@@ -29,8 +29,21 @@ class DecoderBlock(nn.Module):
         return self.self_attn.new_state(batch, max_context, dtype, device, table)
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, state: KVCache) -> torch.Tensor:
-        hidden, normed = self.post_attention_layernorm.add_forward(
-            hidden, self.self_attn(self.input_layernorm(hidden), ctx, state))  # residual add + norm
+        carry = self.begin(hidden)
+        return self.end(carry, self.mix(carry, ctx, state))
+
+    def begin(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Token by token: ``hidden`` (the residual stream) and the q/k/v projections of its norm."""
+        return (hidden, *self.self_attn.project(self.input_layernorm(hidden)))
+
+    def mix(self, carry: tuple[torch.Tensor, ...], ctx: StepContext, state: KVCache,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention over the step's layout, before its output projection (into ``out`` when given)."""
+        return self.self_attn.attend(carry[1:], ctx, state, out)
+
+    def end(self, carry: tuple[torch.Tensor, ...], mixed: torch.Tensor) -> torch.Tensor:
+        """Token by token: the output projection, the residual add, the MLP."""
+        hidden, normed = self.post_attention_layernorm.add_forward(carry[0], self.self_attn.finish(mixed))
         return self.mlp(normed, residual=hidden)  # the MLP's last launch adds the residual
 
 

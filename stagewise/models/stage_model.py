@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -27,6 +28,20 @@ from stagewise.spec.kv_pool import default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 
 BlockFactory = Callable[[ModelConfig, int], nn.Module]
+
+
+class Block(Protocol):
+    """A decoder block as a packed step's graph pieces run it: ``forward(hidden, ctx, state)`` is
+    ``end(carry, mix(carry, ctx, state))`` with ``carry = begin(hidden)``; ``begin`` and ``end`` work
+    token by token (no step context: the same kernels whatever the layout), ``mix`` reads the step's
+    layout and the block's state."""
+
+    def begin(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+
+    def mix(self, carry: tuple[torch.Tensor, ...], ctx: StepContext, state: Any,
+            out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def end(self, carry: tuple[torch.Tensor, ...], mixed: torch.Tensor) -> torch.Tensor: ...
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.int64: "int64",
                 torch.int32: "int32", torch.uint8: "uint8"}
 
@@ -172,15 +187,30 @@ class StageModel(nn.Module):
                 and ``start`` unused); the exit computes the logits of ``layout.logits`` only,
                 ``(S, 1, V)`` (None when it names none).
         """
-        hidden = self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs  # (B, T, H)
+        hidden = self.embed(inputs)  # (B, T, H)
         ctx = self.context(positions, start, hidden.dtype, kv_length, first_row, layout, states.slots)
         states.begin(layout.rows if layout is not None else range(first_row, first_row + int(positions.shape[0])))
         for i in self.block_indices:
             hidden = self.model.layers[str(i)](hidden, ctx, states[i])
+        return self.head(hidden, ctx, all_logits)
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The entry's token embeddings of ``inputs`` ``(B, T)``; elsewhere ``inputs`` (the previous stage's
+        activation) as it is."""
+        return self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs
+
+    def blocks(self) -> list[Block]:
+        """This stage's blocks in order: what a packed step's graph pieces run between their mixers."""
+        return [self.model.layers[str(i)] for i in self.block_indices]  # type: ignore[misc]
+
+    def head(self, hidden: torch.Tensor, ctx: StepContext, all_logits: bool = False) -> StageOutput:
+        """The stage's output of its last block's ``hidden``: the activation itself, or at the exit the
+        final norm and the logits of the positions that have them (a packed step's layout's ``logits``
+        segments; a rectangle's last position of each row, or every position with ``all_logits``)."""
         if self.model.norm is None or self.lm_head is None:
             return StageOutput(hidden, None)
-        if layout is not None:
-            if not layout.logits:
+        if ctx.layout is not None:
+            if not ctx.layout.logits:
                 return StageOutput(hidden[:0], None)
             hidden = hidden.index_select(0, ctx.logit_tokens)  # (S, 1, H)
         elif not all_logits:

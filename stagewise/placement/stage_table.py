@@ -20,6 +20,7 @@ from stagewise.spec.workspace_bytes import (
     graph_output_bytes,
     handoff_buffer_bytes,
     logits_buffer_bytes,
+    packed_graph_bytes,
     runtime_bytes,
 )
 
@@ -39,7 +40,7 @@ class StageTable:
     weight_prefix: list[int]
     state_prefix: list[int]
     workspace: list[int]
-    handoff_buffer: int  # per stage: the handoff buffers and the runtime's workspace
+    handoff_buffer: int  # per stage: the handoff buffers, the runtime's workspace, the packed graphs' buffers
     logits_buffer: int
     entry_only_step: int  # a stage holding the entry and no block: the rows it embeds
     graph_outputs: tuple[int, int]  # without / with the exit: what the stage's CUDA graphs keep
@@ -55,7 +56,8 @@ class StageTable:
             weight_prefix=_prefix([b.weight_bytes for b in spec.blocks]),
             state_prefix=_prefix([block_state_bytes(b, profile) for b in spec.blocks]),
             workspace=[block_workspace_bytes(b, profile, spec.format) for b in spec.blocks],
-            handoff_buffer=handoff_buffer_bytes(spec.hidden_size, profile) + runtime_bytes(profile),
+            handoff_buffer=(handoff_buffer_bytes(spec.hidden_size, profile) + runtime_bytes(profile)
+                            + packed_graph_bytes(spec, profile)),
             logits_buffer=logits_buffer_bytes(spec.vocab_size, profile, spec.hidden_size, spec.format),
             entry_only_step=profile.step_tokens * spec.hidden_size * (profile.activation_bytes + F32_BYTES),
             graph_outputs=(graph_output_bytes(spec, profile, False), graph_output_bytes(spec, profile, True)),

@@ -98,11 +98,11 @@ def start_workers(pool: WorkerPool, config: ModelConfig, model: str, specs: list
                   context: int, cluster: ClusterTopology | None = None, joins: dict[int, JoinReport] | None = None,
                   join_timeout_s: float = 60.0, load_timeout_s: float = 600.0, rejoin: bool = True,
                   cuda_graphs: bool = True, batch: int = 1, kv_blocks: int | None = None,
-                  snapshots: int = 0) -> DistributedPipeline:
+                  snapshots: int = 0, packed_tokens: int = 0) -> DistributedPipeline:
     """Start (local: spawn) the workers, assign the stages and return the running pipeline. Every
     stage holds ``batch`` state rows (sequence slots) over a KV pool of ``kv_blocks`` blocks (default:
-    every row its whole ``context``) and ``snapshots`` prefix-snapshot entries, as the same stages in
-    this process would.
+    every row its whole ``context``) and ``snapshots`` prefix-snapshot entries, and replays packed steps of
+    up to ``packed_tokens`` tokens as graphs (with ``cuda_graphs``), as the same stages in this process would.
 
     Raises :class:`WorkerNotJoined` when a worker does not join or load in time (every worker
     is stopped first)."""
@@ -115,6 +115,6 @@ def start_workers(pool: WorkerPool, config: ModelConfig, model: str, specs: list
         owners = stage_owners([s.device for s in specs], cluster.owners)
     pipeline = DistributedPipeline(pool, config, model, specs, owners, dtype, batch, context, pool.timeout_s,
                                    load_timeout_s, respawn=pool.mode.spawned, rejoin=rejoin, cuda_graphs=cuda_graphs,
-                                   kv_blocks=kv_blocks, snapshots=snapshots)
+                                   kv_blocks=kv_blocks, snapshots=snapshots, packed_tokens=packed_tokens)
     pipeline.start(joins, join_timeout_s)
     return pipeline

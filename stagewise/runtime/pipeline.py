@@ -127,7 +127,8 @@ class Pipeline:
         sequences are state rows ``first_row .. first_row + B - 1`` (sequence slots) on every stage.
         ``eager``: never replay (or capture) a CUDA graph for this step (shapes not worth a graph).
         ``layout``: a packed step (:class:`StepLayout`): ``(N, 1)``
-        tokens and positions, each of the row the layout names; runs eagerly; the output's logits are
+        tokens and positions, each of the row the layout names (a CUDA stage replays its graph pieces,
+        :class:`~stagewise.runtime.packed_graphs.PackedGraphs`, unless ``eager``); the output's logits are
         the layout's ``logits`` segments' ``(S, 1, V)``.
 
         Raises :class:`StepCancelled` or :class:`StepFailed` after rolling every stage back.

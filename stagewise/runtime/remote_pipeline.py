@@ -90,12 +90,13 @@ class DistributedPipeline:
     def __init__(self, pool: WorkerPool, config: ModelConfig, model: str, specs: list[StageSpec], owners: list[int],
                  dtype: torch.dtype, batch: int, context: int, timeout_s: float = 30.0,
                  load_timeout_s: float = 600.0, respawn: bool = True, rejoin: bool = True,
-                 cuda_graphs: bool = True, kv_blocks: int | None = None, snapshots: int = 0) -> None:
+                 cuda_graphs: bool = True, kv_blocks: int | None = None, snapshots: int = 0,
+                 packed_tokens: int = 0) -> None:
         remote = [RemoteStage(s, config, dtype, r) for s, r in zip(specs, owners, strict=True)]
         self.layout = WorkerLayout(model, tuple(specs), tuple(owners), dtype, batch, context,
                                    choose_backend([s.torch_device for s in specs]), timeout_s, cuda_graphs,
                                    kv_blocks or default_pool_blocks(batch, context),  # every stage's pool, in every worker
-                                   snapshots)
+                                   snapshots, packed_tokens)
         for stage in remote:
             stage.describe_state(batch, context, self.layout.kv_blocks, snapshots)  # shapes, bytes, the block table (kv_pool)
         self.stages: list[Stage] = list(remote)

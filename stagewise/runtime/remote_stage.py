@@ -50,8 +50,8 @@ class RemoteStage(Stage):
     def allocate_state(self, batch: int, max_context: int, kv_blocks: int | None = None, snapshots: int = 0) -> None:
         raise RuntimeError(f"stage {self.spec.index}'s state lives in worker {self.rank}; describe_state() describes it")
 
-    def enable_graphs(self) -> bool:
-        """False: the worker captures its own graphs (``Assignment.cuda_graphs``)."""
+    def enable_graphs(self, packed_tokens: int = 0) -> bool:
+        """False: the worker captures its own graphs (``Assignment.cuda_graphs``, ``packed_tokens``)."""
         return False
 
     def run(self, inputs: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool) -> None:  # type: ignore[override]

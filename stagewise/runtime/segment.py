@@ -99,8 +99,9 @@ class Segment:
             if before_stage is not None:
                 before_stage(k)
             t0 = time.perf_counter()
+            graph = graphed[k] or (step.layout is not None and not step.eager)  # a packed step's pieces
             out = stage.run(x, positions[k], step.start, step.all_logits, step.first_row, step.kv_end,
-                            graph=graphed[k], layout=step.layout)
+                            graph=graph, layout=step.layout)
             _sync(stage.device, timing)
             timings.stage_s.append(time.perf_counter() - t0)
             if k == len(self.stages) - 1:

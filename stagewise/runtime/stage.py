@@ -16,6 +16,7 @@ from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.stage_states import StageStates
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.ledger import MemoryLedger
+from stagewise.runtime.packed_graphs import PackedGraphs
 from stagewise.runtime.peak_memory import PeakMemory
 from stagewise.runtime.step_graphs import StepGraphs
 from stagewise.spec.kv_pool import default_pool_blocks
@@ -125,6 +126,7 @@ class Stage:
         self.device = torch.device(spec.torch_device)
         self.states: StageStates | None = None
         self.graphs: StepGraphs | None = None  # CUDA-graph steps, enabled by enable_graphs()
+        self.packed: PackedGraphs | None = None  # packed steps' graph pieces, enabled by enable_graphs()
         self.max_context = 0
         self.batch = 0  # sequence slots (state rows)
         self.block_table: BlockTable | None = None  # where each row's KV lives, shared by the attention blocks
@@ -174,13 +176,17 @@ class Stage:
         with self._device_context():
             self.block_table.set_row(row, block_ids)
 
-    def enable_graphs(self) -> bool:
-        """Replay decode steps (one token per row) as CUDA graphs on this stage's device; False where
-        not possible."""
+    def enable_graphs(self, packed_tokens: int = 0) -> bool:
+        """Replay decode steps (one token per row) as CUDA graphs on this stage's device, and packed steps
+        of up to ``packed_tokens`` tokens piece by piece (:class:`PackedGraphs`; 0: packed steps run
+        eagerly); False where not possible."""
         if self.device.type != "cuda" or self.states is None:
             return False
         input_dtype = torch.long if self.model.entry else self.dtype
         self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, input_dtype)
+        if packed_tokens > 0:
+            self.packed = PackedGraphs(self.model, self.states, self.device, packed_tokens, self.dtype,
+                                       self.graphs.pool, self.graphs.stream)
         return True
 
     def measured_bytes(self) -> int:
@@ -229,8 +235,10 @@ class Stage:
         """Run one step: ``inputs`` token ids ``(B, T)`` (entry) or an activation ``(B, T, H)``, on this device
         or another (copied in), at ``positions`` ``(B, T)`` on this device, for state rows ``first_row ..``;
         ``kv_end``: the largest position + 1 (needed to replay a graph; known to the host); ``graph``
-        False: run eagerly even where a graph would be replayed; ``layout``: a packed step (eager,
-        :meth:`StageModel.forward`)."""
+        False: run eagerly even where a graph would be replayed; ``layout``: a packed step (its pieces
+        replayed where :class:`PackedGraphs` covers it and ``graph``, else :meth:`StageModel.forward`)."""
+        if layout is not None and graph and self.packed is not None and self.packed.covers(layout.tokens):
+            return self.packed.run(inputs, positions, layout)
         if kv_end is None and start is not None:
             kv_end = start + int(inputs.shape[1])
         if graph and layout is None and kv_end is not None and self.graphed(inputs.shape[1], all_logits):
@@ -279,6 +287,7 @@ class Stage:
     def close(self) -> None:
         """Free the stage's device memory."""
         self.graphs = None
+        self.packed = None
         self.states = None
         self.block_table = None
         self.model = None  # type: ignore[assignment]

@@ -13,7 +13,8 @@ addresses and updated in place between steps, so a replay reads them as they are
 no host sync). Every graph of one (first row, shape) reads the same static input and positions
 buffers, so a step's inputs can be written into them directly (the positions from pinned host memory
 ahead of time, the previous stage's activation by its channel, the sampled token by the sampler) with
-no copy inside the step. Steps that carry prompts (packed steps) run eagerly. Single-device and staged
+no copy inside the step. Steps that carry prompts (packed steps) replay graph pieces between their
+mixers instead (:mod:`~stagewise.runtime.packed_graphs`). Single-device and staged
 pipelines capture the same graphs for the same shapes, so their results stay bit-identical.
 """
 

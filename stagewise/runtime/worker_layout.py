@@ -33,6 +33,7 @@ class WorkerLayout:
     cuda_graphs: bool
     kv_blocks: int
     snapshots: int
+    packed_tokens: int = 0  # the most tokens a packed step carries (graph buckets); 0: packed steps eager
 
     def __post_init__(self) -> None:
         if len(self.specs) != len(self.owners):
@@ -62,4 +63,4 @@ class WorkerLayout:
                           batch=self.batch, context=self.context, stages=mine, gen=gen, data_rank=rank - 1,
                           data_world=data_world, backend=self.backend, prev_rank=prev, next_rank=next_,  # type: ignore[arg-type]
                           first_seq=first_seq, timeout_s=self.timeout_s, cuda_graphs=self.cuda_graphs,
-                          kv_blocks=self.kv_blocks, snapshots=self.snapshots)
+                          kv_blocks=self.kv_blocks, snapshots=self.snapshots, packed_tokens=self.packed_tokens)

@@ -190,6 +190,7 @@ class Assignment(_Message, tag="assign", frozen=True, kw_only=True):
     refused: Text = ""
     kv_blocks: BlockId = 0  # usable KV blocks of every stage's pool; 0: every row its whole context
     snapshots: BlockId = 0  # prefix-snapshot entries of every stage's recurrent state
+    packed_tokens: BlockId = 0  # the most tokens a packed step carries (its graph buckets); 0: packed steps eager
 
     def __post_init__(self) -> None:
         if not (self.data_rank < self.data_world and self.prev_rank < self.data_world

@@ -77,7 +77,7 @@ class WorkerSegment:
                 stage.allocate_state(assignment.batch, assignment.context, assignment.kv_blocks or None,
                                      assignment.snapshots)
                 if assignment.cuda_graphs:
-                    stage.enable_graphs()  # a no-op off CUDA
+                    stage.enable_graphs(assignment.packed_tokens)  # a no-op off CUDA
                 stages.append(stage)
         except BaseException:
             for stage in stages:

@@ -67,6 +67,7 @@ class BlockSpec:
     decode_partial_values: int = 0
     matrices: tuple[tuple[int, int], ...] = ()
     kv_heads: int = 0
+    cut_values_per_token: int = 0  # what crosses a packed step's graph cuts: residual, mixer projections and output
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:

@@ -38,7 +38,7 @@ class Profile:
     kv_tokens: int | None = None
     prefix_snapshots: int = 0
     kv_dtype: str | None = None  # normalized: the activation dtype when not given
-    cuda_graphs: bool = True  # with the triton path: decode steps replay graphs (packed steps run eagerly)
+    cuda_graphs: bool = True  # with the triton path: decode steps replay graphs, packed steps graph pieces
 
     def __post_init__(self) -> None:
         if self.kv_dtype is None:
@@ -70,6 +70,14 @@ class Profile:
         """Tokens one step carries at most: a prefill chunk of one sequence, or one decode token of
         each of ``batch`` sequences (the batcher never prefills two sequences in one step)."""
         return max(self.chunk_tokens, self.batch)
+
+    @property
+    def packed_step_tokens(self) -> int:
+        """Tokens one packed step carries at most: the prefill budget's worth of prompt chunks (several
+        prompts may share it), or every sequence decoding beside a prompt's chunk of one KV block (the
+        batcher always advances a prompt by a block, :func:`~stagewise.engine.step_plan.plan_packed_step`)."""
+        align = KV_BLOCK_TOKENS if self.prefill_chunk_tokens >= KV_BLOCK_TOKENS else 1
+        return max(self.prefill_chunk_tokens, self.batch + align)
 
     @property
     def kv_pool_blocks(self) -> int:

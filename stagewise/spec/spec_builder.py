@@ -104,7 +104,8 @@ def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read
         f32_step = nv * (6 * dk + 5 * dv + 3 * DELTA_RULE_CHUNK)
         mats = ((projected, h), (conv_dim, h), (c.linear_value_dim, h), (h, c.linear_value_dim))
         mixer = dict(mixer="linear_attention", conv_state_values=conv_dim * c.linear_conv_kernel_dim,
-                     recurrent_state_values=nv * dk * dv)
+                     recurrent_state_values=nv * dk * dv,
+                     cut_values_per_token=h + projected + c.linear_value_dim)  # residual, projection, readout
     else:
         heads, kv, d = c.num_attention_heads, c.num_kv_heads, c.head_dim
         q = heads * d * (2 if c.attn_output_gate else 1)
@@ -118,7 +119,8 @@ def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read
                      kv_values_per_token=2 * kv * d,  # key + value
                      decode_partial_values=decode_partial_values(heads, kv, d),
                      attention_flops_per_position=4 * heads * d,  # q.k and p.v, multiply-add
-                     score_values_per_position=heads, kv_heads=kv)
+                     score_values_per_position=heads, kv_heads=kv,
+                     cut_values_per_token=h + q + 2 * kv * d + heads * d)  # residual, q(+gate)/k/v, output
     return BlockSpec(
         index=i,
         moe=moe,

@@ -10,8 +10,9 @@ what the stage itself holds for a step. Each kernel path states its own (``profi
   decoding row (``decode_partial_values``: a fixed number of splits per row, whatever its length) and
   the dense tile a packed (non-Q8_0) matmul of 128 or more rows dequantizes (``DEVICE_TILE_ELEMENTS``
   values at most) with that tile's output, never live at once; per stage, cuBLAS's
-  workspaces (:data:`CUBLAS_WORKSPACE_BYTES` per stream that multiplies) and the outputs CUDA graphs
-  keep (:func:`graph_output_bytes`);
+  workspaces (:data:`CUBLAS_WORKSPACE_BYTES` per stream that multiplies), the outputs decode graphs
+  keep (:func:`graph_output_bytes`) and the buffers packed steps' graph pieces keep
+  (:func:`packed_graph_bytes`);
 * ``torch`` (CPUs): the reference layers' activations, router values and fp32 attention scores over
   the attended context (SDPA's math), the keys and values gathered from the paged pool, and
   ``TILE_ELEMENTS``-value dequantized tiles;
@@ -136,8 +137,8 @@ def batch_buckets(batch: int) -> list[int]:
 
 
 def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
-    """What CUDA graphs keep once captured (``runtime/step_graphs.py``: decode steps; prompts run eagerly in
-    packed steps): each graph's own outputs, one graph for each decode batch bucket (decode attention
+    """What decode graphs keep once captured (``runtime/step_graphs.py``; packed steps' graph pieces keep their
+    buffers, :func:`packed_graph_bytes`): each graph's own outputs, one graph for each decode batch bucket (decode attention
     reads each row's length on the device: one graph serves every attended length). At the exit a graph
     keeps its rows' float32 logits and features, elsewhere the hidden state it hands on.
 
@@ -151,14 +152,28 @@ def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
     return sum(batch_buckets(profile.batch)) * per_row
 
 
+def packed_graph_bytes(spec: ModelSpec, profile: Profile) -> int:
+    """The static buffers packed steps' graph pieces keep (``runtime/packed_graphs.py``), sized for the largest
+    token bucket (:attr:`Profile.packed_step_tokens` rounded up to 16): the step's input and output, and what
+    crosses a cut (``BlockSpec.cut_values_per_token``: the residual stream, the mixer's projections and
+    output) for each kind of block the model has (blocks of one kind share their buffers), whichever the
+    stage holds: one figure for every stage, as the placement search sums it. The pieces' temporaries
+    live in the graphs' pool in place of the eager step's."""
+    if profile.kernel_path == "torch" or not profile.cuda_graphs:
+        return 0
+    top = -(-profile.packed_step_tokens // 16) * 16
+    cuts = sum({block.mixer: block.cut_values_per_token for block in spec.blocks}.values())
+    return top * (cuts + 2 * spec.hidden_size) * profile.activation_bytes
+
+
 def stage_workspace_bytes(spec: ModelSpec, profile: Profile, blocks: list[BlockSpec], entry: bool, exit: bool) -> int:
     """Workspace of a stage holding ``blocks`` (+ entry / exit): the largest block's step, the handoff
-    buffers, the runtime's workspace, the CUDA graphs' outputs and (exit) the logits."""
+    buffers, the runtime's workspace, the CUDA graphs' outputs and buffers and (exit) the logits."""
     step = max((block_workspace_bytes(b, profile, spec.format) for b in blocks), default=0)
     if entry and not blocks:
         step = profile.step_tokens * spec.hidden_size * (profile.activation_bytes + F32_BYTES)  # rows embedded
     total = step + handoff_buffer_bytes(spec.hidden_size, profile) + runtime_bytes(profile)
-    total += graph_output_bytes(spec, profile, exit)
+    total += graph_output_bytes(spec, profile, exit) + packed_graph_bytes(spec, profile)
     if exit:
         total += logits_buffer_bytes(spec.vocab_size, profile, spec.hidden_size, spec.format)
     return total

@@ -51,12 +51,33 @@ class Attention(nn.Module):
         """Replace q_proj + k_proj + v_proj by one matmul (after loading)."""
         self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's projections of ``x`` ``(B, T, hidden)`` as the matmuls give them: the fused q/k/v output
+        (one tensor), else q, k and v. Token by token: a packed step's graph pieces run it
+        (:class:`~stagewise.runtime.packed_graphs.PackedGraphs`)."""
         if self.qkv_proj is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        kv = self.kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([self.q_proj.out_features, kv, kv], dim=-1)
-        return q, k, v
+        return (self.qkv_proj(x),)
+
+    def _heads(self, projected: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor | None]:
+        """``q`` ``(B, T, H, D)``, ``k``/``v`` ``(B, T, kvH, D)`` and the output gate ``(B, T, H, D)`` (or None),
+        views of :meth:`project`'s outputs."""
+        if len(projected) == 1:
+            kv = self.kv_heads * self.head_dim
+            q_out, k_out, v_out = projected[0].split([self.q_proj.out_features, kv, kv], dim=-1)
+        else:
+            q_out, k_out, v_out = projected
+        batch, steps = q_out.shape[0], q_out.shape[1]
+        gate_heads: torch.Tensor | None = None
+        if self.output_gate:
+            q_and_gate = q_out.reshape(batch, steps, self.heads, 2 * self.head_dim)
+            q, gate_heads = torch.chunk(q_and_gate, 2, dim=-1)  # (B, T, H, D) each
+        else:
+            q = q_out.reshape(batch, steps, self.heads, self.head_dim)
+        k = k_out.reshape(batch, steps, self.kv_heads, self.head_dim)
+        v = v_out.reshape(batch, steps, self.kv_heads, self.head_dim)
+        return q, k, v, gate_heads
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
                   table: BlockTable | None = None, slots: object = None) -> KVCache:
@@ -67,18 +88,21 @@ class Attention(nn.Module):
         return KVCache(table, self.kv_heads, self.head_dim, dtype, device, self.kv_storage)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
-        batch, steps, _ = x.shape
-        gate_heads: torch.Tensor | None = None  # (B, T, H, D) view of the output gate
-        q_out, k_out, v_out = self._project(x)
-        if self.output_gate:
-            q_and_gate = q_out.reshape(batch, steps, self.heads, 2 * self.head_dim)
-            q, gate_heads = torch.chunk(q_and_gate, 2, dim=-1)  # (B, T, H, D) each
-        else:
-            q = q_out.reshape(batch, steps, self.heads, self.head_dim)
-        k = k_out.reshape(batch, steps, self.kv_heads, self.head_dim)
-        v = v_out.reshape(batch, steps, self.kv_heads, self.head_dim)
+        return self.finish(self.attend(self.project(x), ctx, cache))
+
+    def finish(self, attended: torch.Tensor) -> torch.Tensor:
+        """The output projection of :meth:`attend`'s ``(B, T, H·D)``: token by token."""
+        return self.o_proj(attended)
+
+    def attend(self, projected: tuple[torch.Tensor, ...], ctx: StepContext, cache: KVCache,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Keys and values of :meth:`project`'s outputs stored, then every query attended over its row's
+        keys (gated where the model gates): ``(B, T, H·D)``, the step's layout deciding how; a packed
+        step's into ``out`` ``(N, 1, H·D)`` when given."""
+        q, k, v, gate_heads = self._heads(projected)
+        batch, steps = q.shape[0], q.shape[1]
         if ctx.layout is not None:
-            return self.o_proj(self._packed(q, k, v, gate_heads, ctx, cache))
+            return self._packed(q, k, v, gate_heads, ctx, cache, out)
         if use_triton(q):
             from stagewise.kernels.decode_attention_triton import decode_attention
             from stagewise.kernels.rope_store_triton import QKNorm, rope_store
@@ -92,24 +116,22 @@ class Attention(nn.Module):
                            scales)  # (B, T, H, D)
             if steps == 1:  # decode: paged split-K attention over the pool (+ gate), each row's length read
                 # from its position on the device: no mask tensor and no attended length (ctx.kv_length unused)
-                return self.o_proj(decode_attention(q, cache.key, cache.value, table, ctx.positions, gate_heads,
-                                                    scales))
+                return decode_attention(q, cache.key, cache.value, table, ctx.positions, gate_heads, scales)
             from stagewise.kernels.prefill_attention_triton import prefill_attention
 
             segments, rows, longest = ctx.prompt_segments  # a prompt chunk per row, over the paged pool
-            out = prefill_attention(q.reshape(batch * steps, self.heads, self.head_dim), cache.key, cache.value,
-                                    cache.table.table, ctx.positions.reshape(-1), segments, rows, longest,
-                                    scales=scales)
-            return self.o_proj(self._gated(out.view(batch, steps, -1), gate_heads))
-        else:
-            if self.q_norm is not None and self.k_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
-            cos, sin = ctx.rotary
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            cache.write(ctx.positions, k, v, ctx.start, ctx.rows)
+            attended = prefill_attention(q.reshape(batch * steps, self.heads, self.head_dim), cache.key, cache.value,
+                                         cache.table.table, ctx.positions.reshape(-1), segments, rows, longest,
+                                         scales=scales)
+            return self._gated(attended.view(batch, steps, -1), gate_heads)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        cos, sin = ctx.rotary
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache.write(ctx.positions, k, v, ctx.start, ctx.rows)
         keys, values = cache.view(ctx.rows, ctx.kv_length)  # (B, kvH, L, D)
-        return self.o_proj(self._attend(q, keys, values, ctx.mask, gate_heads))
+        return self._attend(q, keys, values, ctx.mask, gate_heads)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                 gate_heads: torch.Tensor | None) -> torch.Tensor:
@@ -138,13 +160,14 @@ class Attention(nn.Module):
         return out * torch.sigmoid(gate_heads.reshape(out.shape))
 
     def _packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_heads: torch.Tensor | None,
-                ctx: StepContext, cache: KVCache) -> torch.Tensor:
+                ctx: StepContext, cache: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """A packed step (``ctx.layout``): ``q`` ``(N, 1, H, D)``, ``k``/``v`` ``(N, 1, kvH, D)``, one token a
         batch row, each of its segment's state row. Every token's key and value are written first,
         then the decoding rows' segments are attended as one decode batch and the later segments
-        (prompts' chunks) each over its own row's positions, causally. Returns ``(N, 1, H·D)``."""
+        (prompts' chunks) each over its own row's positions, causally. Returns ``(N, 1, H·D)`` (``out`` when
+        given)."""
         if use_triton(q):
-            return self._packed_kernels(q, k, v, gate_heads, ctx, cache)
+            return self._packed_kernels(q, k, v, gate_heads, ctx, cache, out)
         layout = ctx.layout
         assert layout is not None
         token_rows = ctx.token_rows  # (N,)
@@ -170,10 +193,11 @@ class Attention(nn.Module):
             mask = ctx.packed_masks[s - decoding + (1 if decoding else 0)]  # (1, 1, G*n, L)
             gate = gate_heads[lo:hi].transpose(0, 1) if gate_heads is not None else None  # (1, n, H, D)
             parts.append(self._attend(seg, keys, values, mask, gate).view(hi - lo, 1, -1))  # (n, 1, H*D)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, 1, H*D)
+        attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # (N, 1, H*D)
+        return attended if out is None else out.copy_(attended)
 
     def _packed_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_heads: torch.Tensor | None,
-                        ctx: StepContext, cache: KVCache) -> torch.Tensor:
+                        ctx: StepContext, cache: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`_packed` in three launches: keys and values stored (rope_store), every prompt chunk
         attended at once (prefill_attention), the decoding rows split-K (decode_attention, gated there)."""
         from stagewise.kernels.decode_attention_triton import decode_attention
@@ -190,7 +214,8 @@ class Attention(nn.Module):
         q = rope_store(q, k, v, ctx.inv_freq, ctx.positions, cache.key, cache.value, table, norm,
                        scales)  # (N, 1, H, D)
         tokens, decoding = layout.tokens, layout.decoding
-        out = q.new_empty((tokens, 1, self.heads * self.head_dim))
+        if out is None:
+            out = q.new_empty((tokens, 1, self.heads * self.head_dim))
         if decoding < len(layout.rows):
             segments, rows, longest = ctx.prompt_segments
             prefill_attention(q.view(tokens, self.heads, self.head_dim), cache.key, cache.value, cache.table.table,

@@ -81,15 +81,25 @@ class GatedDeltaNet(nn.Module):
                 if group == everything:
                     return
 
-    def _in_proj(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The input projections' outputs, in :meth:`_in_projections` order."""
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The input projections of ``x`` ``(B, T, hidden)`` as the matmuls give them: each fused matmul's
+        output, then each part no fused matmul covers. Token by token: a packed step's graph pieces run
+        it (:class:`~stagewise.runtime.packed_graphs.PackedGraphs`)."""
+        covered = {i for group in self.in_proj_groups for i in group}
+        parts = self._in_projections()
+        return (*(linear(x) for linear in self.in_proj_fused),
+                *(part(x) for i, part in enumerate(parts) if i not in covered))
+
+    def _parts(self, projected: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """:meth:`project`'s outputs as one tensor per input projection, in :meth:`_in_projections` order
+        (views of the fused outputs)."""
         parts = self._in_projections()
         outs: list[torch.Tensor | None] = [None] * len(parts)
-        for linear, group in zip(self.in_proj_fused, self.in_proj_groups, strict=True):
-            pieces = linear(x).split([parts[i].out_features for i in group], dim=-1)
-            for i, piece in zip(group, pieces, strict=True):
+        for fused, group in zip(projected, self.in_proj_groups, strict=False):
+            for i, piece in zip(group, fused.split([parts[i].out_features for i in group], dim=-1), strict=True):
                 outs[i] = piece
-        return [out if out is not None else part(x) for out, part in zip(outs, parts, strict=True)]
+        rest = iter(projected[len(self.in_proj_groups):])
+        return [out if out is not None else next(rest) for out in outs]
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
                   slots: StateSlots) -> RecurrentState:
@@ -100,10 +110,11 @@ class GatedDeltaNet(nn.Module):
             "recurrent": ((self.v_heads, self.k_dim, self.v_dim), torch.float32),
         }, slots, device)
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``qkv`` ``(B, T, conv_dim)``, ``z`` ``(B, T, Hv, Dv)``, ``b`` and ``a`` ``(B, T, Hv)``."""
-        batch, steps, _ = x.shape
-        outs = self._in_proj(x)
+    def _inputs(self, projected: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """``qkv`` ``(B, T, conv_dim)``, ``z`` ``(B, T, Hv, Dv)``, ``b`` and ``a`` ``(B, T, Hv)`` of :meth:`project`'s
+        outputs."""
+        outs = self._parts(projected)
+        batch, steps = outs[0].shape[0], outs[0].shape[1]
         if not self.packed:
             qkv, z, b, a = outs
             return qkv, z.reshape(batch, steps, self.v_heads, self.v_dim), b, a
@@ -116,21 +127,47 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(batch, steps, self.v_heads, self.v_dim)
         return qkv, z, b.reshape(batch, steps, self.v_heads), a.reshape(batch, steps, self.v_heads)
 
+    def _z(self, projected: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The output gate ``z`` ``(B, T, Hv, Dv)`` of :meth:`project`'s outputs (what :meth:`finish` reads)."""
+        outs = self._parts(projected)
+        batch, steps = outs[0].shape[0], outs[0].shape[1]
+        if not self.packed:
+            return outs[1].reshape(batch, steps, self.v_heads, self.v_dim)
+        r = self.v_heads // self.k_heads  # Qwen3-Next: z_g follows q_g, k_g, v_g in key head g's group
+        qkvz = outs[0].reshape(batch, steps, self.k_heads, 2 * self.k_dim + 2 * r * self.v_dim)
+        return qkvz[..., 2 * self.k_dim + r * self.v_dim :].reshape(batch, steps, self.v_heads, self.v_dim)
+
     def forward(self, x: torch.Tensor, state: RecurrentState, ctx: StepContext) -> torch.Tensor:
-        """``x`` ``(B, T, H)``: the step's tokens as its context lays them out (:attr:`StepContext.segment_offsets`):
-        a rectangle's ``B`` rows of ``T`` new tokens each, or a packed step's ``N`` tokens ``(N, 1, H)``
-        in segments. Decoding rows (one token each) take the recurrent step, their state read from and
-        written to their rows' entries (:attr:`StepContext.slot_entries`); prompt segments the chunked
-        rule, by :attr:`StepContext.state_segments` (entries and snapshots)."""
-        batch, steps, _ = x.shape
-        qkv, z, b, a = self._project(x)
+        projected = self.project(x)
+        return self.finish(self.mix(projected, state, ctx), projected)
+
+    def finish(self, mixed: torch.Tensor, projected: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The gated norm (by :meth:`project`'s ``z``) and output projection of :meth:`mix`'s ``(N, Hv, Dv)``:
+        ``(B, T, hidden)``. Token by token."""
+        z = self._z(projected)
+        batch, steps = z.shape[0], z.shape[1]
+        out = self.norm(mixed, z.reshape(batch * steps, self.v_heads, self.v_dim))  # (N, Hv, Dv)
+        return self.out_proj(out.reshape(batch, steps, self.value_dim))
+
+    def mix(self, projected: tuple[torch.Tensor, ...], state: RecurrentState, ctx: StepContext,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        """The conv and the gated delta rule over :meth:`project`'s outputs for the step's tokens as its
+        context lays them out (:attr:`StepContext.segment_offsets`): a rectangle's ``B`` rows of ``T``
+        new tokens each, or a packed step's ``N`` tokens in segments. Decoding rows (one token each)
+        take the recurrent step, their state read from and written to their rows' entries
+        (:attr:`StepContext.slot_entries`); prompt segments the chunked rule, by
+        :attr:`StepContext.state_segments` (entries and snapshots). Returns the rule's readout ``(N, Hv, Dv)``
+        (into ``out`` when given)."""
+        qkv, _, b, a = self._inputs(projected)
+        batch, steps = qkv.shape[0], qkv.shape[1]
         tokens = batch * steps
-        qkv, z, b, a = (t.reshape(tokens, *t.shape[2:]) for t in (qkv, z, b, a))  # one token column
+        qkv, b, a = (t.reshape(tokens, *t.shape[2:]) for t in (qkv, b, a))  # one token column
         conv_pool, rec_pool = state.pools["conv"], state.pools["recurrent"]
         decoding, offsets = ctx.segment_offsets
         hi = offsets[decoding]  # the decoding rows' tokens come first
         mixed = qkv.new_empty(qkv.shape)  # (N, C) the conv's output
-        out = qkv.new_empty((tokens, self.v_heads, self.v_dim))  # (N, Hv, Dv) the rule's readout
+        if out is None:
+            out = qkv.new_empty((tokens, self.v_heads, self.v_dim))  # (N, Hv, Dv) the rule's readout
         if decoding:
             entries = ctx.slot_entries[:decoding]  # (Nd, 2) [read, write], columns of the stage's table
             causal_conv_step(qkv[:hi], self.conv1d.weight, conv_pool, entries[:, 0], entries[:, 1], out=mixed[:hi])
@@ -140,7 +177,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._split_heads(mixed)
         gates = DecayGates(b, a, self.A_log, self.dt_bias)  # evaluated where the rule reads them
         if decoding:
-            if use_triton(x):  # the gates, L2 norms and the state update in one launch, entries in place
+            if use_triton(qkv):  # the gates, L2 norms and the state update in one launch, entries in place
                 from stagewise.kernels.deltanet_decode_triton import delta_step
 
                 delta_step(mixed[:hi], b[:hi], a[:hi], self.A_log, self.dt_bias, rec_pool, entries[:, 0],
@@ -150,8 +187,7 @@ class GatedDeltaNet(nn.Module):
                                                  entries[:, 1])
         if hi < tokens:
             packed_chunked_gated_delta_rule(q, k, v, gates, rec_pool, segments, out=out)
-        out = self.norm(out, z)  # (N, Hv, Dv)
-        return self.out_proj(out.reshape(batch, steps, self.value_dim))
+        return out
 
     def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The conv output ``(N, C)`` as q, k ``(N, Hk, Dk)`` and v ``(N, Hv, Dv)`` (views)."""

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Packed steps in graph pieces (runtime/packed_graphs.py) and decode GEMVs rows fastest, on one GPU, one
+# call (< 10 min). Old tree = 3d8beba (packed steps eager, GEMV columns fastest) in .ab_gemv (prepare it as
+# bench/results/gemv_rows_h200/run.sh says); new = this tree. Carry [".ab_gemv", ".wheels"].
+#   (1) the GPU tests of both changes (capture and replay against the eager step, staged = single);
+#   (2) bench/gemv_rows.py from each tree (µs and TB/s at 1/2/4/8/16 rows);
+#   (3) `stagewise bench` of Llama-3.1-8B bf16 (random weights): one 512-token prompt (TTFT = prefill,
+#       was 36 ms eager against 12.5 graphed) and 8 streams of 208-token prompts, each tree;
+#   (4) Qwen3.6-35B-A3B Q8_0 (make-model file, reused if present): 1 stream of 2,048 tokens (was 444 ms
+#       eager, 264 graphed) and 8 streams of 128-token prompts (decode 715 tok/s before), each tree.
+set -u
+O=${OUT:-/tmp/out}; mkdir -p "$O"; t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+[ -d .ab_gemv/stagewise ] || { echo "no .ab_gemv: prepare it first (bench/results/gemv_rows_h200/run.sh)"; exit 2; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
+export PYTHONUNBUFFERED=1
+NEW=$PWD OLD=$PWD/.ab_gemv W=/tmp/w; mkdir -p $W; F=$W/qwen3.6-35b-a3b-Q8_0.gguf
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+stamp "(1) GPU tests"
+PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_packed_graphs.py \
+  tests/test_triton_kernels.py -k "gemv or pieces" 2>&1 | tail -15 | tee "$O/gpu_tests.txt"
+for side in old new; do
+  T=$NEW; [ $side = old ] && T=$OLD
+  stamp "(2) gemv rows, $side"
+  (cd $T && PYTHONPATH=$T:/tmp/site timeout 80 python3 bench/gemv_rows.py --out "$O/gemv_rows_$side.json" 2>&1 | grep -v Warning)
+done
+bench() {  # side model concurrency prompt gen name
+  T=$NEW; [ $1 = old ] && T=$OLD
+  left=$(( 560 - ($(date +%s) - t0) )); [ $left -lt 40 ] && { stamp "no time for $6 $1"; return; }
+  stamp "$6, $1 (${left} s left)"
+  (cd $T && PYTHONPATH=$T:/tmp/site timeout $(( left < 120 ? left : 120 )) python3 -m stagewise bench "$2" --devices cuda:0 \
+    --placement single --concurrency $3 --prompt $4 --gen $5 --repeats 2 --json > "$O/bench_$6_$1.json" 2> "$O/bench_$6_$1.err")
+  python3 - "$O/bench_$6_$1.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("  no result:", e); sys.exit()
+for l in d["levels"]:
+    print(f"  {l['streams']} streams: decode {l['decode_tokens_per_s']:.0f} tok/s, TTFT median {l['ttft_s_median'] * 1e3:.1f} ms, "
+          f"aggregate {l['aggregate_tokens_per_s']:.0f}")
+PY
+  grep -v Warning "$O/bench_$6_$1.err" | tail -2
+}
+for side in new old; do bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
+for side in new old; do bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
+stamp "(4) make-model (if absent)"
+[ -f $F ] || PYTHONPATH=$NEW:/tmp/site timeout 220 python3 -m stagewise make-model --config qwen3.6-35b-a3b --dtype q8_0 --seed 0 --device cuda $F > /tmp/make_model.log 2>&1
+[ -f $F ] && for side in new old; do bench $side $F 1 2048 16 qwen36_p2048; done
+[ -f $F ] && for side in new old; do bench $side $F 8 128 64 qwen36_8x128; done
+stamp done
