@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import stagewise
 from stagewise.engine.staging_area import StagingArea
@@ -92,3 +94,24 @@ def test_imports_without_torch(module: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_no_packed_step_carries_more_than_the_profile_charges(data: st.DataObject) -> None:
+    # Profile.step_tokens sizes a step's workspace and the packed steps' graph buckets: no plan exceeds it
+    from stagewise.spec.kv_pool import KV_BLOCK_TOKENS
+    from stagewise.spec.profile import Profile
+
+    batch = data.draw(st.integers(1, 40))
+    chunk = data.draw(st.integers(1, 600))
+    context = data.draw(st.integers(2, 700))
+    decoding = data.draw(st.integers(0, batch - 1))
+    prompts = data.draw(st.lists(st.integers(1, context), min_size=1, max_size=batch - decoding))
+    prefilled = [data.draw(st.integers(0, n - 1)) for n in prompts]
+    area = StagingArea(chunk, first=decoding, align_tokens=KV_BLOCK_TOKENS if chunk >= KV_BLOCK_TOKENS else 1,
+                       members=[_Staged(decoding + i, tuple(range(n)), prefilled=p)
+                                for i, (n, p) in enumerate(zip(prompts, prefilled, strict=True))])
+    plan = plan_packed_step([_Decoding(r, 1, 5) for r in range(decoding)], area, chunk)
+    assert plan is not None
+    assert plan.layout.tokens <= Profile(context_tokens=context, batch=batch, prefill_chunk_tokens=chunk).step_tokens

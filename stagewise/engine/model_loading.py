@@ -161,14 +161,14 @@ def load(settings: LoadSettings, progress: StageProgress | None = None,
                                            cluster, joins, settings.join_timeout_s, settings.join_timeout_s,
                                            settings.rejoin, cuda_graphs=settings.cuda_graphs, batch=profile.batch,
                                            kv_blocks=profile.kv_pool_blocks, snapshots=profile.prefix_snapshots,
-                                           packed_tokens=profile.packed_step_tokens)
+                                           packed_tokens=profile.step_tokens)
     else:
         pipeline = build_pipeline(opened.config, opened.source, specs, run_dtype, profile.batch,
                                   profile.context_tokens, links, progress, timing=settings.timing,
                                   kv_blocks=profile.kv_pool_blocks, snapshots=profile.prefix_snapshots)
     if settings.cuda_graphs:
         for stage in pipeline.stages:
-            stage.enable_graphs(profile.packed_step_tokens)  # decode and packed steps replay as CUDA graphs
+            stage.enable_graphs(profile.step_tokens)  # decode and packed steps replay as CUDA graphs
     tokenizer = opened.tokenizer
     template = ChatTemplate((tokenizer.chat_template if tokenizer else None) or DEFAULT_CHATML)
     return LoadedModel(name or opened.name, opened.config, pipeline, cert.to_dict(), placement_summary(cert, topology),

@@ -67,17 +67,12 @@ class Profile:
 
     @property
     def step_tokens(self) -> int:
-        """Tokens one step carries at most: a prefill chunk of one sequence, or one decode token of
-        each of ``batch`` sequences (the batcher never prefills two sequences in one step)."""
-        return max(self.chunk_tokens, self.batch)
-
-    @property
-    def packed_step_tokens(self) -> int:
-        """Tokens one packed step carries at most: the prefill budget's worth of prompt chunks (several
-        prompts may share it), or every sequence decoding beside a prompt's chunk of one KV block (the
-        batcher always advances a prompt by a block, :func:`~stagewise.engine.step_plan.plan_packed_step`)."""
+        """Tokens one step carries at most: a packed step's prompt chunks within the prefill budget (several
+        prompts may share it), or all sequences but one decoding beside the last one's chunk of a KV block
+        (the batcher always advances a prompt by a block, :func:`~stagewise.engine.step_plan.plan_packed_step`);
+        never more than every sequence's whole context."""
         align = KV_BLOCK_TOKENS if self.prefill_chunk_tokens >= KV_BLOCK_TOKENS else 1
-        return max(self.prefill_chunk_tokens, self.batch + align)
+        return min(max(self.prefill_chunk_tokens, self.batch - 1 + align), self.batch * self.context_tokens)
 
     @property
     def kv_pool_blocks(self) -> int:

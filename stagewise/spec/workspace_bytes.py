@@ -20,8 +20,8 @@ what the stage itself holds for a step. Each kernel path states its own (``profi
 
 Every stage also holds the hidden state in and out (``2 x step tokens x hidden``); the exit stage the
 logits of the rows that get them (one per sequence at most: the last token of a prompt's chunk or a
-decode token), in the activation dtype then float32. A step carries at most ``max(chunk, batch)``
-tokens (``Profile.step_tokens``).
+decode token), in the activation dtype then float32. A step carries at most ``Profile.step_tokens``
+tokens (the prefill budget, or every sequence but one decoding beside a block of a prompt).
 """
 
 from __future__ import annotations
@@ -154,14 +154,14 @@ def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
 
 def packed_graph_bytes(spec: ModelSpec, profile: Profile) -> int:
     """The static buffers packed steps' graph pieces keep (``runtime/packed_graphs.py``), sized for the largest
-    token bucket (:attr:`Profile.packed_step_tokens` rounded up to 16): the step's input and output, and what
+    token bucket (:attr:`Profile.step_tokens` rounded up to 16): the step's input and output, and what
     crosses a cut (``BlockSpec.cut_values_per_token``: the residual stream, the mixer's projections and
     output) for each kind of block the model has (blocks of one kind share their buffers), whichever the
     stage holds: one figure for every stage, as the placement search sums it. The pieces' temporaries
     live in the graphs' pool in place of the eager step's."""
     if profile.kernel_path == "torch" or not profile.cuda_graphs:
         return 0
-    top = -(-profile.packed_step_tokens // 16) * 16
+    top = -(-profile.step_tokens // 16) * 16
     cuts = sum({block.mixer: block.cut_values_per_token for block in spec.blocks}.values())
     return top * (cuts + 2 * spec.hidden_size) * profile.activation_bytes
 
