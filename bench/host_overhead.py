@@ -13,6 +13,9 @@ which the interpreter does not do; that is counted apart, as launches and their 
 Prints, per step kind (a prompt of ``--prompt`` tokens alone; ``--rows`` decode rows), the median wall,
 the kernels' time, the rest (host), launches, their arguments and torch ops (a dispatch mode counts
 them); ``--profile N`` adds the N functions with the most host time (cProfile, kernels' frames cut).
+``--pieces``: the packed step is cut into graph pieces as a GPU stage cuts it (``runtime/packed_graphs.py``;
+here a replay runs its piece again) and the pieces' share is reported apart (``pieces``: host ms, launches,
+torch ops, replays): on a GPU each piece is one graph replay, so the rest is what the step still pays.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from stagewise.engine.generation_request import GenerationRequest
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.sampling import SamplingParams
 from stagewise.kernels.triton_launch import kernels_on_host
+from stagewise.runtime import packed_graphs
+from stagewise.runtime.packed_graphs import PackedGraphs
 from tests.batch_runs import run_batch
 
 
@@ -88,34 +93,77 @@ class KernelClock:
 
 
 class OpCount(TorchDispatchMode):
-    """Torch ops dispatched while open (outside the kernels' interpreter, which works in numpy)."""
+    """Torch ops dispatched while open (outside the kernels' interpreter, which works in numpy); those
+    inside graph pieces (:class:`PieceClock`) apart."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.piece_ops = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not KernelClock.inside:
             self.ops[str(func.overloadpacket)] += 1
+            self.piece_ops += PieceClock.inside
         return func(*args, **(kwargs or {}))
 
 
+class PieceClock:
+    """While open, the host time, launches and replays inside packed steps' graph pieces (a replay off
+    CUDA runs its piece again: ``packed_graphs._Rerun``), the kernels' own time left out."""
+
+    inside = False
+
+    def __init__(self, kernels: KernelClock) -> None:
+        self.kernels = kernels
+        self.seconds = 0.0
+        self.launches = 0
+        self.replays = 0
+        self._original = packed_graphs._Rerun.replay
+
+    def __enter__(self) -> PieceClock:
+        original, clock = self._original, self
+
+        def replay(rerun: Any) -> None:
+            kernel_s, launches = clock.kernels.seconds, clock.kernels.launches
+            PieceClock.inside = True
+            start = time.perf_counter()
+            try:
+                original(rerun)
+            finally:
+                PieceClock.inside = False
+                clock.seconds += time.perf_counter() - start - (clock.kernels.seconds - kernel_s)
+                clock.launches += clock.kernels.launches - launches
+                clock.replays += 1
+
+        packed_graphs._Rerun.replay = replay  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        packed_graphs._Rerun.replay = self._original  # type: ignore[method-assign]
+
+
 def _measure(batcher: Batcher, requests: list[GenerationRequest], repeats: int, skip: bool) -> dict[str, Any]:
-    walls, kernels, launches, arguments = [], [], 0, 0
+    walls, kernels, pieces, launches, arguments = [], [], [], 0, 0
     for _ in range(repeats):
-        with KernelClock(skip=skip) as clock:
+        with KernelClock(skip=skip) as clock, PieceClock(clock) as piece:
             start = time.perf_counter()
             run_batch(batcher, requests)
             walls.append(time.perf_counter() - start)
         kernels.append(clock.seconds)
+        pieces.append(piece.seconds)
         launches, arguments, by_kernel = clock.launches, clock.arguments, clock.by_kernel
-    with KernelClock(skip=skip), OpCount() as ops:
+    with KernelClock(skip=skip) as clock, PieceClock(clock) as piece, OpCount() as ops:
         run_batch(batcher, requests)
     host = [w - k for w, k in zip(walls, kernels, strict=True)]
-    return {"wall_ms": round(statistics.median(walls) * 1e3, 1), "kernels_ms": round(statistics.median(kernels) * 1e3, 1),
-            "host_ms": round(statistics.median(host) * 1e3, 2), "launches": launches, "launch_arguments": arguments,
-            "torch_ops": sum(ops.ops.values()), "top_torch_ops": ops.ops.most_common(12),
-            "top_kernels": by_kernel.most_common(12)}
+    out = {"wall_ms": round(statistics.median(walls) * 1e3, 1), "kernels_ms": round(statistics.median(kernels) * 1e3, 1),
+           "host_ms": round(statistics.median(host) * 1e3, 2), "launches": launches, "launch_arguments": arguments,
+           "torch_ops": sum(ops.ops.values()), "top_torch_ops": ops.ops.most_common(12),
+           "top_kernels": by_kernel.most_common(12)}
+    if piece.replays:
+        out["pieces"] = {"host_ms": round(statistics.median(pieces) * 1e3, 2), "launches": piece.launches,
+                         "torch_ops": ops.piece_ops, "replays": piece.replays}
+    return out
 
 
 def _profile(batcher: Batcher, requests: list[GenerationRequest], top: int, skip: bool) -> list[tuple[str, float, int]]:
@@ -144,6 +192,7 @@ def main() -> None:
     parser.add_argument("--skip-kernels", action="store_true",
                         help="launches return at once (outputs left as allocated: the tokens are garbage, the host's "
                         "work is the same): many repeats in seconds, for A/B of host-side changes")
+    parser.add_argument("--pieces", action="store_true", help="cut packed steps into graph pieces (module doc)")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -151,6 +200,11 @@ def main() -> None:
                         prefill_chunk=max(args.prompt, 64))
     result: dict[str, Any] = {"model": args.model, "prompt_tokens": args.prompt, "rows": args.rows}
     try:
+        if args.pieces:
+            for stage in loaded.pipeline.stages:
+                assert stage.states is not None
+                stage.packed = PackedGraphs(stage.model, stage.states, stage.device, loaded.profile.step_tokens,
+                                            stage.dtype)
         batcher = Batcher(loaded.pipeline, loaded.max_context, max(args.prompt, 64), prefix_cache=False)
         greedy = SamplingParams(temperature=0.0)
         prompt = [GenerationRequest(tuple(range(10, 10 + args.prompt)), 1, greedy)]
