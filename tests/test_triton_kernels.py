@@ -493,6 +493,28 @@ def test_prefill_attention_is_independent_of_the_chunking() -> None:
     assert torch.equal(whole, split)
 
 
+def test_prefill_attention_gates_in_its_launch() -> None:
+    """With an output gate (strided, as the fused q/gate projection gives it) each stored output is the
+    ungated output rounded, times sigmoid(gate): what the decode kernel computes for a decoding row."""
+    from stagewise.kernels.prefill_attention_triton import prefill_attention
+
+    torch.manual_seed(14)
+    kv_heads, groups, dim, length, block = 2, 2, 32, 80, 64
+    heads = kv_heads * groups
+    pool_k = torch.randn(length // block + 2, kv_heads, block, dim, device=DEVICE)
+    pool_v = torch.randn_like(pool_k)
+    table = torch.arange(length // block + 1, dtype=torch.int32, device=DEVICE)[None]
+    q_and_gate = torch.randn(length, heads, 2 * dim, device=DEVICE, dtype=HALF)
+    q, gate = q_and_gate[..., :dim], q_and_gate[..., dim:]  # the gate's token and head strides are 2x
+    positions = torch.arange(length, device=DEVICE)
+    segments = torch.tensor([0, length], dtype=torch.int32, device=DEVICE)
+    row = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    plain = prefill_attention(q, pool_k.to(HALF), pool_v.to(HALF), table, positions, segments, row, length)
+    gated = prefill_attention(q, pool_k.to(HALF), pool_v.to(HALF), table, positions, segments, row, length, gate=gate)
+    want = (plain.float() * torch.sigmoid(gate.float())).to(HALF)
+    torch.testing.assert_close(gated, want)  # to one rounding: sigmoid is computed apart
+
+
 def test_greedy_sample_matches_argmax_and_log_softmax() -> None:
     from stagewise.kernels.greedy_sample_triton import greedy_sample
 

@@ -33,11 +33,12 @@ TILE_ROWS = 128  # query rows (G heads x tokens) per program; 64 when D > 128 (t
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, table_ptr, pos_ptr, seg_ptr, row_ptr, out_ptr, ks_ptr, vs_ptr,
+    q_ptr, kc_ptr, vc_ptr, table_ptr, pos_ptr, seg_ptr, row_ptr, out_ptr, ks_ptr, vs_ptr, gate_ptr,
     groups, dim, sm_scale_log2,
     stride_qn, stride_qh, stride_cb, stride_ch, stride_cl, stride_tb, stride_on, stride_oh, stride_sb, stride_sh,
+    stride_gn, stride_gh,
     BLOCK_M: tl.constexpr, G_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr, FP8: tl.constexpr, GDC: tl.constexpr,
+    IEEE: tl.constexpr, FP8: tl.constexpr, GATE: tl.constexpr, GDC: tl.constexpr,
 ):
     wait_for_predecessor(GDC)
     s = tl.program_id(0)  # segment
@@ -94,6 +95,10 @@ def _prefill_kernel(
             acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
         m_i = m_new
     out = acc / l_i[:, None]
+    if GATE:  # times sigmoid(gate), the output rounded first as the decode kernel and the torch path round it
+        gate = tl.load(gate_ptr + tok64[:, None] * stride_gn + heads[:, None] * stride_gh + d[None, :],
+                       mask=valid[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+        out = out.to(out_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(gate)
     tl.store(out_ptr + tok64[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=valid[:, None] & d_mask[None, :])
 
@@ -101,7 +106,8 @@ def _prefill_kernel(
 def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
                       positions: torch.Tensor, segments: torch.Tensor, rows: torch.Tensor, longest: int,
                       out: torch.Tensor | None = None,
-                      scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                      scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      gate: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of the step's prompt tokens over their rows' paged caches.
 
     ``q`` ``(N, H, D)`` (D contiguous): the step's tokens; ``positions`` ``(N,)`` each token's
@@ -114,7 +120,8 @@ def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     tokens of ``out`` (``(N, H, D)`` in ``q``'s dtype, allocated when None; tokens outside every
     segment are left as they are) and returns it. With ``scales`` (float8 caches' key and value scales
     ``(blocks, kvH, block_tokens)`` float32) a key's score and a value's weight are multiplied by its
-    position's scale."""
+    position's scale. With ``gate`` ``(N, H, D)`` (D contiguous; the output gate of Qwen3.5 / 3.6) each
+    output is multiplied by ``sigmoid(gate)`` before it is stored."""
     _, heads, dim = q.shape
     kv_heads, block_tokens = key_cache.shape[1], key_cache.shape[2]
     if block_tokens < 16 or block_tokens & (block_tokens - 1) or block_table.stride(-1) != 1:
@@ -133,15 +140,19 @@ def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     block_m = max(16, tile // g_pad)
     grid = (int(rows.shape[0]), cdiv(max(longest, 1), block_m), kv_heads)
     key_scale, value_scale = scales if scales is not None else (out, out)  # unused without fp8
+    if gate is not None and gate.stride(-1) != 1:
+        raise ValueError("prefill_attention needs the gate's head dim contiguous")
+    g = gate if gate is not None else out  # unused without a gate
     with launch_device(q):
         _prefill_kernel[grid](
-            q, key_cache, value_cache, block_table, positions, segments, rows, out, key_scale, value_scale,
+            q, key_cache, value_cache, block_table, positions, segments, rows, out, key_scale, value_scale, g,
             groups, dim, 1.4426950408889634 / dim**0.5,
             q.stride(0), q.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
             block_table.stride(0), out.stride(0), out.stride(1),
             key_scale.stride(0) if scales is not None else 0, key_scale.stride(1) if scales is not None else 0,
+            g.stride(0), g.stride(1),
             BLOCK_M=block_m, G_PAD=g_pad, BLOCK_D=block_d, BLOCK_N=block_tokens,
-            IEEE=q.dtype == torch.float32, FP8=scales is not None, num_warps=8 if block_d >= 128 else 4, num_stages=2,
+            IEEE=q.dtype == torch.float32, FP8=scales is not None, GATE=gate is not None, num_warps=8 if block_d >= 128 else 4, num_stages=2,
             **dependent_launch(q),
         )
     return out

@@ -120,10 +120,11 @@ class Attention(nn.Module):
             from stagewise.kernels.prefill_attention_triton import prefill_attention
 
             segments, rows, longest = ctx.prompt_segments  # a prompt chunk per row, over the paged pool
+            gate = gate_heads.reshape(batch * steps, self.heads, self.head_dim) if gate_heads is not None else None
             attended = prefill_attention(q.reshape(batch * steps, self.heads, self.head_dim), cache.key, cache.value,
                                          cache.table.table, ctx.positions.reshape(-1), segments, rows, longest,
-                                         scales=scales)
-            return self._gated(attended.view(batch, steps, -1), gate_heads)
+                                         scales=scales, gate=gate)  # gated in the same launch
+            return attended.view(batch, steps, -1)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
@@ -199,7 +200,8 @@ class Attention(nn.Module):
     def _packed_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_heads: torch.Tensor | None,
                         ctx: StepContext, cache: KVCache, out: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`_packed` in three launches: keys and values stored (rope_store), every prompt chunk
-        attended at once (prefill_attention), the decoding rows split-K (decode_attention, gated there)."""
+        attended at once (prefill_attention), the decoding rows split-K (decode_attention); each gated in
+        its attention's launch."""
         from stagewise.kernels.decode_attention_triton import decode_attention
         from stagewise.kernels.prefill_attention_triton import prefill_attention
         from stagewise.kernels.rope_store_triton import QKNorm, rope_store
@@ -218,12 +220,10 @@ class Attention(nn.Module):
             out = q.new_empty((tokens, 1, self.heads * self.head_dim))
         if decoding < len(layout.rows):
             segments, rows, longest = ctx.prompt_segments
+            gate = gate_heads.reshape(tokens, self.heads, self.head_dim) if gate_heads is not None else None
             prefill_attention(q.view(tokens, self.heads, self.head_dim), cache.key, cache.value, cache.table.table,
                               ctx.positions.view(-1), segments, rows, longest,
-                              out=out.view(tokens, self.heads, self.head_dim), scales=scales)
-            if gate_heads is not None:
-                lo = layout.offsets[decoding]
-                out[lo:] = self._gated(out[lo:].transpose(0, 1), gate_heads[lo:].transpose(0, 1)).transpose(0, 1)
+                              out=out.view(tokens, self.heads, self.head_dim), scales=scales, gate=gate)
         if decoding:  # one token per row: split-K over each row's keys, as a decode step
             hi = layout.offsets[decoding]
             gate = gate_heads[:hi] if gate_heads is not None else None
