@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from stagewise.kernels.triton_launch import triton_selected
 from stagewise.models.block_table import BlockTable
 from stagewise.models.layers.attention import Attention
 from stagewise.models.registry import build_stage
@@ -179,12 +180,13 @@ class Stage:
     def enable_graphs(self, packed_tokens: int = 0) -> bool:
         """Replay decode steps (one token per row) as CUDA graphs on this stage's device, and packed steps
         of up to ``packed_tokens`` tokens piece by piece (:class:`PackedGraphs`; 0: packed steps run
-        eagerly); False where not possible."""
+        eagerly) where the Triton paths are chosen (the reference path's MoE reads its routed counts on
+        the host, which a capture cannot); False where not possible."""
         if self.device.type != "cuda" or self.states is None:
             return False
         input_dtype = torch.long if self.model.entry else self.dtype
         self.graphs = StepGraphs(self.model, self.states, self.device, self.max_context, input_dtype)
-        if packed_tokens > 0:
+        if packed_tokens > 0 and triton_selected():
             self.packed = PackedGraphs(self.model, self.states, self.device, packed_tokens, self.dtype,
                                        self.graphs.pool, self.graphs.stream)
         return True
