@@ -10,8 +10,8 @@ the segments), so a step is cut at the mixers (vLLM's piecewise graphs): piece `
 block 0's ``begin``, the last piece the last block's ``end``), captured once per token bucket, and the
 mixers run eagerly between the replays over the step's real tokens.
 
-Tokens are padded up to a bucket (:func:`token_buckets`: 16, 32, 48, 64, 96 ...: at most a third of a
-step is padding); a padding token runs the token-wise work only (no mixer reads or writes it, no state
+Tokens are padded up to a bucket (:func:`token_buckets`: 16, 24, 32, 48, 64, 96 ... up to the most a step
+carries, ``Profile.step_tokens``: at most a third of a bucket is padding); a padding token runs the token-wise work only (no mixer reads or writes it, no state
 sees it) and nothing of it reaches a real token: every piece works token by token. What crosses a
 cut lives in static buffers sized for the largest bucket, shared by every bucket and by every block
 whose tensors have the same shape: a piece reads the previous block's carry (the residual stream and
@@ -21,8 +21,8 @@ the pieces replay one after another, never concurrently.
 
 A bucket's first step runs the pieces eagerly at the bucket's size (compiling what the capture needs)
 and returns that step's result; its pieces are then captured (nothing runs) and replayed from the
-next step on. A step of more tokens than the largest bucket runs eagerly
-(:meth:`StageModel.forward`). Off CUDA (tests) a replay runs its piece again, eagerly: the same cuts,
+next step on. Stage.run gives a step past the largest bucket (none, as the batcher plans them) to
+:meth:`StageModel.forward`, eagerly. Only where the Triton paths are chosen. Off CUDA (tests) a replay runs its piece again, eagerly: the same cuts,
 buffers and padding, no capture. Results equal the eager step's up to the padding: the token-wise kernels
 may pick other tiles for a bucket's row count than for the step's, so bits can differ from an unpadded
 run, never between stages or runs that pad alike.
