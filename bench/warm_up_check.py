@@ -5,7 +5,7 @@
 
 Loads MODEL in process, runs :func:`stagewise.engine.warm_up.warm_up` (as ``serve`` does before ready) and
 counts the kernels Triton's caches hold (:func:`~stagewise.kernels.kernel_variants.compiled_variants`) and
-the decode graphs every stage captured; then, for each burst size, that many greedy requests of
+the graphs every stage captured (decode steps, packed steps' pieces); then, for each burst size, that many greedy requests of
 ``--prompt`` tokens and ``--gen`` out at once, followed by a mixed burst (random prompt lengths up to the
 context, random lengths out, a third sampled on the host with log-probabilities), and reports the kernels
 compiled and graphs captured during each (the target: none) and its wall time. A table is printed; JSON
@@ -39,7 +39,11 @@ def _raise(error: StagewiseError) -> None:
 
 
 def _graphs(batcher: Batcher) -> int:
-    return sum(len(stage.graphs.graphs) for stage in batcher.pipeline.stages if getattr(stage, "graphs", None))
+    """Graphs the stages hold: decode graphs, and packed steps' pieces (one per block and one more, a bucket)."""
+    stages = batcher.pipeline.stages
+    decode = sum(len(stage.graphs.graphs) for stage in stages if getattr(stage, "graphs", None))
+    pieces = sum(len(p) for stage in stages if getattr(stage, "packed", None) for p in stage.packed.graphs.values())
+    return decode + pieces
 
 
 def _serve(batcher: Batcher, requests: list[GenerationRequest]) -> tuple[int, float]:
