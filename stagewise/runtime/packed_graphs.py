@@ -10,9 +10,10 @@ the segments), so a step is cut at the mixers (vLLM's piecewise graphs): piece `
 block 0's ``begin``, the last piece the last block's ``end``), captured once per token bucket, and the
 mixers run eagerly between the replays over the step's real tokens.
 
-Tokens are padded up to a bucket (:func:`token_buckets`: 16, 24, 32, 48, 64, 96 ... up to the most a step
-carries, ``Profile.step_tokens``: at most a third of a bucket is padding); a padding token runs the token-wise work only (no mixer reads or writes it, no state
-sees it) and nothing of it reaches a real token: every piece works token by token. What crosses a
+Tokens are padded up to a bucket (:func:`token_buckets`: 16, 24, 32, 48, 64, 96 ... up to the most a
+step carries, ``Profile.step_tokens``: at most a third of a bucket is padding); a padding token runs
+the token-wise work only (no mixer reads or writes it, no state sees it) and nothing of it reaches a
+real token: every piece works token by token. What crosses a
 cut lives in static buffers sized for the largest bucket, shared by every bucket and by every block
 whose tensors have the same shape: a piece reads the previous block's carry (the residual stream and
 the mixer's projections, :meth:`Block.begin`) and mixer output, then overwrites the carry buffers last,
@@ -22,8 +23,9 @@ the pieces replay one after another, never concurrently.
 A bucket's first step runs the pieces eagerly at the bucket's size (compiling what the capture needs)
 and returns that step's result; its pieces are then captured (nothing runs) and replayed from the
 next step on. Stage.run gives a step past the largest bucket (none, as the batcher plans them) to
-:meth:`StageModel.forward`, eagerly. Only where the Triton paths are chosen. Off CUDA (tests) a replay runs its piece again, eagerly: the same cuts,
-buffers and padding, no capture. Results equal the eager step's up to the padding: the token-wise kernels
+:meth:`StageModel.forward`, eagerly; stages take pieces only where the Triton paths are chosen. Off
+CUDA (tests) a replay runs its piece again, eagerly: the same cuts, buffers and padding, no capture.
+Results equal the eager step's up to the padding: the token-wise kernels
 may pick other tiles for a bucket's row count than for the step's, so bits can differ from an unpadded
 run, never between stages or runs that pad alike.
 """
@@ -39,6 +41,7 @@ import torch
 from stagewise.models.stage_model import StageModel, StageOutput
 from stagewise.models.stage_states import StageStates
 from stagewise.models.step_layout import StepLayout
+from stagewise.spec.workspace_bytes import largest_token_bucket
 
 SMALLEST_BUCKET = 16
 
@@ -48,9 +51,10 @@ class _Replay(Protocol):
 
 
 def token_buckets(max_tokens: int) -> tuple[int, ...]:
-    """Token counts a packed step is padded to: 16, 32, then each power of two and one and a half times it
-    (48, 64, 96, 128, 192 ...) below ``max_tokens``, and last ``max_tokens`` rounded up to 16."""
-    top = -(-max(max_tokens, 1) // SMALLEST_BUCKET) * SMALLEST_BUCKET
+    """Token counts a packed step is padded to: 16, then each power of two and three quarters of it (24, 32,
+    48, 64, 96, 128, 192 ...) below the largest, :func:`~stagewise.spec.workspace_bytes.largest_token_bucket`
+    of ``max_tokens`` (what the plan charges the buffers for)."""
+    top = largest_token_bucket(max_tokens)
     ladder = [SMALLEST_BUCKET]
     power = SMALLEST_BUCKET
     while ladder[-1] < top:

@@ -40,6 +40,7 @@ HANDOFF_BUFFERS = 2  # hidden state in + hidden state out
 # on its compute stream and on its CUDA-graph capture stream
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 CUBLAS_STREAMS = 2
+TOKEN_BUCKET_ALIGN = 16  # packed steps' largest graph bucket: the most a step carries, rounded up to this
 
 
 def _quantized(fmt: str) -> bool:
@@ -152,16 +153,22 @@ def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
     return sum(batch_buckets(profile.batch)) * per_row
 
 
+def largest_token_bucket(step_tokens: int) -> int:
+    """The largest token bucket packed steps are padded to (``runtime/packed_graphs.token_buckets``), what their
+    graph pieces' buffers are sized for: ``step_tokens`` rounded up to :data:`TOKEN_BUCKET_ALIGN`."""
+    return -(-max(step_tokens, 1) // TOKEN_BUCKET_ALIGN) * TOKEN_BUCKET_ALIGN
+
+
 def packed_graph_bytes(spec: ModelSpec, profile: Profile) -> int:
     """The static buffers packed steps' graph pieces keep (``runtime/packed_graphs.py``), sized for the largest
-    token bucket (:attr:`Profile.step_tokens` rounded up to 16): the step's input and output, and what
+    token bucket (:func:`largest_token_bucket`): the step's input and output, and what
     crosses a cut (``BlockSpec.cut_values_per_token``: the residual stream, the mixer's projections and
     output) for each kind of block the model has (blocks of one kind share their buffers), whichever the
     stage holds: one figure for every stage, as the placement search sums it. The pieces' temporaries
     live in the graphs' pool in place of the eager step's."""
     if profile.kernel_path == "torch" or not profile.cuda_graphs:
         return 0
-    top = -(-profile.step_tokens // 16) * 16
+    top = largest_token_bucket(profile.step_tokens)
     cuts = sum({block.mixer: block.cut_values_per_token for block in spec.blocks}.values())
     return top * (cuts + 2 * spec.hidden_size) * profile.activation_bytes
 
