@@ -110,22 +110,20 @@ class GatedDeltaNet(nn.Module):
             "recurrent": ((self.v_heads, self.k_dim, self.v_dim), torch.float32),
         }, slots, device)
 
-    def _inputs(self, projected: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """``qkv`` ``(B, T, conv_dim)``, ``z`` ``(B, T, Hv, Dv)``, ``b`` and ``a`` ``(B, T, Hv)`` of :meth:`project`'s
-        outputs."""
+    def _inputs(self, projected: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``qkv`` ``(B, T, conv_dim)``, ``b`` and ``a`` ``(B, T, Hv)`` of :meth:`project`'s outputs (what
+        :meth:`mix` reads; :meth:`_z` the rest)."""
         outs = self._parts(projected)
         batch, steps = outs[0].shape[0], outs[0].shape[1]
         if not self.packed:
-            qkv, z, b, a = outs
-            return qkv, z.reshape(batch, steps, self.v_heads, self.v_dim), b, a
+            return outs[0], outs[2], outs[3]
         # Qwen3-Next: per key head g, [q_g, k_g, v_g (r heads), z_g (r heads)] and [b_g (r), a_g (r)]
         r = self.v_heads // self.k_heads
         qkvz = outs[0].reshape(batch, steps, self.k_heads, 2 * self.k_dim + 2 * r * self.v_dim)
-        q, k, v, z = torch.split(qkvz, [self.k_dim, self.k_dim, r * self.v_dim, r * self.v_dim], dim=-1)
+        q, k, v, _ = torch.split(qkvz, [self.k_dim, self.k_dim, r * self.v_dim, r * self.v_dim], dim=-1)
         b, a = torch.split(outs[1].reshape(batch, steps, self.k_heads, 2 * r), [r, r], dim=-1)
         qkv = torch.cat([t.reshape(batch, steps, -1) for t in (q, k, v)], dim=-1)  # (B, T, conv_dim)
-        z = z.reshape(batch, steps, self.v_heads, self.v_dim)
-        return qkv, z, b.reshape(batch, steps, self.v_heads), a.reshape(batch, steps, self.v_heads)
+        return qkv, b.reshape(batch, steps, self.v_heads), a.reshape(batch, steps, self.v_heads)
 
     def _z(self, projected: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The output gate ``z`` ``(B, T, Hv, Dv)`` of :meth:`project`'s outputs (what :meth:`finish` reads)."""
@@ -158,7 +156,7 @@ class GatedDeltaNet(nn.Module):
         (:attr:`StepContext.slot_entries`); prompt segments the chunked rule, by
         :attr:`StepContext.state_segments` (entries and snapshots). Returns the rule's readout ``(N, Hv, Dv)``
         (into ``out`` when given)."""
-        qkv, _, b, a = self._inputs(projected)
+        qkv, b, a = self._inputs(projected)
         batch, steps = qkv.shape[0], qkv.shape[1]
         tokens = batch * steps
         qkv, b, a = (t.reshape(tokens, *t.shape[2:]) for t in (qkv, b, a))  # one token column
