@@ -42,6 +42,8 @@ class Block(Protocol):
             out: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def end(self, carry: tuple[torch.Tensor, ...], mixed: torch.Tensor) -> torch.Tensor: ...
+
+
 _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.int64: "int64",
                 torch.int32: "int32", torch.uint8: "uint8"}
 
