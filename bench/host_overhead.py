@@ -156,7 +156,8 @@ def _measure(batcher: Batcher, requests: list[GenerationRequest], repeats: int, 
     with KernelClock(skip=skip) as clock, PieceClock(clock) as piece, OpCount() as ops:
         run_batch(batcher, requests)
     host = [w - k for w, k in zip(walls, kernels, strict=True)]
-    out = {"wall_ms": round(statistics.median(walls) * 1e3, 1), "kernels_ms": round(statistics.median(kernels) * 1e3, 1),
+    out = {"wall_ms": round(statistics.median(walls) * 1e3, 1),
+           "kernels_ms": round(statistics.median(kernels) * 1e3, 1),
            "host_ms": round(statistics.median(host) * 1e3, 2), "launches": launches, "launch_arguments": arguments,
            "torch_ops": sum(ops.ops.values()), "top_torch_ops": ops.ops.most_common(12),
            "top_kernels": by_kernel.most_common(12)}

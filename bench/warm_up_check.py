@@ -5,9 +5,10 @@
 
 Loads MODEL in process, runs :func:`stagewise.engine.warm_up.warm_up` (as ``serve`` does before ready) and
 counts the kernels Triton's caches hold (:func:`~stagewise.kernels.kernel_variants.compiled_variants`) and
-the graphs every stage captured (decode steps, packed steps' pieces); then, for each burst size, that many greedy requests of
-``--prompt`` tokens and ``--gen`` out at once, followed by a mixed burst (random prompt lengths up to the
-context, random lengths out, a third sampled on the host with log-probabilities), and reports the kernels
+the graphs every stage captured (decode steps, packed steps' pieces); then, for each burst size, that
+many greedy requests of ``--prompt`` tokens and ``--gen`` out at once, followed by a mixed burst (random
+prompt lengths up to the context, random lengths out, a third sampled on the host with
+log-probabilities), and reports the kernels
 compiled and graphs captured during each (the target: none) and its wall time. A table is printed; JSON
 (command, machine, date, figures) goes to ``--json``.
 """

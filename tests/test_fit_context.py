@@ -107,7 +107,8 @@ def test_set_context_trades_sequences_then_the_chunk_then_refuses() -> None:
     traded = fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=longest + 4096, batch=None))
     assert traded.profile.batch == 1 and traded.profile.prefill_chunk_tokens < 512  # then the chunk
     assert re.fullmatch(rf"{longest + 4096:,} positions, 1 sequence, prefill chunks of (256|128): "
-                        "the most this budget holds(, prefix snapshots for 0 of the 1 sequences \\(what they leave\\))?",
+                        "the most this budget holds"
+                        "(, prefix snapshots for 0 of the 1 sequences \\(what they leave\\))?",
                         traded.choice)  # a smaller chunk may leave room for the sequence's snapshot
     with pytest.raises(DoesNotFit, match=r"also tried prefill chunks of 256, 128"):
         fit_profile(spec, topology, ProfileRequest(GPU, context_tokens=200_000, batch=None))

@@ -77,8 +77,8 @@ Run = tuple[list[torch.Tensor], dict[tuple[int, str], torch.Tensor]]
 
 
 def _states(pipeline: Pipeline) -> dict[tuple[int, str], torch.Tensor]:
-    return {(index, name): tensor.to("cpu", copy=True) for stage in pipeline.stages for index, state in stage.states.items()
-            for name, tensor in state.tensors().items()}
+    return {(index, name): tensor.to("cpu", copy=True) for stage in pipeline.stages
+            for index, state in stage.states.items() for name, tensor in state.tensors().items()}
 
 
 def _run(pipeline: Pipeline, vocab: int) -> Run:

@@ -152,7 +152,8 @@ def prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
             key_scale.stride(0) if scales is not None else 0, key_scale.stride(1) if scales is not None else 0,
             g.stride(0), g.stride(1),
             BLOCK_M=block_m, G_PAD=g_pad, BLOCK_D=block_d, BLOCK_N=block_tokens,
-            IEEE=q.dtype == torch.float32, FP8=scales is not None, GATE=gate is not None, num_warps=8 if block_d >= 128 else 4, num_stages=2,
+            IEEE=q.dtype == torch.float32, FP8=scales is not None, GATE=gate is not None,
+            num_warps=8 if block_d >= 128 else 4, num_stages=2,
             **dependent_launch(q),
         )
     return out

@@ -138,9 +138,9 @@ def batch_buckets(batch: int) -> list[int]:
 
 
 def graph_output_bytes(spec: ModelSpec, profile: Profile, exit: bool) -> int:
-    """What decode graphs keep once captured (``runtime/step_graphs.py``; packed steps' graph pieces keep their
-    buffers, :func:`packed_graph_bytes`): each graph's own outputs, one graph for each decode batch bucket (decode attention
-    reads each row's length on the device: one graph serves every attended length). At the exit a graph
+    """What decode graphs keep once captured (``runtime/step_graphs.py``; packed steps' graph pieces keep
+    their buffers, :func:`packed_graph_bytes`): each graph's own outputs, one graph for each decode batch
+    bucket (decode attention reads each row's length on the device: one graph serves every attended length). At the exit a graph
     keeps its rows' float32 logits and features, elsewhere the hidden state it hands on.
 
     NOTE: the reference path on a GPU (``STAGEWISE_KERNELS=torch``, for A/B runs and bisecting) keys its
