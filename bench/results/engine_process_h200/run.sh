@@ -21,7 +21,7 @@ case "${1:-1}" in
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader; nproc; uptime
   for i in 1 2 3; do
     stamp "worker protocol $i (tiny model, CPU, one local worker)"
-    OMP_NUM_THREADS=1 timeout 90 python3 bench/worker_protocol.py --json "$O/worker_protocol_h200host_$i.json" 2>&1 \
+    OMP_NUM_THREADS=1 timeout 90 python3 bench/worker_protocol.py --floor --json "$O/worker_protocol_h200host_$i.json" 2>&1 \
       | grep -E '"(in_process|worker)_(p10|median)_ms"'
   done
   for how in inprocess worker; do
