@@ -15,7 +15,7 @@ import torch
 from stagewise.engine.engine import Engine
 from stagewise.engine.model_loading import load_model
 from stagewise.engine.warm_up import full_context_prompt
-from stagewise.runtime.peak_memory import PeakMemory
+from stagewise.runtime.peak_memory import PeakMemory, PeakMeter, graph_pool_idle_bytes
 from stagewise.runtime.stage import ChargeCheck
 from stagewise.server.load_display import check_line, placement_lines
 from stagewise.server.placement_view import placement_view
@@ -47,6 +47,19 @@ def test_banner_shows_every_part_planned_beside_measured() -> None:
 def test_peak_memory_reading() -> None:
     assert PeakMemory("cuda:0", 1_000, 1_300).workspace_bytes == 300
     assert PeakMemory("cuda:0", 1_000, 900).workspace_bytes == 0
+
+
+def test_graph_pool_idle_bytes_are_the_private_pools_free_blocks_of_the_device() -> None:
+    segments = [
+        {"device": 0, "segment_pool_id": (0, 0), "total_size": 100, "allocated_size": 10},  # the cache: released on OOM
+        {"device": 0, "segment_pool_id": (1, 0), "total_size": 64, "allocated_size": 16},  # a graph's: 48 idle
+        {"device": 0, "segment_pool_id": [2, 0], "total_size": 8, "allocated_size": 0},  # another graph's
+        {"device": 1, "segment_pool_id": (1, 0), "total_size": 32, "allocated_size": 0},  # another device
+    ]
+    assert graph_pool_idle_bytes(segments, 0) == 56
+    assert graph_pool_idle_bytes(segments, 1) == 32
+    assert graph_pool_idle_bytes(segments, 2) == 0
+    assert PeakMemory("cuda:0", 1_000, 1_300, 200).to_dict()["graph_pool_bytes"] == 200
 
 
 def test_warm_up_runs_a_full_context_step_and_reports_the_parts_on_cpu() -> None:
@@ -83,3 +96,25 @@ def test_measured_peak_within_the_certified_charge_on_the_gpu(preset: str) -> No
             assert check.measured_workspace_bytes <= check.planned_workspace_bytes, check.to_dict()
     finally:
         model.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_reading_counts_what_a_captured_graph_keeps_after_its_tensors_are_freed() -> None:
+    x = torch.ones(1 << 20, device="cuda:0")  # 4 MiB
+    meter = PeakMeter(["cuda:0"])
+    meter.start()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (x * 2 + 1).sum()  # warm the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        total = (x * 2 + 1).sum()  # two 4 MiB temporaries, freed inside the capture: the pool keeps them
+    meter.checkpoint()
+    reading = meter.read()["cuda:0"]
+    assert reading.graph_pool_bytes >= 2 * x.nbytes
+    assert reading.workspace_bytes >= reading.graph_pool_bytes  # on the device beside whatever steps allocate now
+    graph.replay()
+    assert total.item() == 3 * x.numel()

@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         for event in generator.stream(request):
             tokens.append(event.sample.token)
             logprobs.append(event.sample.logprob)
+            if len(tokens) == 2:  # the prompt's step and the first decode step captured their graphs
+                meter.checkpoint()
         loaded.peaks = meter.read()  # this run's peak above the resident tensors (GPU stages)
         out: dict[str, Any] = {"tokens": tokens, "logprobs": logprobs, "placement": loaded.placement_json,
                                "charges": [check.to_dict() for check in loaded.charge_checks()]}

@@ -73,13 +73,14 @@ class Engine:
     def warm_up(self, full_context: bool = True) -> WarmUp:
         """Before :meth:`start`: compile kernels and capture graphs with synthetic requests (see
         :mod:`stagewise.engine.warm_up`), then (``full_context``) a step at the largest prefill chunk and
-        the full context; the CUDA devices' allocator peak over both is the load check's measured
-        workspace (``model.peaks``). Not counted in the metrics."""
+        the full context; the CUDA devices' peak over both (the graphs' idle pool blocks counted once they
+        are captured) is the load check's measured workspace (``model.peaks``). Not counted in the metrics."""
         if self._worker.is_alive():
             raise RuntimeError("warm up before the engine starts")
         meter = PeakMeter(stage.spec.torch_device for stage in self.model.pipeline.stages)
         meter.start()
         done = warm_up(self.batcher, self.model.config.vocab_size)
+        meter.checkpoint()  # the graphs are captured: their pools' idle blocks count from here
         if full_context:
             done = dataclasses.replace(done, full_context_tokens=full_context_step(self.batcher,
                                                                                    self.model.config.vocab_size))
