@@ -3,9 +3,9 @@
 # call (< 10 min). Old tree = 3d8beba (packed steps eager, GEMV columns fastest) in .ab_gemv (prepare it as
 # bench/results/gemv_rows_h200/run.sh says); new = this tree. Carry [".ab_gemv", ".wheels"].
 #   (1) the GPU tests of both changes (capture and replay against the eager step, staged = single);
-#   (2) bench/gemv_rows.py from each tree (µs and TB/s at 1/2/4/8/16 rows);
 #   (3) `stagewise bench` of Llama-3.1-8B bf16 (random weights): one 512-token prompt (TTFT = prefill,
 #       was 36 ms eager against 12.5 graphed) and 8 streams of 208-token prompts, each tree;
+#   (2) bench/gemv_rows.py from each tree (µs and TB/s at 1/2/4/8/16 rows);
 #   (4) Qwen3.6-35B-A3B Q8_0 (make-model file, reused if present): 1 stream of 2,048 tokens (was 444 ms
 #       eager, 264 graphed) and 8 streams of 128-token prompts (decode 715 tok/s before), each tree.
 set -u
@@ -21,11 +21,6 @@ PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cac
 stamp "(1b) the load check's peak with the graphs' pools counted (peak within the charge, tiny models)"
 PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_peak_check.py 2>&1 \
   | tail -15 | tee -a "$O/gpu_tests.txt"
-for side in old new; do
-  T=$NEW; [ $side = old ] && T=$OLD
-  stamp "(2) gemv rows, $side"
-  (cd $T && PYTHONPATH=$T:/tmp/site timeout 80 python3 bench/gemv_rows.py --out "$O/gemv_rows_$side.json" 2>&1 | grep -v Warning)
-done
 bench() {  # side model concurrency prompt gen name
   T=$NEW; [ $1 = old ] && T=$OLD
   left=$(( 560 - ($(date +%s) - t0) )); [ $left -lt 40 ] && { stamp "no time for $6 $1"; return; }
@@ -46,6 +41,11 @@ PY
 }
 for side in new old; do bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
 for side in new old; do bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
+for side in old new; do
+  T=$NEW; [ $side = old ] && T=$OLD
+  stamp "(2) gemv rows, $side"
+  (cd $T && PYTHONPATH=$T:/tmp/site timeout 80 python3 bench/gemv_rows.py --out "$O/gemv_rows_$side.json" 2>&1 | grep -v Warning)
+done
 stamp "(4) make-model (if absent)"
 [ -f $F ] || PYTHONPATH=$NEW:/tmp/site timeout 220 python3 -m stagewise make-model --config qwen3.6-35b-a3b --dtype q8_0 --seed 0 --device cuda $F > /tmp/make_model.log 2>&1
 [ -f $F ] && for side in new old; do bench $side $F 1 2048 16 qwen36_p2048; done
