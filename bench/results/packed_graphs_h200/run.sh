@@ -3,9 +3,9 @@
 # call (< 10 min). Old tree = 3d8beba (packed steps eager, GEMV columns fastest) in .ab_gemv (prepare it as
 # bench/results/gemv_rows_h200/run.sh says); new = this tree. Carry [".ab_gemv", ".wheels"].
 #   (1) the GPU tests of both changes (capture and replay against the eager step, staged = single);
-#   (3) `stagewise bench` of Llama-3.1-8B bf16 (random weights): one 512-token prompt (TTFT = prefill,
+#   (2) `stagewise bench` of Llama-3.1-8B bf16 (random weights): one 512-token prompt (TTFT = prefill,
 #       was 36 ms eager against 12.5 graphed) and 8 streams of 208-token prompts, each tree;
-#   (2) bench/gemv_rows.py from each tree (µs and TB/s at 1/2/4/8/16 rows);
+#   (3) bench/gemv_rows.py from each tree (µs and TB/s at 1/2/4/8/16 rows);
 #   (4) Qwen3.6-35B-A3B Q8_0 (make-model file, reused if present): 1 stream of 2,048 tokens (was 444 ms
 #       eager, 264 graphed) and 8 streams of 128-token prompts (decode 715 tok/s before), each tree.
 set -u
@@ -43,7 +43,7 @@ for side in new old; do bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; d
 for side in new old; do bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
 for side in old new; do
   T=$NEW; [ $side = old ] && T=$OLD
-  stamp "(2) gemv rows, $side"
+  stamp "(3) gemv rows, $side"
   (cd $T && PYTHONPATH=$T:/tmp/site timeout 80 python3 bench/gemv_rows.py --out "$O/gemv_rows_$side.json" 2>&1 | grep -v Warning)
 done
 stamp "(4) make-model (if absent)"
