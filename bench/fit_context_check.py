@@ -88,7 +88,9 @@ def main() -> int:
         while engine.batcher.active:
             engine.batcher.iterate()
         engine.batcher.drain()
-        model.peaks = meter.read()  # from before the warm-up through the long request
+        warm_peaks = model.peaks  # the warm-up's own reading (its meter restarts the device's peak counter)
+        model.peaks = {d: max(p, warm_peaks.get(d, p), key=lambda r: r.peak_bytes)  # through the long request
+                       for d, p in meter.read().items()}
         reserved = {d: torch.cuda.max_memory_reserved(torch.device(d)) for d in meter.devices}
         checks = model.charge_checks()
         for line in placement_lines(model):
