@@ -38,7 +38,9 @@ class BlockSpec:
     the Triton path the values live at the block's peak, ``step_values_per_token`` (activation dtype)
     and ``step_f32_values_per_token`` (float32: the chunked delta rule, routing), and per decoding row
     ``decode_partial_values`` (float32: decode attention's split partials,
-    :func:`~stagewise.spec.decode_splits.decode_partial_values`). ``matrices``: the
+    :func:`~stagewise.spec.decode_splits.decode_partial_values`); with CUDA graphs the mixer runs
+    eagerly beside the graphs' pool, its own temporaries ``mix_values_per_token`` (activation dtype: the
+    conv's output, the rotated queries). ``matrices``: the
     ``(out, in)`` shapes the block multiplies by (fused and apart), whose dense tiles a packed matmul
     dequantizes. ``kv_heads``: key/value heads (fp8 KV keeps a scale per position and head).
     ``kernels_per_token``: kernels one decode
@@ -68,6 +70,7 @@ class BlockSpec:
     matrices: tuple[tuple[int, int], ...] = ()
     kv_heads: int = 0
     cut_values_per_token: int = 0  # what crosses a packed step's graph cuts: residual, mixer projections and output
+    mix_values_per_token: int = 0  # the mixer's own temporaries, allocated eagerly beside the graphs' pool
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:

@@ -105,7 +105,8 @@ def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read
         mats = ((projected, h), (conv_dim, h), (c.linear_value_dim, h), (h, c.linear_value_dim))
         mixer = dict(mixer="linear_attention", conv_state_values=conv_dim * c.linear_conv_kernel_dim,
                      recurrent_state_values=nv * dk * dv,
-                     cut_values_per_token=h + projected + c.linear_value_dim)  # residual, projection, readout
+                     cut_values_per_token=h + projected + c.linear_value_dim,  # residual, projection, readout
+                     mix_values_per_token=conv_dim)  # the conv's output (the rule reads q, k, v from it)
     else:
         heads, kv, d = c.num_attention_heads, c.num_kv_heads, c.head_dim
         q = heads * d * (2 if c.attn_output_gate else 1)
@@ -120,7 +121,8 @@ def _block(c: ModelConfig, i: int, tensors: list[TensorShape], weight: int, read
                      decode_partial_values=decode_partial_values(heads, kv, d),
                      attention_flops_per_position=4 * heads * d,  # q.k and p.v, multiply-add
                      score_values_per_position=heads, kv_heads=kv,
-                     cut_values_per_token=h + q + 2 * kv * d + heads * d)  # residual, q(+gate)/k/v, output
+                     cut_values_per_token=h + q + 2 * kv * d + heads * d,  # residual, q(+gate)/k/v, output
+                     mix_values_per_token=heads * d)  # the rotated queries (keys and values go to the pool)
     return BlockSpec(
         index=i,
         moe=moe,

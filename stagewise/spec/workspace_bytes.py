@@ -80,17 +80,27 @@ def block_workspace_bytes(block: BlockSpec, profile: Profile, fmt: str = "bf16")
 def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int:
     tokens = profile.step_tokens
     tile = tile_bytes(block.matrices, fmt, tokens, profile, path)
-    # a decode of every row reads each row's state entry and writes a new one (models/layers/gated_deltanet.py)
-    decode_state = profile.batch * 2 * (block.recurrent_state_values * F32_BYTES
-                                        + block.conv_state_values * profile.activation_bytes)
     if path == "triton":
         values = tokens * block.step_values_per_token * profile.activation_bytes  # live at any moment, at most
+        f32 = tokens * block.step_f32_values_per_token * F32_BYTES  # the mixer's scan operands, the routing
         # decode attention's split partials of every decoding row (kernels/decode_attention_triton.py)
         partials = profile.batch * block.decode_partial_values * F32_BYTES
-        # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul, a decode's
-        # state entries inside its recurrent step, the partials between decode attention's two launches:
-        # never at once
-        return values + max(tokens * block.step_f32_values_per_token * F32_BYTES, tile, decode_state, partials)
+        # A decode's recurrent and conv state entries take nothing: its kernels update them in place
+        # (deltanet_decode_triton.delta_step and conv_step read one entry of the pool and write another).
+        if not profile.cuda_graphs:
+            # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul, the
+            # partials between decode attention's two launches: never at once
+            return values + max(f32, tile, partials)
+        # Graphs keep their captures' temporaries in the stage's pool for good, one capture's at a time: a
+        # packed step's pieces (the block's values and a dequantized tile) or a decode graph's (its rows' values
+        # and partials; rows <= tokens). Beside that pool the mixers run eagerly (runtime/packed_graphs.py):
+        # their own temporaries, then the scan's float32 operands or, for decoding rows, the partials.
+        pool = values + max(tile, partials)
+        return pool + tokens * block.mix_values_per_token * profile.activation_bytes + max(f32, partials)
+    # a torch decode of every row gathers each row's state entry and computes a new one before storing it
+    # (models/layers/delta_rule.packed_recurrent_step)
+    decode_state = profile.batch * 2 * (block.recurrent_state_values * F32_BYTES
+                                        + block.conv_state_values * profile.activation_bytes)
     per_token = (
         max(block.activation_values_per_token, block.step_values_per_token) * profile.activation_bytes
         + (block.f32_values_per_token + block.step_f32_values_per_token) * F32_BYTES
