@@ -473,7 +473,10 @@ def test_prefill_attention_matches_masked_sdpa_per_chunk(groups: int, block_toke
 
 def test_prefill_attention_is_independent_of_the_chunking() -> None:
     """A token's result does not depend on which chunk (or program) it lands in: the prompt attended
-    as one chunk and as two (split mid-block) gives bit-identical outputs, as the prefix cache needs."""
+    as one chunk and as two (split mid-block) gives bit-identical outputs on the GPU, as the prefix cache
+    needs. Triton's interpreter multiplies a program's tile by numpy's BLAS, whose float32 kernels may
+    round a row differently at another row of the tile (OpenBLAS 0.3.31: 1 ulp), so there the outputs
+    agree to that rounding: a key block past a token's position that added anything would show."""
     from stagewise.kernels.prefill_attention_triton import prefill_attention
 
     torch.manual_seed(13)
@@ -490,7 +493,10 @@ def test_prefill_attention_is_independent_of_the_chunking() -> None:
     for lo, hi in ((0, 100), (100, length)):
         prefill_attention(q[lo:hi], pool_k, pool_v, table, positions[lo:hi],
                           torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE), row, hi - lo, out=split[lo:hi])
-    assert torch.equal(whole, split)
+    if DEVICE == "cuda":
+        assert torch.equal(whole, split)
+    else:
+        torch.testing.assert_close(split, whole, atol=1e-6, rtol=0)
 
 
 def test_prefill_attention_gates_in_its_launch() -> None:
