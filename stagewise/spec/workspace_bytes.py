@@ -9,7 +9,10 @@ what the stage itself holds for a step. Each kernel path states its own (``profi
   runs in paged flash-style kernels, so no score matrix), decode attention's split partials for every
   decoding row (``decode_partial_values``: a fixed number of splits per row, whatever its length) and
   the dense tile a packed (non-Q8_0) matmul of 128 or more rows dequantizes (``DEVICE_TILE_ELEMENTS``
-  values at most) with that tile's output, never live at once; per stage, cuBLAS's
+  values at most) with that tile's output, never live at once; with CUDA graphs (``profile.cuda_graphs``)
+  the captures' temporaries stay in the graphs' pool while the mixers run eagerly beside it, so the pool's
+  share (the values, a tile or the partials) and the mixer's (``mix_values_per_token``, the float32
+  operands or the partials) add up; a decode's state entries take nothing (updated in place); per stage, cuBLAS's
   workspaces (:data:`CUBLAS_WORKSPACE_BYTES` per stream that multiplies), the outputs decode graphs
   keep (:func:`graph_output_bytes`) and the buffers packed steps' graph pieces keep
   (:func:`packed_graph_bytes`);
@@ -175,7 +178,7 @@ def packed_graph_bytes(spec: ModelSpec, profile: Profile) -> int:
     crosses a cut (``BlockSpec.cut_values_per_token``: the residual stream, the mixer's projections and
     output) for each kind of block the model has (blocks of one kind share their buffers), whichever the
     stage holds: one figure for every stage, as the placement search sums it. The pieces' temporaries
-    live in the graphs' pool in place of the eager step's."""
+    live in the graphs' pool, charged per block beside the mixer's (:func:`block_workspace_bytes`)."""
     if profile.kernel_path == "torch" or not profile.cuda_graphs:
         return 0
     top = largest_token_bucket(profile.step_tokens)
