@@ -70,7 +70,6 @@ def main() -> int:
         t0 = time.perf_counter()
         warm = engine.warm_up(full_context=True)
         warm_s = time.perf_counter() - t0
-        meter.checkpoint()  # the graphs are captured: their pools' idle blocks count from here
         after_warm_up = [c.to_dict() for c in model.charge_checks()]
         # the long request, as a client's: through the batcher, greedy
         prompt = tuple(1 + (i * 7919) % (model.config.vocab_size - 1) for i in range(min(args.prompt,
@@ -88,9 +87,10 @@ def main() -> int:
         while engine.batcher.active:
             engine.batcher.iterate()
         engine.batcher.drain()
-        warm_peaks = model.peaks  # the warm-up's own reading (its meter restarts the device's peak counter)
-        model.peaks = {d: max(p, warm_peaks.get(d, p), key=lambda r: r.peak_bytes)  # through the long request
-                       for d, p in meter.read().items()}
+        # the warm-up's own reading covers the captures; its meter's checkpoint restarted the devices' peak
+        # counters, so this one reads the full-context step and the long request, graphs' idle blocks added
+        warm_peaks = model.peaks
+        model.peaks = {d: max(p, warm_peaks.get(d, p), key=lambda r: r.peak_bytes) for d, p in meter.read().items()}
         reserved = {d: torch.cuda.max_memory_reserved(torch.device(d)) for d in meter.devices}
         checks = model.charge_checks()
         for line in placement_lines(model):
