@@ -24,11 +24,12 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernel_timing import graph_us, rel_err
+from stagewise.kernels import packed_gemv_triton
 from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
-from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv
+from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv, words_config
 from stagewise.spec.packed_types import PACKED, block_bytes, block_elements, row_bytes
 from stagewise.weights.quant.packed_planes import split_planes
 
@@ -40,6 +41,7 @@ F16_AT = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
 CANDIDATES = [(1, 2048, 4, 3), (2, 1024, 4, 4), (4, 512, 2, 3), (2, 1024, 2, 3), (2, 2048, 4, 3), (4, 1024, 2, 3),
               (4, 1024, 4, 3), (1, 1024, 2, 3), (1, 4096, 4, 2), (8, 512, 2, 3), (2, 512, 2, 4), (4, 2048, 4, 2),
               (8, 1024, 4, 2)]
+WORD_CANDIDATES = [(4, 4096, 2), (8, 4096, 2), (2, 4096, 2), (4, 2048, 1), (8, 2048, 1), (2, 2048, 1)]
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
 
 
@@ -82,6 +84,15 @@ def _sweep(label: str, nbytes: int, fns: dict[str, Callable[[int], torch.Tensor]
             "dense_bf16_us": dense_us, "candidates": cands}
 
 
+def _without_word_ptx(call: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``call()`` with the word path's nibbles converted by Triton's ops instead of inline PTX."""
+    packed_gemv_triton.WORDS_ASM = False
+    try:
+        return call()
+    finally:
+        packed_gemv_triton.WORDS_ASM = True
+
+
 def _dense_us(x: torch.Tensor, n: int, k: int) -> float:
     """µs per call of the dense bf16 GEMV (ours with dependent launch, or cuBLAS where that is faster)."""
     copies = max(4, min(64, ROTATE_BYTES // (n * k * 2)))
@@ -118,10 +129,16 @@ def main() -> int:
             ref = x.double() @ dequantize_rows(ws[0].qs, ws[0].qh, ws[0].meta, qtype, k).double().T
             fns: dict[str, Callable[[int], torch.Tensor]] = {
                 str(cfg): (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg)) for cfg in CANDIDATES}
-            current = str(config_for(qtype, n, k, False))
+            words = words_config(qtype, k, False, x.dtype)
+            current = f"words {words}" if words else str(config_for(qtype, n, k, False))
             if current not in fns:
                 fns[current] = lambda i, x=x, ws=ws: packed_gemv(x, ws[i])
-            if qtype in SLOT_TYPES:  # the byte path beside the word path, same configs
+            for cfg in WORD_CANDIDATES if words else ():  # the word path's tiles, then its nibbles by Triton's ops
+                if k % cfg[1] == 0 and cfg != words:
+                    fns[f"words {cfg}"] = lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], word_config=cfg)
+            if words:
+                fns["words, no PTX"] = lambda i, x=x, ws=ws: _without_word_ptx(lambda: packed_gemv(x, ws[i]))
+            if qtype in SLOT_TYPES:  # the byte path beside the slot path, same configs
                 for cfg in [*CANDIDATES[:4], config_for(qtype, n, k, False)]:
                     fns[f"bytes {cfg}"] = (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg, slots=False))
             rows.append(_sweep(f"{qtype.name} {label}", nbytes, fns, ref, copies, current, dense_us))

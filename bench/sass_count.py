@@ -25,6 +25,7 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)  # NOTE: compiled kernels, before any kernel module is imported
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+import torch
 import triton
 from gguf.constants import GGMLQuantizationType
 from triton.backends.compiler import GPUTarget
@@ -33,6 +34,13 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.kernels.packed_decode_triton import _packed_decode_kernel
+from stagewise.kernels.packed_gemv_triton import (
+    SLOT_TYPES,
+    _packed_gemv_kernel,
+    _q4k_words_kernel,
+    config_for,
+    words_config,
+)
 from stagewise.spec.packed_types import block_elements
 
 T = GGMLQuantizationType
@@ -61,6 +69,36 @@ def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: in
     kernel = triton.compile(ASTSource(fn=_packed_decode_kernel, signature=signature, constexprs=consts, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
     return kernel.asm["cubin"], time.perf_counter() - started
+
+
+def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bool = True) -> tuple[bytes, float, dict]:
+    """The cubin of the packed GEMV of an ``(n, k)`` matrix (one output row: single-stream decode; the word path
+    where :func:`words_config` has one for bf16 input and ``words`` is True, else the slot or byte path), compiled for sm_90a as a
+    launch at Llama-3.1-8B's shapes specializes it (pointers, N, K and strides 16-divisible), and its config."""
+    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "qs_ptr": "*u8", "qh_ptr": "*u8", "meta_ptr": "*u8",
+           "meta32_ptr": "*i32", "e_ptr": "*i32"}
+    sig |= {name: "i32" for name in ("N", "K", "stride_xm", "stride_qe", "stride_qn", "stride_he", "stride_hn",
+                                     "stride_me", "stride_mn", "stride_ym")}
+    config = words_config(ggml_type, k, False, torch.bfloat16) if words else None
+    slots = ggml_type in SLOT_TYPES
+    if config is not None:
+        fn, (block_n, block_k, warps), stages = _q4k_words_kernel, config, 1
+        consts = {"BLOCK_N": block_n, "BLOCK_K": block_k, "ASM": True, "GDC": False}
+    else:
+        fn = _packed_gemv_kernel
+        block_n, block_k, warps, stages = config_for(ggml_type, n, k, gather=False)
+        consts = {"TYPE": int(ggml_type), "SLOTS": slots, "GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                  "GDC": False, "x_repeat": 1}
+    order = list(fn.arg_names)
+    signature = {name: sig.get(name, "constexpr") for name in order}
+    aligned = [i for i, name in enumerate(order) if name in sig and name not in ("stride_qe", "stride_he", "stride_me")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    started = time.perf_counter()
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    path = "words" if config else ("slots" if slots else "bytes")
+    return kernel.asm["cubin"], time.perf_counter() - started, {"path": path, "block_n": block_n, "block_k": block_k,
+                                                                "warps": warps, "stages": stages}
 
 
 def sass_report(cubin: bytes) -> dict[str, object]:
@@ -94,10 +132,24 @@ def sass_report(cubin: bytes) -> dict[str, object]:
             "top_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:12])}
 
 
+def gemv_row(qtype: GGMLQuantizationType, n: int, k: int, words: bool) -> dict[str, object]:
+    """One GEMV case counted and printed: the loop handles ``block_n * block_k`` values over the program's threads."""
+    cubin, seconds, config = compile_gemv_case(qtype, n, k, words)
+    report = sass_report(cubin)
+    values = int(config["block_n"]) * int(config["block_k"]) / (32 * int(config["warps"]))
+    per_value = int(report["loop_instructions"]) / values  # type: ignore[call-overload]
+    print(f"{qtype.name:6s} G {config['path']} N{n} K{k} BN{config['block_n']} BK{config['block_k']} w{config['warps']}: "
+          f"{report['registers']} regs, stack {report['stack_bytes']}, loop {report['loop_instructions']} = "
+          f"{per_value:.2f} a value a thread | {report['top_ops']}", flush=True)
+    return {"type": qtype.name, "mode": "G", "n": n, "k": k, **config, "compile_s": round(seconds, 1),
+            "per_value": round(per_value, 2), **report}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="q4_k,q5_k,q6_k,iq4_xs,q4_0")
-    ap.add_argument("--modes", default="A,B", help="A: kernel A at 16 rows; B: kernel B at 64 rows")
+    ap.add_argument("--modes", default="A,B", help="A: kernel A at 16 rows; B: kernel B at 64 rows; "
+                    "G: the packed GEMV at one row (Llama-3.1-8B's gate/up and down)")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
@@ -108,6 +160,11 @@ def main() -> int:
     for name in args.types.split(","):
         qtype = T[name.strip().upper()]
         for mode in args.modes.split(","):
+            if mode == "G":  # Llama-3.1-8B's gate/up and down, the word path where it applies and the former one
+                for n, k in ((14336, 4096), (4096, 14336)):
+                    rows.extend(gemv_row(qtype, n, k, words) for words in (True, False)
+                                if not words or words_config(qtype, k, False, torch.bfloat16))
+                continue
             block_m = 16 if mode == "A" else 64
             cubin, seconds = compile_case(qtype, mode == "A", block_m, args.block_n, args.warps, args.stages,
                                           glu=args.glu)

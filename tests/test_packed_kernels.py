@@ -135,3 +135,50 @@ def test_configs_are_a_function_of_type_and_shape() -> None:
         for n, k, gather in [(8, block, False), (14336, 4096, False), (128256, 4096, False), (768, 2048, True)]:
             _, block_k, _, _ = config_for(qtype, n, k, gather)
             assert block_k % block == 0 and block_k & (block_k - 1) == 0
+
+
+@pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144)], ids=["k2048", "k4096", "k6144-steps"])
+def test_the_q4_k_word_path_matches_dense_matmul(n: int, k: int) -> None:
+    """Q4_K with bf16 input takes the word path (magic-number values, inline PTX on a GPU, Triton's ops here):
+    each output within one bf16 ulp of float32 ``x @ W.T`` (the interpreter's bf16 conversion truncates; the
+    float32 sum itself is good to ~1e-5 of the largest output), for a partial row tile and K of one and of
+    three steps."""
+    from stagewise.kernels.packed_gemv_triton import words_config
+
+    assert words_config(T.Q4_K, k, False, torch.bfloat16) is not None
+    raw = _random_rows(T.Q4_K, rows=n, k=k, seed=k + n)
+    w = _dense(raw, T.Q4_K)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(n)).bfloat16()
+    got = packed_gemv(x.to(DEVICE), _stack(raw, T.Q4_K)).cpu()
+    ref = x.float() @ w.T
+    assert got.dtype == torch.bfloat16 and got.shape == (2, n)
+    bound = ref.abs() * 2.0**-7 + 1e-5 * ref.abs().max()  # a bf16 ulp is at most 2^-7 of the value
+    assert bool(((got.float() - ref).abs() <= bound).all()), float(((got.float() - ref).abs() / bound).max())
+
+
+def test_the_word_path_is_chosen_by_type_shape_and_input_dtype_only() -> None:
+    from stagewise.kernels.packed_gemv_triton import words_config
+
+    assert words_config(T.Q4_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
+    assert words_config(T.Q4_K, 14336, False, torch.bfloat16) == (4, 2048, 1)
+    assert words_config(T.Q4_K, 1024, False, torch.bfloat16) is None  # fewer than 32 chunks a step
+    assert words_config(T.Q4_K, 4096, True, torch.bfloat16) is None  # expert stacks: the slot path
+    assert words_config(T.Q4_K, 4096, False, torch.float16) is None
+    assert words_config(T.Q5_K, 4096, False, torch.bfloat16) is None
+
+
+def test_the_word_ptx_makes_128_plus_each_nibble_in_float32() -> None:
+    """The word path's inline PTX (not run by the interpreter), instruction by instruction: a word's byte ``j``
+    gives ``128 + (q_j & 15)`` in output ``j`` and ``128 + (q_j >> 4)`` in output ``4 + j``, as float32 bits."""
+    import struct
+
+    from test_packed_decode import _run_ptx
+
+    from stagewise.kernels import packed_gemv_triton as kernels
+
+    rng = np.random.default_rng(0)
+    for word in [0, 0xFFFFFFFF, 0x0F0F0F0F, 0xF0F0F0F0, *rng.integers(0, 2**32, size=64).tolist()]:
+        out = _run_ptx(kernels.WORD_ASM.value, {"$8": int(word)})
+        got = [struct.unpack("<f", struct.pack("<I", out[f"${i}"]))[0] for i in range(8)]
+        q = [(int(word) >> (8 * j)) & 0xFF for j in range(4)]
+        assert got == [128.0 + (b & 15) for b in q] + [128.0 + (b >> 4) for b in q]
