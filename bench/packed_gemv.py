@@ -24,12 +24,13 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernel_timing import graph_us, rel_err
-from stagewise.kernels import packed_gemv_triton
+from stagewise.kernels import word_gemv_triton
 from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.gemv_triton import config_for as dense_config_for
 from stagewise.kernels.gemv_triton import gemv
 from stagewise.kernels.packed_dequant_triton import dequantize_rows
-from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv, words_config
+from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, config_for, packed_gemv
+from stagewise.kernels.word_gemv_triton import words_config
 from stagewise.spec.packed_types import PACKED, block_bytes, block_elements, row_bytes
 from stagewise.weights.quant.packed_planes import split_planes
 
@@ -85,12 +86,12 @@ def _sweep(label: str, nbytes: int, fns: dict[str, Callable[[int], torch.Tensor]
 
 
 def _without_word_ptx(call: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``call()`` with the word path's nibbles converted by Triton's ops instead of inline PTX."""
-    packed_gemv_triton.WORDS_ASM = False
+    """``call()`` with the word GEMV's bytes converted by Triton's ops instead of inline PTX."""
+    word_gemv_triton.WORDS_ASM = False
     try:
         return call()
     finally:
-        packed_gemv_triton.WORDS_ASM = True
+        word_gemv_triton.WORDS_ASM = True
 
 
 def _dense_us(x: torch.Tensor, n: int, k: int) -> float:
@@ -133,7 +134,7 @@ def main() -> int:
             current = f"words {words}" if words else str(config_for(qtype, n, k, False))
             if current not in fns:
                 fns[current] = lambda i, x=x, ws=ws: packed_gemv(x, ws[i])
-            for cfg in WORD_CANDIDATES if words else ():  # the word path's tiles, then its nibbles by Triton's ops
+            for cfg in WORD_CANDIDATES if words else ():  # the word GEMV's tiles, then its bytes by Triton's ops
                 if k % cfg[1] == 0 and cfg != words:
                     fns[f"words {cfg}"] = lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], word_config=cfg)
             if words:

@@ -34,13 +34,8 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.kernels.packed_decode_triton import _packed_decode_kernel
-from stagewise.kernels.packed_gemv_triton import (
-    SLOT_TYPES,
-    _packed_gemv_kernel,
-    _q4k_words_kernel,
-    config_for,
-    words_config,
-)
+from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, _packed_gemv_kernel, config_for
+from stagewise.kernels.word_gemv_triton import _words_kernel, words_config
 from stagewise.spec.packed_types import block_elements
 
 T = GGMLQuantizationType
@@ -82,8 +77,8 @@ def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bo
     config = words_config(ggml_type, k, False, torch.bfloat16) if words else None
     slots = ggml_type in SLOT_TYPES
     if config is not None:
-        fn, (block_n, block_k, warps), stages = _q4k_words_kernel, config, 1
-        consts = {"BLOCK_N": block_n, "BLOCK_K": block_k, "ASM": True, "GDC": False}
+        fn, (block_n, block_k, warps), stages = _words_kernel, config, 1
+        consts = {"TYPE": int(ggml_type), "BLOCK_N": block_n, "BLOCK_K": block_k, "ASM": True, "GDC": False}
     else:
         fn = _packed_gemv_kernel
         block_n, block_k, warps, stages = config_for(ggml_type, n, k, gather=False)

@@ -78,8 +78,15 @@ def test_matmul_takes_the_kernel_of_its_row_count(rows: int) -> None:
 
 
 def test_the_dispatch_by_rows_is_pinned() -> None:
-    assert [matmul_path(r, T.Q6_K) for r in (1, 16, 17, 64, 128, 129, 4096)] == ["A", "A", "B", "B", "B", "tiles", "tiles"]
-    assert [matmul_path(r, T.Q4_K) for r in (1, 2, 16, 17)] == ["gemv", "A", "A", "B"]  # one Q4_K row: the GEMV
+    def paths(qtype: GGMLQuantizationType, rows: tuple[int, ...], k: int = 4096, dtype: torch.dtype = torch.bfloat16
+              ) -> list[str]:
+        return [matmul_path(r, qtype, k, dtype) for r in rows]
+
+    assert paths(T.Q6_K, (1, 16, 17, 64, 128, 129, 4096)) == ["gemv", "A", "B", "B", "B", "tiles", "tiles"]
+    assert paths(T.Q6_K, (1,), k=1024) == paths(T.Q6_K, (1,), dtype=torch.float16) == ["A"]  # no word GEMV there
+    assert paths(T.Q4_K, (1, 2, 16, 17)) == ["gemv", "A", "A", "B"]  # one Q4_K row: the GEMV (words or slots)
+    assert paths(T.Q4_K, (1,), k=1024) == ["gemv"]
+    assert paths(T.IQ4_XS, (1, 2)) == ["A", "A"]
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_0], ids=lambda t: t.name)

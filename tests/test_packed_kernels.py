@@ -137,48 +137,49 @@ def test_configs_are_a_function_of_type_and_shape() -> None:
             assert block_k % block == 0 and block_k & (block_k - 1) == 0
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144)], ids=["k2048", "k4096", "k6144-steps"])
-def test_the_q4_k_word_path_matches_dense_matmul(n: int, k: int) -> None:
-    """Q4_K with bf16 input takes the word path (magic-number values, inline PTX on a GPU, Triton's ops here):
-    each output within one bf16 ulp of float32 ``x @ W.T`` (the interpreter's bf16 conversion truncates; the
-    float32 sum itself is good to ~1e-5 of the largest output), for a partial row tile and K of one and of
-    three steps."""
-    from stagewise.kernels.packed_gemv_triton import words_config
+def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int, k: int) -> None:
+    """One Q4_K or Q6_K matrix with bf16 input takes the word GEMV (magic-number values, inline PTX on a GPU,
+    Triton's ops here): each output within one bf16 ulp of float32 ``x @ W.T`` (the interpreter's bf16
+    conversion truncates; the float32 sum itself is good to ~1e-5 of the largest output), for a partial row
+    tile and K of one and of three steps."""
+    from stagewise.kernels.word_gemv_triton import words_config
 
-    assert words_config(T.Q4_K, k, False, torch.bfloat16) is not None
-    raw = _random_rows(T.Q4_K, rows=n, k=k, seed=k + n)
-    w = _dense(raw, T.Q4_K)
+    assert words_config(qtype, k, False, torch.bfloat16) is not None
+    raw = _random_rows(qtype, rows=n, k=k, seed=k + n)
+    w = _dense(raw, qtype)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(n)).bfloat16()
-    got = packed_gemv(x.to(DEVICE), _stack(raw, T.Q4_K)).cpu()
+    got = packed_gemv(x.to(DEVICE), _stack(raw, qtype)).cpu()
     ref = x.float() @ w.T
     assert got.dtype == torch.bfloat16 and got.shape == (2, n)
     bound = ref.abs() * 2.0**-7 + 1e-5 * ref.abs().max()  # a bf16 ulp is at most 2^-7 of the value
     assert bool(((got.float() - ref).abs() <= bound).all()), float(((got.float() - ref).abs() / bound).max())
 
 
-def test_the_word_path_is_chosen_by_type_shape_and_input_dtype_only() -> None:
-    from stagewise.kernels.packed_gemv_triton import words_config
+def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
+    from stagewise.kernels.word_gemv_triton import words_config
 
     assert words_config(T.Q4_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
-    assert words_config(T.Q4_K, 14336, False, torch.bfloat16) == (4, 2048, 1)
-    assert words_config(T.Q4_K, 1024, False, torch.bfloat16) is None  # fewer than 32 chunks a step
+    assert words_config(T.Q6_K, 14336, False, torch.bfloat16) == (4, 2048, 1)
+    assert words_config(T.Q4_K, 1024, False, torch.bfloat16) is None  # fewer than 32 threads a step
     assert words_config(T.Q4_K, 4096, True, torch.bfloat16) is None  # expert stacks: the slot path
-    assert words_config(T.Q4_K, 4096, False, torch.float16) is None
+    assert words_config(T.Q6_K, 4096, False, torch.float16) is None
     assert words_config(T.Q5_K, 4096, False, torch.bfloat16) is None
 
 
-def test_the_word_ptx_makes_128_plus_each_nibble_in_float32() -> None:
-    """The word path's inline PTX (not run by the interpreter), instruction by instruction: a word's byte ``j``
-    gives ``128 + (q_j & 15)`` in output ``j`` and ``128 + (q_j >> 4)`` in output ``4 + j``, as float32 bits."""
+def test_the_word_ptx_makes_128_plus_each_byte_in_float32() -> None:
+    """The word GEMV's inline PTX (not run by the interpreter), instruction by instruction: byte ``j`` (below
+    128) of a word gives float32 ``128 + byte`` in output ``j``."""
     import struct
 
     from test_packed_decode import _run_ptx
 
-    from stagewise.kernels import packed_gemv_triton as kernels
+    from stagewise.kernels import word_gemv_triton as kernels
 
     rng = np.random.default_rng(0)
-    for word in [0, 0xFFFFFFFF, 0x0F0F0F0F, 0xF0F0F0F0, *rng.integers(0, 2**32, size=64).tolist()]:
-        out = _run_ptx(kernels.WORD_ASM.value, {"$8": int(word)})
-        got = [struct.unpack("<f", struct.pack("<I", out[f"${i}"]))[0] for i in range(8)]
-        q = [(int(word) >> (8 * j)) & 0xFF for j in range(4)]
-        assert got == [128.0 + (b & 15) for b in q] + [128.0 + (b >> 4) for b in q]
+    for word in [0, 0x7F7F7F7F, 0x0F0F0F0F, 0x3F003F00, *rng.integers(0, 2**32, size=64).tolist()]:
+        word = int(word) & 0x7F7F7F7F
+        out = _run_ptx(kernels.BYTES_ASM.value, {"$4": word})
+        got = [struct.unpack("<f", struct.pack("<I", out[f"${j}"]))[0] for j in range(4)]
+        assert got == [128.0 + ((word >> (8 * j)) & 0xFF) for j in range(4)]

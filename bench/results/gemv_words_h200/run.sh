@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One GPU call (< 10 min), issues 44 and 45 together. Old tree = 3d8beba in .ab_gemv (packed steps eager, the slot
 # GEMV; prepare it as bench/results/gemv_rows_h200/run.sh says); new = this tree. Carry [".wheels", ".ab_gemv"].
-#  (1) GPU tests: packed steps' graph pieces (capture and replay against the eager step, staged = single), the load
-#      check's peak with the graphs' pools, the packed GEMV with the Q4_K word path compiled (its inline PTX);
-#  (2) bench/packed_gemv.py --types q4_k: the word path against the slot path at Llama-3.1-8B's shapes, in graphs;
-#  (3) `stagewise bench random:llama-3.1-8b@q4_k`, one stream, old and new (the issue's single-stream target:
-#      198 tok/s before, llama.cpp 262 on Q4_K_M);
+#  (1) GPU tests: the packed GEMVs with the word GEMV compiled (its inline PTX), kernels A / B and the dispatch;
+#      packed steps' graph pieces (capture and replay against the eager step, staged = single), the load check's
+#      peak with the graphs' pools;
+#  (2) bench/packed_gemv.py --types q4_k,q6_k: the word GEMV against the slot / byte GEMV at Llama-3.1-8B's shapes,
+#      in graphs; bench/packed_decode.py: kernel A against the GEMV at 1 row (Q6_K took kernel A: 99 us gate/up);
+#  (3) `stagewise bench random:llama-3.1-8b@q4_k_m` (the Q4_K_M mix: Q6_K head, attn_v and ffn_down of the
+#      "more bits" layers), one stream, old and new (the issue's single-stream target: 191 tok/s before on the
+#      Q4_K_M file, llama.cpp 262, target >= 393);
 #  (4) Llama-3.1-8B bf16: one 512-token prompt and 8 streams of 208-token prompts, old and new (graph pieces).
 set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"; t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -16,11 +19,14 @@ NEW=$PWD OLD=$PWD/.ab_gemv
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 stamp "(1) GPU tests"
 PYTHONPATH=$NEW:/tmp/site timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_packed_kernels.py \
-  -k "word or gemv" 2>&1 | tail -6 | tee "$O/gpu_tests.txt"
+  tests/test_packed_decode.py 2>&1 | tail -8 | tee "$O/gpu_tests.txt"
 PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_packed_graphs.py \
   tests/test_peak_check.py 2>&1 | tail -12 | tee -a "$O/gpu_tests.txt"
-stamp "(2) packed GEMV, Q4_K"
-PYTHONPATH=$NEW:/tmp/site timeout 120 python3 bench/packed_gemv.py --types q4_k --out "$O/packed_gemv_q4k.json" 2>&1 | grep -v Warning
+stamp "(2) packed GEMV, Q4_K and Q6_K; kernel A against the GEMV"
+PYTHONPATH=$NEW:/tmp/site timeout 120 python3 bench/packed_gemv.py --types q4_k,q6_k --out "$O/packed_gemv_words.json" 2>&1 \
+  | grep -v Warning
+PYTHONPATH=$NEW:/tmp/site timeout 80 python3 bench/packed_decode.py --types q4_k,q6_k --shapes gate/up,down \
+  --rows 1 --moe-tokens "" --out "$O/packed_decode_words.json" 2>&1 | grep -v Warning | tail -8
 bench() {  # side model concurrency prompt gen name
   T=$NEW; [ $1 = old ] && T=$OLD
   left=$(( 570 - ($(date +%s) - t0) )); [ $left -lt 40 ] && { stamp "no time for $6 $1"; return; }
@@ -39,7 +45,7 @@ for l in d["levels"]:
 PY
   grep -v Warning "$O/bench_$6_$1.err" | tail -2
 }
-for side in new old; do bench $side random:llama-3.1-8b@q4_k 1 128 128 llama8b_q4k_1; done
+for side in new old; do bench $side random:llama-3.1-8b@q4_k_m 1 128 128 llama8b_q4km_1; done
 for side in new old; do bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
 for side in new old; do bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
 stamp done

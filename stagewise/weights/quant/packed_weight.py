@@ -11,11 +11,12 @@ A column permutation that does not move whole blocks (Qwen3.5's value heads in `
 head is shorter than a 256-value super-block) is kept as ``input_index``: the weight stays in file
 column order and the activation is gathered instead (``ours @ x == file @ x[..., input_index]``).
 
-Dispatch depends only on the device and the number of input rows (:func:`matmul_path`), so equal
-inputs always run the same kernel (staged = single-device); every packed type takes the same path:
+Dispatch depends only on the device, the number of input rows, the shape and the input's dtype
+(:func:`matmul_path`), so equal inputs always run the same kernel (staged = single-device); every packed
+type takes the same path:
 
-* Triton devices, one row of :data:`GEMV_ONE_ROW_TYPES` (single-stream decode): the packed GEMV,
-  measured faster there;
+* Triton devices, one row of :data:`GEMV_ONE_ROW_TYPES` (single-stream decode), or of Q4_K / Q6_K with bf16
+  input and ``in`` a multiple of 2048: the packed GEMV (the word GEMV where it applies);
 * Triton devices, 1-16 rows (decode): kernel A (:mod:`stagewise.kernels.packed_matmul`), each quant
   turned into bf16 once, a tensor-core dot per scale group for every row, the scales after it;
 * Triton devices, 17-128 rows (batched decode): kernel B, each value dequantized and rounded once,
@@ -41,23 +42,26 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.expert_stacks import check_planes
 from stagewise.kernels.packed_matmul import A_MAX_ROWS, B_MAX_ROWS
 from stagewise.kernels.triton_launch import use_triton
+from stagewise.kernels.word_gemv_triton import words_config
 from stagewise.spec.packed_types import DEVICE_TILE_ELEMENTS, TILE_ELEMENTS, format_name
 from stagewise.weights.quant.dequant import dequantize
 from stagewise.weights.quant.packed_planes import join_planes, split_planes
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
 # one row of these types: the packed GEMV (its 8-byte slots) beats kernel A on the H200 (Q4_K, Llama-8B shapes:
-# 67 vs 90 us gate/up, 41 vs 52 us down; Q6_K the other way, 120 vs 99 us: bench/results/hybrid_serving_h200/packed_decode_h200.json)
+# 67 vs 90 us gate/up, 41 vs 52 us down; Q6_K the other way, 120 vs 99 us: bench/results/hybrid_serving_h200/packed_decode_h200.json);
+# one row of the word GEMV's types and shapes (kernels/word_gemv_triton.py) takes the GEMV too
 GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
-def matmul_path(rows: int, ggml_type: GGMLQuantizationType) -> str:
-    """The path of a 2-D packed matmul of ``rows`` input rows of ``ggml_type`` on a Triton device:
-    ``"gemv"`` (the packed GEMV: one row of :data:`GEMV_ONE_ROW_TYPES`), ``"A"`` (kernel A), ``"B"``
-    (kernel B) or ``"tiles"`` (dequantized tiles and the device's matmul)."""
-    if rows == 1 and ggml_type in GEMV_ONE_ROW_TYPES:
+def matmul_path(rows: int, ggml_type: GGMLQuantizationType, in_features: int, x_dtype: torch.dtype) -> str:
+    """The path of a 2-D packed matmul of ``rows`` input rows of ``x_dtype`` and an ``in_features``-wide matrix
+    of ``ggml_type`` on a Triton device: ``"gemv"`` (the packed GEMV: one row of :data:`GEMV_ONE_ROW_TYPES`, or
+    of a type and shape the word GEMV takes), ``"A"`` (kernel A), ``"B"`` (kernel B) or ``"tiles"``
+    (dequantized tiles and the device's matmul)."""
+    if rows == 1 and (ggml_type in GEMV_ONE_ROW_TYPES or words_config(ggml_type, in_features, False, x_dtype)):
         return "gemv"
     if 0 < rows <= A_MAX_ROWS:
         return "A"
@@ -152,7 +156,7 @@ class PackedWeight:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
         x = self._gathered_input(x)
         tokens = x.numel() // max(x.shape[-1], 1)
-        path = matmul_path(tokens, self.ggml_type)
+        path = matmul_path(tokens, self.ggml_type, self.in_features, x.dtype)
         if use_triton(self.qs) and path == "gemv":
             from stagewise.kernels.packed_gemv_triton import packed_gemv
 

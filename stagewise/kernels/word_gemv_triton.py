@@ -1,0 +1,307 @@
+"""The word GEMV: Q4_K and Q6_K matrices times one bf16 input row at a time (single-stream decode), in Triton.
+
+``y[m] = W @ x[m]`` for a packed ``(N, K)`` matrix held as planes (:class:`~stagewise.kernels.expert_stacks.PackedStack`),
+``K`` a multiple of 2048. The quants are read as 32-bit words and each value costs about two instructions:
+
+* **One conversion.** A word's bytes, each below 128 (a Q4_K nibble; a Q6_K value's nibble with its two high
+  bits or'ed in, a whole word at a time), become float32 ``128 + u`` by one ``prmt`` each (inline PTX,
+  :data:`BYTES_ASM`: the byte under the exponent bits ``0x43``). The offset comes back out once a scale group:
+  ``sum(x (128 + u)) - 128 sum(x)`` (Q6_K's ``u - 32``: ``- 160 sum(x)``).
+* **One FMA** into float32, per value.
+
+A thread owns one quarter of a 256-value super-block (Q4_K: a 64-value chunk, its 8 quant words; Q6_K: values
+``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words of each of two runs and 4 high-bit
+words) for each of a program's ``BLOCK_N`` rows, so its inputs are loaded, converted and summed once for all
+of them and its scales decoded once a quarter. Every tensor is ``(blocks, 4)`` or ``(blocks, 4, 4)`` with the
+last dimension in one thread (16-byte loads split by :func:`quarters`): no data moves between threads until the
+final sum. Offline SASS for sm_90a (``bench/sass_count.py --modes G``): 3.8 (Q4_K) and 3.9 (Q6_K) instructions a
+value against 9.2-10.2 for the slot GEMV and 9.6 for kernel A's Q6_K.
+
+Tile configs are a pure function of the type, ``K`` and the input's dtype (:func:`words_config`), so every
+pipeline stage reduces in the same order. Results are float32 sums of products, within float tolerance of
+``x @ W.T`` on the dequantized weight (the offset adds a rounding of ``128 sum(x)``-sized terms).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType
+
+from stagewise.kernels.expert_stacks import PackedStack
+from stagewise.kernels.gemv_triton import gemv_grid
+from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.triton_launch import dependent_launch, launch_device
+
+T = GGMLQuantizationType
+WORD_TYPES = frozenset({T.Q4_K, T.Q6_K})
+WORDS_ASM = True  # bytes -> float32 by inline PTX (else Triton's ops, the same values: the interpreter's way)
+WORDS_BLOCK_N = 4  # rows a program: a thread loads, converts and sums its inputs once for all of them
+WORDS_STEPS = ((4096, 2), (2048, 1))  # (BLOCK_K, num_warps) by preference: four threads a super-block
+
+# four bytes (each < 128) -> float32 128 + byte: prmt places byte j under 0x43 (selector 0x7j44)
+BYTES_ASM: tl.constexpr = tl.constexpr("\n".join([
+    "{", ".reg .b32 m;", "mov.b32 m, 0x43000000;", "prmt.b32 $0, $4, m, 0x7044;", "prmt.b32 $1, $4, m, 0x7144;",
+    "prmt.b32 $2, $4, m, 0x7244;", "prmt.b32 $3, $4, m, 0x7344;", "}"]))
+
+
+@triton.jit
+def quarters(t):  # type: ignore[no-untyped-def]
+    """``(B, 4, 4)`` -> four ``(B, 4)`` along the last dimension, which a thread holds whole (no data moves)."""
+    a, b = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, b0, a1, b1
+
+
+@triton.jit
+def _bf16_lane(pair, HIGH: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The low or high bf16 of int32 ``pair`` as float32 (one instruction)."""
+    if HIGH:
+        return (pair & -65536).to(tl.float32, bitcast=True)
+    else:
+        return (pair << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _byte(v, J: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Byte ``J`` of ``v`` (below 128) as float32 ``128 + byte`` by Triton's ops (the interpreter's BYTES_ASM)."""
+    if J >= 2:
+        t = (v >> (8 * J - 16)) & 0x00FF0000
+    else:
+        t = (v << (16 - 8 * J)) & 0x00FF0000
+    return (t | 0x43000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _byte_dot(v, p0, p1, acc, ASM: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``acc + sum_j (128 + byte_j(v)) x_j``, the inputs the bf16 pairs ``p0`` (bytes 0, 1) and ``p1`` (2, 3):
+    one FMA a value, chained (never a product summed apart)."""
+    if ASM:
+        a0, a1, a2, a3 = tl.inline_asm_elementwise(
+            asm=BYTES_ASM, constraints="=r,=r,=r,=r,r", args=[v],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        a0, a1, a2, a3 = _byte(v, 0), _byte(v, 1), _byte(v, 2), _byte(v, 3)
+    acc = acc + a0 * _bf16_lane(p0, False)
+    acc = acc + a1 * _bf16_lane(p0, True)
+    acc = acc + a2 * _bf16_lane(p1, False)
+    acc = acc + a3 * _bf16_lane(p1, True)
+    return acc
+
+
+@triton.jit
+def _run_dot(v0, v1, v2, v3, xa, xb, ASM: tl.constexpr):  # type: ignore[no-untyped-def]
+    """16 values (four words of bytes) against their inputs, 8 bf16 pairs (``quarters`` of two loads)."""
+    p0, p1, p2, p3 = xa
+    q0, q1, q2, q3 = xb
+    acc = _byte_dot(v0, p0, p1, tl.zeros_like(_bf16_lane(p0, False)), ASM)
+    acc = _byte_dot(v1, p2, p3, acc, ASM)
+    acc = _byte_dot(v2, q0, q1, acc, ASM)
+    return _byte_dot(v3, q2, q3, acc, ASM)
+
+
+@triton.jit
+def _pairs_sum(xa, xb):  # type: ignore[no-untyped-def]
+    """The sum of the 16 inputs in 8 bf16 pairs."""
+    p0, p1, p2, p3 = xa
+    q0, q1, q2, q3 = xb
+    return (_bf16_lane(p0, False) + _bf16_lane(p0, True) + _bf16_lane(p1, False) + _bf16_lane(p1, True)
+            + _bf16_lane(p2, False) + _bf16_lane(p2, True) + _bf16_lane(p3, False) + _bf16_lane(p3, True)
+            + _bf16_lane(q0, False) + _bf16_lane(q0, True) + _bf16_lane(q1, False) + _bf16_lane(q1, True)
+            + _bf16_lane(q2, False) + _bf16_lane(q2, True) + _bf16_lane(q3, False) + _bf16_lane(q3, True))
+
+
+@triton.jit
+def _q4k_scales(m0, m1, m2, m3, c):  # type: ignore[no-untyped-def]
+    """A Q4_K super-block's meta words (d and dmin, then the 12 scale bytes) -> chunk ``c``'s sub-blocks ``2c``
+    and ``2c + 1``: each one's scale and the offset ``min + 128 scale`` its ``sum(x)`` takes out."""
+    d = ((m0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    dmin = (((m0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    sh = 16 * (c & 1)
+    lo = c < 2
+    a0 = (m1 >> sh) & 0xFF
+    a1 = (m1 >> (sh + 8)) & 0xFF
+    n0 = (m2 >> sh) & 0xFF
+    n1 = (m2 >> (sh + 8)) & 0xFF
+    e0 = (m3 >> sh) & 0xFF
+    e1 = (m3 >> (sh + 8)) & 0xFF
+    s0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
+    s1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
+    k0 = dmin * tl.where(lo, n0 & 0x3F, (e0 >> 4) | ((n0 >> 2) & 0x30)).to(tl.float32) + 128.0 * s0
+    k1 = dmin * tl.where(lo, n1 & 0x3F, (e1 >> 4) | ((n1 >> 2) & 0x30)).to(tl.float32) + 128.0 * s1
+    return s0, k0, s1, k1
+
+
+@triton.jit
+def _q4k_step(accs, q32, m32, x32, n0, N, bk, t3, k3, t2, stride_q32, stride_m32, BLOCK_N: tl.constexpr,
+              ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q4_K: thread ``t`` of super-block ``b`` owns chunk ``c = t`` (values ``64c ..``: the low
+    nibbles of its 8 words, then the high). Every row's words and meta first (weights never change: the first
+    step reads them before waiting on the kernel that writes ``x``), then the inputs, then each row."""
+    weights = ()  # Triton's tuples: no unpacking (*) in a kernel
+    for r in tl.static_range(BLOCK_N):
+        row = tl.minimum(n0 + r, N - 1).to(tl.int64)  # a row past N reads the last one; its output is not stored
+        qo = row * stride_q32 + bk * 32 + 8 * t3 + k3  # chunk c's words 0-3, then 4-7
+        mo = row * stride_m32 + bk * 4 + k3 + 0 * t3  # the super-block's 16 meta bytes
+        weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 4), tl.load(m32 + mo)),)  # type: ignore[assignment]  # noqa: RUF005
+    wait_for_predecessor(WAIT)
+    xo = bk * 128 + 32 * t3 + k3  # bf16 pairs: chunk c's 32 low-nibble inputs from pair 32c, its high from 32c + 16
+    xl0, xl1 = quarters(tl.load(x32 + xo)), quarters(tl.load(x32 + xo + 4))
+    xl2, xl3 = quarters(tl.load(x32 + xo + 8)), quarters(tl.load(x32 + xo + 12))
+    xh0, xh1 = quarters(tl.load(x32 + xo + 16)), quarters(tl.load(x32 + xo + 20))
+    xh2, xh3 = quarters(tl.load(x32 + xo + 24)), quarters(tl.load(x32 + xo + 28))
+    sl = _pairs_sum(xl0, xl1) + _pairs_sum(xl2, xl3)  # once for every row
+    sh = _pairs_sum(xh0, xh1) + _pairs_sum(xh2, xh3)
+    out = ()
+    for r in tl.static_range(BLOCK_N):
+        wa, wb, meta = weights[r]  # type: ignore[var-annotated]
+        w0, w1, w2, w3 = quarters(wa)
+        w4, w5, w6, w7 = quarters(wb)
+        m0, m1, m2, m3 = quarters(meta)
+        s0, k0, s1, k1 = _q4k_scales(m0, m1, m2, m3, t2)
+        dl = _run_dot(w0 & 0x0F0F0F0F, w1 & 0x0F0F0F0F, w2 & 0x0F0F0F0F, w3 & 0x0F0F0F0F, xl0, xl1, ASM)
+        dl += _run_dot(w4 & 0x0F0F0F0F, w5 & 0x0F0F0F0F, w6 & 0x0F0F0F0F, w7 & 0x0F0F0F0F, xl2, xl3, ASM)
+        dh = _run_dot((w0 >> 4) & 0x0F0F0F0F, (w1 >> 4) & 0x0F0F0F0F, (w2 >> 4) & 0x0F0F0F0F, (w3 >> 4) & 0x0F0F0F0F,
+                      xh0, xh1, ASM)
+        dh += _run_dot((w4 >> 4) & 0x0F0F0F0F, (w5 >> 4) & 0x0F0F0F0F, (w6 >> 4) & 0x0F0F0F0F,
+                       (w7 >> 4) & 0x0F0F0F0F, xh2, xh3, ASM)
+        out = out + (accs[r] + (s0 * dl - k0 * sl + s1 * dh - k1 * sh),)  # type: ignore[assignment]  # noqa: RUF005
+    return out
+
+
+@triton.jit
+def _q6k_bytes(a, h, S: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q6_K's 6-bit values of group ``S`` (0-3) from a low-bit word ``a`` (groups 0, 2: the first run's low and
+    high nibbles; 1, 3: the second run's) and its high-bit word ``h`` (bits ``2S``, ``2S + 1`` of each byte)."""
+    if S == 0:
+        return (a & 0x0F0F0F0F) | ((h << 4) & 0x30303030)
+    elif S == 1:
+        return (a & 0x0F0F0F0F) | ((h << 2) & 0x30303030)
+    elif S == 2:
+        return ((a >> 4) & 0x0F0F0F0F) | (h & 0x30303030)
+    else:
+        return ((a >> 4) & 0x0F0F0F0F) | ((h >> 2) & 0x30303030)
+
+
+@triton.jit
+def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b2, t3, k3, t2, stride_q32, stride_h32, stride_m,
+              BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q6_K (210-byte blocks: ql[128] | qh[64] | scales[16], d): thread ``t`` of super-block ``b``
+    owns half ``t // 2`` (128 values) at ``l0 = 16 (t % 2)``: values ``l0 .. l0 + 15`` of each of the half's
+    four 32-value groups, one scale each (``scales[8 (t // 2) + 2 s + t % 2]``). Weights first, as for Q4_K."""
+    weights = ()
+    for r in tl.static_range(BLOCK_N):
+        row = tl.minimum(n0 + r, N - 1).to(tl.int64)
+        qo = row * stride_q32 + bk * 32 + 16 * (t3 // 2) + 4 * (t3 % 2) + k3  # ql runs: ql[64 h + l0 ..], + 32
+        ho = row * stride_h32 + bk * 16 + 8 * (t3 // 2) + 4 * (t3 % 2) + k3  # qh[32 h + l0 ..]
+        block = meta_ptr + row * stride_m + b2 * 18
+        d = tl.load((block + 16).to(tl.pointer_type(tl.float16)) + 0 * t2).to(tl.float32)
+        sc = (block + 8 * (t2 // 2) + (t2 % 2)).to(tl.pointer_type(tl.int8))  # groups s = 0 .. 3 two bytes apart
+        scales = (d * tl.load(sc).to(tl.float32), d * tl.load(sc + 2).to(tl.float32), d * tl.load(sc + 4).to(tl.float32),
+                  d * tl.load(sc + 6).to(tl.float32))
+        weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 8), tl.load(h32 + ho), scales),)  # type: ignore[assignment]  # noqa: RUF005
+    wait_for_predecessor(WAIT)
+    xo = bk * 128 + 64 * (t3 // 2) + 8 * (t3 % 2) + k3  # bf16 pairs of values 128 h + 32 s + l0 ..
+    inputs = ()
+    for s in tl.static_range(4):
+        xa, xb = quarters(tl.load(x32 + xo + 16 * s)), quarters(tl.load(x32 + xo + 16 * s + 4))
+        inputs = inputs + ((xa, xb, 160.0 * _pairs_sum(xa, xb)),)  # type: ignore[assignment]  # noqa: RUF005
+    out = ()
+    for r in tl.static_range(BLOCK_N):
+        wa, wb, wh, scales = weights[r]  # type: ignore[var-annotated]
+        a0, a1, a2, a3 = quarters(wa)
+        b0, b1, b2_, b3 = quarters(wb)
+        h0, h1, h2, h3 = quarters(wh)
+        acc = accs[r]
+        for s in tl.static_range(4):
+            xa, xb, offset = inputs[s]  # type: ignore[var-annotated]
+            if s % 2 == 0:
+                g = _run_dot(_q6k_bytes(a0, h0, s), _q6k_bytes(a1, h1, s), _q6k_bytes(a2, h2, s),
+                             _q6k_bytes(a3, h3, s), xa, xb, ASM)
+            else:
+                g = _run_dot(_q6k_bytes(b0, h0, s), _q6k_bytes(b1, h1, s), _q6k_bytes(b2_, h2, s),
+                             _q6k_bytes(b3, h3, s), xa, xb, ASM)
+            acc = acc + scales[s] * (g - offset)  # u - 32 = (128 + u) - 160
+        out = out + (acc,)  # type: ignore[assignment]  # noqa: RUF005
+    return out
+
+
+@triton.jit
+def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, N, K, stride_xm, stride_qn, stride_hn, stride_mn, stride_ym,
+                  TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+                  GDC: tl.constexpr):
+    """``BLOCK_N`` output rows of one input row, ``K % BLOCK_K == 0``, ``BLOCK_K / 64`` threads (module note)."""
+    NB: tl.constexpr = BLOCK_K // 256
+    tiles = tl.cdiv(N, BLOCK_N)
+    rows = tl.num_programs(0) // tiles
+    pid = tl.program_id(0)
+    m = pid % rows
+    n0 = (pid // rows) * BLOCK_N
+    q32 = qs_ptr.to(tl.pointer_type(tl.int32))
+    x32 = (x_ptr + m * stride_xm).to(tl.pointer_type(tl.int32))
+    b = tl.arange(0, NB)[:, None, None]
+    b2 = tl.arange(0, NB)[:, None]
+    t3 = tl.arange(0, 4)[None, :, None]
+    k3 = tl.arange(0, 4)[None, None, :]
+    t2 = tl.arange(0, 4)[None, :]
+    accs = ()
+    for _r in tl.static_range(BLOCK_N):
+        accs = accs + (tl.zeros((NB, 4), tl.float32),)  # type: ignore[assignment]  # noqa: RUF005
+    if TYPE == 12:  # Q4_K
+        m32 = meta_ptr.to(tl.pointer_type(tl.int32))
+        accs = _q4k_step(accs, q32, m32, x32, n0, N, b, t3, k3, t2, stride_qn // 4, stride_mn // 4, BLOCK_N, ASM, GDC)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            accs = _q4k_step(accs, q32, m32, x32, n0, N, k0 // 256 + b, t3, k3, t2, stride_qn // 4, stride_mn // 4,
+                             BLOCK_N, ASM, False)
+    else:  # Q6_K
+        h32 = qh_ptr.to(tl.pointer_type(tl.int32))
+        accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, b, b2, t3, k3, t2, stride_qn // 4, stride_hn // 4,
+                         stride_mn, BLOCK_N, ASM, GDC)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b, k0 // 256 + b2, t3, k3, t2,
+                             stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
+    for r in tl.static_range(BLOCK_N):
+        y = tl.sum(tl.sum(accs[r], axis=1), axis=0)
+        tl.store(y_ptr + m * stride_ym + n0 + r, y.to(y_ptr.dtype.element_ty), mask=n0 + r < N)
+
+
+def word_aligned(plane: torch.Tensor) -> bool:
+    """Whether ``plane``'s rows can be read as 32-bit words (every stride a multiple of 4, the start of 16)."""
+    return all(st % 4 == 0 for st in plane.stride()[:-1]) and plane.shape[-1] % 4 == 0 and plane.data_ptr() % 16 == 0
+
+
+def words_config(ggml_type: GGMLQuantizationType, k: int, gather: bool,
+                 x_dtype: torch.dtype) -> tuple[int, int, int] | None:
+    """``(BLOCK_N, BLOCK_K, num_warps)`` of the word GEMV, or None where it does not apply: Q4_K or Q6_K, one
+    matrix (not an expert stack), bf16 input, ``K`` a multiple of 2048 (four threads a super-block: 32 threads
+    or more). A pure function of its arguments, so every stage takes the same path and reduces alike."""
+    if ggml_type not in WORD_TYPES or gather or x_dtype != torch.bfloat16:
+        return None
+    for block_k, warps in WORDS_STEPS:
+        if k % block_k == 0:
+            return WORDS_BLOCK_N, block_k, warps
+    return None
+
+
+def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: tuple[int, int, int]) -> None:
+    """``y (M, N) = x2 (M, K) @ W.T`` for bf16 ``x2`` and the planes of one ``(N, K)`` matrix of
+    :data:`WORD_TYPES`, by :func:`_words_kernel` with ``config`` (:func:`words_config`'s or a benchmark's)."""
+    qs, qh, meta = weight.qs, weight.qh, weight.meta
+    block_n, block_k, warps = config
+    n, k = qs.shape[-2], x2.shape[1]
+    if weight.ggml_type not in WORD_TYPES or qs.dim() != 2 or x2.dtype != torch.bfloat16 or k % block_k:
+        raise ValueError(f"the word GEMV takes one Q4_K / Q6_K matrix, bf16 input and K a multiple of {block_k}")
+    planes = (qs, meta) if weight.ggml_type == T.Q4_K else (qs, qh)
+    if not all(word_aligned(p) for p in planes):  # the path is a function of type and shape: never switch on an address
+        raise ValueError(f"{weight.ggml_type.name} planes must start 16-byte aligned with strides a multiple of 4 bytes")
+    if x2.data_ptr() % 4 or x2.stride(0) % 2:  # read as bf16 pairs: a view at an odd element is copied (same values)
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    qh_arg = qh if qh.shape[-1] else qs  # Q4_K: no high plane, any pointer (never read)
+    with launch_device(x2):
+        _words_kernel[gemv_grid(n, block_n, x2.shape[0])](
+            x2, qs, qh_arg, meta, y, n, k, x2.stride(0), qs.stride(0), qh_arg.stride(0), meta.stride(0), y.stride(0),
+            TYPE=int(weight.ggml_type), BLOCK_N=block_n, BLOCK_K=block_k, ASM=WORDS_ASM and x2.is_cuda,
+            num_warps=warps, num_stages=1, **dependent_launch(x2),
+        )
