@@ -137,10 +137,10 @@ def test_configs_are_a_function_of_type_and_shape() -> None:
             assert block_k % block == 0 and block_k & (block_k - 1) == 0
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144)], ids=["k2048", "k4096", "k6144-steps"])
 def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int, k: int) -> None:
-    """One Q4_K or Q6_K matrix with bf16 input takes the word GEMV (magic-number values, inline PTX on a GPU,
+    """One Q4_K, Q5_K or Q6_K matrix with bf16 input takes the word GEMV (magic-number values, inline PTX on a GPU,
     Triton's ops here): each output within one bf16 ulp of float32 ``x @ W.T`` (the interpreter's bf16
     conversion truncates; the float32 sum itself is good to ~1e-5 of the largest output), for a partial row
     tile and K of one and of three steps."""
@@ -165,7 +165,8 @@ def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
     assert words_config(T.Q4_K, 1024, False, torch.bfloat16) is None  # fewer than 32 threads a step
     assert words_config(T.Q4_K, 4096, True, torch.bfloat16) is None  # expert stacks: the slot path
     assert words_config(T.Q6_K, 4096, False, torch.float16) is None
-    assert words_config(T.Q5_K, 4096, False, torch.bfloat16) is None
+    assert words_config(T.Q5_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
+    assert words_config(T.IQ4_XS, 4096, False, torch.bfloat16) is None
 
 
 def test_the_word_ptx_makes_128_plus_each_byte_in_float32() -> None:

@@ -1,21 +1,23 @@
-"""The word GEMV: Q4_K and Q6_K matrices times one bf16 input row at a time (single-stream decode), in Triton.
+"""The word GEMV: Q4_K, Q5_K and Q6_K matrices times one bf16 input row at a time (single-stream decode).
 
-``y[m] = W @ x[m]`` for a packed ``(N, K)`` matrix held as planes (:class:`~stagewise.kernels.expert_stacks.PackedStack`),
-``K`` a multiple of 2048. The quants are read as 32-bit words and each value costs about two instructions:
+``y[m] = W @ x[m]`` for a packed ``(N, K)`` matrix held as planes
+(:class:`~stagewise.kernels.expert_stacks.PackedStack`), ``K`` a multiple of 2048. The quants are read as
+32-bit words and each value costs about two instructions:
 
-* **One conversion.** A word's bytes, each below 128 (a Q4_K nibble; a Q6_K value's nibble with its two high
-  bits or'ed in, a whole word at a time), become float32 ``128 + u`` by one ``prmt`` each (inline PTX,
-  :data:`BYTES_ASM`: the byte under the exponent bits ``0x43``). The offset comes back out once a scale group:
-  ``sum(x (128 + u)) - 128 sum(x)`` (Q6_K's ``u - 32``: ``- 160 sum(x)``).
+* **One conversion.** A word's bytes, each below 128 (a Q4_K nibble; a Q5_K / Q6_K value's nibble with its
+  high bits or'ed in, a whole word at a time), become float32 ``128 + u`` by one ``prmt`` each (inline PTX,
+  :data:`BYTES_ASM`: the byte under the exponent bits ``0x43``). The offset comes back out once a scale
+  group: ``sum(x (128 + u)) - 128 sum(x)`` (Q6_K's ``u - 32``: ``- 160 sum(x)``).
 * **One FMA** into float32, per value.
 
-A thread owns one quarter of a 256-value super-block (Q4_K: a 64-value chunk, its 8 quant words; Q6_K: values
-``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words of each of two runs and 4 high-bit
-words) for each of a program's ``BLOCK_N`` rows, so its inputs are loaded, converted and summed once for all
-of them and its scales decoded once a quarter. Every tensor is ``(blocks, 4)`` or ``(blocks, 4, 4)`` with the
-last dimension in one thread (16-byte loads split by :func:`quarters`): no data moves between threads until the
-final sum. Offline SASS for sm_90a (``bench/sass_count.py --modes G``): 3.8 (Q4_K) and 3.9 (Q6_K) instructions a
-value against 9.2-10.2 for the slot GEMV and 9.6 for kernel A's Q6_K.
+A thread owns one quarter of a 256-value super-block (Q4_K / Q5_K: a 64-value chunk, its 8 quant words;
+Q6_K: values ``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words of each of two runs
+and 4 high-bit words) for each of a program's ``BLOCK_N`` rows, so its inputs are loaded, converted and
+summed once for all of them and its scales decoded once a quarter. Every tensor is ``(blocks, 4)`` or
+``(blocks, 4, 4)`` with the last dimension in one thread (16-byte loads split by :func:`quarters`): no data
+moves between threads until the final sum. Offline SASS for sm_90a (``bench/sass_count.py --modes G``):
+3.8 (Q4_K), 4.5 (Q5_K) and 3.9 (Q6_K) instructions a value, against 9.2-17.9 for the slot and byte GEMVs
+and 9.0-9.6 for kernel A.
 
 Tile configs are a pure function of the type, ``K`` and the input's dtype (:func:`words_config`), so every
 pipeline stage reduces in the same order. Results are float32 sums of products, within float tolerance of
@@ -35,7 +37,7 @@ from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 T = GGMLQuantizationType
-WORD_TYPES = frozenset({T.Q4_K, T.Q6_K})
+WORD_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 WORDS_ASM = True  # bytes -> float32 by inline PTX (else Triton's ops, the same values: the interpreter's way)
 WORDS_BLOCK_N = 4  # rows a program: a thread loads, converts and sums its inputs once for all of them
 WORDS_STEPS = ((4096, 2), (2048, 1))  # (BLOCK_K, num_warps) by preference: four threads a super-block
@@ -135,17 +137,30 @@ def _q4k_scales(m0, m1, m2, m3, c):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _q4k_step(accs, q32, m32, x32, n0, N, bk, t3, k3, t2, stride_q32, stride_m32, BLOCK_N: tl.constexpr,
-              ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
-    """One K step of Q4_K: thread ``t`` of super-block ``b`` owns chunk ``c = t`` (values ``64c ..``: the low
-    nibbles of its 8 words, then the high). Every row's words and meta first (weights never change: the first
-    step reads them before waiting on the kernel that writes ``x``), then the inputs, then each row."""
+def _fifth(v, g, UP: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Bytes ``v`` with bit ``4 - UP`` of each byte of ``g`` or'ed in as their bit 4 (Q5_K's fifth bit)."""
+    return v | ((g << UP) & 0x10101010)
+
+
+@triton.jit
+def _q45k_step(accs, q32, h32, m32, x32, n0, N, bk, t3, k3, t2, stride_q32, stride_h32, stride_m32,
+               TYPE: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q4_K or Q5_K (``TYPE`` 12, 13): thread ``t`` of super-block ``b`` owns chunk ``c = t``
+    (values ``64c ..``: sub-block ``2c`` in the low nibbles of its 8 words, ``2c + 1`` in the high; Q5_K's fifth
+    bits are bits ``2c``, ``2c + 1`` of the block's 32 high-bit bytes, all 8 words of which it reads). Every
+    row's weights first (they never change: the first step reads them before waiting on the kernel that writes
+    ``x``), then the inputs, then each row."""
     weights = ()  # Triton's tuples: no unpacking (*) in a kernel
     for r in tl.static_range(BLOCK_N):
         row = tl.minimum(n0 + r, N - 1).to(tl.int64)  # a row past N reads the last one; its output is not stored
         qo = row * stride_q32 + bk * 32 + 8 * t3 + k3  # chunk c's words 0-3, then 4-7
         mo = row * stride_m32 + bk * 4 + k3 + 0 * t3  # the super-block's 16 meta bytes
-        weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 4), tl.load(m32 + mo)),)  # type: ignore[assignment]  # noqa: RUF005
+        if TYPE == 13:
+            ho = row * stride_h32 + bk * 8 + k3 + 0 * t3  # its 32 high-bit bytes
+            high = (tl.load(h32 + ho), tl.load(h32 + ho + 4))
+        else:
+            high = ()  # type: ignore[assignment]
+        weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 4), tl.load(m32 + mo), high),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
     xo = bk * 128 + 32 * t3 + k3  # bf16 pairs: chunk c's 32 low-nibble inputs from pair 32c, its high from 32c + 16
     xl0, xl1 = quarters(tl.load(x32 + xo)), quarters(tl.load(x32 + xo + 4))
@@ -156,17 +171,25 @@ def _q4k_step(accs, q32, m32, x32, n0, N, bk, t3, k3, t2, stride_q32, stride_m32
     sh = _pairs_sum(xh0, xh1) + _pairs_sum(xh2, xh3)
     out = ()
     for r in tl.static_range(BLOCK_N):
-        wa, wb, meta = weights[r]  # type: ignore[var-annotated]
+        wa, wb, meta, high = weights[r]  # type: ignore[var-annotated]
         w0, w1, w2, w3 = quarters(wa)
         w4, w5, w6, w7 = quarters(wb)
         m0, m1, m2, m3 = quarters(meta)
         s0, k0, s1, k1 = _q4k_scales(m0, m1, m2, m3, t2)
-        dl = _run_dot(w0 & 0x0F0F0F0F, w1 & 0x0F0F0F0F, w2 & 0x0F0F0F0F, w3 & 0x0F0F0F0F, xl0, xl1, ASM)
-        dl += _run_dot(w4 & 0x0F0F0F0F, w5 & 0x0F0F0F0F, w6 & 0x0F0F0F0F, w7 & 0x0F0F0F0F, xl2, xl3, ASM)
-        dh = _run_dot((w0 >> 4) & 0x0F0F0F0F, (w1 >> 4) & 0x0F0F0F0F, (w2 >> 4) & 0x0F0F0F0F, (w3 >> 4) & 0x0F0F0F0F,
-                      xh0, xh1, ASM)
-        dh += _run_dot((w4 >> 4) & 0x0F0F0F0F, (w5 >> 4) & 0x0F0F0F0F, (w6 >> 4) & 0x0F0F0F0F,
-                       (w7 >> 4) & 0x0F0F0F0F, xh2, xh3, ASM)
+        l0, l1, l2, l3 = w0 & 0x0F0F0F0F, w1 & 0x0F0F0F0F, w2 & 0x0F0F0F0F, w3 & 0x0F0F0F0F
+        l4, l5, l6, l7 = w4 & 0x0F0F0F0F, w5 & 0x0F0F0F0F, w6 & 0x0F0F0F0F, w7 & 0x0F0F0F0F
+        u0, u1, u2, u3 = (w0 >> 4) & 0x0F0F0F0F, (w1 >> 4) & 0x0F0F0F0F, (w2 >> 4) & 0x0F0F0F0F, (w3 >> 4) & 0x0F0F0F0F
+        u4, u5, u6, u7 = (w4 >> 4) & 0x0F0F0F0F, (w5 >> 4) & 0x0F0F0F0F, (w6 >> 4) & 0x0F0F0F0F, (w7 >> 4) & 0x0F0F0F0F
+        if TYPE == 13:  # bit 2c of each high byte to bit 4 of the low nibbles' bytes, bit 2c + 1 to the high ones'
+            ha, hb = high  # type: ignore[var-annotated]
+            g0, g1, g2, g3 = quarters(ha >> (2 * t2[:, :, None]))
+            g4, g5, g6, g7 = quarters(hb >> (2 * t2[:, :, None]))
+            l0, l1, l2, l3 = _fifth(l0, g0, 4), _fifth(l1, g1, 4), _fifth(l2, g2, 4), _fifth(l3, g3, 4)
+            l4, l5, l6, l7 = _fifth(l4, g4, 4), _fifth(l5, g5, 4), _fifth(l6, g6, 4), _fifth(l7, g7, 4)
+            u0, u1, u2, u3 = _fifth(u0, g0, 3), _fifth(u1, g1, 3), _fifth(u2, g2, 3), _fifth(u3, g3, 3)
+            u4, u5, u6, u7 = _fifth(u4, g4, 3), _fifth(u5, g5, 3), _fifth(u6, g6, 3), _fifth(u7, g7, 3)
+        dl = _run_dot(l0, l1, l2, l3, xl0, xl1, ASM) + _run_dot(l4, l5, l6, l7, xl2, xl3, ASM)
+        dh = _run_dot(u0, u1, u2, u3, xh0, xh1, ASM) + _run_dot(u4, u5, u6, u7, xh2, xh3, ASM)
         out = out + (accs[r] + (s0 * dl - k0 * sl + s1 * dh - k1 * sh),)  # type: ignore[assignment]  # noqa: RUF005
     return out
 
@@ -199,8 +222,8 @@ def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b2, t3, k3, t2, stride_q
         block = meta_ptr + row * stride_m + b2 * 18
         d = tl.load((block + 16).to(tl.pointer_type(tl.float16)) + 0 * t2).to(tl.float32)
         sc = (block + 8 * (t2 // 2) + (t2 % 2)).to(tl.pointer_type(tl.int8))  # groups s = 0 .. 3 two bytes apart
-        scales = (d * tl.load(sc).to(tl.float32), d * tl.load(sc + 2).to(tl.float32), d * tl.load(sc + 4).to(tl.float32),
-                  d * tl.load(sc + 6).to(tl.float32))
+        scales = (d * tl.load(sc).to(tl.float32), d * tl.load(sc + 2).to(tl.float32),
+                  d * tl.load(sc + 4).to(tl.float32), d * tl.load(sc + 6).to(tl.float32))
         weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 8), tl.load(h32 + ho), scales),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
     xo = bk * 128 + 64 * (t3 // 2) + 8 * (t3 % 2) + k3  # bf16 pairs of values 128 h + 32 s + l0 ..
@@ -249,19 +272,20 @@ def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, N, K, stride_xm, strid
     accs = ()
     for _r in tl.static_range(BLOCK_N):
         accs = accs + (tl.zeros((NB, 4), tl.float32),)  # type: ignore[assignment]  # noqa: RUF005
-    if TYPE == 12:  # Q4_K
-        m32 = meta_ptr.to(tl.pointer_type(tl.int32))
-        accs = _q4k_step(accs, q32, m32, x32, n0, N, b, t3, k3, t2, stride_qn // 4, stride_mn // 4, BLOCK_N, ASM, GDC)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            accs = _q4k_step(accs, q32, m32, x32, n0, N, k0 // 256 + b, t3, k3, t2, stride_qn // 4, stride_mn // 4,
-                             BLOCK_N, ASM, False)
-    else:  # Q6_K
-        h32 = qh_ptr.to(tl.pointer_type(tl.int32))
+    h32 = qh_ptr.to(tl.pointer_type(tl.int32))
+    if TYPE == 14:  # Q6_K
         accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, b, b2, t3, k3, t2, stride_qn // 4, stride_hn // 4,
                          stride_mn, BLOCK_N, ASM, GDC)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b, k0 // 256 + b2, t3, k3, t2,
                              stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
+    else:  # Q4_K, Q5_K
+        m32 = meta_ptr.to(tl.pointer_type(tl.int32))
+        accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, b, t3, k3, t2, stride_qn // 4, stride_hn // 4,
+                          stride_mn // 4, TYPE, BLOCK_N, ASM, GDC)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, k0 // 256 + b, t3, k3, t2, stride_qn // 4,
+                              stride_hn // 4, stride_mn // 4, TYPE, BLOCK_N, ASM, False)
     for r in tl.static_range(BLOCK_N):
         y = tl.sum(tl.sum(accs[r], axis=1), axis=0)
         tl.store(y_ptr + m * stride_ym + n0 + r, y.to(y_ptr.dtype.element_ty), mask=n0 + r < N)
@@ -274,7 +298,7 @@ def word_aligned(plane: torch.Tensor) -> bool:
 
 def words_config(ggml_type: GGMLQuantizationType, k: int, gather: bool,
                  x_dtype: torch.dtype) -> tuple[int, int, int] | None:
-    """``(BLOCK_N, BLOCK_K, num_warps)`` of the word GEMV, or None where it does not apply: Q4_K or Q6_K, one
+    """``(BLOCK_N, BLOCK_K, num_warps)`` of the word GEMV, or None where it does not apply: :data:`WORD_TYPES`, one
     matrix (not an expert stack), bf16 input, ``K`` a multiple of 2048 (four threads a super-block: 32 threads
     or more). A pure function of its arguments, so every stage takes the same path and reduces alike."""
     if ggml_type not in WORD_TYPES or gather or x_dtype != torch.bfloat16:
@@ -292,10 +316,10 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
     block_n, block_k, warps = config
     n, k = qs.shape[-2], x2.shape[1]
     if weight.ggml_type not in WORD_TYPES or qs.dim() != 2 or x2.dtype != torch.bfloat16 or k % block_k:
-        raise ValueError(f"the word GEMV takes one Q4_K / Q6_K matrix, bf16 input and K a multiple of {block_k}")
-    planes = (qs, meta) if weight.ggml_type == T.Q4_K else (qs, qh)
+        raise ValueError(f"the word GEMV takes one Q4_K / Q5_K / Q6_K matrix, bf16 input and K a multiple of {block_k}")
+    planes = {T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh)}[weight.ggml_type]
     if not all(word_aligned(p) for p in planes):  # the path is a function of type and shape: never switch on an address
-        raise ValueError(f"{weight.ggml_type.name} planes must start 16-byte aligned with strides a multiple of 4 bytes")
+        raise ValueError(f"{weight.ggml_type.name} planes must start 16-byte aligned, strides a multiple of 4 bytes")
     if x2.data_ptr() % 4 or x2.stride(0) % 2:  # read as bf16 pairs: a view at an odd element is copied (same values)
         x2 = x2.clone(memory_format=torch.contiguous_format)
     qh_arg = qh if qh.shape[-1] else qs  # Q4_K: no high plane, any pointer (never read)

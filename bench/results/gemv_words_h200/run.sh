@@ -4,7 +4,7 @@
 #  (1) GPU tests: the packed GEMVs with the word GEMV compiled (its inline PTX), kernels A / B and the dispatch;
 #      packed steps' graph pieces (capture and replay against the eager step, staged = single), the load check's
 #      peak with the graphs' pools;
-#  (2) bench/packed_gemv.py --types q4_k,q6_k: the word GEMV against the slot / byte GEMV at Llama-3.1-8B's shapes,
+#  (2) bench/packed_gemv.py --types q4_k,q5_k,q6_k: the word GEMV against the slot / byte GEMV at Llama-3.1-8B's shapes,
 #      in graphs; bench/packed_decode.py: kernel A against the GEMV at 1 row (Q6_K took kernel A: 99 us gate/up);
 #  (3) `stagewise bench random:llama-3.1-8b@q4_k_m` (the Q4_K_M mix: Q6_K head, attn_v and ffn_down of the
 #      "more bits" layers), one stream, old and new (the issue's single-stream target: 191 tok/s before on the
@@ -23,7 +23,7 @@ PYTHONPATH=$NEW:/tmp/site timeout 200 python3 -m pytest -q -rfE -p no:cacheprovi
 PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_packed_graphs.py \
   tests/test_peak_check.py 2>&1 | tail -12 | tee -a "$O/gpu_tests.txt"
 stamp "(2) packed GEMV, Q4_K and Q6_K; kernel A against the GEMV"
-PYTHONPATH=$NEW:/tmp/site timeout 120 python3 bench/packed_gemv.py --types q4_k,q6_k --out "$O/packed_gemv_words.json" 2>&1 \
+PYTHONPATH=$NEW:/tmp/site timeout 120 python3 bench/packed_gemv.py --types q4_k,q5_k,q6_k --out "$O/packed_gemv_words.json" 2>&1 \
   | grep -v Warning
 PYTHONPATH=$NEW:/tmp/site timeout 80 python3 bench/packed_decode.py --types q4_k,q6_k --shapes gate/up,down \
   --rows 1 --moe-tokens "" --out "$O/packed_decode_words.json" 2>&1 | grep -v Warning | tail -8
