@@ -78,7 +78,8 @@ def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bo
     slots = ggml_type in SLOT_TYPES
     if config is not None:
         fn, (block_n, block_k, warps), stages = _words_kernel, config, 1
-        consts = {"TYPE": int(ggml_type), "BLOCK_N": block_n, "BLOCK_K": block_k, "ASM": True, "GDC": False}
+        consts = {"TYPE": int(ggml_type), "GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k, "ASM": True,
+                  "GDC": False, "x_repeat": 1}
     else:
         fn = _packed_gemv_kernel
         block_n, block_k, warps, stages = config_for(ggml_type, n, k, gather=False)

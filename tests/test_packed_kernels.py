@@ -157,13 +157,27 @@ def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int,
     assert bool(((got.float() - ref).abs() <= bound).all()), float(((got.float() - ref).abs() / bound).max())
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("x_repeat", [1, 2])
+def test_the_word_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x_repeat: int) -> None:
+    experts, n, k = 4, 6, 2048
+    raw = np.stack([_random_rows(qtype, rows=n, k=k, seed=7 * int(qtype) + e) for e in range(experts)])
+    w = torch.stack([_dense(r, qtype) for r in raw])  # (E, N, K)
+    index = torch.tensor([3, 0, 3, 1])  # (M,): expert 3 twice, 2 never read
+    x = torch.randn(4 // x_repeat, k, generator=torch.Generator().manual_seed(x_repeat)).bfloat16()
+    got = packed_gemv(x.to(DEVICE), _stack(raw, qtype), index.to(DEVICE), x_repeat=x_repeat).cpu().float()
+    ref = torch.stack([w[index[m]] @ x[m // x_repeat].float() for m in range(4)])
+    bound = ref.abs() * 2.0**-7 + 1e-5 * ref.abs().max()
+    assert bool(((got - ref).abs() <= bound).all()), float(((got - ref).abs() / bound).max())
+
+
 def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
     from stagewise.kernels.word_gemv_triton import words_config
 
     assert words_config(T.Q4_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
     assert words_config(T.Q6_K, 14336, False, torch.bfloat16) == (4, 2048, 1)
     assert words_config(T.Q4_K, 1024, False, torch.bfloat16) is None  # fewer than 32 threads a step
-    assert words_config(T.Q4_K, 4096, True, torch.bfloat16) is None  # expert stacks: the slot path
+    assert words_config(T.Q4_K, 2048, True, torch.bfloat16) == (4, 2048, 1)  # routed experts take the same tiles
     assert words_config(T.Q6_K, 4096, False, torch.float16) is None
     assert words_config(T.Q5_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
     assert words_config(T.IQ4_XS, 4096, False, torch.bfloat16) is None

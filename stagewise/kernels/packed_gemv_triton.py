@@ -198,7 +198,7 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
     ``weight``'s planes hold a packed ``(N, K)`` matrix, or a ``(E, N, K)`` stack, which needs
     ``expert_index (M,)``, the matrix of each output row; output row ``m`` reads input row ``m //
     x_repeat`` (a token's routed experts share its row). No host synchronization, output sized by
-    shapes only (CUDA graph safe). One Q4_K, Q5_K or Q6_K matrix with bf16 input takes the word GEMV
+    shapes only (CUDA graph safe). Q4_K, Q5_K and Q6_K with bf16 input take the word GEMV
     (:mod:`~stagewise.kernels.word_gemv_triton`) where its ``words_config`` has a config. ``config``
     overrides :func:`config_for` (and the word GEMV), ``word_config`` the word GEMV's own, and
     ``slots=False`` turns the word GEMV and the slot path of :data:`SLOT_TYPES` off (benchmarks only).
@@ -214,11 +214,12 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
     if gather and (expert_index is None or expert_index.numel() != m):
         raise ValueError("a 3-D packed stack needs one expert index per output row")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    words = words_config(ggml_type, k, gather, x.dtype) if slots and config is None and x_repeat == 1 else None
+    words = words_config(ggml_type, k, gather, x.dtype) if slots and config is None else None
     if words is not None and word_config is not None:
         words = word_config
     if words is not None:
-        words_gemv(x2, weight, y, words)
+        words_gemv(x2, weight, y, words, int32_index(expert_index) if gather and expert_index is not None else None,
+                   x_repeat)
         return y
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     use_slots = slots and ggml_type in SLOT_TYPES

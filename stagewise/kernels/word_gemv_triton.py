@@ -252,18 +252,26 @@ def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b2, t3, k3, t2, stride_q
 
 
 @triton.jit
-def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, N, K, stride_xm, stride_qn, stride_hn, stride_mn, stride_ym,
-                  TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
-                  GDC: tl.constexpr):
-    """``BLOCK_N`` output rows of one input row, ``K % BLOCK_K == 0``, ``BLOCK_K / 64`` threads (module note)."""
+def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm, stride_qe, stride_qn, stride_he,
+                  stride_hn, stride_me, stride_mn, stride_ym, x_repeat, TYPE: tl.constexpr, GATHER: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, GDC: tl.constexpr):
+    """``BLOCK_N`` output rows of output row ``m``'s matrix (expert ``e_ptr[m]`` of a stack where ``GATHER``)
+    and input row ``m // x_repeat``, ``K % BLOCK_K == 0``, ``BLOCK_K / 64`` threads (module note)."""
     NB: tl.constexpr = BLOCK_K // 256
     tiles = tl.cdiv(N, BLOCK_N)
     rows = tl.num_programs(0) // tiles
     pid = tl.program_id(0)
     m = pid % rows
     n0 = (pid // rows) * BLOCK_N
+    if GATHER:  # the expert index is the router's output: wait before reading it
+        wait_for_predecessor(GDC)
+        e = tl.load(e_ptr + m).to(tl.int64)
+        qs_ptr += e * stride_qe
+        qh_ptr += e * stride_he
+        meta_ptr += e * stride_me
+    WAIT: tl.constexpr = GDC and not GATHER  # a plain GEMV reads its first weights while the previous kernel ends
     q32 = qs_ptr.to(tl.pointer_type(tl.int32))
-    x32 = (x_ptr + m * stride_xm).to(tl.pointer_type(tl.int32))
+    x32 = (x_ptr + (m // x_repeat) * stride_xm).to(tl.pointer_type(tl.int32))
     b = tl.arange(0, NB)[:, None, None]
     b2 = tl.arange(0, NB)[:, None]
     t3 = tl.arange(0, 4)[None, :, None]
@@ -275,14 +283,14 @@ def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, N, K, stride_xm, strid
     h32 = qh_ptr.to(tl.pointer_type(tl.int32))
     if TYPE == 14:  # Q6_K
         accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, b, b2, t3, k3, t2, stride_qn // 4, stride_hn // 4,
-                         stride_mn, BLOCK_N, ASM, GDC)
+                         stride_mn, BLOCK_N, ASM, WAIT)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b, k0 // 256 + b2, t3, k3, t2,
                              stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
     else:  # Q4_K, Q5_K
         m32 = meta_ptr.to(tl.pointer_type(tl.int32))
         accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, b, t3, k3, t2, stride_qn // 4, stride_hn // 4,
-                          stride_mn // 4, TYPE, BLOCK_N, ASM, GDC)
+                          stride_mn // 4, TYPE, BLOCK_N, ASM, WAIT)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, k0 // 256 + b, t3, k3, t2, stride_qn // 4,
                               stride_hn // 4, stride_mn // 4, TYPE, BLOCK_N, ASM, False)
@@ -298,10 +306,11 @@ def word_aligned(plane: torch.Tensor) -> bool:
 
 def words_config(ggml_type: GGMLQuantizationType, k: int, gather: bool,
                  x_dtype: torch.dtype) -> tuple[int, int, int] | None:
-    """``(BLOCK_N, BLOCK_K, num_warps)`` of the word GEMV, or None where it does not apply: :data:`WORD_TYPES`, one
-    matrix (not an expert stack), bf16 input, ``K`` a multiple of 2048 (four threads a super-block: 32 threads
-    or more). A pure function of its arguments, so every stage takes the same path and reduces alike."""
-    if ggml_type not in WORD_TYPES or gather or x_dtype != torch.bfloat16:
+    """``(BLOCK_N, BLOCK_K, num_warps)`` of the word GEMV, or None where it does not apply: :data:`WORD_TYPES`,
+    bf16 input, ``K`` a multiple of 2048 (four threads a super-block: 32 threads or more). A pure function of its
+    arguments (``gather``, routed experts of a stack, takes the same tiles), so every stage takes the same path
+    and reduces alike."""
+    if ggml_type not in WORD_TYPES or x_dtype != torch.bfloat16:
         return None
     for block_k, warps in WORDS_STEPS:
         if k % block_k == 0:
@@ -309,23 +318,32 @@ def words_config(ggml_type: GGMLQuantizationType, k: int, gather: bool,
     return None
 
 
-def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: tuple[int, int, int]) -> None:
-    """``y (M, N) = x2 (M, K) @ W.T`` for bf16 ``x2`` and the planes of one ``(N, K)`` matrix of
-    :data:`WORD_TYPES`, by :func:`_words_kernel` with ``config`` (:func:`words_config`'s or a benchmark's)."""
+def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: tuple[int, int, int],
+               expert_index: torch.Tensor | None = None, x_repeat: int = 1) -> None:
+    """``y[m] = W[e_m] @ x2[m // x_repeat]`` for bf16 ``x2 (M / x_repeat, K)`` and the planes of one ``(N, K)``
+    matrix of :data:`WORD_TYPES` or a stack ``(E, N, K)`` with ``expert_index`` (int32, ``M``), by
+    :func:`_words_kernel` with ``config`` (:func:`words_config`'s or a benchmark's)."""
     qs, qh, meta = weight.qs, weight.qh, weight.meta
     block_n, block_k, warps = config
-    n, k = qs.shape[-2], x2.shape[1]
-    if weight.ggml_type not in WORD_TYPES or qs.dim() != 2 or x2.dtype != torch.bfloat16 or k % block_k:
-        raise ValueError(f"the word GEMV takes one Q4_K / Q5_K / Q6_K matrix, bf16 input and K a multiple of {block_k}")
+    n, k, gather = qs.shape[-2], x2.shape[1], qs.dim() == 3
+    if (weight.ggml_type not in WORD_TYPES or x2.dtype != torch.bfloat16 or k % block_k
+            or gather != (expert_index is not None)):
+        raise ValueError(f"the word GEMV takes Q4_K / Q5_K / Q6_K, bf16 input, K a multiple of {block_k}, and an "
+                         "expert index exactly for a stack")
     planes = {T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh)}[weight.ggml_type]
     if not all(word_aligned(p) for p in planes):  # the path is a function of type and shape: never switch on an address
         raise ValueError(f"{weight.ggml_type.name} planes must start 16-byte aligned, strides a multiple of 4 bytes")
     if x2.data_ptr() % 4 or x2.stride(0) % 2:  # read as bf16 pairs: a view at an odd element is copied (same values)
         x2 = x2.clone(memory_format=torch.contiguous_format)
     qh_arg = qh if qh.shape[-1] else qs  # Q4_K: no high plane, any pointer (never read)
+
+    def strides(p: torch.Tensor) -> tuple[int, int]:
+        return (p.stride(0) if gather else 0), p.stride(-2)
+
     with launch_device(x2):
-        _words_kernel[gemv_grid(n, block_n, x2.shape[0])](
-            x2, qs, qh_arg, meta, y, n, k, x2.stride(0), qs.stride(0), qh_arg.stride(0), meta.stride(0), y.stride(0),
-            TYPE=int(weight.ggml_type), BLOCK_N=block_n, BLOCK_K=block_k, ASM=WORDS_ASM and x2.is_cuda,
-            num_warps=warps, num_stages=1, **dependent_launch(x2),
+        _words_kernel[gemv_grid(n, block_n, y.shape[0])](
+            x2, qs, qh_arg, meta, y, y if expert_index is None else expert_index, n, k, x2.stride(0), *strides(qs),
+            *strides(qh_arg), *strides(meta), y.stride(0), x_repeat, TYPE=int(weight.ggml_type), GATHER=gather,
+            BLOCK_N=block_n, BLOCK_K=block_k, ASM=WORDS_ASM and x2.is_cuda, num_warps=warps, num_stages=1,
+            **dependent_launch(x2),
         )

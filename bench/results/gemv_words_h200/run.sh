@@ -9,6 +9,8 @@
 #  (3) `stagewise bench random:llama-3.1-8b@q4_k_m` (the Q4_K_M mix: Q6_K head, attn_v and ffn_down of the
 #      "more bits" layers), one stream, old and new (the issue's single-stream target: 191 tok/s before on the
 #      Q4_K_M file, llama.cpp 262, target >= 393);
+#      The same for Qwen3.6-35B-A3B (routed experts' gate/up and the 248k-row Q6_K head through the word GEMV;
+#      252 tok/s before on the Q4_K_M mix, llama.cpp 229, target >= 366);
 #  (4) Llama-3.1-8B bf16: one 512-token prompt and 8 streams of 208-token prompts, old and new (graph pieces).
 set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"; t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -46,6 +48,7 @@ PY
   grep -v Warning "$O/bench_$6_$1.err" | tail -2
 }
 for side in new old; do bench $side random:llama-3.1-8b@q4_k_m 1 128 128 llama8b_q4km_1; done
+for side in new old; do bench $side random:qwen3.6-35b-a3b@q4_k_m 1 128 128 qwen36_q4km_1; done
 for side in new old; do bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
 for side in new old; do bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
 stamp done
