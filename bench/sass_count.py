@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stagewise.kernels.packed_decode_triton import _packed_decode_kernel
 from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, _packed_gemv_kernel, config_for
-from stagewise.kernels.word_gemv_triton import _words_kernel, words_config
+from stagewise.kernels.word_gemv_triton import _words_kernel, row_threads, words_config
 from stagewise.spec.packed_types import block_elements
 
 T = GGMLQuantizationType
@@ -78,7 +78,8 @@ def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bo
     slots = ggml_type in SLOT_TYPES
     if config is not None:
         fn, (block_n, block_k, warps), stages = _words_kernel, config, 1
-        consts = {"TYPE": int(ggml_type), "GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k, "ASM": True,
+        consts = {"TYPE": int(ggml_type), "GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                  "ROW_THREADS": row_threads(block_k), "ASM": True,
                   "GDC": False, "x_repeat": 1}
     else:
         fn = _packed_gemv_kernel
@@ -132,7 +133,8 @@ def gemv_row(qtype: GGMLQuantizationType, n: int, k: int, words: bool) -> dict[s
     """One GEMV case counted and printed: the loop handles ``block_n * block_k`` values over the program's threads."""
     cubin, seconds, config = compile_gemv_case(qtype, n, k, words)
     report = sass_report(cubin)
-    values = int(config["block_n"]) * int(config["block_k"]) / (32 * int(config["warps"]))
+    sets = row_threads(int(config["block_k"])) if config["path"] == "words" else 1
+    values = sets * int(config["block_n"]) * int(config["block_k"]) / (32 * int(config["warps"]))
     per_value = int(report["loop_instructions"]) / values  # type: ignore[call-overload]
     print(f"{qtype.name:6s} G {config['path']} N{n} K{k} BN{config['block_n']} BK{config['block_k']} w{config['warps']}: "
           f"{report['registers']} regs, stack {report['stack_bytes']}, loop {report['loop_instructions']} = "
@@ -156,8 +158,8 @@ def main() -> int:
     for name in args.types.split(","):
         qtype = T[name.strip().upper()]
         for mode in args.modes.split(","):
-            if mode == "G":  # Llama-3.1-8B's gate/up and down, the word path where it applies and the former one
-                for n, k in ((14336, 4096), (4096, 14336)):
+            if mode == "G":  # Llama-3.1-8B gate/up and down, Qwen3.6 expert down: the word GEMV and the former one
+                for n, k in ((14336, 4096), (4096, 14336), (2048, 512)):
                     rows.extend(gemv_row(qtype, n, k, words) for words in (True, False)
                                 if not words or words_config(qtype, k, False, torch.bfloat16))
                 continue

@@ -83,9 +83,9 @@ def test_the_dispatch_by_rows_is_pinned() -> None:
         return [matmul_path(r, qtype, k, dtype) for r in rows]
 
     assert paths(T.Q6_K, (1, 16, 17, 64, 128, 129, 4096)) == ["gemv", "A", "B", "B", "B", "tiles", "tiles"]
-    assert paths(T.Q6_K, (1,), k=1024) == paths(T.Q6_K, (1,), dtype=torch.float16) == ["A"]  # no word GEMV there
+    assert paths(T.Q6_K, (1,), k=3072) == paths(T.Q6_K, (1,), dtype=torch.float16) == ["A"]  # no word GEMV there
     assert paths(T.Q4_K, (1, 2, 16, 17)) == ["gemv", "A", "A", "B"]  # one Q4_K row: the GEMV (words or slots)
-    assert paths(T.Q4_K, (1,), k=1024) == ["gemv"]
+    assert paths(T.Q4_K, (1,), k=3072) == ["gemv"]
     assert paths(T.IQ4_XS, (1, 2)) == ["A", "A"]
 
 

@@ -138,12 +138,13 @@ def test_configs_are_a_function_of_type_and_shape() -> None:
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144)], ids=["k2048", "k4096", "k6144-steps"])
+@pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144), (37, 512), (9, 256)],
+                         ids=["k2048", "k4096", "k6144-steps", "k512-row-sets", "k256-row-sets"])
 def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int, k: int) -> None:
     """One Q4_K, Q5_K or Q6_K matrix with bf16 input takes the word GEMV (magic-number values, inline PTX on a GPU,
     Triton's ops here): each output within one bf16 ulp of float32 ``x @ W.T`` (the interpreter's bf16
     conversion truncates; the float32 sum itself is good to ~1e-5 of the largest output), for a partial row
-    tile and K of one and of three steps."""
+    tile, K of one and of three steps, and short K (several sets of rows a warp, the last set partial)."""
     from stagewise.kernels.word_gemv_triton import words_config
 
     assert words_config(qtype, k, False, torch.bfloat16) is not None
@@ -160,7 +161,7 @@ def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int,
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("x_repeat", [1, 2])
 def test_the_word_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x_repeat: int) -> None:
-    experts, n, k = 4, 6, 2048
+    experts, n, k = 4, 6, 512  # Qwen3.6's expert down: K 512, four sets of rows a warp
     raw = np.stack([_random_rows(qtype, rows=n, k=k, seed=7 * int(qtype) + e) for e in range(experts)])
     w = torch.stack([_dense(r, qtype) for r in raw])  # (E, N, K)
     index = torch.tensor([3, 0, 3, 1])  # (M,): expert 3 twice, 2 never read
@@ -176,7 +177,9 @@ def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
 
     assert words_config(T.Q4_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
     assert words_config(T.Q6_K, 14336, False, torch.bfloat16) == (4, 2048, 1)
-    assert words_config(T.Q4_K, 1024, False, torch.bfloat16) is None  # fewer than 32 threads a step
+    assert words_config(T.Q4_K, 1024, False, torch.bfloat16) == (4, 1024, 1)  # two sets of rows a warp
+    assert words_config(T.Q4_K, 768, False, torch.bfloat16) is None
+    assert words_config(T.Q4_K, 3072, False, torch.bfloat16) is None
     assert words_config(T.Q4_K, 2048, True, torch.bfloat16) == (4, 2048, 1)  # routed experts take the same tiles
     assert words_config(T.Q6_K, 4096, False, torch.float16) is None
     assert words_config(T.Q5_K, 4096, False, torch.bfloat16) == (4, 4096, 2)

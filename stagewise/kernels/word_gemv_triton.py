@@ -12,12 +12,13 @@
 
 A thread owns one quarter of a 256-value super-block (Q4_K / Q5_K: a 64-value chunk, its 8 quant words;
 Q6_K: values ``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words of each of two runs
-and 4 high-bit words) for each of a program's ``BLOCK_N`` rows, so its inputs are loaded, converted and
+and 4 high-bit words) for each of a program's ``BLOCK_N`` rows (for ``K`` of 256-1024, a warp takes several
+sets of ``BLOCK_N`` rows side by side: :func:`row_threads`), so its inputs are loaded, converted and
 summed once for all of them and its scales decoded once a quarter. Every tensor is ``(blocks, 4)`` or
 ``(blocks, 4, 4)`` with the last dimension in one thread (16-byte loads split by :func:`quarters`): no data
 moves between threads until the final sum. Offline SASS for sm_90a (``bench/sass_count.py --modes G``):
 3.8 (Q4_K), 4.5 (Q5_K) and 3.9 (Q6_K) instructions a value, against 9.2-17.9 for the slot and byte GEMVs
-and 9.0-9.6 for kernel A.
+at Llama-3.1-8B's shapes (14-31 at Qwen3.6's expert down, K 512) and 9.0-9.6 for kernel A.
 
 Tile configs are a pure function of the type, ``K`` and the input's dtype (:func:`words_config`), so every
 pipeline stage reduces in the same order. Results are float32 sums of products, within float tolerance of
@@ -50,8 +51,8 @@ BYTES_ASM: tl.constexpr = tl.constexpr("\n".join([
 
 @triton.jit
 def quarters(t):  # type: ignore[no-untyped-def]
-    """``(B, 4, 4)`` -> four ``(B, 4)`` along the last dimension, which a thread holds whole (no data moves)."""
-    a, b = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))
+    """``(R, B, 4, 4)`` -> four ``(R, B, 4)`` along the last dimension, which a thread holds whole (no data moves)."""
+    a, b = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2], 2, 2)))
     a0, a1 = tl.split(a)
     b0, b1 = tl.split(b)
     return a0, b0, a1, b1
@@ -143,7 +144,7 @@ def _fifth(v, g, UP: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _q45k_step(accs, q32, h32, m32, x32, n0, N, bk, t3, k3, t2, stride_q32, stride_h32, stride_m32,
+def _q45k_step(accs, q32, h32, m32, x32, n0, N, bk, rt4, t4, k4, t3, stride_q32, stride_h32, stride_m32,
                TYPE: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
     """One K step of Q4_K or Q5_K (``TYPE`` 12, 13): thread ``t`` of super-block ``b`` owns chunk ``c = t``
     (values ``64c ..``: sub-block ``2c`` in the low nibbles of its 8 words, ``2c + 1`` in the high; Q5_K's fifth
@@ -152,17 +153,17 @@ def _q45k_step(accs, q32, h32, m32, x32, n0, N, bk, t3, k3, t2, stride_q32, stri
     ``x``), then the inputs, then each row."""
     weights = ()  # Triton's tuples: no unpacking (*) in a kernel
     for r in tl.static_range(BLOCK_N):
-        row = tl.minimum(n0 + r, N - 1).to(tl.int64)  # a row past N reads the last one; its output is not stored
-        qo = row * stride_q32 + bk * 32 + 8 * t3 + k3  # chunk c's words 0-3, then 4-7
-        mo = row * stride_m32 + bk * 4 + k3 + 0 * t3  # the super-block's 16 meta bytes
+        row = tl.minimum(n0 + rt4 * BLOCK_N + r, N - 1).to(tl.int64)  # a row past N reads the last; not stored
+        qo = row * stride_q32 + bk * 32 + 8 * t4 + k4  # chunk c's words 0-3, then 4-7
+        mo = row * stride_m32 + bk * 4 + k4 + 0 * t4  # the super-block's 16 meta bytes
         if TYPE == 13:
-            ho = row * stride_h32 + bk * 8 + k3 + 0 * t3  # its 32 high-bit bytes
+            ho = row * stride_h32 + bk * 8 + k4 + 0 * t4  # its 32 high-bit bytes
             high = (tl.load(h32 + ho), tl.load(h32 + ho + 4))
         else:
             high = ()  # type: ignore[assignment]
         weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 4), tl.load(m32 + mo), high),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
-    xo = bk * 128 + 32 * t3 + k3  # bf16 pairs: chunk c's 32 low-nibble inputs from pair 32c, its high from 32c + 16
+    xo = bk * 128 + 32 * t4 + k4 + 0 * rt4  # bf16 pairs: chunk c's 32 low-nibble inputs from pair 32c, high 32c + 16
     xl0, xl1 = quarters(tl.load(x32 + xo)), quarters(tl.load(x32 + xo + 4))
     xl2, xl3 = quarters(tl.load(x32 + xo + 8)), quarters(tl.load(x32 + xo + 12))
     xh0, xh1 = quarters(tl.load(x32 + xo + 16)), quarters(tl.load(x32 + xo + 20))
@@ -175,15 +176,15 @@ def _q45k_step(accs, q32, h32, m32, x32, n0, N, bk, t3, k3, t2, stride_q32, stri
         w0, w1, w2, w3 = quarters(wa)
         w4, w5, w6, w7 = quarters(wb)
         m0, m1, m2, m3 = quarters(meta)
-        s0, k0, s1, k1 = _q4k_scales(m0, m1, m2, m3, t2)
+        s0, k0, s1, k1 = _q4k_scales(m0, m1, m2, m3, t3)
         l0, l1, l2, l3 = w0 & 0x0F0F0F0F, w1 & 0x0F0F0F0F, w2 & 0x0F0F0F0F, w3 & 0x0F0F0F0F
         l4, l5, l6, l7 = w4 & 0x0F0F0F0F, w5 & 0x0F0F0F0F, w6 & 0x0F0F0F0F, w7 & 0x0F0F0F0F
         u0, u1, u2, u3 = (w0 >> 4) & 0x0F0F0F0F, (w1 >> 4) & 0x0F0F0F0F, (w2 >> 4) & 0x0F0F0F0F, (w3 >> 4) & 0x0F0F0F0F
         u4, u5, u6, u7 = (w4 >> 4) & 0x0F0F0F0F, (w5 >> 4) & 0x0F0F0F0F, (w6 >> 4) & 0x0F0F0F0F, (w7 >> 4) & 0x0F0F0F0F
         if TYPE == 13:  # bit 2c of each high byte to bit 4 of the low nibbles' bytes, bit 2c + 1 to the high ones'
             ha, hb = high  # type: ignore[var-annotated]
-            g0, g1, g2, g3 = quarters(ha >> (2 * t2[:, :, None]))
-            g4, g5, g6, g7 = quarters(hb >> (2 * t2[:, :, None]))
+            g0, g1, g2, g3 = quarters(ha >> (2 * t4))
+            g4, g5, g6, g7 = quarters(hb >> (2 * t4))
             l0, l1, l2, l3 = _fifth(l0, g0, 4), _fifth(l1, g1, 4), _fifth(l2, g2, 4), _fifth(l3, g3, 4)
             l4, l5, l6, l7 = _fifth(l4, g4, 4), _fifth(l5, g5, 4), _fifth(l6, g6, 4), _fifth(l7, g7, 4)
             u0, u1, u2, u3 = _fifth(u0, g0, 3), _fifth(u1, g1, 3), _fifth(u2, g2, 3), _fifth(u3, g3, 3)
@@ -209,24 +210,25 @@ def _q6k_bytes(a, h, S: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b2, t3, k3, t2, stride_q32, stride_h32, stride_m,
+def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride_q32, stride_h32, stride_m,
               BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
     """One K step of Q6_K (210-byte blocks: ql[128] | qh[64] | scales[16], d): thread ``t`` of super-block ``b``
     owns half ``t // 2`` (128 values) at ``l0 = 16 (t % 2)``: values ``l0 .. l0 + 15`` of each of the half's
     four 32-value groups, one scale each (``scales[8 (t // 2) + 2 s + t % 2]``). Weights first, as for Q4_K."""
     weights = ()
     for r in tl.static_range(BLOCK_N):
-        row = tl.minimum(n0 + r, N - 1).to(tl.int64)
-        qo = row * stride_q32 + bk * 32 + 16 * (t3 // 2) + 4 * (t3 % 2) + k3  # ql runs: ql[64 h + l0 ..], + 32
-        ho = row * stride_h32 + bk * 16 + 8 * (t3 // 2) + 4 * (t3 % 2) + k3  # qh[32 h + l0 ..]
-        block = meta_ptr + row * stride_m + b2 * 18
-        d = tl.load((block + 16).to(tl.pointer_type(tl.float16)) + 0 * t2).to(tl.float32)
-        sc = (block + 8 * (t2 // 2) + (t2 % 2)).to(tl.pointer_type(tl.int8))  # groups s = 0 .. 3 two bytes apart
+        row = tl.minimum(n0 + rt4 * BLOCK_N + r, N - 1).to(tl.int64)
+        row3 = tl.minimum(n0 + rt3 * BLOCK_N + r, N - 1).to(tl.int64)
+        qo = row * stride_q32 + bk * 32 + 16 * (t4 // 2) + 4 * (t4 % 2) + k4  # ql runs: ql[64 h + l0 ..], + 32
+        ho = row * stride_h32 + bk * 16 + 8 * (t4 // 2) + 4 * (t4 % 2) + k4  # qh[32 h + l0 ..]
+        block = meta_ptr + row3 * stride_m + b3 * 18
+        d = tl.load((block + 16).to(tl.pointer_type(tl.float16)) + 0 * t3).to(tl.float32)
+        sc = (block + 8 * (t3 // 2) + (t3 % 2)).to(tl.pointer_type(tl.int8))  # groups s = 0 .. 3 two bytes apart
         scales = (d * tl.load(sc).to(tl.float32), d * tl.load(sc + 2).to(tl.float32),
                   d * tl.load(sc + 4).to(tl.float32), d * tl.load(sc + 6).to(tl.float32))
         weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 8), tl.load(h32 + ho), scales),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
-    xo = bk * 128 + 64 * (t3 // 2) + 8 * (t3 % 2) + k3  # bf16 pairs of values 128 h + 32 s + l0 ..
+    xo = bk * 128 + 64 * (t4 // 2) + 8 * (t4 % 2) + k4 + 0 * rt4  # bf16 pairs of values 128 h + 32 s + l0 ..
     inputs = ()
     for s in tl.static_range(4):
         xa, xb = quarters(tl.load(x32 + xo + 16 * s)), quarters(tl.load(x32 + xo + 16 * s + 4))
@@ -254,15 +256,17 @@ def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b2, t3, k3, t2, stride_q
 @triton.jit
 def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm, stride_qe, stride_qn, stride_he,
                   stride_hn, stride_me, stride_mn, stride_ym, x_repeat, TYPE: tl.constexpr, GATHER: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, GDC: tl.constexpr):
-    """``BLOCK_N`` output rows of output row ``m``'s matrix (expert ``e_ptr[m]`` of a stack where ``GATHER``)
-    and input row ``m // x_repeat``, ``K % BLOCK_K == 0``, ``BLOCK_K / 64`` threads (module note)."""
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_THREADS: tl.constexpr, ASM: tl.constexpr,
+                  GDC: tl.constexpr):
+    """``ROW_THREADS x BLOCK_N`` output rows of output row ``m``'s matrix (expert ``e_ptr[m]`` of a stack where
+    ``GATHER``) and input row ``m // x_repeat``, ``K % BLOCK_K == 0``: four threads a super-block of ``BLOCK_K``
+    for each of ``ROW_THREADS`` sets of ``BLOCK_N`` rows (more than one set where ``K`` is short), module note."""
     NB: tl.constexpr = BLOCK_K // 256
-    tiles = tl.cdiv(N, BLOCK_N)
+    tiles = tl.cdiv(N, BLOCK_N * ROW_THREADS)
     rows = tl.num_programs(0) // tiles
     pid = tl.program_id(0)
     m = pid % rows
-    n0 = (pid // rows) * BLOCK_N
+    n0 = (pid // rows) * BLOCK_N * ROW_THREADS
     if GATHER:  # the expert index is the router's output: wait before reading it
         wait_for_predecessor(GDC)
         e = tl.load(e_ptr + m).to(tl.int64)
@@ -271,32 +275,35 @@ def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm
         meta_ptr += e * stride_me
     WAIT: tl.constexpr = GDC and not GATHER  # a plain GEMV reads its first weights while the previous kernel ends
     q32 = qs_ptr.to(tl.pointer_type(tl.int32))
+    h32 = qh_ptr.to(tl.pointer_type(tl.int32))
     x32 = (x_ptr + (m // x_repeat) * stride_xm).to(tl.pointer_type(tl.int32))
-    b = tl.arange(0, NB)[:, None, None]
-    b2 = tl.arange(0, NB)[:, None]
-    t3 = tl.arange(0, 4)[None, :, None]
-    k3 = tl.arange(0, 4)[None, None, :]
-    t2 = tl.arange(0, 4)[None, :]
+    rt4 = tl.arange(0, ROW_THREADS)[:, None, None, None]  # (R, B, 4 threads, 4 words): the words' tiles
+    b4 = tl.arange(0, NB)[None, :, None, None]
+    t4 = tl.arange(0, 4)[None, None, :, None]
+    k4 = tl.arange(0, 4)[None, None, None, :]
+    rt3 = tl.arange(0, ROW_THREADS)[:, None, None]  # (R, B, 4 threads): what a thread holds one of
+    b3 = tl.arange(0, NB)[None, :, None]
+    t3 = tl.arange(0, 4)[None, None, :]
     accs = ()
     for _r in tl.static_range(BLOCK_N):
-        accs = accs + (tl.zeros((NB, 4), tl.float32),)  # type: ignore[assignment]  # noqa: RUF005
-    h32 = qh_ptr.to(tl.pointer_type(tl.int32))
+        accs = accs + (tl.zeros((ROW_THREADS, NB, 4), tl.float32),)  # type: ignore[assignment]  # noqa: RUF005
     if TYPE == 14:  # Q6_K
-        accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, b, b2, t3, k3, t2, stride_qn // 4, stride_hn // 4,
-                         stride_mn, BLOCK_N, ASM, WAIT)
+        accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4,
+                         stride_hn // 4, stride_mn, BLOCK_N, ASM, WAIT)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b, k0 // 256 + b2, t3, k3, t2,
-                             stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
+            accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4,
+                             t3, stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
     else:  # Q4_K, Q5_K
         m32 = meta_ptr.to(tl.pointer_type(tl.int32))
-        accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, b, t3, k3, t2, stride_qn // 4, stride_hn // 4,
+        accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, b4, rt4, t4, k4, t3, stride_qn // 4, stride_hn // 4,
                           stride_mn // 4, TYPE, BLOCK_N, ASM, WAIT)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, k0 // 256 + b, t3, k3, t2, stride_qn // 4,
+            accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, k0 // 256 + b4, rt4, t4, k4, t3, stride_qn // 4,
                               stride_hn // 4, stride_mn // 4, TYPE, BLOCK_N, ASM, False)
+    rows_out = n0 + tl.arange(0, ROW_THREADS) * BLOCK_N
     for r in tl.static_range(BLOCK_N):
-        y = tl.sum(tl.sum(accs[r], axis=1), axis=0)
-        tl.store(y_ptr + m * stride_ym + n0 + r, y.to(y_ptr.dtype.element_ty), mask=n0 + r < N)
+        y = tl.sum(tl.sum(accs[r], axis=2), axis=1)  # (R,)
+        tl.store(y_ptr + m * stride_ym + rows_out + r, y.to(y_ptr.dtype.element_ty), mask=rows_out + r < N)
 
 
 def word_aligned(plane: torch.Tensor) -> bool:
@@ -307,15 +314,22 @@ def word_aligned(plane: torch.Tensor) -> bool:
 def words_config(ggml_type: GGMLQuantizationType, k: int, gather: bool,
                  x_dtype: torch.dtype) -> tuple[int, int, int] | None:
     """``(BLOCK_N, BLOCK_K, num_warps)`` of the word GEMV, or None where it does not apply: :data:`WORD_TYPES`,
-    bf16 input, ``K`` a multiple of 2048 (four threads a super-block: 32 threads or more). A pure function of its
-    arguments (``gather``, routed experts of a stack, takes the same tiles), so every stage takes the same path
-    and reduces alike."""
+    bf16 input, ``K`` a multiple of 2048, or 256, 512 or 1024 (one step, several sets of rows a warp: see
+    :func:`row_threads`). A pure function of its arguments (``gather``, routed experts of a stack, takes the same
+    tiles), so every stage takes the same path and reduces alike."""
     if ggml_type not in WORD_TYPES or x_dtype != torch.bfloat16:
         return None
     for block_k, warps in WORDS_STEPS:
         if k % block_k == 0:
             return WORDS_BLOCK_N, block_k, warps
+    if k in (256, 512, 1024):
+        return WORDS_BLOCK_N, k, 1
     return None
+
+
+def row_threads(block_k: int) -> int:
+    """Sets of ``BLOCK_N`` rows a program takes side by side: a warp's 32 threads at four a super-block."""
+    return max(1, 2048 // block_k)
 
 
 def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: tuple[int, int, int],
@@ -340,10 +354,12 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
     def strides(p: torch.Tensor) -> tuple[int, int]:
         return (p.stride(0) if gather else 0), p.stride(-2)
 
+    sets = row_threads(block_k)
     with launch_device(x2):
-        _words_kernel[gemv_grid(n, block_n, y.shape[0])](
+        _words_kernel[gemv_grid(n, block_n * sets, y.shape[0])](
             x2, qs, qh_arg, meta, y, y if expert_index is None else expert_index, n, k, x2.stride(0), *strides(qs),
             *strides(qh_arg), *strides(meta), y.stride(0), x_repeat, TYPE=int(weight.ggml_type), GATHER=gather,
-            BLOCK_N=block_n, BLOCK_K=block_k, ASM=WORDS_ASM and x2.is_cuda, num_warps=warps, num_stages=1,
+            BLOCK_N=block_n, BLOCK_K=block_k, ROW_THREADS=sets, ASM=WORDS_ASM and x2.is_cuda, num_warps=warps,
+            num_stages=1,
             **dependent_launch(x2),
         )
