@@ -14,8 +14,8 @@ A thread owns one quarter of a 256-value super-block (Q4_K / Q5_K: a 64-value ch
 Q6_K: values ``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words of each of two runs
 and 4 high-bit words) for each of a program's ``BLOCK_N`` rows (for ``K`` of 256-1024, a warp takes several
 sets of ``BLOCK_N`` rows side by side: :func:`row_threads`), so its inputs are loaded, converted and
-summed once for all of them and its scales decoded once a quarter. Every tensor is ``(blocks, 4)`` or
-``(blocks, 4, 4)`` with the last dimension in one thread (16-byte loads split by :func:`quarters`): no data
+summed once for all of them and its scales decoded once a quarter. Every tensor is ``(sets, blocks, 4)`` or
+``(sets, blocks, 4, 4)`` with the last dimension in one thread (16-byte loads split by :func:`quarters`): no data
 moves between threads until the final sum. Offline SASS for sm_90a (``bench/sass_count.py --modes G``):
 3.8 (Q4_K), 4.5 (Q5_K) and 3.9 (Q6_K) instructions a value, against 9.2-17.9 for the slot and byte GEMVs
 at Llama-3.1-8B's shapes (14-31 at Qwen3.6's expert down, K 512) and 9.0-9.6 for kernel A.
