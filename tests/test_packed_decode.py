@@ -77,6 +77,24 @@ def test_matmul_takes_the_kernel_of_its_row_count(rows: int) -> None:
         _close(w.matmul(x.to(DEVICE)), ref)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_one_bf16_row_takes_the_word_gemv_through_the_weight(qtype: GGMLQuantizationType) -> None:
+    """A packed weight's one-row matmul and its gathered experts (MoE decode) reach the word GEMV with bf16 input
+    (K 512: several sets of rows a warp) and match the dequantized weight to a bf16 rounding."""
+    from stagewise.kernels.triton_launch import kernels_on_host
+
+    k = 512
+    w = _weight(qtype, (3, 20), k, seed=int(qtype))  # 3 experts of 20 rows
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(1)).bfloat16()
+    dense = w.dequantize().cpu()
+    assert matmul_path(1, qtype, k, torch.bfloat16) == "gemv"
+    with kernels_on_host():
+        _close(w.expert(2).matmul(x.to(DEVICE)), x.float() @ dense[2].T, 1e-2)
+        index = torch.tensor([2, 0, 2]).to(DEVICE)
+        _close(w.gather_matmul(index, x.to(DEVICE), x_repeat=3), torch.stack([dense[e] @ x[0].float() for e in (2, 0, 2)]),
+               1e-2)
+
+
 def test_the_dispatch_by_rows_is_pinned() -> None:
     def paths(qtype: GGMLQuantizationType, rows: tuple[int, ...], k: int = 4096, dtype: torch.dtype = torch.bfloat16
               ) -> list[str]:
