@@ -104,7 +104,8 @@ def test_the_dispatch_by_rows_is_pinned() -> None:
     assert paths(T.Q6_K, (1,), k=3072) == paths(T.Q6_K, (1,), dtype=torch.float16) == ["A"]  # no word GEMV there
     assert paths(T.Q4_K, (1, 2, 16, 17)) == ["gemv", "A", "A", "B"]  # one Q4_K row: the GEMV (words or slots)
     assert paths(T.Q4_K, (1,), k=3072) == ["gemv"]
-    assert paths(T.IQ4_XS, (1, 2)) == ["A", "A"]
+    assert paths(T.IQ4_XS, (1, 2)) == ["gemv", "A"]
+    assert paths(T.IQ4_NL, (1, 2)) == ["A", "A"]
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_0], ids=lambda t: t.name)

@@ -137,11 +137,11 @@ def test_configs_are_a_function_of_type_and_shape() -> None:
             assert block_k % block == 0 and block_k & (block_k - 1) == 0
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144), (37, 512), (9, 256)],
                          ids=["k2048", "k4096", "k6144-steps", "k512-row-sets", "k256-row-sets"])
 def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int, k: int) -> None:
-    """One Q4_K, Q5_K or Q6_K matrix with bf16 input takes the word GEMV (magic-number values, inline PTX on a GPU,
+    """One Q4_K, Q5_K, Q6_K or IQ4_XS matrix with bf16 input takes the word GEMV (magic-number values, inline PTX on a GPU,
     Triton's ops here): each output within one bf16 ulp of float32 ``x @ W.T`` (the interpreter's bf16
     conversion truncates; the float32 sum itself is good to ~1e-5 of the largest output), for a partial row
     tile, K of one and of three steps, and short K (several sets of rows a warp, the last set partial)."""
@@ -158,7 +158,7 @@ def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int,
     assert bool(((got.float() - ref).abs() <= bound).all()), float(((got.float() - ref).abs() / bound).max())
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("x_repeat", [1, 2])
 def test_the_word_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x_repeat: int) -> None:
     experts, n, k = 4, 6, 512  # Qwen3.6's expert down: K 512, four sets of rows a warp
@@ -183,7 +183,8 @@ def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
     assert words_config(T.Q4_K, 2048, True, torch.bfloat16) == (4, 2048, 1)  # routed experts take the same tiles
     assert words_config(T.Q6_K, 4096, False, torch.float16) is None
     assert words_config(T.Q5_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
-    assert words_config(T.IQ4_XS, 4096, False, torch.bfloat16) is None
+    assert words_config(T.IQ4_XS, 4096, False, torch.bfloat16) == (4, 4096, 2)
+    assert words_config(T.IQ4_NL, 4096, False, torch.bfloat16) is None
 
 
 def test_the_word_ptx_makes_128_plus_each_byte_in_float32() -> None:
@@ -201,3 +202,23 @@ def test_the_word_ptx_makes_128_plus_each_byte_in_float32() -> None:
         out = _run_ptx(kernels.BYTES_ASM.value, {"$4": word})
         got = [struct.unpack("<f", struct.pack("<I", out[f"${j}"]))[0] for j in range(4)]
         assert got == [128.0 + ((word >> (8 * j)) & 0xFF) for j in range(4)]
+
+
+def test_the_iq4_ptx_makes_128_plus_each_codebook_entry_in_float32() -> None:
+    """The word GEMV's IQ4 lookup (inline PTX), instruction by instruction: every nibble of a word, low ones in
+    outputs 0-3 and high ones in 4-7, gives float32 ``128 + kvalues[n]`` exactly."""
+    import struct
+
+    from test_packed_decode import _run_ptx
+
+    from stagewise.kernels import word_gemv_triton as kernels
+
+    kvalues = gguf.quants.IQ4_NL.kvalues
+    rng = np.random.default_rng(1)
+    words = [sum(((4 * i + j) % 16 | ((15 - 4 * i - j) % 16) << 4) << (8 * j) for j in range(4)) for i in range(4)]
+    for word in [*words, *rng.integers(0, 2**32, size=64).tolist()]:
+        tables = {f"${9 + i}": v & 0xFFFFFFFF for i, v in enumerate(kernels._IQ4)}
+        out = _run_ptx(kernels.CODEBOOK_ASM.value, {"$8": int(word), **tables})
+        got = [struct.unpack("<f", struct.pack("<I", out[f"${i}"]))[0] for i in range(8)]
+        q = [(int(word) >> (8 * j)) & 0xFF for j in range(4)]
+        assert got == [128.0 + kvalues[b & 15] for b in q] + [128.0 + kvalues[b >> 4] for b in q]

@@ -27,6 +27,8 @@ pipeline stage reduces in the same order. Results are float32 sums of products, 
 
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -35,10 +37,11 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.expert_stacks import PackedStack
 from stagewise.kernels.gemv_triton import gemv_grid
 from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.packed_blocks_triton import IQ4_HI, IQ4_LO, codebook
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 T = GGMLQuantizationType
-WORD_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
+WORD_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS})
 WORDS_ASM = True  # bytes -> float32 by inline PTX (else Triton's ops, the same values: the interpreter's way)
 WORDS_BLOCK_N = 4  # rows a program: a thread loads, converts and sums its inputs once for all of them
 WORDS_STEPS = ((4096, 2), (2048, 1))  # (BLOCK_K, num_warps) by preference: four threads a super-block
@@ -47,6 +50,45 @@ WORDS_STEPS = ((4096, 2), (2048, 1))  # (BLOCK_K, num_warps) by preference: four
 BYTES_ASM: tl.constexpr = tl.constexpr("\n".join([
     "{", ".reg .b32 m;", "mov.b32 m, 0x43000000;", "prmt.b32 $0, $4, m, 0x7044;", "prmt.b32 $1, $4, m, 0x7144;",
     "prmt.b32 $2, $4, m, 0x7244;", "prmt.b32 $3, $4, m, 0x7344;", "}"]))
+
+
+
+def _codebook_tables(values: tuple[int, ...]) -> tuple[int, ...]:
+    """The 16 entries ``128 + v`` as bf16 bit patterns in two byte tables of four int32 words each (low bytes, then
+    high bytes; entry ``i`` in byte ``i % 4`` of word ``i // 4``): the operands ``$9 .. $16`` of :data:`CODEBOOK_ASM`."""
+    bits = [struct.unpack("<I", struct.pack("<f", float(v + 128)))[0] >> 16 for v in values]
+    assert all(0 < v + 128 <= 256 and struct.unpack("<f", struct.pack("<I", b << 16))[0] == v + 128
+               for b, v in zip(bits, values, strict=True))  # exact in bf16, sign bit clear
+
+    def word(entries: list[int]) -> int:
+        value = sum(e << (8 * i) for i, e in enumerate(entries))
+        return value - (1 << 32) if value >= 1 << 31 else value  # as int32
+
+    lo, hi = [b & 0xFF for b in bits], [b >> 8 for b in bits]
+    return tuple(word(t[i:i + 4]) for t in (lo, hi) for i in range(0, 16, 4))
+
+
+def _codebook_f32_asm() -> str:
+    """PTX: a word's 8 nibbles -> float32 ``128 + codebook[n]`` (the low nibbles' in outputs 0-3, the high ones' in
+    4-7), the tables in ``$9 .. $16`` (:func:`_codebook_tables`, kept in registers by the caller). Kernel A's
+    lookup (the selector ``n0 | n1 << 4 | n2 << 8 | n3 << 12``, two ``prmt`` a table, the half by the index's
+    bit 3), then each value's two bytes under a zero half (``prmt`` replicating the high byte's sign, 0: every
+    entry is positive)."""
+    lines = ["{", ".reg .b32 n, c, s, m, a, b, l, h;"]
+    for first, nibble in ((0, "and.b32 n, $8, 0x0f0f0f0f;"), (4, "shr.u32 n, $8, 4; and.b32 n, n, 0x0f0f0f0f;")):
+        lines += [nibble, "shr.u32 c, n, 4;", "or.b32 c, c, n;", "prmt.b32 s, c, 0, 0x4420;", "and.b32 s, s, 0x7777;",
+                  "shl.b32 m, n, 4;", "prmt.b32 m, m, 0, 0xba98;"]
+        for reg, t in (("l", 9), ("h", 13)):
+            lines += [f"prmt.b32 a, ${t}, ${t + 1}, s;", f"prmt.b32 b, ${t + 2}, ${t + 3}, s;",
+                      f"lop3.b32 {reg}, a, b, m, 0xd8;"]
+        lines += [f"prmt.b32 ${first + j}, l, h, 0x{4 + j:x}{j:x}{12 + j:x}{12 + j:x};" for j in range(4)]
+    return "\n".join([*lines, "}"])
+
+
+CODEBOOK_ASM: tl.constexpr = tl.constexpr(_codebook_f32_asm())
+_IQ4 = _codebook_tables((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113))  # IQ4_NL.kvalues
+IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3 = (tl.constexpr(v) for v in _IQ4[:4])  # low bytes
+IQ4_T4, IQ4_T5, IQ4_T6, IQ4_T7 = (tl.constexpr(v) for v in _IQ4[4:])  # high bytes
 
 
 @triton.jit
@@ -254,6 +296,94 @@ def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3
 
 
 @triton.jit
+def _iq4_entry(w, SHIFT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``128 + kv[n]`` as float32 for the nibble at bits ``SHIFT``.. of ``w`` (Triton's ops: the interpreter's)."""
+    return (codebook((w >> SHIFT) & 15, IQ4_LO, IQ4_HI) + 128).to(tl.float32)
+
+
+@triton.jit
+def _iq4_dot(w, p0, p1, q0, q1, acc, ASM: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``acc + sum (128 + kv[n]) x`` over word ``w``'s 8 nibbles: the low ones' inputs the bf16 pairs ``p0``,
+    ``p1``, the high ones' ``q0``, ``q1`` (IQ4_XS: a sub-block's values ``j`` and ``16 + j``)."""
+    if ASM:
+        t0, t1, t2, t3 = (tl.full(w.shape, IQ4_T0, tl.int32), tl.full(w.shape, IQ4_T1, tl.int32),
+                          tl.full(w.shape, IQ4_T2, tl.int32), tl.full(w.shape, IQ4_T3, tl.int32))
+        t4, t5, t6, t7 = (tl.full(w.shape, IQ4_T4, tl.int32), tl.full(w.shape, IQ4_T5, tl.int32),
+                          tl.full(w.shape, IQ4_T6, tl.int32), tl.full(w.shape, IQ4_T7, tl.int32))
+        a0, a1, a2, a3, b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            asm=CODEBOOK_ASM, constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r",
+            args=[w, t0, t1, t2, t3, t4, t5, t6, t7],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True, pack=1)
+    else:
+        a0, a1, a2, a3 = _iq4_entry(w, 0), _iq4_entry(w, 8), _iq4_entry(w, 16), _iq4_entry(w, 24)
+        b0, b1, b2, b3 = _iq4_entry(w, 4), _iq4_entry(w, 12), _iq4_entry(w, 20), _iq4_entry(w, 28)
+    acc = acc + a0 * _bf16_lane(p0, False)
+    acc = acc + a1 * _bf16_lane(p0, True)
+    acc = acc + a2 * _bf16_lane(p1, False)
+    acc = acc + a3 * _bf16_lane(p1, True)
+    acc = acc + b0 * _bf16_lane(q0, False)
+    acc = acc + b1 * _bf16_lane(q0, True)
+    acc = acc + b2 * _bf16_lane(q1, False)
+    return acc + b3 * _bf16_lane(q1, True)
+
+
+@triton.jit
+def _iq4xs_scales(m0, m1, t3, U: tl.constexpr):  # type: ignore[no-untyped-def]
+    """IQ4_XS sub-block ``2t + U``'s scale ``d (ls - 32)`` from the block's meta words (d and scales_h; scales_l)."""
+    d = ((m0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    low = (m1 >> (8 * t3 + 4 * U)) & 0xF
+    high = (m0 >> (16 + 4 * t3 + 2 * U)) & 3
+    return d * ((low | (high << 4)) - 32).to(tl.float32)
+
+
+@triton.jit
+def _iq4xs_step(accs, q32, m32, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride_q32, stride_m32,
+                BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of IQ4_XS (136-byte blocks: d, scales_h, scales_l[4] | qs[128]; eight 32-value sub-blocks of 16
+    bytes, value ``j`` in the low nibble of byte ``j``, ``16 + j`` in its high one): thread ``t`` of super-block
+    ``b`` owns sub-blocks ``2t`` and ``2t + 1`` (words ``8t ..``). Weights first, as for Q4_K."""
+    weights = ()
+    for r in tl.static_range(BLOCK_N):
+        row = tl.minimum(n0 + rt4 * BLOCK_N + r, N - 1).to(tl.int64)
+        row3 = tl.minimum(n0 + rt3 * BLOCK_N + r, N - 1).to(tl.int64)
+        qo = row * stride_q32 + bk * 32 + 8 * t4 + k4  # sub-block 2t's 4 words, then 2t + 1's
+        mo = row3 * stride_m32 + b3 * 2 + 0 * t3  # the block's 8 meta bytes as two words
+        weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 4), tl.load(m32 + mo), tl.load(m32 + mo + 1)),)  # type: ignore[assignment]  # noqa: RUF005
+    wait_for_predecessor(WAIT)
+    xo = bk * 128 + 32 * t4 + k4 + 0 * rt4  # bf16 pairs: sub-block 2t from pair 32t (its values 16 .. from + 8)
+    al0, al1 = quarters(tl.load(x32 + xo)), quarters(tl.load(x32 + xo + 4))
+    ah0, ah1 = quarters(tl.load(x32 + xo + 8)), quarters(tl.load(x32 + xo + 12))
+    bl0, bl1 = quarters(tl.load(x32 + xo + 16)), quarters(tl.load(x32 + xo + 20))
+    bh0, bh1 = quarters(tl.load(x32 + xo + 24)), quarters(tl.load(x32 + xo + 28))
+    sa = 128.0 * (_pairs_sum(al0, al1) + _pairs_sum(ah0, ah1))  # once for every row
+    sb = 128.0 * (_pairs_sum(bl0, bl1) + _pairs_sum(bh0, bh1))
+    out = ()
+    for r in tl.static_range(BLOCK_N):
+        wa, wb, m0, m1 = weights[r]  # type: ignore[var-annotated]
+        w0, w1, w2, w3 = quarters(wa)
+        w4, w5, w6, w7 = quarters(wb)
+        p0, p1, p2, p3 = al0
+        q0, q1, q2, q3 = ah0
+        da = _iq4_dot(w0, p0, p1, q0, q1, tl.zeros_like(sa), ASM)
+        da = _iq4_dot(w1, p2, p3, q2, q3, da, ASM)
+        p0, p1, p2, p3 = al1
+        q0, q1, q2, q3 = ah1
+        da = _iq4_dot(w2, p0, p1, q0, q1, da, ASM)
+        da = _iq4_dot(w3, p2, p3, q2, q3, da, ASM)
+        p0, p1, p2, p3 = bl0
+        q0, q1, q2, q3 = bh0
+        db = _iq4_dot(w4, p0, p1, q0, q1, tl.zeros_like(sa), ASM)
+        db = _iq4_dot(w5, p2, p3, q2, q3, db, ASM)
+        p0, p1, p2, p3 = bl1
+        q0, q1, q2, q3 = bh1
+        db = _iq4_dot(w6, p0, p1, q0, q1, db, ASM)
+        db = _iq4_dot(w7, p2, p3, q2, q3, db, ASM)
+        out = out + (accs[r] + _iq4xs_scales(m0, m1, t3, 0) * (da - sa) + _iq4xs_scales(m0, m1, t3, 1) * (db - sb),)  # type: ignore[assignment]  # noqa: RUF005
+    return out
+
+
+@triton.jit
 def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm, stride_qe, stride_qn, stride_he,
                   stride_hn, stride_me, stride_mn, stride_ym, x_repeat, TYPE: tl.constexpr, GATHER: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_THREADS: tl.constexpr, ASM: tl.constexpr,
@@ -293,6 +423,13 @@ def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm
         for k0 in range(BLOCK_K, K, BLOCK_K):
             accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4,
                              t3, stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
+    elif TYPE == 23:  # IQ4_XS
+        m32 = meta_ptr.to(tl.pointer_type(tl.int32))
+        accs = _iq4xs_step(accs, q32, m32, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4, stride_mn // 4,
+                           BLOCK_N, ASM, WAIT)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            accs = _iq4xs_step(accs, q32, m32, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4, t3,
+                               stride_qn // 4, stride_mn // 4, BLOCK_N, ASM, False)
     else:  # Q4_K, Q5_K
         m32 = meta_ptr.to(tl.pointer_type(tl.int32))
         accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, b4, rt4, t4, k4, t3, stride_qn // 4, stride_hn // 4,
@@ -342,9 +479,9 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
     n, k, gather = qs.shape[-2], x2.shape[1], qs.dim() == 3
     if (weight.ggml_type not in WORD_TYPES or x2.dtype != torch.bfloat16 or k % block_k
             or gather != (expert_index is not None)):
-        raise ValueError(f"the word GEMV takes Q4_K / Q5_K / Q6_K, bf16 input, K a multiple of {block_k}, and an "
+        raise ValueError(f"the word GEMV takes Q4_K / Q5_K / Q6_K / IQ4_XS, bf16 input, K a multiple of {block_k}, an "
                          "expert index exactly for a stack")
-    planes = {T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh)}[weight.ggml_type]
+    planes = {T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh), T.IQ4_XS: (qs, meta)}[weight.ggml_type]
     if not all(word_aligned(p) for p in planes):  # the path is a function of type and shape: never switch on an address
         raise ValueError(f"{weight.ggml_type.name} planes must start 16-byte aligned, strides a multiple of 4 bytes")
     if x2.data_ptr() % 4 or x2.stride(0) % 2:  # read as bf16 pairs: a view at an odd element is copied (same values)
