@@ -198,7 +198,7 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
     ``weight``'s planes hold a packed ``(N, K)`` matrix, or a ``(E, N, K)`` stack, which needs
     ``expert_index (M,)``, the matrix of each output row; output row ``m`` reads input row ``m //
     x_repeat`` (a token's routed experts share its row). No host synchronization, output sized by
-    shapes only (CUDA graph safe). Q4_K, Q5_K and Q6_K with bf16 input take the word GEMV
+    shapes only (CUDA graph safe). Q4_K, Q5_K, Q6_K and IQ4_XS with bf16 input take the word GEMV
     (:mod:`~stagewise.kernels.word_gemv_triton`) where its ``words_config`` has a config. ``config``
     overrides :func:`config_for` (and the word GEMV), ``word_config`` the word GEMV's own, and
     ``slots=False`` turns the word GEMV and the slot path of :data:`SLOT_TYPES` off (benchmarks only).

@@ -1,4 +1,4 @@
-"""The word GEMV: Q4_K, Q5_K and Q6_K matrices times one bf16 input row at a time (single-stream decode).
+"""The word GEMV: Q4_K, Q5_K, Q6_K and IQ4_XS matrices times one bf16 input row (single-stream decode).
 
 ``y[m] = W @ x[m]`` for a packed ``(N, K)`` matrix held as planes
 (:class:`~stagewise.kernels.expert_stacks.PackedStack`), ``K`` a multiple of 2048. The quants are read as
@@ -7,18 +7,20 @@
 * **One conversion.** A word's bytes, each below 128 (a Q4_K nibble; a Q5_K / Q6_K value's nibble with its
   high bits or'ed in, a whole word at a time), become float32 ``128 + u`` by one ``prmt`` each (inline PTX,
   :data:`BYTES_ASM`: the byte under the exponent bits ``0x43``). The offset comes back out once a scale
-  group: ``sum(x (128 + u)) - 128 sum(x)`` (Q6_K's ``u - 32``: ``- 160 sum(x)``).
+  group: ``sum(x (128 + u)) - 128 sum(x)`` (Q6_K's ``u - 32``: ``- 160 sum(x)``). IQ4_XS looks ``128 + kv``
+  up by ``prmt`` byte tables (:data:`CODEBOOK_ASM`, about four instructions a value).
 * **One FMA** into float32, per value.
 
-A thread owns one quarter of a 256-value super-block (Q4_K / Q5_K: a 64-value chunk, its 8 quant words;
+A thread owns one quarter of a 256-value super-block (Q4_K / Q5_K: a 64-value chunk, its 8 quant words; IQ4_XS:
+two 32-value sub-blocks;
 Q6_K: values ``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words of each of two runs
 and 4 high-bit words) for each of a program's ``BLOCK_N`` rows (for ``K`` of 256-1024, a warp takes several
 sets of ``BLOCK_N`` rows side by side: :func:`row_threads`), so its inputs are loaded, converted and
 summed once for all of them and its scales decoded once a quarter. Every tensor is ``(sets, blocks, 4)`` or
 ``(sets, blocks, 4, 4)`` with the last dimension in one thread (16-byte loads split by :func:`quarters`): no data
 moves between threads until the final sum. Offline SASS for sm_90a (``bench/sass_count.py --modes G``):
-3.8 (Q4_K), 4.5 (Q5_K) and 3.9 (Q6_K) instructions a value, against 9.2-17.9 for the slot and byte GEMVs
-at Llama-3.1-8B's shapes (14-31 at Qwen3.6's expert down, K 512) and 9.0-9.6 for kernel A.
+3.8 (Q4_K), 4.5 (Q5_K), 3.9 (Q6_K) and 7.1 (IQ4_XS) instructions a value, against 9.2-17.9 for the slot
+and byte GEMVs at Llama-3.1-8B's shapes (14-31 at Qwen3.6's expert down, K 512) and 9.0-9.8 for kernel A.
 
 Tile configs are a pure function of the type, ``K`` and the input's dtype (:func:`words_config`), so every
 pipeline stage reduces in the same order. Results are float32 sums of products, within float tolerance of
@@ -55,7 +57,8 @@ BYTES_ASM: tl.constexpr = tl.constexpr("\n".join([
 
 def _codebook_tables(values: tuple[int, ...]) -> tuple[int, ...]:
     """The 16 entries ``128 + v`` as bf16 bit patterns in two byte tables of four int32 words each (low bytes, then
-    high bytes; entry ``i`` in byte ``i % 4`` of word ``i // 4``): the operands ``$9 .. $16`` of :data:`CODEBOOK_ASM`."""
+    high bytes; entry ``i`` in byte ``i % 4`` of word ``i // 4``): the operands ``$9 .. $16`` of
+    :data:`CODEBOOK_ASM`."""
     bits = [struct.unpack("<I", struct.pack("<f", float(v + 128)))[0] >> 16 for v in values]
     assert all(0 < v + 128 <= 256 and struct.unpack("<f", struct.pack("<I", b << 16))[0] == v + 128
                for b, v in zip(bits, values, strict=True))  # exact in bf16, sign bit clear
@@ -379,7 +382,8 @@ def _iq4xs_step(accs, q32, m32, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride
         q0, q1, q2, q3 = bh1
         db = _iq4_dot(w6, p0, p1, q0, q1, db, ASM)
         db = _iq4_dot(w7, p2, p3, q2, q3, db, ASM)
-        out = out + (accs[r] + _iq4xs_scales(m0, m1, t3, 0) * (da - sa) + _iq4xs_scales(m0, m1, t3, 1) * (db - sb),)  # type: ignore[assignment]  # noqa: RUF005
+        part = _iq4xs_scales(m0, m1, t3, 0) * (da - sa) + _iq4xs_scales(m0, m1, t3, 1) * (db - sb)
+        out = out + (accs[r] + part,)  # type: ignore[assignment]  # noqa: RUF005
     return out
 
 

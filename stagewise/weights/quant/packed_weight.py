@@ -15,8 +15,9 @@ Dispatch depends only on the device, the number of input rows, the shape and the
 (:func:`matmul_path`), so equal inputs always run the same kernel (staged = single-device); every packed
 type takes the same path:
 
-* Triton devices, one row of :data:`GEMV_ONE_ROW_TYPES` (single-stream decode), or of Q4_K / Q5_K / Q6_K with bf16
-  input and ``in`` a multiple of 2048: the packed GEMV (the word GEMV where it applies);
+* Triton devices, one row of :data:`GEMV_ONE_ROW_TYPES` (single-stream decode), or of the word GEMV's types
+  (Q4_K, Q5_K, Q6_K, IQ4_XS) with bf16 input and ``in`` of 256-1024 or a multiple of 2048: the packed GEMV
+  (the word GEMV where it applies);
 * Triton devices, 1-16 rows (decode): kernel A (:mod:`stagewise.kernels.packed_matmul`), each quant
   turned into bf16 once, a tensor-core dot per scale group for every row, the scales after it;
 * Triton devices, 17-128 rows (batched decode): kernel B, each value dequantized and rounded once,
