@@ -19,6 +19,7 @@ from stagewise.kernels.triton_launch import kernels_on_host
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.packed_graphs import PackedGraphs, token_bucket, token_buckets
 from stagewise.runtime.pipeline import Pipeline
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS
 
 PRESETS = ["random:tiny-llama", "random:tiny-qwen3-moe", "random:tiny-qwen3.6"]
 MAX_TOKENS = 40  # buckets 16, 24, 32, 48
@@ -157,12 +158,15 @@ def test_captured_pieces_on_the_gpu(preset: str) -> None:
     runs = []
     layouts = [("cuda:0", "single")] + ([("cuda:0,cuda:1", "pipeline:2")] if torch.cuda.device_count() > 1 else [])
     for devices, placement in layouts:
-        model = load_model(preset, devices, placement, 96, dtype="float32", max_seqs=4, prefill_chunk=16)
+        model = load_model(preset, devices, placement, 96, dtype="float32", max_seqs=4, prefill_chunk=KV_BLOCK_TOKENS)
         try:
             pipeline, vocab = model.pipeline, model.config.vocab_size
             packed = [stage.packed for stage in pipeline.stages]
-            # the most a step carries: 3 rows decoding beside a 16-token block (19), rounded up to 32
-            assert all(p is not None and p.buckets == (16, 24, 32) for p in packed)
+            # the most a step carries: 3 rows decoding beside a block of a prompt (67), rounded up to 80; the
+            # steps below take buckets 24 and 16 (with 16-token chunks a step carries 16 tokens: one bucket)
+            assert model.profile.step_tokens == 3 + KV_BLOCK_TOKENS
+            assert all(p is not None and p.buckets == token_buckets(3 + KV_BLOCK_TOKENS) for p in packed)
+            assert all(p is not None and {16, 24} <= set(p.buckets) for p in packed)
             first = _run(pipeline, vocab)  # captures buckets 24 and 16 after their first steps
             replayed = _run(pipeline, vocab)  # every step a replay
             for stage in pipeline.stages:
