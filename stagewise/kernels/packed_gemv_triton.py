@@ -240,4 +240,3 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
             num_warps=warps, num_stages=stages, **dependent_launch(x),
         )
     return y
-

@@ -50,8 +50,9 @@ from stagewise.weights.quant.packed_planes import join_planes, split_planes
 from stagewise.weights.quant.tiled_linear import tiled_linear
 
 # one row of these types: the packed GEMV (its 8-byte slots) beats kernel A on the H200 (Q4_K, Llama-8B shapes:
-# 67 vs 90 us gate/up, 41 vs 52 us down; Q6_K the other way, 120 vs 99 us: bench/results/hybrid_serving_h200/packed_decode_h200.json);
-# one row of the word GEMV's types and shapes (kernels/word_gemv_triton.py) takes the GEMV too
+# 67 vs 90 us gate/up, 41 vs 52 us down; bench/results/hybrid_serving_h200/packed_decode_h200.json). One row of
+# the word GEMV's types and shapes (kernels/word_gemv_triton.py) takes the GEMV too: on an H100 37.4 us against
+# kernel A's 88.5 (Q4_K gate/up), 57.0 against 96.3 (Q6_K; bench/results/gemv_words_h200)
 GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
