@@ -217,7 +217,7 @@ def test_the_iq4_ptx_makes_128_plus_each_codebook_entry_in_float32() -> None:
     rng = np.random.default_rng(1)
     words = [sum(((4 * i + j) % 16 | ((15 - 4 * i - j) % 16) << 4) << (8 * j) for j in range(4)) for i in range(4)]
     for word in [*words, *rng.integers(0, 2**32, size=64).tolist()]:
-        tables = {f"${9 + i}": v & 0xFFFFFFFF for i, v in enumerate(kernels._IQ4)}
+        tables = {f"${9 + i}": v & 0xFFFFFFFF for i, v in enumerate(kernels.IQ4_TABLES)}
         out = _run_ptx(kernels.CODEBOOK_ASM.value, {"$8": int(word), **tables})
         got = [struct.unpack("<f", struct.pack("<I", out[f"${i}"]))[0] for i in range(8)]
         q = [(int(word) >> (8 * j)) & 0xFF for j in range(4)]

@@ -54,7 +54,6 @@ BYTES_ASM: tl.constexpr = tl.constexpr("\n".join([
     "prmt.b32 $2, $4, m, 0x7244;", "prmt.b32 $3, $4, m, 0x7344;", "}"]))
 
 
-
 def _codebook_tables(values: tuple[int, ...]) -> tuple[int, ...]:
     """The 16 entries ``128 + v`` as bf16 bit patterns in two byte tables of four int32 words each (low bytes, then
     high bytes; entry ``i`` in byte ``i % 4`` of word ``i // 4``): the operands ``$9 .. $16`` of
@@ -89,9 +88,9 @@ def _codebook_f32_asm() -> str:
 
 
 CODEBOOK_ASM: tl.constexpr = tl.constexpr(_codebook_f32_asm())
-_IQ4 = _codebook_tables((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113))  # IQ4_NL.kvalues
-IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3 = (tl.constexpr(v) for v in _IQ4[:4])  # low bytes
-IQ4_T4, IQ4_T5, IQ4_T6, IQ4_T7 = (tl.constexpr(v) for v in _IQ4[4:])  # high bytes
+IQ4_TABLES = _codebook_tables((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113))  # kvalues
+IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3 = (tl.constexpr(v) for v in IQ4_TABLES[:4])  # low bytes
+IQ4_T4, IQ4_T5, IQ4_T6, IQ4_T7 = (tl.constexpr(v) for v in IQ4_TABLES[4:])  # high bytes
 
 
 @triton.jit
