@@ -77,14 +77,14 @@ def test_matmul_takes_the_kernel_of_its_row_count(rows: int) -> None:
         _close(w.matmul(x.to(DEVICE)), ref)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_one_bf16_row_takes_the_word_gemv_through_the_weight(qtype: GGMLQuantizationType) -> None:
+@pytest.mark.parametrize("qtype, k", [(T.Q4_K, 512), (T.Q6_K, 512), (T.IQ4_XS, 256)], ids=["Q4_K", "Q6_K", "IQ4_XS"])
+def test_one_bf16_row_takes_the_word_gemv_through_the_weight(qtype: GGMLQuantizationType, k: int) -> None:
     """A packed weight's one-row matmul and its gathered experts (MoE decode) reach the word GEMV with bf16 input
-    (K 512: several sets of rows a warp) and match the dequantized weight to a bf16 rounding."""
+    (K 256 / 512: several sets of rows a warp) and match the dequantized weight to a bf16 rounding; an expert's
+    view may start 8 bytes past a 16-byte boundary (IQ4_XS's 8 meta bytes a row, 21 rows)."""
     from stagewise.kernels.triton_launch import kernels_on_host
 
-    k = 512
-    w = _weight(qtype, (3, 20), k, seed=int(qtype))  # 3 experts of 20 rows
+    w = _weight(qtype, (3, 21), k, seed=int(qtype))  # 3 experts of 21 rows
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(1)).bfloat16()
     dense = w.dequantize().cpu()
     assert matmul_path(1, qtype, k, torch.bfloat16) == "gemv"

@@ -485,8 +485,10 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
         raise ValueError(f"the word GEMV takes Q4_K / Q5_K / Q6_K / IQ4_XS, bf16 input, K a multiple of {block_k}, an "
                          "expert index exactly for a stack")
     planes = {T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh), T.IQ4_XS: (qs, meta)}[weight.ggml_type]
-    if not all(word_aligned(p) for p in planes):  # the path is a function of type and shape: never switch on an address
-        raise ValueError(f"{weight.ggml_type.name} planes must start 16-byte aligned, strides a multiple of 4 bytes")
+    if not all(p.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in p.stride()[:-1]) for p in planes):
+        # read as int32 (Triton's launch vectorizes where the start and strides allow 16 bytes); the path is a
+        # function of type and shape: never switch on an address
+        raise ValueError(f"{weight.ggml_type.name} planes must start 4-byte aligned with strides a multiple of 4 bytes")
     if x2.data_ptr() % 4 or x2.stride(0) % 2:  # read as bf16 pairs: a view at an odd element is copied (same values)
         x2 = x2.clone(memory_format=torch.contiguous_format)
     qh_arg = qh if qh.shape[-1] else qs  # Q4_K: no high plane, any pointer (never read)
