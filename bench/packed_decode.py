@@ -1,9 +1,9 @@
 """Kernels A and B (packed few-rows GEMM on the planes) on the GPU, inside CUDA graphs, beside what they replace.
 
 Dense matrices at Llama-3.1-8B's shapes, every row count asked: µs per call and GB/s of the packed bytes
-for ``new`` (``PackedWeight.matmul``'s kernel: A up to 16 rows, B to 128), ``old`` (the packed GEMV up
-to 16 rows, one program row per input row; the grouped GEMM with the former ``packed_gemm`` tiles
-beyond) and ``dense`` (a bf16 matrix of the same shape through ``torch.nn.functional.linear``). With
+for ``new`` (``packed_matmul``: kernel A up to 16 rows, B to 128), ``old`` (the packed GEMV up to 16
+rows, one program row per input row, the word GEMV where it applies: what ``PackedWeight.matmul`` takes
+for one row of those types; the grouped GEMM with the former ``packed_gemm`` tiles beyond) and ``dense`` (a bf16 matrix of the same shape through ``torch.nn.functional.linear``). With
 ``--sweep``, kernel A's tiles (64/128 rows a program, 4/8 warps) and its inline-PTX conversion on and
 off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
 experts through kernel A's expert blocks against the grouped GEMM. Every output is checked against
