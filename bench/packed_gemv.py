@@ -6,7 +6,7 @@ holds, so every call reads HBM) and the replay is timed with CUDA events (``kern
 the weight as ``dequantize_rows`` expands it (itself bit-identical to gguf.quants, tests/test_packed_kernels.py).
 The weights are random block bytes with small finite scales. GPU only.
 
-    python3 bench/packed_gemv.py --out bench/results/packed_gemv_h200.json [--types q4_k,q6_k]
+    python3 bench/packed_gemv.py --out bench/results/packed_gemv_h200.json [--types q4_k,q6_k] [--words]
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/packed_gemv_h200.json")
     ap.add_argument("--types", default="", help="comma-separated type names (default: every packed type)")
+    ap.add_argument("--words", action="store_true",
+                    help="the word GEMV's tiles and its PTX off against the former path's config only (a few "
+                         "compiles a shape instead of every candidate: minutes a type on a GPU host)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/packed_gemv.py needs a CUDA GPU", file=sys.stderr)
@@ -128,8 +131,9 @@ def main() -> int:
             copies = max(4, min(64, ROTATE_BYTES // nbytes))
             ws = [_random_weight(qtype, n, k, dev) for _ in range(copies)]
             ref = x.double() @ dequantize_rows(ws[0].qs, ws[0].qh, ws[0].meta, qtype, k).double().T
+            former = [config_for(qtype, n, k, False)] if args.words else CANDIDATES
             fns: dict[str, Callable[[int], torch.Tensor]] = {
-                str(cfg): (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg)) for cfg in CANDIDATES}
+                str(cfg): (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg)) for cfg in former}
             words = words_config(qtype, k, False, x.dtype)
             current = f"words {words}" if words else str(config_for(qtype, n, k, False))
             if current not in fns:
@@ -139,7 +143,7 @@ def main() -> int:
                     fns[f"words {cfg}"] = lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], word_config=cfg)
             if words:
                 fns["words, no PTX"] = lambda i, x=x, ws=ws: _without_word_ptx(lambda: packed_gemv(x, ws[i]))
-            if qtype in SLOT_TYPES:  # the byte path beside the slot path, same configs
+            if qtype in SLOT_TYPES and not args.words:  # the byte path beside the slot path, same configs
                 for cfg in [*CANDIDATES[:4], config_for(qtype, n, k, False)]:
                     fns[f"bytes {cfg}"] = (lambda i, x=x, ws=ws, cfg=cfg: packed_gemv(x, ws[i], config=cfg, slots=False))
             rows.append(_sweep(f"{qtype.name} {label}", nbytes, fns, ref, copies, current, dense_us))
