@@ -4,7 +4,7 @@
 #  (1) GPU tests: the packed GEMVs with the word GEMV compiled (its inline PTX), kernels A / B and the dispatch;
 #      packed steps' graph pieces (capture and replay against the eager step, staged = single), the load check's
 #      peak with the graphs' pools;
-#  (2) bench/packed_gemv.py --types q4_k,q5_k,q6_k: the word GEMV against the slot / byte GEMV at Llama-3.1-8B's shapes,
+#  (2) bench/packed_gemv.py --types q4_k,q6_k --words: the word GEMV against the slot / byte GEMV at Llama-3.1-8B shapes,
 #      in graphs; bench/packed_decode.py: kernel A against the GEMV at 1 row (Q6_K took kernel A: 99 us gate/up);
 #  (3) `stagewise bench random:llama-3.1-8b@q4_k` (every matrix Q4_K, the head Q6_K; random weights take no
 #      Q4_K_M mix: a make-model file does), one stream, old and new (2026-12-06 on an H100: 196.9 -> 316.3);
