@@ -231,7 +231,7 @@ def test_worker_that_never_joins(model_dir: Path, monkeypatch: pytest.MonkeyPatc
         started = time.monotonic()
         with pytest.raises(WorkerNotJoined, match=r"rank\(s\) \[2\] did not join .* --rank 2"):
             load_model(str(model_dir), workers=f"2@127.0.0.1:{port}", join_timeout_s=6, context=CONTEXT)
-        assert time.monotonic() - started < 6 + 5
+        assert time.monotonic() - started < 6 + 12  # the 6 s join timeout, not the worker's 20 s (load may slow it)
         code = worker.wait(timeout=20)
         assert worker.stderr is not None
         err = worker.stderr.read()
