@@ -139,6 +139,27 @@ def _k_scale_min(base, mask, s):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def k_word_scales(w0, w1, w2, w3, c):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K: a super-block's 16 meta bytes as four int32 words (d and dmin, then the 12 scale bytes) ->
+    chunk ``c``'s sub-blocks ``2c`` and ``2c + 1`` (any shape): ``(d scale, dmin min)`` of each, float32."""
+    d = ((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    dmin = (((w0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
+    sh = 16 * (c & 1)  # sub-blocks 2c, 2c + 1: scale bytes (2c) & 3 and (2c + 1) & 3 of each word
+    lo = c < 2
+    a0 = (w1 >> sh) & 0xFF
+    a1 = (w1 >> (sh + 8)) & 0xFF
+    m0 = (w2 >> sh) & 0xFF
+    m1 = (w2 >> (sh + 8)) & 0xFF
+    e0 = (w3 >> sh) & 0xFF
+    e1 = (w3 >> (sh + 8)) & 0xFF
+    scale0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
+    scale1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
+    min0 = dmin * tl.where(lo, m0 & 0x3F, (e0 >> 4) | ((m0 >> 2) & 0x30)).to(tl.float32)
+    min1 = dmin * tl.where(lo, m1 & 0x3F, (e1 >> 4) | ((m1 >> 2) & 0x30)).to(tl.float32)
+    return scale0, min0, scale1, min1
+
+
+@triton.jit
 def _q45_k(qb, hb, mb, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # type: ignore[no-untyped-def]
     """Q4_K / Q5_K super-blocks ``(BN, NB)`` -> ``(BN, NB, 4, 2, 32)``: value ``64c + 32h + l``, sub-block ``2c + h``.
     Meta: d, dmin, 12 scale bytes (the file's first 16 bytes); Q5_K's 32 high-bit bytes in the high plane."""

@@ -32,7 +32,7 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.expert_stacks import PackedStack, check_planes
 from stagewise.kernels.gemv_triton import gemv_grid, gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.packed_blocks_triton import block_tile
+from stagewise.kernels.packed_blocks_triton import block_tile, k_word_scales
 from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device, next_power_of_2
 from stagewise.kernels.word_gemv_triton import word_aligned, words_config, words_gemv
 from stagewise.spec.packed_types import block_elements
@@ -73,21 +73,7 @@ def _k_slots(q_rows, h_rows, meta32_rows, k0, K, n_mask, TYPE: tl.constexpr, NB:
     w1 = tl.load(head + 1, mask=mask, other=0)[:, :, None, None]  # scale bytes 0-3
     w2 = tl.load(head + 2, mask=mask, other=0)[:, :, None, None]  # 4-7
     w3 = tl.load(head + 3, mask=mask, other=0)[:, :, None, None]  # 8-11
-    c4 = tl.arange(0, 4)[None, None, :, None]
-    d = ((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
-    dmin = (((w0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
-    sh = 16 * (c4 & 1)  # sub-blocks 2c, 2c + 1: scale bytes (2c) & 3 and (2c + 1) & 3 of each word
-    lo = c4 < 2
-    a0 = (w1 >> sh) & 0xFF
-    a1 = (w1 >> (sh + 8)) & 0xFF
-    m0 = (w2 >> sh) & 0xFF
-    m1 = (w2 >> (sh + 8)) & 0xFF
-    e0 = (w3 >> sh) & 0xFF
-    e1 = (w3 >> (sh + 8)) & 0xFF
-    scale0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
-    scale1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
-    min0 = dmin * tl.where(lo, m0 & 0x3F, (e0 >> 4) | ((m0 >> 2) & 0x30)).to(tl.float32)
-    min1 = dmin * tl.where(lo, m1 & 0x3F, (e1 >> 4) | ((m1 >> 2) & 0x30)).to(tl.float32)
+    scale0, min0, scale1, min1 = k_word_scales(w0, w1, w2, w3, tl.arange(0, 4)[None, None, :, None])
     return quants, high, scale0, scale1, min0, min1
 
 

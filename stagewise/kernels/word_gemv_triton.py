@@ -39,7 +39,7 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.expert_stacks import PackedStack
 from stagewise.kernels.gemv_triton import gemv_grid
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.packed_blocks_triton import IQ4_HI, IQ4_LO, codebook
+from stagewise.kernels.packed_blocks_triton import IQ4_HI, IQ4_LO, codebook, k_word_scales
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 T = GGMLQuantizationType
@@ -122,20 +122,25 @@ def _byte(v, J: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _fma4(acc, a0, a1, a2, a3, p0, p1):  # type: ignore[no-untyped-def]
+    """``acc + a0 x0 + a1 x1 + a2 x2 + a3 x3``, the inputs the bf16 pairs ``p0`` (x0, x1) and ``p1`` (x2, x3): one
+    FMA a value, chained (never a product summed apart)."""
+    acc = acc + a0 * _bf16_lane(p0, False)
+    acc = acc + a1 * _bf16_lane(p0, True)
+    acc = acc + a2 * _bf16_lane(p1, False)
+    return acc + a3 * _bf16_lane(p1, True)
+
+
+@triton.jit
 def _byte_dot(v, p0, p1, acc, ASM: tl.constexpr):  # type: ignore[no-untyped-def]
-    """``acc + sum_j (128 + byte_j(v)) x_j``, the inputs the bf16 pairs ``p0`` (bytes 0, 1) and ``p1`` (2, 3):
-    one FMA a value, chained (never a product summed apart)."""
+    """``acc + sum_j (128 + byte_j(v)) x_j``, the inputs the bf16 pairs ``p0`` (bytes 0, 1) and ``p1`` (2, 3)."""
     if ASM:
         a0, a1, a2, a3 = tl.inline_asm_elementwise(
             asm=BYTES_ASM, constraints="=r,=r,=r,=r,r", args=[v],
             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     else:
         a0, a1, a2, a3 = _byte(v, 0), _byte(v, 1), _byte(v, 2), _byte(v, 3)
-    acc = acc + a0 * _bf16_lane(p0, False)
-    acc = acc + a1 * _bf16_lane(p0, True)
-    acc = acc + a2 * _bf16_lane(p1, False)
-    acc = acc + a3 * _bf16_lane(p1, True)
-    return acc
+    return _fma4(acc, a0, a1, a2, a3, p0, p1)
 
 
 @triton.jit
@@ -147,6 +152,14 @@ def _run_dot(v0, v1, v2, v3, xa, xb, ASM: tl.constexpr):  # type: ignore[no-unty
     acc = _byte_dot(v1, p2, p3, acc, ASM)
     acc = _byte_dot(v2, q0, q1, acc, ASM)
     return _byte_dot(v3, q2, q3, acc, ASM)
+
+
+@triton.jit
+def _input_quarters(x32, xo):  # type: ignore[no-untyped-def]
+    """The 8 loads of 4 bf16 pairs from ``xo``, ``xo + 4`` .. ``xo + 28`` (64 inputs a thread), each in quarters."""
+    return (quarters(tl.load(x32 + xo)), quarters(tl.load(x32 + xo + 4)), quarters(tl.load(x32 + xo + 8)),
+            quarters(tl.load(x32 + xo + 12)), quarters(tl.load(x32 + xo + 16)), quarters(tl.load(x32 + xo + 20)),
+            quarters(tl.load(x32 + xo + 24)), quarters(tl.load(x32 + xo + 28)))
 
 
 @triton.jit
@@ -162,23 +175,10 @@ def _pairs_sum(xa, xb):  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _q4k_scales(m0, m1, m2, m3, c):  # type: ignore[no-untyped-def]
-    """A Q4_K super-block's meta words (d and dmin, then the 12 scale bytes) -> chunk ``c``'s sub-blocks ``2c``
-    and ``2c + 1``: each one's scale and the offset ``min + 128 scale`` its ``sum(x)`` takes out."""
-    d = ((m0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
-    dmin = (((m0 >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)).to(tl.float32)
-    sh = 16 * (c & 1)
-    lo = c < 2
-    a0 = (m1 >> sh) & 0xFF
-    a1 = (m1 >> (sh + 8)) & 0xFF
-    n0 = (m2 >> sh) & 0xFF
-    n1 = (m2 >> (sh + 8)) & 0xFF
-    e0 = (m3 >> sh) & 0xFF
-    e1 = (m3 >> (sh + 8)) & 0xFF
-    s0 = d * tl.where(lo, a0 & 0x3F, (e0 & 0x0F) | ((a0 >> 2) & 0x30)).to(tl.float32)
-    s1 = d * tl.where(lo, a1 & 0x3F, (e1 & 0x0F) | ((a1 >> 2) & 0x30)).to(tl.float32)
-    k0 = dmin * tl.where(lo, n0 & 0x3F, (e0 >> 4) | ((n0 >> 2) & 0x30)).to(tl.float32) + 128.0 * s0
-    k1 = dmin * tl.where(lo, n1 & 0x3F, (e1 >> 4) | ((n1 >> 2) & 0x30)).to(tl.float32) + 128.0 * s1
-    return s0, k0, s1, k1
+    """A Q4_K super-block's meta words -> chunk ``c``'s sub-blocks ``2c`` and ``2c + 1``: each one's scale and
+    the offset ``min + 128 scale`` its ``sum(x)`` takes out."""
+    s0, n0, s1, n1 = k_word_scales(m0, m1, m2, m3, c)
+    return s0, n0 + 128.0 * s0, s1, n1 + 128.0 * s1
 
 
 @triton.jit
@@ -208,10 +208,7 @@ def _q45k_step(accs, q32, h32, m32, x32, n0, N, bk, rt4, t4, k4, t3, stride_q32,
         weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 4), tl.load(m32 + mo), high),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
     xo = bk * 128 + 32 * t4 + k4 + 0 * rt4  # bf16 pairs: chunk c's 32 low-nibble inputs from pair 32c, high 32c + 16
-    xl0, xl1 = quarters(tl.load(x32 + xo)), quarters(tl.load(x32 + xo + 4))
-    xl2, xl3 = quarters(tl.load(x32 + xo + 8)), quarters(tl.load(x32 + xo + 12))
-    xh0, xh1 = quarters(tl.load(x32 + xo + 16)), quarters(tl.load(x32 + xo + 20))
-    xh2, xh3 = quarters(tl.load(x32 + xo + 24)), quarters(tl.load(x32 + xo + 28))
+    xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3 = _input_quarters(x32, xo)
     sl = _pairs_sum(xl0, xl1) + _pairs_sum(xl2, xl3)  # once for every row
     sh = _pairs_sum(xh0, xh1) + _pairs_sum(xh2, xh3)
     out = ()
@@ -320,14 +317,21 @@ def _iq4_dot(w, p0, p1, q0, q1, acc, ASM: tl.constexpr):  # type: ignore[no-unty
     else:
         a0, a1, a2, a3 = _iq4_entry(w, 0), _iq4_entry(w, 8), _iq4_entry(w, 16), _iq4_entry(w, 24)
         b0, b1, b2, b3 = _iq4_entry(w, 4), _iq4_entry(w, 12), _iq4_entry(w, 20), _iq4_entry(w, 28)
-    acc = acc + a0 * _bf16_lane(p0, False)
-    acc = acc + a1 * _bf16_lane(p0, True)
-    acc = acc + a2 * _bf16_lane(p1, False)
-    acc = acc + a3 * _bf16_lane(p1, True)
-    acc = acc + b0 * _bf16_lane(q0, False)
-    acc = acc + b1 * _bf16_lane(q0, True)
-    acc = acc + b2 * _bf16_lane(q1, False)
-    return acc + b3 * _bf16_lane(q1, True)
+    return _fma4(_fma4(acc, a0, a1, a2, a3, p0, p1), b0, b1, b2, b3, q0, q1)
+
+
+@triton.jit
+def _iq4_run(w0, w1, w2, w3, xl0, xl1, xh0, xh1, ASM: tl.constexpr):  # type: ignore[no-untyped-def]
+    """An IQ4_XS sub-block (four words) against its inputs: the low nibbles' in ``xl0``, ``xl1``, the high ones' in
+    ``xh0``, ``xh1`` (the quarters of two loads each)."""
+    p0, p1, p2, p3 = xl0
+    q0, q1, q2, q3 = xh0
+    acc = _iq4_dot(w0, p0, p1, q0, q1, tl.zeros_like(_bf16_lane(p0, False)), ASM)
+    acc = _iq4_dot(w1, p2, p3, q2, q3, acc, ASM)
+    p0, p1, p2, p3 = xl1
+    q0, q1, q2, q3 = xh1
+    acc = _iq4_dot(w2, p0, p1, q0, q1, acc, ASM)
+    return _iq4_dot(w3, p2, p3, q2, q3, acc, ASM)
 
 
 @triton.jit
@@ -354,10 +358,7 @@ def _iq4xs_step(accs, q32, m32, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride
         weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 4), tl.load(m32 + mo), tl.load(m32 + mo + 1)),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
     xo = bk * 128 + 32 * t4 + k4 + 0 * rt4  # bf16 pairs: sub-block 2t from pair 32t (its values 16 .. from + 8)
-    al0, al1 = quarters(tl.load(x32 + xo)), quarters(tl.load(x32 + xo + 4))
-    ah0, ah1 = quarters(tl.load(x32 + xo + 8)), quarters(tl.load(x32 + xo + 12))
-    bl0, bl1 = quarters(tl.load(x32 + xo + 16)), quarters(tl.load(x32 + xo + 20))
-    bh0, bh1 = quarters(tl.load(x32 + xo + 24)), quarters(tl.load(x32 + xo + 28))
+    al0, al1, ah0, ah1, bl0, bl1, bh0, bh1 = _input_quarters(x32, xo)
     sa = 128.0 * (_pairs_sum(al0, al1) + _pairs_sum(ah0, ah1))  # once for every row
     sb = 128.0 * (_pairs_sum(bl0, bl1) + _pairs_sum(bh0, bh1))
     out = ()
@@ -365,22 +366,8 @@ def _iq4xs_step(accs, q32, m32, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride
         wa, wb, m0, m1 = weights[r]  # type: ignore[var-annotated]
         w0, w1, w2, w3 = quarters(wa)
         w4, w5, w6, w7 = quarters(wb)
-        p0, p1, p2, p3 = al0
-        q0, q1, q2, q3 = ah0
-        da = _iq4_dot(w0, p0, p1, q0, q1, tl.zeros_like(sa), ASM)
-        da = _iq4_dot(w1, p2, p3, q2, q3, da, ASM)
-        p0, p1, p2, p3 = al1
-        q0, q1, q2, q3 = ah1
-        da = _iq4_dot(w2, p0, p1, q0, q1, da, ASM)
-        da = _iq4_dot(w3, p2, p3, q2, q3, da, ASM)
-        p0, p1, p2, p3 = bl0
-        q0, q1, q2, q3 = bh0
-        db = _iq4_dot(w4, p0, p1, q0, q1, tl.zeros_like(sa), ASM)
-        db = _iq4_dot(w5, p2, p3, q2, q3, db, ASM)
-        p0, p1, p2, p3 = bl1
-        q0, q1, q2, q3 = bh1
-        db = _iq4_dot(w6, p0, p1, q0, q1, db, ASM)
-        db = _iq4_dot(w7, p2, p3, q2, q3, db, ASM)
+        da = _iq4_run(w0, w1, w2, w3, al0, al1, ah0, ah1, ASM)
+        db = _iq4_run(w4, w5, w6, w7, bl0, bl1, bh0, bh1, ASM)
         part = _iq4xs_scales(m0, m1, t3, 0) * (da - sa) + _iq4xs_scales(m0, m1, t3, 1) * (db - sb)
         out = out + (accs[r] + part,)  # type: ignore[assignment]  # noqa: RUF005
     return out
