@@ -28,26 +28,10 @@ PYTHONPATH=$NEW:/tmp/site timeout 200 python3 bench/packed_gemv.py --types q4_k,
   2>&1 | grep -v Warning  # the word tiles and PTX off against the former path's config (--words: few compiles)
 PYTHONPATH=$NEW:/tmp/site timeout 80 python3 bench/packed_decode.py --types q4_k,q6_k --shapes gate/up,down \
   --rows 1 --moe-tokens "" --out "$O/packed_decode_words.json" 2>&1 | grep -v Warning | tail -8
-bench() {  # side model concurrency prompt gen name
-  T=$NEW; [ $1 = old ] && T=$OLD
-  left=$(( 570 - ($(date +%s) - t0) )); [ $left -lt 40 ] && { stamp "no time for $6 $1"; return; }
-  stamp "$6, $1 (${left} s left)"
-  (cd $T && PYTHONPATH=$T:/tmp/site timeout $(( left < 110 ? left : 110 )) python3 -m stagewise bench "$2" --devices cuda:0 \
-    --placement single --concurrency $3 --prompt $4 --gen $5 --repeats 2 --json > "$O/bench_$6_$1.json" 2> "$O/bench_$6_$1.err")
-  python3 - "$O/bench_$6_$1.json" <<'PY'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except Exception as e:
-    print("  no result:", e); sys.exit()
-for l in d["levels"]:
-    print(f"  {l['streams']} streams: decode {l['decode_tokens_per_s']:.1f} tok/s, TTFT median {l['ttft_s_median'] * 1e3:.1f} ms, "
-          f"aggregate {l['aggregate_tokens_per_s']:.0f}")
-PY
-  grep -v Warning "$O/bench_$6_$1.err" | tail -2
-}
-for side in new old; do bench $side random:llama-3.1-8b@q4_k 1 128 128 llama8b_q4k_1; done
-for side in new old; do bench $side random:qwen3.6-35b-a3b@q4_k 1 128 128 qwen36_q4k_1; done
-for side in new old; do bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
-for side in new old; do bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
+AB_BUDGET_S=570 AB_CAP_S=110
+source bench/ab_bench.sh  # ab_bench SIDE MODEL STREAMS PROMPT GEN NAME
+for side in new old; do ab_bench $side random:llama-3.1-8b@q4_k 1 128 128 llama8b_q4k_1; done
+for side in new old; do ab_bench $side random:qwen3.6-35b-a3b@q4_k 1 128 128 qwen36_q4k_1; done
+for side in new old; do ab_bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
+for side in new old; do ab_bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
 stamp done

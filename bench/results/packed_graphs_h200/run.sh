@@ -21,26 +21,10 @@ PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cac
 stamp "(1b) the load check's peak with the graphs' pools counted (peak within the charge, tiny models)"
 PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_peak_check.py 2>&1 \
   | tail -15 | tee -a "$O/gpu_tests.txt"
-bench() {  # side model concurrency prompt gen name
-  T=$NEW; [ $1 = old ] && T=$OLD
-  left=$(( 560 - ($(date +%s) - t0) )); [ $left -lt 40 ] && { stamp "no time for $6 $1"; return; }
-  stamp "$6, $1 (${left} s left)"
-  (cd $T && PYTHONPATH=$T:/tmp/site timeout $(( left < 120 ? left : 120 )) python3 -m stagewise bench "$2" --devices cuda:0 \
-    --placement single --concurrency $3 --prompt $4 --gen $5 --repeats 2 --json > "$O/bench_$6_$1.json" 2> "$O/bench_$6_$1.err")
-  python3 - "$O/bench_$6_$1.json" <<'PY'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except Exception as e:
-    print("  no result:", e); sys.exit()
-for l in d["levels"]:
-    print(f"  {l['streams']} streams: decode {l['decode_tokens_per_s']:.0f} tok/s, TTFT median {l['ttft_s_median'] * 1e3:.1f} ms, "
-          f"aggregate {l['aggregate_tokens_per_s']:.0f}")
-PY
-  grep -v Warning "$O/bench_$6_$1.err" | tail -2
-}
-for side in new old; do bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
-for side in new old; do bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
+AB_BUDGET_S=560 AB_CAP_S=120
+source bench/ab_bench.sh  # ab_bench SIDE MODEL STREAMS PROMPT GEN NAME
+for side in new old; do ab_bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
+for side in new old; do ab_bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
 for side in old new; do
   T=$NEW; [ $side = old ] && T=$OLD
   stamp "(3) gemv rows, $side"
@@ -48,6 +32,6 @@ for side in old new; do
 done
 stamp "(4) make-model (if absent)"
 [ -f $F ] || PYTHONPATH=$NEW:/tmp/site timeout 220 python3 -m stagewise make-model --config qwen3.6-35b-a3b --dtype q8_0 --seed 0 --device cuda $F > /tmp/make_model.log 2>&1
-[ -f $F ] && for side in new old; do bench $side $F 1 2048 16 qwen36_p2048; done
-[ -f $F ] && for side in new old; do bench $side $F 8 128 64 qwen36_8x128; done
+[ -f $F ] && for side in new old; do ab_bench $side $F 1 2048 16 qwen36_p2048; done
+[ -f $F ] && for side in new old; do ab_bench $side $F 8 128 64 qwen36_8x128; done
 stamp done
