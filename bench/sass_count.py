@@ -67,9 +67,10 @@ def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: in
 
 
 def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bool = True) -> tuple[bytes, float, dict]:
-    """The cubin of the packed GEMV of an ``(n, k)`` matrix (one output row: single-stream decode; the word path
-    where :func:`words_config` has one for bf16 input and ``words`` is True, else the slot or byte path), compiled for sm_90a as a
-    launch at Llama-3.1-8B's shapes specializes it (pointers, N, K and strides 16-divisible), and its config."""
+    """The cubin of the packed GEMV of an ``(n, k)`` matrix (one output row: single-stream decode; the word GEMV
+    where :func:`words_config` has a config for bf16 input and ``words`` is True, else the slot or byte path),
+    compiled for sm_90a as a launch at these shapes specializes it (pointers, N, K and strides 16-divisible), and
+    its config."""
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "qs_ptr": "*u8", "qh_ptr": "*u8", "meta_ptr": "*u8",
            "meta32_ptr": "*i32", "e_ptr": "*i32"}
     sig |= {name: "i32" for name in ("N", "K", "stride_xm", "stride_qe", "stride_qn", "stride_he", "stride_hn",
@@ -79,8 +80,7 @@ def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bo
     if config is not None:
         fn, (block_n, block_k, warps), stages = _words_kernel, config, 1
         consts = {"TYPE": int(ggml_type), "GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                  "ROW_THREADS": row_threads(block_k), "ASM": True,
-                  "GDC": False, "x_repeat": 1}
+                  "ROW_THREADS": row_threads(block_k), "ASM": True, "GDC": False, "x_repeat": 1}
     else:
         fn = _packed_gemv_kernel
         block_n, block_k, warps, stages = config_for(ggml_type, n, k, gather=False)
@@ -147,7 +147,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="q4_k,q5_k,q6_k,iq4_xs,q4_0")
     ap.add_argument("--modes", default="A,B", help="A: kernel A at 16 rows; B: kernel B at 64 rows; "
-                    "G: the packed GEMV at one row (Llama-3.1-8B's gate/up and down)")
+                    "G: the packed GEMV at one row (Llama-3.1-8B's gate/up and down, Qwen3.6's expert down)")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)

@@ -34,7 +34,7 @@ from stagewise.kernels.gemv_triton import gemv_grid, gemv_tile
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.packed_blocks_triton import block_tile, k_word_scales
 from stagewise.kernels.triton_launch import dependent_launch, int32_index, launch_device, next_power_of_2
-from stagewise.kernels.word_gemv_triton import word_aligned, words_config, words_gemv
+from stagewise.kernels.word_gemv_triton import int32_rows, words_config, words_gemv
 from stagewise.spec.packed_types import block_elements
 
 # types whose GEMV reads 8-byte slots and applies scales once a sub-block
@@ -209,7 +209,7 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
         return y
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     use_slots = slots and ggml_type in SLOT_TYPES
-    if use_slots and not word_aligned(meta):  # the path is a function of type and shape only: never switch on an address
+    if use_slots and not int32_rows(meta, 16):  # the path is a function of type and shape only: never switch on an address
         raise ValueError(f"{ggml_type.name} meta rows must start 16-byte aligned with strides a multiple of 4 bytes")
     meta32 = meta.view(torch.int32) if use_slots else meta  # the super-blocks' 16 meta bytes as 32-bit words
     qh_arg = qh if qh.shape[-1] else qs  # no high plane: any pointer (never read)

@@ -433,9 +433,11 @@ def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm
         tl.store(y_ptr + m * stride_ym + rows_out + r, y.to(y_ptr.dtype.element_ty), mask=rows_out + r < N)
 
 
-def word_aligned(plane: torch.Tensor) -> bool:
-    """Whether ``plane``'s rows can be read as 32-bit words (every stride a multiple of 4, the start of 16)."""
-    return all(st % 4 == 0 for st in plane.stride()[:-1]) and plane.shape[-1] % 4 == 0 and plane.data_ptr() % 16 == 0
+def int32_rows(plane: torch.Tensor, start_align: int) -> bool:
+    """Whether ``plane``'s rows can be read as 32-bit words: every stride and the row a multiple of 4 bytes, the
+    start of ``start_align`` (4 for the word GEMV, whose launch vectorizes where it can; 16 for the slot GEMV)."""
+    return (all(st % 4 == 0 for st in plane.stride()[:-1]) and plane.shape[-1] % 4 == 0
+            and plane.data_ptr() % start_align == 0)
 
 
 def words_config(ggml_type: GGMLQuantizationType, k: int, gather: bool,
@@ -472,9 +474,7 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
         raise ValueError(f"the word GEMV takes Q4_K / Q5_K / Q6_K / IQ4_XS, bf16 input, K a multiple of {block_k}, an "
                          "expert index exactly for a stack")
     planes = {T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh), T.IQ4_XS: (qs, meta)}[weight.ggml_type]
-    if not all(p.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in p.stride()[:-1]) for p in planes):
-        # read as int32 (Triton's launch vectorizes where the start and strides allow 16 bytes); the path is a
-        # function of type and shape: never switch on an address
+    if not all(int32_rows(p, 4) for p in planes):  # the path is a function of type and shape: never switch on an address
         raise ValueError(f"{weight.ggml_type.name} planes must start 4-byte aligned with strides a multiple of 4 bytes")
     if x2.data_ptr() % 4 or x2.stride(0) % 2:  # read as bf16 pairs: a view at an odd element is copied (same values)
         x2 = x2.clone(memory_format=torch.contiguous_format)
@@ -489,6 +489,5 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
             x2, qs, qh_arg, meta, y, y if expert_index is None else expert_index, n, k, x2.stride(0), *strides(qs),
             *strides(qh_arg), *strides(meta), y.stride(0), x_repeat, TYPE=int(weight.ggml_type), GATHER=gather,
             BLOCK_N=block_n, BLOCK_K=block_k, ROW_THREADS=sets, ASM=WORDS_ASM and x2.is_cuda, num_warps=warps,
-            num_stages=1,
-            **dependent_launch(x2),
+            num_stages=1, **dependent_launch(x2),
         )
