@@ -137,13 +137,20 @@ def test_configs_are_a_function_of_type_and_shape() -> None:
             assert block_k % block == 0 and block_k & (block_k - 1) == 0
 
 
+def _within_a_bf16_ulp(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """Each output within one bf16 ulp (at most 2^-7 of the value: the interpreter's bf16 conversion truncates) of
+    the float32 reference, plus 1e-5 of the largest output (the float32 sum's own rounding)."""
+    err = (got.float() - ref).abs()
+    bound = ref.abs() * 2.0**-7 + 1e-5 * ref.abs().max()
+    assert bool((err <= bound).all()), float((err / bound).max())
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144), (37, 512), (9, 256)],
                          ids=["k2048", "k4096", "k6144-steps", "k512-row-sets", "k256-row-sets"])
 def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int, k: int) -> None:
-    """One Q4_K, Q5_K, Q6_K or IQ4_XS matrix with bf16 input takes the word GEMV (magic-number values, inline PTX on a GPU,
-    Triton's ops here): each output within one bf16 ulp of float32 ``x @ W.T`` (the interpreter's bf16
-    conversion truncates; the float32 sum itself is good to ~1e-5 of the largest output), for a partial row
+    """One Q4_K, Q5_K, Q6_K or IQ4_XS matrix with bf16 input takes the word GEMV (magic-number values, inline
+    PTX on a GPU, Triton's ops here): each output within one bf16 ulp of float32 ``x @ W.T``, for a partial row
     tile, K of one and of three steps, and short K (several sets of rows a warp, the last set partial)."""
     from stagewise.kernels.word_gemv_triton import words_config
 
@@ -154,8 +161,7 @@ def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int,
     got = packed_gemv(x.to(DEVICE), _stack(raw, qtype)).cpu()
     ref = x.float() @ w.T
     assert got.dtype == torch.bfloat16 and got.shape == (2, n)
-    bound = ref.abs() * 2.0**-7 + 1e-5 * ref.abs().max()  # a bf16 ulp is at most 2^-7 of the value
-    assert bool(((got.float() - ref).abs() <= bound).all()), float(((got.float() - ref).abs() / bound).max())
+    _within_a_bf16_ulp(got, ref)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
@@ -168,8 +174,7 @@ def test_the_word_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x
     x = torch.randn(4 // x_repeat, k, generator=torch.Generator().manual_seed(x_repeat)).bfloat16()
     got = packed_gemv(x.to(DEVICE), _stack(raw, qtype), index.to(DEVICE), x_repeat=x_repeat).cpu().float()
     ref = torch.stack([w[index[m]] @ x[m // x_repeat].float() for m in range(4)])
-    bound = ref.abs() * 2.0**-7 + 1e-5 * ref.abs().max()
-    assert bool(((got - ref).abs() <= bound).all()), float(((got - ref).abs() / bound).max())
+    _within_a_bf16_ulp(got, ref)
 
 
 def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
@@ -216,8 +221,8 @@ def test_the_iq4_ptx_makes_128_plus_each_codebook_entry_in_float32() -> None:
     kvalues = gguf.quants.IQ4_NL.kvalues
     rng = np.random.default_rng(1)
     words = [sum(((4 * i + j) % 16 | ((15 - 4 * i - j) % 16) << 4) << (8 * j) for j in range(4)) for i in range(4)]
+    tables = {f"${9 + i}": v & 0xFFFFFFFF for i, v in enumerate(kernels.IQ4_TABLES)}
     for word in [*words, *rng.integers(0, 2**32, size=64).tolist()]:
-        tables = {f"${9 + i}": v & 0xFFFFFFFF for i, v in enumerate(kernels.IQ4_TABLES)}
         out = _run_ptx(kernels.CODEBOOK_ASM.value, {"$8": int(word), **tables})
         got = [struct.unpack("<f", struct.pack("<I", out[f"${i}"]))[0] for i in range(8)]
         q = [(int(word) >> (8 * j)) & 0xFF for j in range(4)]
