@@ -10,6 +10,10 @@ import torch
 if not torch.cuda.is_available():
     # NOTE: must precede the first import of a kernel module (@triton.jit reads it at decoration)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.interpreter_calls import install
+
+    install()  # device-function calls without re-patching the language each time (tests/interpreter_calls.py)
 
 # worker processes compute with this process's thread count: CPU float results can depend on it, and the
 # multiprocess tests compare workers with this process bit for bit (a local worker otherwise takes its

@@ -60,54 +60,54 @@ def _split_kernel(
     valid = tl.load(pos_ptr + b).to(tl.int32) + 1  # keys 0 .. position
     per = _range_keys(valid, SPLITS, BLOCK_KEYS)
     lo = s * per
-    hi = tl.minimum(lo + per, valid)  # lo >= hi: a range past the keys, nothing to do or write
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, BLOCK_D)
-    g_mask = g < groups
-    d_mask = d < dim
-    heads = kvh * groups + g  # the query heads that share this kv head
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (G, D)
-    m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((G_PAD,), dtype=tl.float32)
-    acc = tl.zeros((G_PAD, BLOCK_D), dtype=tl.float32)
-    head = kvh.to(tl.int64) * stride_ch
-    offs_l = tl.arange(0, BLOCK_L)
-    for start in range(lo, hi, BLOCK_L):  # a tile is one block (BLOCK_L == block tokens; lo is block-aligned)
-        block = tl.load(table_ptr + b * stride_tb + start // BLOCK_L).to(tl.int64)  # one lookup per block
-        keys = start + offs_l
-        k_mask = keys < hi
-        ptrs = block * stride_cb + head + offs_l[:, None].to(tl.int64) * stride_cl + d[None, :]
-        k = tl.load(kc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
-        if FP8:  # float8 values times their per-position scale (applied to the scores and the weights)
-            k = k.to(q.dtype)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
-        if FP8:
-            sptrs = block * stride_sb + kvh.to(tl.int64) * stride_sh + offs_l
-            scores = scores * tl.load(ks_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
-        scores = tl.where(k_mask[None, :], scores * sm_scale_log2, float("-inf"))  # (G, L), log2 units
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
-        pv = p
-        if FP8:
-            v = v.to(q.dtype)
-            pv = p * tl.load(vs_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
-        m_i = m_new
-    used = g < tl.where(lo < hi, groups, 0)  # the heads' rows, none for a range past the keys
-    row = (b * kv_heads * groups + heads) * SPLITS + s  # (sequence, query head, range)
-    tl.store(m_ptr + row, m_i, mask=used)
-    tl.store(l_ptr + row, l_i, mask=used)
-    tl.store(acc_ptr + row[:, None] * dim + d[None, :], acc, mask=used[:, None] & d_mask[None, :])
+    hi = tl.minimum(lo + per, valid)
+    if lo < hi:  # a range past the keys does nothing and writes nothing
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, BLOCK_D)
+        g_mask = g < groups
+        d_mask = d < dim
+        heads = kvh * groups + g  # the query heads that share this kv head
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (G, D)
+        m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((G_PAD,), dtype=tl.float32)
+        acc = tl.zeros((G_PAD, BLOCK_D), dtype=tl.float32)
+        head = kvh.to(tl.int64) * stride_ch
+        offs_l = tl.arange(0, BLOCK_L)
+        for start in range(lo, hi, BLOCK_L):  # a tile is one block (BLOCK_L == block tokens; lo is block-aligned)
+            block = tl.load(table_ptr + b * stride_tb + start // BLOCK_L).to(tl.int64)  # one lookup per block
+            keys = start + offs_l
+            k_mask = keys < hi
+            ptrs = block * stride_cb + head + offs_l[:, None].to(tl.int64) * stride_cl + d[None, :]
+            k = tl.load(kc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
+            if FP8:  # float8 values times their per-position scale (applied to the scores and the weights)
+                k = k.to(q.dtype)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            if FP8:
+                sptrs = block * stride_sb + kvh.to(tl.int64) * stride_sh + offs_l
+                scores = scores * tl.load(ks_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
+            scores = tl.where(k_mask[None, :], scores * sm_scale_log2, float("-inf"))  # (G, L), log2 units
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(vc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
+            pv = p
+            if FP8:
+                v = v.to(q.dtype)
+                pv = p * tl.load(vs_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
+            m_i = m_new
+        row = (b * kv_heads * groups + heads) * SPLITS + s  # (sequence, query head, range)
+        tl.store(m_ptr + row, m_i, mask=g_mask)
+        tl.store(l_ptr + row, l_i, mask=g_mask)
+        tl.store(acc_ptr + row[:, None] * dim + d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
