@@ -22,7 +22,7 @@ timeout 75 python3 bench/fit_context_check.py random:qwen3.6-35b-a3b@q4_k --devi
   --kv-dtype fp8 --max-seqs 1 --prompt 60000 --gen 64 --json "$O/qwen36_q4k_22.76GB_fp8_ctx65536.json" 2>&1 \
   | grep -v Warning | tail -24
 stamp "3. GPU-marked tests"
-timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_peak_check.py tests/test_fp8_kv.py 2>&1 | tail -12
+timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_peak_check.py tests/test_fp8_kv.py 2>&1 | tail -12
 stamp "4. speed, as before"
 timeout 70 python3 -m stagewise bench random:qwen3.6-35b-a3b@q8_0 --devices cuda:0 --placement single --prompt 2048 \
   --gen 128 --repeats 3 --json > "$O/bench_qwen36_q8_1gpu.json" 2> "$O/bench_qwen36.err" || tail -5 "$O/bench_qwen36.err"

@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 stamp "(1) GPU tests"
 PYTHONPATH=$NEW:/tmp/site timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_packed_kernels.py \
   -k "word" 2>&1 | tail -8 | tee "$O/gpu_tests.txt"  # compiled: each test's configs take 5-10 s on the H100 host
-PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_packed_graphs.py \
+PYTHONPATH=$NEW:/tmp/site timeout 240 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_packed_graphs.py \
   tests/test_peak_check.py 2>&1 | tail -12 | tee -a "$O/gpu_tests.txt"
 stamp "(2) packed GEMV, Q4_K and Q6_K; kernel A against the GEMV"
 PYTHONPATH=$NEW:/tmp/site timeout 200 python3 bench/packed_gemv.py --types q4_k,q6_k --words --out "$O/packed_gemv_words.json" \

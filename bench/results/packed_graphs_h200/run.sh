@@ -19,7 +19,7 @@ stamp "(1) GPU tests"
 PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_packed_graphs.py \
   tests/test_triton_kernels.py -k "gemv or pieces" 2>&1 | tail -15 | tee "$O/gpu_tests.txt"
 stamp "(1b) the load check's peak with the graphs' pools counted (peak within the charge, tiny models)"
-PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_peak_check.py 2>&1 \
+PYTHONPATH=$NEW:/tmp/site timeout 200 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_peak_check.py 2>&1 \
   | tail -15 | tee -a "$O/gpu_tests.txt"
 AB_BUDGET_S=560 AB_CAP_S=120
 source bench/ab_bench.sh  # ab_bench SIDE MODEL STREAMS PROMPT GEN NAME
