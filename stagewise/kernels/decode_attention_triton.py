@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.kv_block_attention_triton import attend_kv_block
 from stagewise.kernels.triton_launch import dependent_launch, launch_device, next_power_of_2
 from stagewise.spec.decode_splits import decode_splits
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS
@@ -78,32 +79,9 @@ def _split_kernel(
             block = tl.load(table_ptr + b * stride_tb + start // BLOCK_L).to(tl.int64)  # one lookup per block
             keys = start + offs_l
             k_mask = keys < hi
-            ptrs = block * stride_cb + head + offs_l[:, None].to(tl.int64) * stride_cl + d[None, :]
-            k = tl.load(kc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
-            if FP8:  # float8 values times their per-position scale (applied to the scores and the weights)
-                k = k.to(q.dtype)
-            if IEEE:
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                scores = tl.dot(q, tl.trans(k))
-            if FP8:
-                sptrs = block * stride_sb + kvh.to(tl.int64) * stride_sh + offs_l
-                scores = scores * tl.load(ks_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
-            scores = tl.where(k_mask[None, :], scores * sm_scale_log2, float("-inf"))  # (G, L), log2 units
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(scores - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (L, D)
-            pv = p
-            if FP8:
-                v = v.to(q.dtype)
-                pv = p * tl.load(vs_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = attend_kv_block(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, block, head, kvh, offs_l, d, d_mask,
+                                            k_mask, k_mask[None, :], m_i, l_i, acc, sm_scale_log2, stride_cb,
+                                            stride_cl, stride_sb, stride_sh, IEEE, FP8)
         row = (b * kv_heads * groups + heads) * SPLITS + s  # (sequence, query head, range)
         tl.store(m_ptr + row, m_i, mask=g_mask)
         tl.store(l_ptr + row, l_i, mask=g_mask)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.grid_dependency import wait_for_predecessor
+from stagewise.kernels.kv_block_attention_triton import attend_kv_block
 from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device, next_power_of_2
 
 TILE_ROWS = 128  # query rows (G heads x tokens) per program; 64 when D > 128 (the accumulator's registers)
@@ -67,33 +68,10 @@ def _prefill_kernel(
         block = tl.load(table_ptr + row * stride_tb + start // BLOCK_N).to(tl.int64)
         keys = start + offs_n
         k_mask = keys < kv_len  # past every token of the program: not read (stale values of another row)
-        ptrs = block * stride_cb + head + offs_n[:, None].to(tl.int64) * stride_cl + d[None, :]
-        k = tl.load(kc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (N, D)
-        if FP8:  # float8 values times their per-position scale (applied to the scores and the weights)
-            k = k.to(q.dtype)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
-        if FP8:
-            sptrs = block * stride_sb + kvh.to(tl.int64) * stride_sh + offs_n
-            scores = scores * tl.load(ks_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
-        causal = keys[None, :] <= pos[:, None]
-        scores = tl.where(causal, scores * sm_scale_log2, float("-inf"))  # (R, N), log2 units
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))  # finite: key 0 is every row's first key
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)  # (N, D)
-        pv = p
-        if FP8:
-            v = v.to(q.dtype)
-            pv = p * tl.load(vs_ptr + sptrs, mask=k_mask, other=0.0)[None, :]
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
-        m_i = m_new
+        causal = keys[None, :] <= pos[:, None]  # finite max: key 0 is every row's first key
+        m_i, l_i, acc = attend_kv_block(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, block, head, kvh, offs_n, d, d_mask, k_mask,
+                                        causal, m_i, l_i, acc, sm_scale_log2, stride_cb, stride_cl, stride_sb,
+                                        stride_sh, IEEE, FP8)
     out = acc / l_i[:, None]
     if GATE:  # times sigmoid(gate), the output rounded first as the decode kernel and the torch path round it
         gate = tl.load(gate_ptr + tok64[:, None] * stride_gn + heads[:, None] * stride_gh + d[None, :],
