@@ -18,6 +18,7 @@ from stagewise.spec.workspace_bytes import (
     F32_BYTES,
     block_workspace_bytes,
     graph_output_bytes,
+    graph_pool_top_up_bytes,
     handoff_buffer_bytes,
     logits_buffer_bytes,
     packed_graph_bytes,
@@ -40,7 +41,7 @@ class StageTable:
     weight_prefix: list[int]
     state_prefix: list[int]
     workspace: list[int]
-    handoff_buffer: int  # per stage: the handoff buffers, the runtime's workspace, the packed graphs' buffers
+    handoff_buffer: int  # per stage: the handoff buffers, the runtime's workspace, the graphs' buffers and pool top-up
     logits_buffer: int
     entry_only_step: int  # a stage holding the entry and no block: the rows it embeds
     graph_outputs: tuple[int, int]  # without / with the exit: what the stage's CUDA graphs keep
@@ -57,7 +58,7 @@ class StageTable:
             state_prefix=_prefix([block_state_bytes(b, profile) for b in spec.blocks]),
             workspace=[block_workspace_bytes(b, profile, spec.format) for b in spec.blocks],
             handoff_buffer=(handoff_buffer_bytes(spec.hidden_size, profile) + runtime_bytes(profile)
-                            + packed_graph_bytes(spec, profile)),
+                            + packed_graph_bytes(spec, profile) + graph_pool_top_up_bytes(spec, profile)),
             logits_buffer=logits_buffer_bytes(spec.vocab_size, profile, spec.hidden_size, spec.format),
             entry_only_step=profile.step_tokens * spec.hidden_size * (profile.activation_bytes + F32_BYTES),
             graph_outputs=(graph_output_bytes(spec, profile, False), graph_output_bytes(spec, profile, True)),

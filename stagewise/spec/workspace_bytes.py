@@ -14,8 +14,8 @@ what the stage itself holds for a step. Each kernel path states its own (``profi
   share (the values, a tile or the partials) and the mixer's (``mix_values_per_token``, the float32
   operands or the partials) add up; a decode's state entries take nothing (updated in place); per stage, cuBLAS's
   workspaces (:data:`CUBLAS_WORKSPACE_BYTES` per stream that multiplies), the outputs decode graphs
-  keep (:func:`graph_output_bytes`) and the buffers packed steps' graph pieces keep
-  (:func:`packed_graph_bytes`);
+  keep (:func:`graph_output_bytes`), the buffers packed steps' graph pieces keep
+  (:func:`packed_graph_bytes`) and the rest of the graphs' pool's first segment (:func:`graph_pool_top_up_bytes`);
 * ``torch`` (CPUs): the reference layers' activations, router values and fp32 attention scores over
   the attended context (SDPA's math), the keys and values gathered from the paged pool, and
   ``TILE_ELEMENTS``-value dequantized tiles;
@@ -43,6 +43,9 @@ HANDOFF_BUFFERS = 2  # hidden state in + hidden state out
 # on its compute stream and on its CUDA-graph capture stream
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 CUBLAS_STREAMS = 2
+# The caching allocator holds blocks of up to 1 MiB in 2 MiB segments, a CUDA graphs' private pool too: a pool
+# takes at least one whole segment (measured on an H100: tiny models' graphs held 0.85 MB more than their tensors)
+GRAPH_POOL_SEGMENT_BYTES = 2 << 20
 TOKEN_BUCKET_ALIGN = 16  # packed steps' largest graph bucket: the most a step carries, rounded up to this
 
 
@@ -94,11 +97,9 @@ def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int
             # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul, the
             # partials between decode attention's two launches: never at once
             return values + max(f32, tile, partials)
-        # Graphs keep their captures' temporaries in the stage's pool for good, one capture's at a time: a
-        # packed step's pieces (the block's values and a dequantized tile) or a decode graph's (its rows' values
-        # and partials; rows <= tokens). Beside that pool the mixers run eagerly (runtime/packed_graphs.py):
-        # their own temporaries, then the scan's float32 operands or, for decoding rows, the partials.
-        pool = values + max(tile, partials)
+        # Beside the graphs' pool (block_pool_bytes) the mixers run eagerly (runtime/packed_graphs.py): their
+        # own temporaries, then the scan's float32 operands or, for decoding rows, the partials.
+        pool = block_pool_bytes(block, profile, fmt)
         return pool + tokens * block.mix_values_per_token * profile.activation_bytes + max(f32, partials)
     # a torch decode of every row gathers each row's state entry and computes a new one before storing it
     # (models/layers/delta_rule.packed_recurrent_step)
@@ -112,6 +113,29 @@ def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int
     # the torch path attends over keys and values gathered from the pool: every row's attended context
     gathered = profile.batch * profile.context_tokens * block.kv_values_per_token * profile.activation_bytes
     return tokens * per_token + gathered + tile + decode_state
+
+
+def block_pool_bytes(block: BlockSpec, profile: Profile, fmt: str = "bf16") -> int:
+    """What block ``block``'s captures keep in the stage's CUDA graphs' pool for good, one capture's at a time
+    (graphs off the torch path; else none): a packed step's pieces (the block's values and a dequantized tile) or
+    a decode graph's (its rows' values and decode attention's partials; rows <= tokens)."""
+    if profile.kernel_path == "torch" or not profile.cuda_graphs:
+        return 0
+    tokens = profile.step_tokens
+    values = tokens * block.step_values_per_token * profile.activation_bytes
+    partials = profile.batch * block.decode_partial_values * F32_BYTES
+    return values + max(tile_bytes(block.matrices, fmt, tokens, profile, "triton"), partials)
+
+
+def graph_pool_top_up_bytes(spec: ModelSpec, profile: Profile) -> int:
+    """Per stage with CUDA graphs: the rest of the pool's first segment where what the plan puts there (the least
+    any block keeps, :func:`block_pool_bytes`, and a non-exit stage's decode graph outputs) is below one
+    (:data:`GRAPH_POOL_SEGMENT_BYTES`): small models' pools. A bound for every stage of ``spec``, as the
+    placement search sums it."""
+    if profile.kernel_path == "torch" or not profile.cuda_graphs:
+        return 0
+    least = min((block_pool_bytes(b, profile, spec.format) for b in spec.blocks), default=0)
+    return max(0, GRAPH_POOL_SEGMENT_BYTES - least - graph_output_bytes(spec, profile, False))
 
 
 def handoff_buffer_bytes(hidden_size: int, profile: Profile) -> int:
@@ -194,6 +218,7 @@ def stage_workspace_bytes(spec: ModelSpec, profile: Profile, blocks: list[BlockS
         step = profile.step_tokens * spec.hidden_size * (profile.activation_bytes + F32_BYTES)  # rows embedded
     total = step + handoff_buffer_bytes(spec.hidden_size, profile) + runtime_bytes(profile)
     total += graph_output_bytes(spec, profile, exit) + packed_graph_bytes(spec, profile)
+    total += graph_pool_top_up_bytes(spec, profile)
     if exit:
         total += logits_buffer_bytes(spec.vocab_size, profile, spec.hidden_size, spec.format)
     return total
