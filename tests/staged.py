@@ -37,8 +37,10 @@ class Trace:
     states: dict[str, torch.Tensor]
 
 
-def run_trace(pipeline: Pipeline, prompt: list[int], chunk: int, decode_steps: int) -> Trace:
-    """Chunked prefill then greedy decode; every logits/features tensor and the final states."""
+def run_trace(pipeline: Pipeline, prompt: list[int], chunk: int, decode_steps: int,
+              forced: list[int] | None = None) -> Trace:
+    """Chunked prefill then greedy decode; every logits/features tensor and the final states. With ``forced``,
+    decode step ``i`` is fed ``forced[i]`` (teacher forcing) while ``tokens`` still records each step's argmax."""
     logits, features, tokens = [], [], []
     pipeline.reset(0)
     ids = torch.tensor(prompt)[None]
@@ -53,6 +55,8 @@ def run_trace(pipeline: Pipeline, prompt: list[int], chunk: int, decode_steps: i
     for _ in range(decode_steps):
         token = int(out.logits[0, -1].argmax())
         tokens.append(token)
+        if forced is not None:
+            token = forced[len(tokens) - 1]
         out = pipeline.step(torch.tensor([[token]]), torch.tensor([[pos]]), start=pos)
         logits.append(out.logits.clone())
         features.append(out.hidden.clone())

@@ -1,10 +1,12 @@
 """fp8 KV (``--kv-dtype fp8``): keys and values kept as float8 e4m3 with a float32 scale per position and
 KV head, charged at that size, read by the attention kernels; bf16 stays the default and exact.
 
-Quality, as stated by these tests: on tiny random-weight models at bf16 the greedy tokens of 64 decode
-steps equal bf16 KV's, every step's logits within 0.05 (absolute; the logits' own spread is ~2) and
-log-probabilities within 0.02. The kernels (the Triton interpreter on the CPU) store what the torch
-path stores and attend as the torch path does over the dequantized keys and values.
+Quality, as stated by these tests: on tiny random-weight models at bf16, fed the same tokens (bf16 KV's greedy
+ones) for 64 decode steps, every step's logits are within 0.05 of bf16 KV's (absolute; the logits' own spread is
+~2) and log-probabilities within 0.02, so the greedy token is the same wherever bf16's best two are more than
+0.1 apart. (Free-running greedy traces part at the first near tie: on an H100, at step 5 of tiny-llama and 30 of
+tiny-qwen3.6.) The kernels (the Triton interpreter on the CPU) store what the torch path stores and attend as the
+torch path does over the dequantized keys and values.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def test_fp8_quantize_round_trip() -> None:
 @pytest.mark.parametrize("devices", ["cpu:1x1GiB", pytest.param("cuda:0", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
 @pytest.mark.parametrize("preset", ["random:tiny-llama", "random:tiny-qwen3.6"])
-def test_fp8_kv_greedy_tokens_equal_bf16_kv(preset: str, devices: str) -> None:
+def test_fp8_kv_logits_within_tolerance_of_bf16_kv(preset: str, devices: str) -> None:
     traces = {}
     for kv in (None, "fp8"):
         model = load_model(preset, devices, "single", 256, dtype="bfloat16", kv_dtype=kv, prefill_chunk=16)
@@ -43,14 +45,21 @@ def test_fp8_kv_greedy_tokens_equal_bf16_kv(preset: str, devices: str) -> None:
             assert model.profile.kv_storage == (kv or "bf16")
             check = model.charge_checks()[0]
             assert check.planned_state_bytes == check.measured_state_bytes  # charged at the size kept
-            traces[kv] = run_trace(model.pipeline, list(range(3, 43)), chunk=16, decode_steps=64)
+            forced = traces[None].tokens if kv else None  # fp8 KV is fed bf16 KV's greedy tokens
+            traces[kv] = run_trace(model.pipeline, list(range(3, 43)), chunk=16, decode_steps=64, forced=forced)
         finally:
             model.close()
     bf16, fp8 = traces[None], traces["fp8"]
-    assert fp8.tokens == bf16.tokens and len(fp8.tokens) == 64
-    for a, b in zip(bf16.logits, fp8.logits, strict=True):
-        assert (a - b).abs().max() <= LOGITS_ATOL
-        assert (a.log_softmax(-1) - b.log_softmax(-1)).abs().max() <= LOGPROB_ATOL
+    assert len(fp8.tokens) == len(bf16.tokens) == 64
+    for step, (a, b) in enumerate(zip(bf16.logits, fp8.logits, strict=True)):
+        error = float((a - b).abs().max())
+        assert error <= LOGITS_ATOL, f"step {step}: logits {error:.4f} from bf16 KV's"
+        assert (a.log_softmax(-1) - b.log_softmax(-1)).abs().max() <= LOGPROB_ATOL, f"step {step}"
+    for step, (a, want, got) in enumerate(zip(bf16.logits[-65:-1], bf16.tokens, fp8.tokens, strict=True)):
+        # token i is the argmax of the logits before decode step i: the last prefill chunk's, then each step's
+        best_two = a[0, -1].float().topk(2).values
+        if best_two[0] - best_two[1] > 2 * LOGITS_ATOL:
+            assert got == want, f"decode step {step}"
 
 
 def test_fp8_kv_is_refused_where_it_cannot_run() -> None:
