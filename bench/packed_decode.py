@@ -4,8 +4,8 @@ Dense matrices at Llama-3.1-8B's shapes, every row count asked: µs per call and
 for ``new`` (``packed_matmul``: kernel A up to 16 rows, B to 128), ``old`` (the packed GEMV up to 16
 rows, one program row per input row, the word GEMV where it applies: what ``PackedWeight.matmul`` takes
 for one row of those types; the grouped GEMM with the former ``packed_gemm`` tiles beyond) and ``dense`` (a bf16 matrix of the same shape through ``torch.nn.functional.linear``). With
-``--sweep``, kernel A's tiles (64/128 rows a program, 4/8 warps) and its inline-PTX conversion on and
-off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
+``--sweep``, kernel A's and kernel B's tiles (:data:`SWEEP_A`, :data:`SWEEP_B`: rows a program, warps, pipeline
+stages) and kernel A's inline-PTX conversion on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
 experts through kernel A's expert blocks against the grouped GEMM. Every output is checked against
 float64 of the dequantized weight; the weights are random block bytes with small finite scales,
 rotated over copies so that each call reads HBM (``bench/kernel_timing.py``). GPU only.
@@ -48,6 +48,9 @@ OLD_FEW = (16, GemmTiles(block_n=128, block_k=256, num_warps=4, num_stages=2))  
 OLD_MANY = (64, GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=2))  # 33-127 rows
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
 MOE = (256, 8, 2048, 512)  # Qwen3.6-35B-A3B: experts, top-k, hidden, expert intermediate
+# --sweep: (weight rows a program, warps, pipeline stages) beside packed_matmul's own (64, 4, 2)
+SWEEP_A = ((64, 8, 2), (128, 4, 2), (128, 8, 2), (64, 4, 3))
+SWEEP_B = ((32, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3))
 
 
 def _weights(qtype: GGMLQuantizationType, n: int, k: int, copies: int, dev: torch.device) -> list[PackedWeight]:
@@ -88,11 +91,11 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
             fns["old"] = lambda i, x=x, t=tiles, al=align: grouped_gemm(
                 x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k), al, 1, t,
                 gather_rows=False)
-        if sweep and rows <= 16:
+        if sweep:  # kernel A (<= 16 rows) or B: rows a program, warps, pipeline stages; the K split as chosen
             block_m, base = dense_tiles(rows, n, k, qtype, dev)
-            for bn, warps in ((64, 8), (128, 4), (128, 8)):
-                tiles = dataclasses.replace(base, block_n=bn, num_warps=warps)
-                fns[f"A bn{bn} w{warps}"] = lambda i, x=x, t=tiles, bm=block_m, r=rows: packed_decode.packed_decode_gemm(
+            for bn, warps, stages in SWEEP_A if rows <= 16 else SWEEP_B:
+                tiles = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages)
+                fns[f"{'A' if rows <= 16 else 'B'} bn{bn} w{warps} s{stages}"] = lambda i, x=x, t=tiles, bm=block_m, r=rows: packed_decode.packed_decode_gemm(
                     x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k),
                     identity_alignment(r, bm, dev), 1, t, gather_rows=False)
         timed = _time(fns, ref, nbytes, copies)
@@ -142,7 +145,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="comma-separated labels' first words, e.g. gate/up,down (default: all)")
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--moe-tokens", default="8,32,64")
-    ap.add_argument("--sweep", action="store_true", help="kernel A's tiles and its PTX conversion, at <= 16 rows")
+    ap.add_argument("--sweep", action="store_true", help="kernels A's and B's tiles; A's PTX conversion")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/packed_decode.py needs a CUDA GPU", file=sys.stderr)
