@@ -597,6 +597,15 @@ def test_route_and_combine_match_reference() -> None:
     assert torch.equal(combine(y, weight, HALF, r), combine(y, weight, HALF) + r)
     out, shared, gate = out.to(HALF), shared.to(HALF), gate.to(HALF)
     assert torch.equal(add_gated_shared(out, shared, gate, r), add_gated_shared(out, shared, gate) + r)
+    # a shared expert added by the combine's launch: the two launches' roundings, bit for bit; its gate logit
+    # may be a column of the router's output (a view with the router's row stride)
+    router = torch.randn(5, 13, device=DEVICE, dtype=HALF)
+    for g in (gate, router[:, 12:]):
+        for res in (None, r):
+            want = add_gated_shared(combine(y, weight, HALF), shared, g, res)
+            assert torch.equal(combine(y, weight, HALF, res, (shared, g)), want)
+    with pytest.raises(ValueError, match="shared expert"):
+        combine(y, weight, HALF, None, (shared[:4], gate[:4]))
 
 
 def test_q8_0_gemm_matches_dequantized_matmul() -> None:

@@ -40,7 +40,7 @@ from stagewise.kernels.moe_grouped_triton import (
     grouped_gemm,
     packed_tiles,
 )
-from stagewise.kernels.moe_route_triton import combine
+from stagewise.kernels.moe_route_triton import add_gated_shared, combine
 from stagewise.kernels.packed_decode_triton import PackedTiles, packed_decode_gemm, packed_decode_gemm_glu
 from stagewise.kernels.packed_matmul import expert_tiles
 from stagewise.kernels.silu_mul_triton import silu_mul
@@ -117,9 +117,12 @@ def launch_classes(num_slots: int, gate_up: ExpertWeight, down: ExpertWeight, de
 def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                            gate_up: ExpertWeight, down: ExpertWeight,
                            config: GroupedConfig | DecodeConfig | PackedDecodeConfig | None = None,
-                           residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)`` in ``x``'s dtype, plus
-    ``residual`` ``(N, H)`` when given (with the rounding of a separate add).
+                           residual: torch.Tensor | None = None,
+                           shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)`` in ``x``'s dtype; with ``shared``
+    (a shared expert's output ``(N, H)`` and gate logit ``(N, 1)``) then ``+ sigmoid(g) * shared``
+    (:func:`~stagewise.kernels.moe_route_triton.combine`'s rounding); plus ``residual`` ``(N, H)`` when given
+    (with the rounding of a separate add).
 
     ``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``; ``gate_up`` ``(E, 2I, H)`` (gate rows then
     up rows) and ``down`` ``(E, H, I)``, each dense, Q8_0 or packed. No host synchronization.
@@ -141,7 +144,7 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
             raise ValueError("kernel A's expert config takes packed stacks only")
         act = packed_decode_gemm_glu(x, gate_packed, align, top_k, cfg.gate_up, gather_rows=True)  # (S, I)
         y = packed_decode_gemm(act, down_packed, align, top_k, cfg.down, gather_rows=False)  # (S, H)
-        return combine(y, top_weight, x.dtype, residual)
+        return combine(y, top_weight, x.dtype, residual, shared)
     if isinstance(cfg, DecodeConfig):
         if not (is_q8_0(gate_up) and is_q8_0(down)):
             raise ValueError("the decode experts' kernels take Q8_0 stacks only")
@@ -150,9 +153,11 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
         else:
             act = silu_mul(decode_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True))
         y = decode_gemm(act, down, align, top_k, cfg.down, gather_rows=False)  # (S, H)
-        return combine(y, top_weight, x.dtype, residual)  # weighted sum over K (+ residual), one launch
+        return combine(y, top_weight, x.dtype, residual, shared)  # weighted sum over K (+ residual), one launch
     h = grouped_gemm(x, gate_up, align, top_k, cfg.gate_up, gather_rows=True)  # (S, 2I) per slot
     act = silu_mul(h)  # (S, I) silu(gate) * up, one launch
     y = grouped_gemm(act, down, align, top_k, cfg.down, gather_rows=False, top_weight=top_weight)  # (S, H)
     out = y.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # a fixed-order sum over K: deterministic
+    if shared is not None:
+        return add_gated_shared(out, *shared, residual)
     return out if residual is None else out + residual

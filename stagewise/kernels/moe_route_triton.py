@@ -3,7 +3,8 @@
 - :func:`route`: softmax over the router logits (float32), top-k by repeated argmax, optional
   renormalization of the k weights; replaces softmax, topk, sum, divide and the casts.
 - :func:`combine`: ``out[n] = sum_k w[n, k] * y[n * K + k]`` in float32, one rounding; replaces
-  the multiply, sum and cast of the reference path.
+  the multiply, sum and cast of the reference path; with a shared expert, then what
+  :func:`add_gated_shared` computes, in the same launch;
 - :func:`add_gated_shared`: ``out + sigmoid(g) * shared`` (the shared expert of Qwen3-Next /
   Qwen3.5-MoE), one launch for the reference's three.
 The reference path (``models/layers/moe.py``, ``experts.py``) computes the same functions.
@@ -59,8 +60,8 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
 
 
 @triton.jit
-def _combine_kernel(y_ptr, w_ptr, r_ptr, out_ptr, hidden, TOP_K: tl.constexpr, RESIDUAL: tl.constexpr,
-                    BLOCK_H: tl.constexpr, GDC: tl.constexpr):
+def _combine_kernel(y_ptr, w_ptr, r_ptr, shared_ptr, gate_ptr, out_ptr, hidden, stride_g, TOP_K: tl.constexpr,
+                    RESIDUAL: tl.constexpr, SHARED: tl.constexpr, BLOCK_H: tl.constexpr, GDC: tl.constexpr):
     wait_for_predecessor(GDC)
     n = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -70,6 +71,10 @@ def _combine_kernel(y_ptr, w_ptr, r_ptr, out_ptr, hidden, TOP_K: tl.constexpr, R
         w = tl.load(w_ptr + n * TOP_K + k).to(tl.float32)
         acc += w * tl.load(y_ptr + (n * TOP_K + k) * hidden + h, mask=mask, other=0.0).to(tl.float32)
     out = acc.to(out_ptr.dtype.element_ty)
+    if SHARED:  # rounded, then as _gated_add_kernel: out + sigmoid(g) * shared, rounded once
+        g = tl.sigmoid(tl.load(gate_ptr + n * stride_g).to(tl.float32))
+        shared = tl.load(shared_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + g * shared).to(out_ptr.dtype.element_ty)
     if RESIDUAL:  # rounded, then added in float32 and rounded again: exactly ``out + residual``
         r = tl.load(r_ptr + n * hidden + h, mask=mask, other=0.0).to(tl.float32)
         out = (out.to(tl.float32) + r).to(out_ptr.dtype.element_ty)
@@ -85,20 +90,27 @@ def _residual_rows(residual: torch.Tensor | None, like: torch.Tensor) -> torch.T
     return residual.reshape(like.shape).contiguous()
 
 
-def combine(y: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype,
-            residual: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-slot expert outputs ``y`` ``(N*K, H)`` and weights ``(N, K)`` -> ``(N, H)`` in ``dtype``; plus
-    ``residual`` (``N x H`` elements) when given, with the rounding of a separate add."""
+def combine(y: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor | None = None,
+            shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Per-slot expert outputs ``y`` ``(N*K, H)`` and weights ``(N, K)`` -> ``(N, H)`` in ``dtype``; with
+    ``shared`` (the shared expert's output ``(N, H)`` and gate logit ``(N, 1)``), then ``+ sigmoid(g) * shared``
+    as :func:`add_gated_shared` rounds it; plus ``residual`` (``N x H`` elements) when given, with the
+    rounding of a separate add. One launch."""
     tokens, top_k = weight.shape
     hidden = y.shape[-1]
     y, weight = y.contiguous(), weight.contiguous()
     out = torch.empty((tokens, hidden), dtype=dtype, device=y.device)
     r = _residual_rows(residual, out)
+    shared_out, gate_logit = (shared[0].contiguous(), shared[1]) if shared is not None else (out, weight)
+    if shared is not None and (shared_out.shape != out.shape or gate_logit.shape != (tokens, 1)):
+        raise ValueError(f"a shared expert's output {tuple(shared_out.shape)} and gate {tuple(gate_logit.shape)} "
+                         f"do not match {tokens} tokens of {hidden} features")
     block = min(1024, next_power_of_2(hidden))
     with launch_device(y):
-        _combine_kernel[(tokens, cdiv(hidden, block))](y, weight, r, out, hidden, TOP_K=top_k,
-                                                             RESIDUAL=residual is not None, BLOCK_H=block, num_warps=4,
-                                                             **dependent_launch(y))
+        _combine_kernel[(tokens, cdiv(hidden, block))](y, weight, r, shared_out, gate_logit, out, hidden,
+                                                       gate_logit.stride(0), TOP_K=top_k,
+                                                       RESIDUAL=residual is not None, SHARED=shared is not None,
+                                                       BLOCK_H=block, num_warps=4, **dependent_launch(y))
     return out
 
 

@@ -21,7 +21,8 @@ LINEAR_ATTENTION_KERNELS = 7
 # MLP
 DENSE_MLP_KERNELS = 3  # gate_up, silu * up, down (+ the residual)
 MOE_KERNELS = 6  # router, route (softmax + top-k), gathered gate_up, silu * up, gathered down, weighted combine (+ the residual)
-SHARED_EXPERT_KERNELS = 5  # gate logit, gate_up, silu * up, down, sigmoid-gated add (+ the residual)
+# gate_up, silu * up, down: its gate logit is a row of the router's matmul, its gated add part of the combine
+SHARED_EXPERT_KERNELS = 3
 EXIT_KERNELS = 4  # final norm, LM head, float logits, sampling
 ENTRY_KERNELS = 1  # embedding lookup
 

@@ -62,15 +62,18 @@ class Experts(nn.Module):
         return nn.functional.linear(x, weight[expert])
 
     def forward(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None,
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``x`` ``(N, H)``; ``top_index``/``top_weight`` ``(N, K)``: each token's experts and weights.
 
-        Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``, plus ``residual``
-        ``(N, H)`` when given (added by the decode path's last launch, else by a separate add).
+        Returns ``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)``; with ``shared`` (Triton
+        path: a shared expert's output ``(N, H)`` and gate logit ``(N, 1)``) then ``+ sigmoid(g) * shared``
+        (:func:`~stagewise.kernels.moe_route_triton.add_gated_shared`'s rounding); plus ``residual`` ``(N, H)``
+        when given. The decode paths' last launch (the combine) adds both, other paths a launch after.
         """
         if self._gathers(top_index.numel(), use_triton(x)):
-            return self._gathered(x, top_index, top_weight, residual)
-        return self._routed(x, top_index, top_weight, residual)
+            return self._gathered(x, top_index, top_weight, residual, shared)
+        return self._routed(x, top_index, top_weight, residual, shared)
 
     def _gathers(self, slots: int, triton: bool) -> bool:
         """Whether a step of ``slots`` routed pairs gathers its experts: few slots, or, on the Triton
@@ -79,7 +82,8 @@ class Experts(nn.Module):
         return slots <= GATHER_MAX_SLOTS or (triton and any(not q.supports_grouped for q in self.quantized.values()))
 
     def _routed(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None,
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Prefill and batched decode: each expert's tokens together (the grouped GEMM, or a loop over
         the used experts); ``residual`` added as a separate add would."""
         if use_triton(x):
@@ -88,7 +92,11 @@ class Experts(nn.Module):
                 from stagewise.kernels.moe_experts import grouped_swiglu_experts
 
                 return grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,  # type: ignore[arg-type]
-                                              residual=residual)  # a grouped-capable stack is one the kernel reads
+                                              residual=residual, shared=shared)  # a stack the kernel reads
+        if shared is not None:  # the loop below, then the shared expert and the residual in one launch
+            from stagewise.kernels.moe_route_triton import add_gated_shared
+
+            return add_gated_shared(self._routed(x, top_index, top_weight), *shared, residual)
         tokens, k = top_index.shape
         flat = top_index.reshape(-1)  # (N*K,) routed (token, slot) pairs
         order = torch.argsort(flat, stable=True)  # grouped by expert
@@ -129,9 +137,11 @@ class Experts(nn.Module):
         return packed if packed.supports_grouped else None
 
     def _gathered(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
+                  residual: torch.Tensor | None = None,
+                  shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Decode path: gather the routed experts' weights (only those are read); no host sync.
-        ``residual`` is added by the combine kernel on the Triton path, by a separate add otherwise."""
+        ``residual`` (and ``shared``) are added by the combine kernel on the Triton path, by a separate add
+        otherwise."""
         tokens, k = top_index.shape
         index = top_index.reshape(-1)  # (N*K,)
         if use_triton(x):  # 4 launches: the token rows are read in place, K slots each
@@ -139,7 +149,10 @@ class Experts(nn.Module):
             from stagewise.kernels.silu_mul_triton import silu_mul
 
             act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k))  # (N*K, I)
-            return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype, residual)  # (N, H)
+            return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype, residual,
+                           shared)  # (N, H)
+        if shared is not None:
+            raise ValueError("a shared expert is added inside the experts on the Triton path only")
         xs = x.repeat_interleave(k, dim=0)  # (N*K, H)
         gate, up = self._gather_matmul("gate_up_proj", index, xs, 1).chunk(2, dim=-1)  # (N*K, I) each
         y = self._gather_matmul("down_proj", index, nn.functional.silu(gate) * up, 1)  # (N*K, H)
