@@ -15,7 +15,7 @@ def register(subparsers: Any) -> None:
         description="Write a random-weight model (deterministic per seed) with a small BPE tokenizer and a "
         f"ChatML template. Presets: {', '.join(preset_names())}.",
     )
-    parser.add_argument("out", metavar="OUT", help="output .gguf file, or directory (safetensors)")
+    parser.add_argument("out", metavar="OUT", help="output: a .gguf file (GGUF; a name not ending in .gguf is made a folder holding model.gguf), or a directory (safetensors)")
     parser.add_argument("--config", required=True, help="an HF config.json path or a preset name")
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="gguf")
     parser.add_argument("--dtype", choices=DTYPES, default="f32")
