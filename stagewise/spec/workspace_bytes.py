@@ -85,18 +85,16 @@ def block_workspace_bytes(block: BlockSpec, profile: Profile, fmt: str = "bf16")
 
 def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int:
     tokens = profile.step_tokens
-    tile = tile_bytes(block.matrices, fmt, tokens, profile, path)
     if path == "triton":
-        values = tokens * block.step_values_per_token * profile.activation_bytes  # live at any moment, at most
         f32 = tokens * block.step_f32_values_per_token * F32_BYTES  # the mixer's scan operands, the routing
-        # decode attention's split partials of every decoding row (kernels/decode_attention_triton.py)
-        partials = profile.batch * block.decode_partial_values * F32_BYTES
+        partials = _partial_bytes(block, profile)
         # A decode's recurrent and conv state entries take nothing: its kernels update them in place
         # (deltanet_decode_triton.delta_step and conv_step read one entry of the pool and write another).
         if not profile.cuda_graphs:
             # the float32 operands live inside the mixer's scan, the dequantized tiles inside a matmul, the
             # partials between decode attention's two launches: never at once
-            return values + max(f32, tile, partials)
+            tile = tile_bytes(block.matrices, fmt, tokens, profile, path)
+            return _step_value_bytes(block, profile) + max(f32, tile, partials)
         # Beside the graphs' pool (block_pool_bytes) the mixers run eagerly (runtime/packed_graphs.py): their
         # own temporaries, then the scan's float32 operands or, for decoding rows, the partials.
         pool = block_pool_bytes(block, profile, fmt)
@@ -112,7 +110,17 @@ def _block_bytes(block: BlockSpec, profile: Profile, fmt: str, path: str) -> int
     )
     # the torch path attends over keys and values gathered from the pool: every row's attended context
     gathered = profile.batch * profile.context_tokens * block.kv_values_per_token * profile.activation_bytes
-    return tokens * per_token + gathered + tile + decode_state
+    return tokens * per_token + gathered + tile_bytes(block.matrices, fmt, tokens, profile, path) + decode_state
+
+
+def _step_value_bytes(block: BlockSpec, profile: Profile) -> int:
+    """Triton path: the block's tensors live at any moment of a step, at most, in the activation dtype."""
+    return profile.step_tokens * block.step_values_per_token * profile.activation_bytes
+
+
+def _partial_bytes(block: BlockSpec, profile: Profile) -> int:
+    """Decode attention's split partials of every decoding row (kernels/decode_attention_triton.py)."""
+    return profile.batch * block.decode_partial_values * F32_BYTES
 
 
 def block_pool_bytes(block: BlockSpec, profile: Profile, fmt: str = "bf16") -> int:
@@ -121,10 +129,8 @@ def block_pool_bytes(block: BlockSpec, profile: Profile, fmt: str = "bf16") -> i
     a decode graph's (its rows' values and decode attention's partials; rows <= tokens)."""
     if profile.kernel_path == "torch" or not profile.cuda_graphs:
         return 0
-    tokens = profile.step_tokens
-    values = tokens * block.step_values_per_token * profile.activation_bytes
-    partials = profile.batch * block.decode_partial_values * F32_BYTES
-    return values + max(tile_bytes(block.matrices, fmt, tokens, profile, "triton"), partials)
+    tile = tile_bytes(block.matrices, fmt, profile.step_tokens, profile, "triton")
+    return _step_value_bytes(block, profile) + max(tile, _partial_bytes(block, profile))
 
 
 def graph_pool_top_up_bytes(spec: ModelSpec, profile: Profile) -> int:
