@@ -12,12 +12,8 @@
 #      before on the H200, llama.cpp 229 on the Q4_K_M file, target >= 366);
 #  (4) Llama-3.1-8B bf16: one 512-token prompt and 8 streams of 208-token prompts, old and new (graph pieces).
 set -u
-O=${OUT:-/tmp/out}; mkdir -p "$O"; t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-[ -d .ab_gemv/stagewise ] || { echo "no .ab_gemv: prepare it first (bench/results/gemv_rows_h200/run.sh)"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
-export PYTHONUNBUFFERED=1
-NEW=$PWD OLD=$PWD/.ab_gemv
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+source bench/ab_bench.sh  # ab_setup OLD_DIR HINT; ab_bench SIDE MODEL STREAMS PROMPT GEN NAME
+ab_setup .ab_gemv bench/results/gemv_rows_h200/run.sh
 stamp "(1) GPU tests"
 PYTHONPATH=$NEW:/tmp/site timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_packed_kernels.py \
   -k "word" 2>&1 | tail -8 | tee "$O/gpu_tests.txt"  # compiled: each test's configs take 5-10 s on the H100 host
@@ -29,7 +25,6 @@ PYTHONPATH=$NEW:/tmp/site timeout 200 python3 bench/packed_gemv.py --types q4_k,
 PYTHONPATH=$NEW:/tmp/site timeout 80 python3 bench/packed_decode.py --types q4_k,q6_k --shapes gate/up,down \
   --rows 1 --moe-tokens "" --out "$O/packed_decode_words.json" 2>&1 | grep -v Warning | tail -8
 AB_BUDGET_S=570 AB_CAP_S=110
-source bench/ab_bench.sh  # ab_bench SIDE MODEL STREAMS PROMPT GEN NAME
 for side in new old; do ab_bench $side random:llama-3.1-8b@q4_k 1 128 128 llama8b_q4k_1; done
 for side in new old; do ab_bench $side random:qwen3.6-35b-a3b@q4_k 1 128 128 qwen36_q4k_1; done
 for side in new old; do ab_bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done

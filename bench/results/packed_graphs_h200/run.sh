@@ -9,12 +9,9 @@
 #   (4) Qwen3.6-35B-A3B Q8_0 (make-model file, reused if present): 1 stream of 2,048 tokens (was 444 ms
 #       eager, 264 graphed) and 8 streams of 128-token prompts (decode 715 tok/s before), each tree.
 set -u
-O=${OUT:-/tmp/out}; mkdir -p "$O"; t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-[ -d .ab_gemv/stagewise ] || { echo "no .ab_gemv: prepare it first (bench/results/gemv_rows_h200/run.sh)"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
-export PYTHONUNBUFFERED=1
-NEW=$PWD OLD=$PWD/.ab_gemv W=/tmp/w; mkdir -p $W; F=$W/qwen3.6-35b-a3b-Q8_0.gguf
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+source bench/ab_bench.sh  # ab_setup OLD_DIR HINT; ab_bench SIDE MODEL STREAMS PROMPT GEN NAME
+ab_setup .ab_gemv bench/results/gemv_rows_h200/run.sh
+W=/tmp/w; mkdir -p $W; F=$W/qwen3.6-35b-a3b-Q8_0.gguf
 stamp "(1) GPU tests"
 PYTHONPATH=$NEW:/tmp/site timeout 150 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_packed_graphs.py \
   tests/test_triton_kernels.py -k "gemv or pieces" 2>&1 | tail -15 | tee "$O/gpu_tests.txt"
@@ -22,7 +19,6 @@ stamp "(1b) the load check's peak with the graphs' pools counted (peak within th
 PYTHONPATH=$NEW:/tmp/site timeout 200 python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/test_peak_check.py 2>&1 \
   | tail -15 | tee -a "$O/gpu_tests.txt"
 AB_BUDGET_S=560 AB_CAP_S=120
-source bench/ab_bench.sh  # ab_bench SIDE MODEL STREAMS PROMPT GEN NAME
 for side in new old; do ab_bench $side random:llama-3.1-8b 1 512 16 llama8b_p512; done
 for side in new old; do ab_bench $side random:llama-3.1-8b 8 208 64 llama8b_8x208; done
 for side in old new; do
