@@ -53,3 +53,18 @@ def test_mixed_parts_are_left_alone() -> None:
     parts = [_dense(32, 6), _packed(32, 7)]
     assert fuse_linears(parts) is None
     assert parts[0].weight is not None and parts[1].quantized is not None
+
+
+def test_an_aligned_output_is_a_row_strided_view_of_the_same_product() -> None:
+    """A router with its shared expert's gate row (257 outputs) asks for rows that start 16 bytes apart,
+    which the matmul library's aligned kernels need; the values are the plain projection's."""
+    torch.manual_seed(0)
+    for out_features, dtype in ((257, torch.bfloat16), (256, torch.bfloat16), (5, torch.float32)):
+        lin = _dense(out_features, 4)
+        assert lin.weight is not None
+        lin.weight = nn.Parameter(lin.weight.to(dtype), requires_grad=False)
+        x = torch.randn(2, 9, 64, dtype=dtype)
+        y = lin(x, aligned=True)
+        assert y.shape == (2, 9, out_features)
+        assert (y.stride(-2) * y.element_size()) % 16 == 0 and y.stride(-1) == 1
+        assert torch.equal(y, nn.functional.linear(x, lin.weight))

@@ -47,7 +47,7 @@ class SparseMoE(nn.Module):
         """The router's logits ``(N, E)`` and the shared expert's gate logit ``(N, 1)`` (None without a shared
         expert) for ``x`` ``(N, H)``: views of one matmul's output once fused."""
         if self.router is not None:
-            both = self.router(x)
+            both = self.router(x, aligned=True)  # (N, E + 1), rows 16-byte aligned where cuBLAS runs it
             return both[:, :-1], both[:, -1:]
         return self.gate(x), self.shared_expert_gate(x) if self.shared_expert_gate is not None else None
 
