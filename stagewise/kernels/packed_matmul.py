@@ -21,7 +21,8 @@ from stagewise.spec.packed_types import block_elements
 
 A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row) up to this many rows
 B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 at most)
-# NOTE: unmeasured GPU defaults (bench/results/kquant_h200/run.sh measures): 64 weight rows a program, four warps
+# measured on an H100 (bench/results/kquant_profile/README.md): the best swept tiles or within 4 % at Llama-8B's
+# Q4_K shapes, 8 / 32 / 64 rows, but o and down at 64 rows and Q6_K down at 32 (128 rows a program: 11-25 % faster)
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
