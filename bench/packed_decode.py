@@ -6,7 +6,8 @@ rows, one program row per input row, the word GEMV where it applies: what ``Pack
 for one row of those types; the grouped GEMM with the former ``packed_gemm`` tiles beyond) and ``dense`` (a bf16 matrix of the same shape through ``torch.nn.functional.linear``). With
 ``--sweep``, kernel A's and kernel B's tiles (:data:`SWEEP_A`, :data:`SWEEP_B`: rows a program, warps, pipeline
 stages) and kernel A's inline-PTX conversion on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
-experts through kernel A's expert blocks against the grouped GEMM. Every output is checked against
+experts through ``packed_experts_config``'s blocks (kernel A at decode sizes, kernel B at prefill sizes: 512
+tokens by default) against the grouped GEMM. Every output is checked against
 float64 of the dequantized weight; the weights are random block bytes with small finite scales,
 rotated over copies so that each call reads HBM (``bench/kernel_timing.py``). GPU only.
 
@@ -34,7 +35,7 @@ from bench.kernel_timing import graph_us, rel_err
 from bench.packed_gemv import _random_raw
 from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.moe_align import identity_alignment
-from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_decode_config
+from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_experts_config
 from stagewise.kernels.moe_grouped_triton import GemmTiles, grouped_gemm
 from stagewise.kernels.packed_gemv_triton import packed_gemv
 from stagewise.kernels.packed_matmul import dense_tiles, packed_matmul
@@ -124,7 +125,7 @@ def _moe_case(qtype: GGMLQuantizationType, tokens: int, dev: torch.device) -> di
     x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16)
     top_weight, top_index = torch.topk(torch.softmax(torch.randn(tokens, experts, device=dev), -1), top_k, dim=-1)
     top_weight = top_weight.to(torch.bfloat16)
-    configs = {"new (kernel A blocks)": packed_decode_config(gate_up, down, dev),
+    configs = {"new (kernel A or B blocks)": packed_experts_config(gate_up, down, tokens * top_k, experts, dev),
                "old (grouped GEMM)": packed_config(dev, gate_up, down, tokens * top_k, experts)}
     outs = {name: grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, cfg) for name, cfg in configs.items()}
     first = next(iter(outs.values()))
@@ -144,7 +145,7 @@ def main() -> int:
     ap.add_argument("--types", default="q4_k,q6_k,q5_k,iq4_xs")
     ap.add_argument("--shapes", default="", help="comma-separated labels' first words, e.g. gate/up,down (default: all)")
     ap.add_argument("--rows", default="1,8,32,64")
-    ap.add_argument("--moe-tokens", default="8,32,64")
+    ap.add_argument("--moe-tokens", default="8,32,64,512")
     ap.add_argument("--sweep", action="store_true", help="kernels A's and B's tiles; A's PTX conversion")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -156,12 +157,12 @@ def main() -> int:
     types = [T[t.strip().upper()] for t in args.types.split(",") if t.strip()]
     wanted = {s.strip() for s in args.shapes.split(",") if s.strip()}
     shapes = {label: nk for label, nk in SHAPES.items() if not wanted or label.split()[0] in wanted}
-    rows_list = [int(r) for r in args.rows.split(",")]
+    rows_list = [int(r) for r in args.rows.split(",") if r]  # none: the MoE experts alone
     report: dict[str, Any] = {"command": "python3 " + " ".join(sys.argv), "device": torch.cuda.get_device_name(dev),
                               "date": datetime.datetime.now(datetime.UTC).isoformat(), "dense": [], "moe": []}
     with torch.inference_mode():
         for qtype in types:
-            for label, (n, k) in shapes.items():
+            for label, (n, k) in shapes.items() if rows_list else ():
                 report["dense"] += _dense_case(qtype, label, n, k, rows_list, args.sweep and qtype == types[0], dev)
         for qtype in types[:1]:
             for tokens in (int(t) for t in args.moe_tokens.split(",") if t):

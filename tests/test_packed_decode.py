@@ -248,7 +248,7 @@ def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
 def test_compiled_expert_blocks_in_bf16_match_the_grouped_gemm() -> None:
     """Kernel A's expert blocks with SiLU·up fused (a Q4_K_M mix: Q4_K gate/up, Q6_K down) against the grouped
     GEMM on the same stacks, bf16, 8 tokens of a 64-expert top-8 layer."""
-    from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_decode_config
+    from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_experts_config
 
     experts, top_k, hidden, inter, tokens = 64, 8, 2048, 512, 8
     gate_up = _weight(T.Q4_K, (experts, 2 * inter), hidden, seed=1)
@@ -258,12 +258,12 @@ def test_compiled_expert_blocks_in_bf16_match_the_grouped_gemm() -> None:
     top_weight, top_index = torch.topk(torch.softmax(torch.randn(tokens, experts, device="cuda", generator=g), -1),
                                        top_k, dim=-1)
     top_weight = top_weight.to(torch.bfloat16)
-    blocks = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, packed_decode_config(gate_up, down, x.device))
+    blocks = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, packed_experts_config(gate_up, down, tokens * top_k, experts, x.device))
     grouped = grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,
                                      packed_config(x.device, gate_up, down, tokens * top_k, experts))
     assert float((blocks.float() - grouped.float()).norm() / grouped.float().norm()) <= 2e-2
     assert torch.equal(grouped_swiglu_experts(x, top_index, top_weight, gate_up, down,
-                                              packed_decode_config(gate_up, down, x.device)), blocks)
+                                              packed_experts_config(gate_up, down, tokens * top_k, experts, x.device)), blocks)
 
 
 def test_the_codebook_ptx_looks_up_every_nibble_in_bf16() -> None:

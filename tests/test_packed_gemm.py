@@ -1,5 +1,6 @@
 """The SwiGLU experts over packed expert stacks against the per-slot loop on the dequantized weights:
-the grouped GEMM (prefill sizes) and kernel A's expert blocks (decode sizes), every packed type, and
+kernel B's expert blocks (prefill sizes), kernel A's (decode sizes) and the grouped GEMM (a packed stack
+beside a dense one), every packed type, and
 a ``Q4_K_M`` mix (gate/up and down of different types). On a GPU the kernels run compiled, without one
 in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``)."""
 
@@ -48,7 +49,8 @@ def _loop(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor, ga
                          ids=lambda v: v.name if isinstance(v, GGMLQuantizationType) else str(v))
 def test_experts_over_packed_stacks_match_the_loop(gate_type: GGMLQuantizationType, down_type: GGMLQuantizationType,
                                                    tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """24 tokens x 2 of 4 experts: the grouped GEMM; 2-3 tokens (at most 4 slots an expert): kernel A."""
+    """24 tokens x 2 of 4 experts: kernel B's blocks; 2-3 tokens (at most 4 slots an expert): kernel A's; and the
+    grouped GEMM's dequantized tiles on the same stacks (what a packed stack beside a dense one takes)."""
     experts, hidden, inter, top_k = 4, 256, 256, 2
     gate_up = _stack(gate_type, experts, 2 * inter, hidden, seed=3)
     down = _stack(down_type, experts, hidden, inter, seed=4)
@@ -57,12 +59,17 @@ def test_experts_over_packed_stacks_match_the_loop(gate_type: GGMLQuantizationTy
     top_index = torch.topk(torch.rand(tokens, experts, generator=g), top_k, dim=-1).indices
     top_weight = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1)
     calls: list[str] = []
-    real_a = moe_experts.packed_decode_gemm_glu
-    monkeypatch.setattr(moe_experts, "packed_decode_gemm_glu", lambda *a, **kw: calls.append("A") or real_a(*a, **kw))
-    got = grouped_swiglu_experts(x.to(DEVICE), top_index.to(DEVICE), top_weight.to(DEVICE), gate_up, down).cpu()
-    assert calls == (["A"] if tokens * top_k <= moe_experts.DECODE_SLOTS_PER_EXPERT * experts else [])
+    real = moe_experts.packed_decode_gemm_glu
+    monkeypatch.setattr(moe_experts, "packed_decode_gemm_glu",
+                        lambda *a, **kw: calls.append("A" if a[4].scale_after else "B") or real(*a, **kw))
+    args = (x.to(DEVICE), top_index.to(DEVICE), top_weight.to(DEVICE), gate_up, down)
+    got = grouped_swiglu_experts(*args).cpu()
+    assert calls == (["A"] if tokens * top_k <= moe_experts.DECODE_SLOTS_PER_EXPERT * experts else ["B"])
     ref = _loop(x, top_index, top_weight, gate_up, down)
     assert float((got - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
+    grouped = grouped_swiglu_experts(*args, moe_experts.packed_config(x.device, gate_up, down, tokens * top_k,
+                                                                      experts)).cpu()
+    assert float((grouped - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)

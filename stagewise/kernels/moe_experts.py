@@ -4,14 +4,17 @@
 for routed tokens: the slots are sorted into one-expert blocks on the device
 (:mod:`stagewise.kernels.moe_align`, :mod:`~stagewise.kernels.moe_align_triton`), then either
 
-* the grouped GEMM (:mod:`stagewise.kernels.moe_grouped_triton`, prefill and packed stacks) twice,
+* the grouped GEMM (:mod:`stagewise.kernels.moe_grouped_triton`: prefill, and a packed stack beside a
+  dense or Q8_0 one) twice,
   SiLU·up between them and the routing weights applied in the down GEMM, summed over ``K`` in a
   fixed order; or
 * for Q8_0 stacks at decode sizes (:data:`~stagewise.kernels.moe_decode_triton.DECODE_Q8_0`), the
   few-rows decode GEMM (:mod:`stagewise.kernels.moe_decode_triton`) with SiLU·up fused into gate_up,
   and the decode path's weighted combine;
-* for packed stacks (any packed types, each its own) at decode sizes (:class:`PackedDecodeConfig`), the
-  same with kernel A (:mod:`stagewise.kernels.packed_decode_triton`).
+* for packed stacks (any packed types, each its own; :class:`PackedExpertsConfig`), the same with the
+  packed few-rows GEMM (:mod:`stagewise.kernels.packed_decode_triton`): kernel A's 16-row blocks at
+  decode sizes, kernel B's 64-row blocks at prefill sizes (each weight value converted once per block,
+  3-4x the grouped GEMM's dequantized tiles at 32-64 rows: ``bench/results/kquant_profile``).
 
 No atomics (deterministic), shape-only sizes and no host synchronization (CUDA-graph capturable). The
 config is a function of the slot count, the expert count, the stacks' formats and the device kind,
@@ -48,20 +51,28 @@ from stagewise.kernels.silu_mul_triton import silu_mul
 DECODE_SLOTS_PER_EXPERT = 4  # up to this many routed slots per expert (on average): the decode kernels
 
 
+PREFILL_BLOCK_M = 64  # kernel B's expert blocks (128 rows with SiLU·up fused need 255 registers at sm_90a)
+
+
 @dataclass(frozen=True)
-class PackedDecodeConfig:
-    """Batched-decode experts of packed stacks: ``block_m``-row blocks through kernel A, SiLU·up fused
-    into gate_up, the slots summed by the decode path's combine."""
+class PackedExpertsConfig:
+    """Experts of packed stacks in ``block_m``-row one-expert blocks through the packed few-rows GEMM (kernel A
+    or B, as the tiles say), SiLU·up fused into gate_up, the slots summed by the decode path's combine."""
 
     block_m: int
     gate_up: PackedTiles
     down: PackedTiles
 
 
-def packed_decode_config(gate_up: PackedStack, down: PackedStack, device: torch.device) -> PackedDecodeConfig:
-    """Kernel A's tiles for both stacks (a function of their types, K and the device kind)."""
-    return PackedDecodeConfig(16, expert_tiles(gate_up.ggml_type, gate_up.in_features, device),
-                              expert_tiles(down.ggml_type, down.in_features, device))
+def packed_experts_config(gate_up: PackedStack, down: PackedStack, num_slots: int, num_experts: int,
+                          device: torch.device) -> PackedExpertsConfig:
+    """Kernel A's 16-row blocks up to :data:`DECODE_SLOTS_PER_EXPERT` routed slots per expert on average, kernel
+    B's :data:`PREFILL_BLOCK_M`-row blocks beyond (16-row blocks in Triton's interpreter): a function of the slot
+    and expert counts, the stacks' types, K and the device kind."""
+    decode = num_slots <= DECODE_SLOTS_PER_EXPERT * num_experts
+    block_m = 16 if decode or device.type != "cuda" else PREFILL_BLOCK_M
+    return PackedExpertsConfig(block_m, expert_tiles(gate_up.ggml_type, gate_up.in_features, device, decode),
+                               expert_tiles(down.ggml_type, down.in_features, device, decode))
 
 
 def default_config(num_slots: int, num_experts: int, device: torch.device,
@@ -90,15 +101,15 @@ def packed_config(device: torch.device, gate_up: PackedStack | None, down: Packe
 
 
 def experts_config(num_slots: int, gate_up: ExpertWeight, down: ExpertWeight,
-                   device: torch.device) -> GroupedConfig | DecodeConfig | PackedDecodeConfig:
+                   device: torch.device) -> GroupedConfig | DecodeConfig | PackedExpertsConfig:
     """The kernels and tiles :func:`grouped_swiglu_experts` takes for ``num_slots`` routed slots: a function
     of the slots, the stacks' formats and shapes, and the device kind (never of the routing)."""
     experts = stack_shape(gate_up)[0]
     gate_packed, down_packed = as_packed(gate_up), as_packed(down)
-    if gate_packed is not None and down_packed is not None and num_slots <= DECODE_SLOTS_PER_EXPERT * experts:
-        return packed_decode_config(gate_packed, down_packed, device)
+    if gate_packed is not None and down_packed is not None:
+        return packed_experts_config(gate_packed, down_packed, num_slots, experts, device)
     if gate_packed is not None or down_packed is not None:  # NOTE: a packed stack beside a dense or Q8_0 one
-        # (no file mixes them), or prefill sizes: the grouped GEMM
+        # (no file mixes them): the grouped GEMM
         return packed_config(device, gate_packed, down_packed, num_slots, experts)
     return default_config(num_slots, experts, device, is_q8_0(gate_up), is_q8_0(down))
 
@@ -116,7 +127,7 @@ def launch_classes(num_slots: int, gate_up: ExpertWeight, down: ExpertWeight, de
 
 def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor,
                            gate_up: ExpertWeight, down: ExpertWeight,
-                           config: GroupedConfig | DecodeConfig | PackedDecodeConfig | None = None,
+                           config: GroupedConfig | DecodeConfig | PackedExpertsConfig | None = None,
                            residual: torch.Tensor | None = None,
                            shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``sum_k top_weight[n, k] * expert_{top_index[n, k]}(x[n])`` ``(N, H)`` in ``x``'s dtype; with ``shared``
@@ -139,9 +150,9 @@ def grouped_swiglu_experts(x: torch.Tensor, top_index: torch.Tensor, top_weight:
         align = moe_align_fused(top_index, experts, cfg.block_m)  # one launch (batched decode)
     else:
         align = moe_align(top_index, experts, cfg.block_m)
-    if isinstance(cfg, PackedDecodeConfig):
+    if isinstance(cfg, PackedExpertsConfig):
         if gate_packed is None or down_packed is None:
-            raise ValueError("kernel A's expert config takes packed stacks only")
+            raise ValueError("the packed experts config takes packed stacks only")
         act = packed_decode_gemm_glu(x, gate_packed, align, top_k, cfg.gate_up, gather_rows=True)  # (S, I)
         y = packed_decode_gemm(act, down_packed, align, top_k, cfg.down, gather_rows=False)  # (S, H)
         return combine(y, top_weight, x.dtype, residual, shared)

@@ -57,12 +57,12 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
     return block_m, PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks, split)
 
 
-def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device) -> PackedTiles:
-    """Kernel A's tiles for expert blocks (16 rows each, one launch has programs enough: no split)."""
+def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device, scale_after: bool = True) -> PackedTiles:
+    """Kernel A's (``scale_after``) or B's tiles for expert blocks (one launch has programs enough: no split)."""
     blocks = step_blocks(ggml_type, k)
     if device.type != "cuda":
-        return PackedTiles(INTERPRETER_BLOCK_N, 4, 1, True, blocks)
-    return PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, True, blocks)
+        return PackedTiles(INTERPRETER_BLOCK_N, 4, 1, scale_after, blocks)
+    return PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks)
 
 
 def packed_matmul(x: torch.Tensor, weight: PackedStack) -> torch.Tensor:

@@ -51,7 +51,8 @@ LINEAR_ATTENTION_OPS_PER_CHUNK = 30
 def block_prefill_ops(kernels_per_token: int, mixer: str, moe: bool, chunk_tokens: int) -> int:
     """Operations the host issues for one block over a prefill chunk of ``chunk_tokens``.
 
-    MoE blocks run the grouped GEMM path: a fixed count, whatever the routing."""
+    MoE blocks count the grouped GEMM path's launches (packed stacks take kernel B's blocks, two launches
+    fewer): a fixed count, whatever the routing."""
     ops = kernels_per_token
     if moe:
         ops += GROUPED_MOE_PREFILL_OPS

@@ -25,6 +25,10 @@ from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.engine.warm_up import full_context_prompt, warm_up
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # the CPU: the kernels through Triton's interpreter
+    from stagewise.kernels.triton_launch import kernels_on_host
+
+    kernels_on_host().__enter__()
 snaps = os.environ.get("SNAPS")
 m = load_model(os.environ.get("MODEL", "random:qwen3.6-35b-a3b@q8_0"), os.environ.get("DEVICES", "cuda:0"), "single", 4096, max_seqs=8,
                cuda_graphs=os.environ.get("GRAPHS", "1") == "1", prefix_snapshots=None if snaps is None else int(snaps))
