@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Packed MoE experts at prefill sizes through kernel B's 64-row blocks instead of the grouped GEMM's dequantized
+# Two MoE changes, old tree against this one in one call: (1) packed MoE experts at prefill sizes through kernel B's 64-row blocks instead of the grouped GEMM's dequantized
 # tiles (3-4x slower at 32-64 rows in the dense sweep, h100/packed_decode_sweep_q4k.json; Qwen3.6's 512-token
 # prefill spent 66 of its 84 ms of kernels there, h100/profile_prefill_qwen36_q4k_512.json). One call: the
 # experts alone (bench/packed_decode.py, 512 tokens, both paths), then Qwen3.6-35B-A3B Q4_K single-stream TTFT
-# at 512 and 2,048-token prompts, old tree against this one. Old = 3539077, prepared here with
+# at 512 and 2,048-token prompts. (2) Routed slots through the word GEMV up to one an expert (Qwen3.6 decode at
+# 8 streams: 64 slots, kernel A's blocks before): decode at 1, 8 and 32 streams. Old = 3539077, prepared here with
 #   mkdir -p .ab_prefill && git archive 3539077 stagewise bench/__init__.py | tar -x -C .ab_prefill; echo .ab_prefill >> .git/info/exclude
 # Carry [".wheels", ".ab_prefill"]: bash bench/results/kquant_profile/ab_moe_prefill.sh (about 7 minutes)
 set -u
@@ -14,5 +15,6 @@ PYTHONPATH=$NEW:/tmp/site timeout 150 python3 bench/packed_decode.py --types q4_
   --out "$O/packed_experts_prefill.json" 2>&1 | grep -v Warning | tail -6
 AB_BUDGET_S=560 AB_CAP_S=110
 for side in new old new old; do ab_bench $side random:qwen3.6-35b-a3b@q4_k 1 512 16 qwen36_q4k_prefill512; done
+for side in new old new old; do ab_bench $side random:qwen3.6-35b-a3b@q4_k 1,8,32 128 128 qwen36_q4k_decode; done
 for side in new old; do ab_bench $side random:qwen3.6-35b-a3b@q4_k 1 2048 16 qwen36_q4k_prefill2048; done
 stamp done

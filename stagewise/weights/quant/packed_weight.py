@@ -55,6 +55,10 @@ from stagewise.weights.quant.tiled_linear import tiled_linear
 # kernel A's 88.5 (Q4_K gate/up), 57.0 against 96.3 (Q6_K; bench/results/gemv_words_h200)
 GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
+# ... and up to one slot an expert where the word GEMV reads the stack: a slot costs it ~0.42 of kernel A's block
+# (the one-row figures above), so it wins while an expert holds under ~2.4 slots on average; at no more slots
+# than experts, uniform routing gives at most 1.6 (Qwen3.6's 256 experts: 64 slots, 1.14), and the blocks'
+# two alignment launches a layer go too
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
@@ -182,7 +186,7 @@ class PackedWeight:
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
         x = self._gathered_input(x)
-        if use_triton(self.qs) and expert_index.numel() <= GATHER_GEMV_SLOTS:
+        if use_triton(self.qs) and self._gemv_takes(expert_index.numel(), x.dtype):
             from stagewise.kernels.packed_gemv_triton import packed_gemv
 
             return packed_gemv(x, self, expert_index, x_repeat=x_repeat)
@@ -192,6 +196,15 @@ class PackedWeight:
             x = x.repeat_interleave(x_repeat, dim=0)  # (M, in)
         routed = self._dequantize_planes(tuple(p.index_select(0, expert_index) for p in self.planes), x.dtype)
         return torch.bmm(routed, x[:, :, None]).squeeze(-1)  # (M, out)
+
+    def _gemv_takes(self, slots: int, x_dtype: torch.dtype) -> bool:
+        """Whether ``slots`` routed slots of this stack run through the GEMV, a slot at a time (else kernel A's
+        one-expert blocks): a function of the slot count, the stack's type, shape and the input dtype."""
+        if slots <= GATHER_GEMV_SLOTS:
+            return True
+        from stagewise.kernels.word_gemv_triton import words_config
+
+        return slots <= self.qs.shape[0] and words_config(self.ggml_type, self.in_features, True, x_dtype) is not None
 
     def _blocked_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int) -> torch.Tensor:
         """Routed slots sorted into 16-row one-expert blocks, each expert's tile read once for all its slots
