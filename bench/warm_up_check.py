@@ -1,7 +1,7 @@
 """Warm-up check on a device: after warm-up, does serving still compile Triton kernels or capture CUDA graphs?
 
     python bench/warm_up_check.py MODEL [--devices cuda:0] [--placement single] [--context 16384]
-        [--max-seqs 64] [--prefill-chunk N] [--bursts 8,32,64] [--prompt 208] [--gen 128] [--json OUT]
+        [--max-seqs 64] [--prefill-chunk N] [--kv-tokens N] [--bursts 8,32,64] [--prompt 208] [--gen 128] [--json OUT]
 
 Loads MODEL in process, runs :func:`stagewise.engine.warm_up.warm_up` (as ``serve`` does before ready) and
 counts the kernels Triton's caches hold (:func:`~stagewise.kernels.kernel_variants.compiled_variants`) and
@@ -68,6 +68,7 @@ def main() -> int:
     p.add_argument("--context", type=int, default=16384)
     p.add_argument("--max-seqs", type=int, default=64)
     p.add_argument("--prefill-chunk", type=int, default=None)
+    p.add_argument("--kv-tokens", type=int, default=None, help="serve's --kv-tokens (a pool smaller than every row's context)")
     p.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32, 64])
     p.add_argument("--prompt", type=int, default=208)
     p.add_argument("--gen", type=int, default=128)
@@ -75,7 +76,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     loaded = load_model(args.model, args.devices, args.placement, args.context, max_seqs=args.max_seqs,
-                        prefill_chunk=args.prefill_chunk)
+                        prefill_chunk=args.prefill_chunk, kv_tokens=args.kv_tokens)
     batcher = Batcher(loaded.pipeline, loaded.max_context, loaded.prefill_chunk)
     vocab = loaded.config.vocab_size
     rng = random.Random(args.seed)

@@ -19,23 +19,26 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 W=/tmp/w; mkdir -p $W; Q=$W/qwen3.6-35b-a3b-Q8_0.gguf
 CTX=16384  # a 12,442-token prompt fits (the issue's); 18 attended-length buckets
+# on an H100 (80 GB) Llama's 64 rows of 16,384 positions (137 GB of KV) do not fit: KVT=262144 bash run.sh N
+# shares a pool of that many positions among the rows (serve's --kv-tokens)
+KV_ARGS=(); SERVE_KV=(); [ -n "${KVT:-}" ] && KV_ARGS=(--kv-tokens "$KVT") && SERVE_KV=(--serve-arg=--kv-tokens --serve-arg="$KVT")
 
 check() {  # name model: (a)
   stamp "$1: in process, warm-up then bursts (kernels compiled, graphs captured)"
   timeout 230 python3 bench/warm_up_check.py "$2" --devices cuda:0 --placement single --context $CTX \
-    --max-seqs 64 --bursts 8,32,64 --prompt 208 --gen 128 --json "$O/warm_up_check_$1.json" 2>&1 \
+    --max-seqs 64 "${KV_ARGS[@]}" --bursts 8,32,64 --prompt 208 --gen 128 --json "$O/warm_up_check_$1.json" 2>&1 \
     | grep -v Warning | tail -12
 }
 passes() {  # name model: (b)
   stamp "$1: serve, two passes of 8/32/64 streams"
-  timeout 300 python3 bench/serve_load.py "$2" --devices cuda:0 --placement single --max-seqs 64 \
+  timeout 300 python3 bench/serve_load.py "$2" --devices cuda:0 --placement single --max-seqs 64 "${SERVE_KV[@]}" \
     --context $CTX --concurrency 8,32,64 --prompt 208 --gen 128 --passes 2 --fresh-prompts --endpoint chat \
     --no-in-process --startup-timeout-s 200 --json "$O/serve_two_passes_$1.json" > "$O/serve_two_passes_$1.txt" 2>&1
   grep -v "^burst .*completed" "$O/serve_two_passes_$1.txt" | tail -16
 }
 long_prompt() {  # name model: (c)
   stamp "$1: serve, a 4,113-token prompt alone, cold then warm"
-  timeout 150 python3 bench/serve_load.py "$2" --devices cuda:0 --placement single --max-seqs 64 \
+  timeout 150 python3 bench/serve_load.py "$2" --devices cuda:0 --placement single --max-seqs 64 "${SERVE_KV[@]}" \
     --context $CTX --concurrency 1 --prompt 4113 --gen 16 --passes 2 --fresh-prompts --endpoint completions \
     --no-in-process --startup-timeout-s 120 --json "$O/serve_4k_cold_warm_$1.json" > "$O/serve_4k_cold_warm_$1.txt" 2>&1
   grep -v "^burst .*completed" "$O/serve_4k_cold_warm_$1.txt" | tail -8
