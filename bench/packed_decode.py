@@ -134,8 +134,13 @@ def _moe_case(qtype: GGMLQuantizationType, tokens: int, dev: torch.device) -> di
         for name, cfg in configs.items()}
     if tokens * top_k <= GATHER_MAX_ROWS:  # what Experts' gathered decode path runs: the GEMV or kernel A's blocks
         index = top_index.reshape(-1)
-        runs["gathered (Experts' decode path)"] = lambda _i: combine(
-            down.gather_matmul(index, silu_mul(gate_up.gather_matmul(index, x, top_k))), top_weight, x.dtype)
+        glu = gate_up.glu_gemv(index.numel(), x.dtype)  # SiLU·up in the word GEMV, as Experts takes it
+
+        def gathered(_i: int) -> torch.Tensor:
+            act = gate_up.gather_matmul_glu(index, x, top_k) if glu else silu_mul(gate_up.gather_matmul(index, x, top_k))
+            return combine(down.gather_matmul(index, act), top_weight, x.dtype)
+
+        runs["gathered (Experts' decode path)"] = gathered
     outs = {name: run(0) for name, run in runs.items()}
     first = next(iter(outs.values()))
     row: dict[str, Any] = {"type": qtype.name, "moe": "qwen3.6-35b-a3b experts", "tokens": tokens,

@@ -176,6 +176,28 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
     return block_n, block_k, warps, stages
 
 
+def packed_gemv_glu(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor | None = None,
+                    x_repeat: int = 1) -> torch.Tensor:
+    """``silu(gate) * up`` ``(M, N / 2)`` of a fused gate/up ``weight`` (gate rows then up rows; a matrix or a
+    stack with ``expert_index``, as :func:`packed_gemv`) in one launch of the word GEMV, bit for bit
+    ``silu_mul(packed_gemv(...))``. Only where :func:`words_config` has a config (ValueError otherwise)."""
+    k = weight.in_features
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    gather = weight.qs.dim() == 3
+    words = words_config(weight.ggml_type, k, gather, x.dtype)
+    if words is None:
+        raise ValueError(f"the fused SiLU·up GEMV takes the word GEMV's types and shapes, not {weight.ggml_type.name} "
+                         f"of K {k} with {x.dtype} input")
+    if gather and (expert_index is None or expert_index.numel() != x2.shape[0] * x_repeat):
+        raise ValueError("a 3-D packed stack needs one expert index per output row")
+    y = torch.empty((x2.shape[0] * x_repeat, weight.qs.shape[-2] // 2), dtype=x.dtype, device=x.device)
+    words_gemv(x2, weight, y, words, int32_index(expert_index) if gather and expert_index is not None else None,
+               x_repeat, glu=True)
+    return y
+
+
 def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor | None = None, x_repeat: int = 1,
                 config: tuple[int, int, int, int] | None = None, slots: bool = True,
                 word_config: tuple[int, int, int] | None = None) -> torch.Tensor:

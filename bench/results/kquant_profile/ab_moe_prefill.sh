@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Two MoE changes, old tree against this one in one call: (1) packed MoE experts at prefill sizes through kernel B's 64-row blocks instead of the grouped GEMM's dequantized
-# tiles (3-4x slower at 32-64 rows in the dense sweep, h100/packed_decode_sweep_q4k.json; Qwen3.6's 512-token
-# prefill spent 66 of its 84 ms of kernels there, h100/profile_prefill_qwen36_q4k_512.json). One call: the
-# experts alone (bench/packed_decode.py, 512 tokens, both paths), then Qwen3.6-35B-A3B Q4_K single-stream TTFT
-# at 512 and 2,048-token prompts. (2) Routed slots through the word GEMV up to one an expert (Qwen3.6 decode at
-# 8 streams: 64 slots, kernel A's blocks before): decode at 1, 8 and 32 streams. Old = 3539077, prepared here with
+# Three MoE changes, the tree before them (3539077) against this one, in one call:
+# (1) packed experts at prefill sizes through kernel B's 64-row blocks instead of the grouped GEMM's dequantized
+#     tiles (3-4x slower at 32-64 rows in the dense sweep, h100/packed_decode_sweep_q4k.json; Qwen3.6's 512-token
+#     prefill spent 66 of its 84 ms of kernels there, h100/profile_prefill_qwen36_q4k_512.json);
+# (2) routed slots through the word GEMV up to one an expert (Qwen3.6 at 8 streams: 64 slots, kernel A's blocks
+#     before);
+# (3) SiLU·up in the word GEMV's epilogue for routed experts and small gate/ups (the shared expert): two launches
+#     fewer a MoE layer at one stream.
+# First the experts alone (bench/packed_decode.py, 8 and 512 tokens, every path), then Qwen3.6-35B-A3B Q4_K: TTFT
+# of one 512- and one 2,048-token prompt, decode at 1, 8 and 32 streams. The old tree, prepared here with
 #   mkdir -p .ab_prefill && git archive 3539077 stagewise bench/__init__.py | tar -x -C .ab_prefill; echo .ab_prefill >> .git/info/exclude
 # Carry [".wheels", ".ab_prefill"]: bash bench/results/kquant_profile/ab_moe_prefill.sh (about 7 minutes)
 set -u
