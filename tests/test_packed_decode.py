@@ -245,12 +245,13 @@ def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_compiled_expert_blocks_in_bf16_match_the_grouped_gemm() -> None:
-    """Kernel A's expert blocks with SiLU·up fused (a Q4_K_M mix: Q4_K gate/up, Q6_K down) against the grouped
-    GEMM on the same stacks, bf16, 8 tokens of a 64-expert top-8 layer."""
+@pytest.mark.parametrize("tokens", [8, 128], ids=["kernel-A-blocks", "kernel-B-blocks"])
+def test_compiled_expert_blocks_in_bf16_match_the_grouped_gemm(tokens: int) -> None:
+    """The expert blocks with SiLU·up fused (a Q4_K_M mix: Q4_K gate/up, Q6_K down) against the grouped GEMM on
+    the same stacks, bf16, a 64-expert top-8 layer: 8 tokens (kernel A's 16-row blocks), 128 (kernel B's 64)."""
     from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_experts_config
 
-    experts, top_k, hidden, inter, tokens = 64, 8, 2048, 512, 8
+    experts, top_k, hidden, inter = 64, 8, 2048, 512
     gate_up = _weight(T.Q4_K, (experts, 2 * inter), hidden, seed=1)
     down = _weight(T.Q6_K, (experts, hidden), inter, seed=2)
     g = torch.Generator("cuda").manual_seed(3)
