@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 44, one call (< 10 min, one GPU): narrow serve's warm-up failure on Qwen3.6 with the prefix cache
 # (nan_warmup_h100/): serve with --no-peak-check and with --no-cuda-graphs (prefix cache on), then
-# nan_full_context.py in process: with graphs, without, the full-context step first, and snapshots off.
+# nan_full_context.py in process: with graphs, without packed pieces, without graphs, the full-context step first.
 # Carry [".wheels"].
 set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"; t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -21,6 +21,7 @@ warm no_peak_check --no-peak-check
 warm no_cuda_graphs --no-cuda-graphs
 P=bench/results/hybrid_serving_h200/nan_full_context.py
 stamp "in process, graphs";  timeout 110 python3 $P > $O/full_context_graphs.txt 2>&1; grep -v Warn $O/full_context_graphs.txt | tail -12
+stamp "in process, no packed pieces"; PIECES=0 timeout 110 python3 $P > $O/full_context_nopieces.txt 2>&1; grep -v Warn $O/full_context_nopieces.txt | tail -6
 stamp "in process, no graphs"; GRAPHS=0 timeout 110 python3 $P > $O/full_context_nographs.txt 2>&1; grep -v Warn $O/full_context_nographs.txt | tail -6
 stamp "in process, full-context first"; FULL_FIRST=1 timeout 100 python3 $P > $O/full_context_first.txt 2>&1; grep -v Warn $O/full_context_first.txt | tail -6
 stamp done

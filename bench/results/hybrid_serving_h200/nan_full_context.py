@@ -6,7 +6,8 @@ warms up, and bench/warm_up_check.py (the same warm-up in process, no full-conte
 warm-up, then the load check's full-context step (a 3,584-token prompt that shares the warm-up prompts' first
 1,025 tokens: a prefix-cache hit restoring a recurrent-state snapshot), step by step: after each batcher
 iteration every state pool and KV pool is scanned for non-finite values, and the first step that leaves one is
-printed with its rows, chunks, snapshots and the sequence's restore. Env: MODEL, GRAPHS=0 (no CUDA graphs),
+printed with its rows, chunks, snapshots and the sequence's restore. Env: MODEL, GRAPHS=0 (no CUDA graphs), PIECES=0
+(packed steps eagerly, decode graphs kept),
 SNAPS (prefix snapshots; default one a slot), FULL_FIRST=1 (the full-context step before the warm-up: no hit).
 
     PYTHONPATH=. python3 bench/results/hybrid_serving_h200/nan_full_context.py
@@ -32,6 +33,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # the CPU: the kernels through Tr
 snaps = os.environ.get("SNAPS")
 m = load_model(os.environ.get("MODEL", "random:qwen3.6-35b-a3b@q8_0"), os.environ.get("DEVICES", "cuda:0"), "single", 4096, max_seqs=8,
                cuda_graphs=os.environ.get("GRAPHS", "1") == "1", prefix_snapshots=None if snaps is None else int(snaps))
+if os.environ.get("PIECES") == "0":  # packed steps eagerly, decode steps still replayed as graphs
+    for stage in m.pipeline.stages:
+        stage.packed = None
 b = Batcher(m.pipeline, m.max_context, m.prefill_chunk)
 slots = m.pipeline.stages[0].states.slots
 V = m.config.vocab_size
