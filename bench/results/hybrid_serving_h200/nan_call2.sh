@@ -11,17 +11,17 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 M=random:qwen3.6-35b-a3b@q8_0
 warm() {  # warm NAME ARGS...: serve until warmed up or an error (at most 100 s)
   local name=$1; shift; stamp "serve $name"
-  timeout 100 python3 -m stagewise serve $M --devices cuda:0 --placement single --max-seqs 8 --context 4096 \
+  timeout 85 python3 -m stagewise serve $M --devices cuda:0 --placement single --max-seqs 8 --context 4096 \
     --port $((18000 + RANDOM % 1000)) "$@" > "$O/serve_$name.txt" 2>&1 &
   local pid=$! i
-  for i in $(seq 100); do sleep 1; grep -q -E "warmed up|error" "$O/serve_$name.txt" && break; kill -0 $pid 2>/dev/null || break; done
+  for i in $(seq 85); do sleep 1; grep -q -E "warmed up|error" "$O/serve_$name.txt" && break; kill -0 $pid 2>/dev/null || break; done
   kill $pid 2>/dev/null; wait $pid 2>/dev/null; grep -E "warmed up|error" "$O/serve_$name.txt" | head -2
 }
 warm no_peak_check --no-peak-check
 warm no_cuda_graphs --no-cuda-graphs
 P=bench/results/hybrid_serving_h200/nan_full_context.py
-stamp "in process, graphs";  timeout 110 python3 $P > $O/full_context_graphs.txt 2>&1; grep -v Warn $O/full_context_graphs.txt | tail -12
-stamp "in process, no packed pieces"; PIECES=0 timeout 110 python3 $P > $O/full_context_nopieces.txt 2>&1; grep -v Warn $O/full_context_nopieces.txt | tail -6
-stamp "in process, no graphs"; GRAPHS=0 timeout 110 python3 $P > $O/full_context_nographs.txt 2>&1; grep -v Warn $O/full_context_nographs.txt | tail -6
-stamp "in process, full-context first"; FULL_FIRST=1 timeout 100 python3 $P > $O/full_context_first.txt 2>&1; grep -v Warn $O/full_context_first.txt | tail -6
+stamp "in process, graphs";  timeout 95 python3 $P > $O/full_context_graphs.txt 2>&1; grep -v Warn $O/full_context_graphs.txt | tail -12
+stamp "in process, no packed pieces"; PIECES=0 timeout 95 python3 $P > $O/full_context_nopieces.txt 2>&1; grep -v Warn $O/full_context_nopieces.txt | tail -6
+stamp "in process, no graphs"; GRAPHS=0 timeout 95 python3 $P > $O/full_context_nographs.txt 2>&1; grep -v Warn $O/full_context_nographs.txt | tail -6
+stamp "in process, full-context first"; FULL_FIRST=1 timeout 90 python3 $P > $O/full_context_first.txt 2>&1; grep -v Warn $O/full_context_first.txt | tail -6
 stamp done
