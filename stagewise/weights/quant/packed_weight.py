@@ -59,9 +59,11 @@ GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token'
 # (the one-row figures above), so it wins while an expert holds under ~2.4 slots on average; at no more slots
 # than experts, uniform routing gives at most 1.6 (Qwen3.6's 256 experts: 64 slots, 1.14), and the blocks'
 # two alignment launches a layer go too
-# a 2-D gate/up up to this many values takes SiLU·up in the word GEMV: there the launch it saves (~2 us) outweighs
-# converting the input for two rows a program instead of four (+14 % instructions a value offline); a routed
-# expert stack always does (Qwen3.6's shared expert: 2 M values; Llama-3.1-8B's gate/up, 117 M, does not)
+
+# a 2-D gate/up of up to this many values takes SiLU·up in the word GEMV (one row): there the launch it saves is
+# expected to outweigh converting the input for two rows a program instead of four (+14 % instructions a value
+# offline); a stack's routed slots do wherever the GEMV takes them (Qwen3.6's shared expert: 2 M values;
+# Llama-3.1-8B's gate/up, 117 M, does not). Not yet timed: bench/results/kquant_profile/ab_moe_prefill.sh
 GLU_GEMV_MAX_VALUES = 1 << 24
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
@@ -211,7 +213,9 @@ class PackedWeight:
         gather = self.qs.dim() == 3
         if words_config(self.ggml_type, self.in_features, gather, x_dtype) is None:
             return False
-        return self._gemv_takes(rows, x_dtype) if gather else rows == 1 and self.qs.shape[-2] * self.in_features <= GLU_GEMV_MAX_VALUES
+        if gather:
+            return self._gemv_takes(rows, x_dtype)
+        return rows == 1 and self.qs.shape[-2] * self.in_features <= GLU_GEMV_MAX_VALUES
 
     def matmul_glu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(x @ G.T) * (x @ U.T)`` ``(..., out / 2)`` of a 2-D fused gate/up, where :meth:`glu_gemv` says."""
