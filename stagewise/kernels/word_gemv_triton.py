@@ -22,6 +22,10 @@ moves between threads until the final sum. Offline SASS for sm_90a (``bench/sass
 3.8 (Q4_K), 4.5 (Q5_K), 3.9 (Q6_K) and 7.1 (IQ4_XS) instructions a value, against 9.2-17.9 for the slot
 and byte GEMVs at Llama-3.1-8B's shapes (14-31 at Qwen3.6's expert down, K 512) and 9.0-9.8 for kernel A.
 
+A fused gate/up (gate rows then up rows) may take ``silu(gate) * up`` in the epilogue (``glu``): a program then
+runs two rows of each, each row summed exactly as without it, so the output is bit for bit the GEMV's then
+``silu_mul``'s, one launch fewer.
+
 Tile configs are a pure function of the type, ``K`` and the input's dtype (:func:`words_config`), so every
 pipeline stage reduces in the same order. Results are float32 sums of products, within float tolerance of
 ``x @ W.T`` on the dequantized weight (the offset adds a rounding of ``128 sum(x)``-sized terms).
