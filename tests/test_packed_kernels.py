@@ -183,7 +183,6 @@ def test_the_word_gemv_takes_silu_up_bit_for_bit(qtype: GGMLQuantizationType, ex
                                                  x_repeat: int) -> None:
     """A fused gate/up (gate rows then up rows) through the word GEMV with SiLU·up in its epilogue gives exactly
     what the GEMV and ``silu_mul`` give, for a matrix (a partial row tile) and routed experts of a stack."""
-    from stagewise.kernels.packed_gemv_triton import packed_gemv_glu
     from stagewise.kernels.silu_mul_triton import silu_mul
     from stagewise.kernels.triton_launch import kernels_on_host
 
@@ -198,7 +197,7 @@ def test_the_word_gemv_takes_silu_up_bit_for_bit(qtype: GGMLQuantizationType, ex
         x = torch.randn(3, k, generator=torch.Generator().manual_seed(6)).bfloat16().to(DEVICE)
     stack = _stack(raw, qtype)
     with kernels_on_host():
-        got = packed_gemv_glu(x, stack, index, x_repeat=x_repeat)
+        got = packed_gemv(x, stack, index, x_repeat=x_repeat, glu=True)
         want = silu_mul(packed_gemv(x, stack, index, x_repeat=x_repeat))
     assert got.shape == want.shape == (x.shape[0] * x_repeat, n // 2)
     assert torch.equal(got, want)

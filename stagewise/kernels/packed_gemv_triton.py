@@ -176,31 +176,9 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
     return block_n, block_k, warps, stages
 
 
-def packed_gemv_glu(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor | None = None,
-                    x_repeat: int = 1) -> torch.Tensor:
-    """``silu(gate) * up`` ``(M, N / 2)`` of a fused gate/up ``weight`` (gate rows then up rows; a matrix or a
-    stack with ``expert_index``, as :func:`packed_gemv`) in one launch of the word GEMV, bit for bit
-    ``silu_mul(packed_gemv(...))``. Only where :func:`words_config` has a config (ValueError otherwise)."""
-    k = weight.in_features
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    gather = weight.qs.dim() == 3
-    words = words_config(weight.ggml_type, k, gather, x.dtype)
-    if words is None:
-        raise ValueError(f"the fused SiLU·up GEMV takes the word GEMV's types and shapes, not {weight.ggml_type.name} "
-                         f"of K {k} with {x.dtype} input")
-    if gather and (expert_index is None or expert_index.numel() != x2.shape[0] * x_repeat):
-        raise ValueError("a 3-D packed stack needs one expert index per output row")
-    y = torch.empty((x2.shape[0] * x_repeat, weight.qs.shape[-2] // 2), dtype=x.dtype, device=x.device)
-    words_gemv(x2, weight, y, words, int32_index(expert_index) if gather and expert_index is not None else None,
-               x_repeat, glu=True)
-    return y
-
-
 def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor | None = None, x_repeat: int = 1,
                 config: tuple[int, int, int, int] | None = None, slots: bool = True,
-                word_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                word_config: tuple[int, int, int] | None = None, glu: bool = False) -> torch.Tensor:
     """``x (M / x_repeat, K)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
 
     ``weight``'s planes hold a packed ``(N, K)`` matrix, or a ``(E, N, K)`` stack, which needs
@@ -210,6 +188,9 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
     (:mod:`~stagewise.kernels.word_gemv_triton`) where its ``words_config`` has a config. ``config``
     overrides :func:`config_for` (and the word GEMV), ``word_config`` the word GEMV's own, and
     ``slots=False`` turns the word GEMV and the slot path of :data:`SLOT_TYPES` off (benchmarks only).
+    ``glu``: ``weight`` is a fused gate/up (gate rows then up rows) and ``y (M, N / 2)`` is ``silu(gate) * up``
+    in the word GEMV's epilogue, bit for bit ``silu_mul`` of the plain output, one launch; only where the word
+    GEMV takes the weight (ValueError otherwise).
     """
     qs, qh, meta, ggml_type, k = weight.qs, weight.qh, weight.meta, weight.ggml_type, weight.in_features
     check_planes(qs, qh, meta, ggml_type, k)
@@ -221,13 +202,16 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
     m = x2.shape[0] * x_repeat
     if gather and (expert_index is None or expert_index.numel() != m):
         raise ValueError("a 3-D packed stack needs one expert index per output row")
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     words = words_config(ggml_type, k, gather, x.dtype) if slots and config is None else None
     if words is not None and word_config is not None:
         words = word_config
+    if glu and words is None:
+        raise ValueError(f"SiLU·up in the GEMV takes the word GEMV's types and shapes, not {ggml_type.name} of K {k} "
+                         f"with {x.dtype} input")
+    y = torch.empty((m, n // 2 if glu else n), dtype=x.dtype, device=x.device)
     if words is not None:
         words_gemv(x2, weight, y, words, int32_index(expert_index) if gather and expert_index is not None else None,
-                   x_repeat)
+                   x_repeat, glu=glu)
         return y
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     use_slots = slots and ggml_type in SLOT_TYPES

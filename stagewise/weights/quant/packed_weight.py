@@ -219,17 +219,17 @@ class PackedWeight:
 
     def matmul_glu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(x @ G.T) * (x @ U.T)`` ``(..., out / 2)`` of a 2-D fused gate/up, where :meth:`glu_gemv` says."""
-        from stagewise.kernels.packed_gemv_triton import packed_gemv_glu
+        from stagewise.kernels.packed_gemv_triton import packed_gemv
 
-        y = packed_gemv_glu(x, self)
+        y = packed_gemv(x, self, glu=True)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def gather_matmul_glu(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
         """:meth:`gather_matmul` of a fused gate/up stack with ``silu(gate) * up`` taken in the same launch:
         ``(M, out / 2)``, where :meth:`glu_gemv` says."""
-        from stagewise.kernels.packed_gemv_triton import packed_gemv_glu
+        from stagewise.kernels.packed_gemv_triton import packed_gemv
 
-        return packed_gemv_glu(x, self, expert_index, x_repeat=x_repeat)
+        return packed_gemv(x, self, expert_index, x_repeat=x_repeat, glu=True)
 
     def _gemv_takes(self, slots: int, x_dtype: torch.dtype) -> bool:
         """Whether ``slots`` routed slots of this stack run through the GEMV, a slot at a time (else kernel A's
