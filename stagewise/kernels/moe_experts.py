@@ -71,8 +71,8 @@ def packed_experts_config(gate_up: PackedStack, down: PackedStack, num_slots: in
     and expert counts, the stacks' types, K and the device kind."""
     decode = num_slots <= DECODE_SLOTS_PER_EXPERT * num_experts
     block_m = 16 if decode or device.type != "cuda" else PREFILL_BLOCK_M
-    return PackedExpertsConfig(block_m, expert_tiles(gate_up.ggml_type, gate_up.in_features, device, decode),
-                               expert_tiles(down.ggml_type, down.in_features, device, decode))
+    return PackedExpertsConfig(block_m, expert_tiles(gate_up.ggml_type, gate_up.in_features, device, scale_after=decode),
+                               expert_tiles(down.ggml_type, down.in_features, device, scale_after=decode))
 
 
 def default_config(num_slots: int, num_experts: int, device: torch.device,
