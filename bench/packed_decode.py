@@ -37,12 +37,10 @@ from stagewise.kernels.expert_stacks import PackedTensors
 from stagewise.kernels.moe_align import identity_alignment
 from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_experts_config
 from stagewise.kernels.moe_grouped_triton import GemmTiles, grouped_gemm
-from stagewise.kernels.moe_route_triton import combine
 from stagewise.kernels.packed_gemv_triton import packed_gemv
 from stagewise.kernels.packed_matmul import dense_tiles, packed_matmul
-from stagewise.kernels.silu_mul_triton import silu_mul
 from stagewise.spec.packed_types import row_bytes
-from stagewise.weights.quant.packed_weight import GATHER_MAX_ROWS, PackedWeight
+from stagewise.weights.quant.packed_weight import PackedWeight
 
 T = GGMLQuantizationType
 SHAPES = {"qkv 6144x4096": (6144, 4096), "o 4096x4096": (4096, 4096), "gate/up 28672x4096": (28672, 4096),
@@ -129,26 +127,15 @@ def _moe_case(qtype: GGMLQuantizationType, tokens: int, dev: torch.device) -> di
     top_weight = top_weight.to(torch.bfloat16)
     configs = {"new (kernel A or B blocks)": packed_experts_config(gate_up, down, tokens * top_k, experts, dev),
                "old (grouped GEMM)": packed_config(dev, gate_up, down, tokens * top_k, experts)}
-    runs: dict[str, Callable[[int], torch.Tensor]] = {
-        name: lambda _i, cfg=cfg: grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, cfg)
-        for name, cfg in configs.items()}
-    if tokens * top_k <= GATHER_MAX_ROWS:  # what Experts' gathered decode path runs: the GEMV or kernel A's blocks
-        index = top_index.reshape(-1)
-        glu = gate_up.glu_gemv(index.numel(), x.dtype)  # SiLU·up in the word GEMV, as Experts takes it
-
-        def gathered(_i: int) -> torch.Tensor:
-            act = gate_up.gather_matmul_glu(index, x, top_k) if glu else silu_mul(gate_up.gather_matmul(index, x, top_k))
-            return combine(down.gather_matmul(index, act), top_weight, x.dtype)
-
-        runs["gathered (Experts' decode path)"] = gathered
-    outs = {name: run(0) for name, run in runs.items()}
+    outs = {name: grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, cfg) for name, cfg in configs.items()}
     first = next(iter(outs.values()))
     row: dict[str, Any] = {"type": qtype.name, "moe": "qwen3.6-35b-a3b experts", "tokens": tokens,
                            "experts_used": int(torch.unique(top_index).numel())}
-    for name, run in runs.items():
-        row[name] = {"us": round(graph_us(run, 10), 1), "rel_to_first": rel_err(outs[name], first)}
+    for name, cfg in configs.items():
+        row[name] = {"us": round(graph_us(lambda _i, cfg=cfg: grouped_swiglu_experts(
+            x, top_index, top_weight, gate_up, down, cfg), 10), 1), "rel_to_first": rel_err(outs[name], first)}
     print(f"{qtype.name:6s} MoE experts, {tokens} tokens ({row['experts_used']} experts): " + "  ".join(
-        f"{name} {row[name]['us']} us" for name in runs), flush=True)
+        f"{name} {row[name]['us']} us" for name in configs), flush=True)
     return row
 
 

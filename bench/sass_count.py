@@ -66,8 +66,7 @@ def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: in
     return kernel.asm["cubin"], time.perf_counter() - started
 
 
-def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bool = True,
-                      glu: bool = False) -> tuple[bytes, float, dict]:
+def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bool = True) -> tuple[bytes, float, dict]:
     """The cubin of the packed GEMV of an ``(n, k)`` matrix (one output row: single-stream decode; the word GEMV
     where :func:`words_config` has a config for bf16 input and ``words`` is True, else the slot or byte path),
     compiled for sm_90a as a launch at these shapes specializes it (pointers, N, K and strides 16-divisible), and
@@ -80,9 +79,8 @@ def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bo
     slots = ggml_type in SLOT_TYPES
     if config is not None:
         fn, (block_n, block_k, warps), stages = _words_kernel, config, 1
-        consts = {"TYPE": int(ggml_type), "GATHER": False, "GLU": glu, "BLOCK_N": block_n, "BLOCK_K": block_k,
+        consts = {"TYPE": int(ggml_type), "GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k,
                   "ROW_THREADS": row_threads(block_k), "ASM": True, "GDC": False, "x_repeat": 1}
-        sig["up_offset"] = "i32"  # SiLU·up's up rows (GLU: a fused gate/up of 2n rows)
     else:
         fn = _packed_gemv_kernel
         block_n, block_k, warps, stages = config_for(ggml_type, n, k, gather=False)

@@ -94,31 +94,3 @@ def test_gathered_experts_read_blocks_from_two_tokens(qtype: GGMLQuantizationTyp
         ref = torch.stack([dense[int(index[m])] @ x[m // top_k] for m in range(tokens * top_k)])
         assert float((got - ref).abs().max()) <= 2e-5 * float(ref.abs().max())
     assert calls == [9]  # the blocks for 9 slots only: 3 slots took the GEMV
-
-
-def test_routed_slots_take_the_gemv_up_to_one_an_expert_where_the_word_gemv_reads_the_stack() -> None:
-    """Beyond one token's slots, the GEMV (a slot at a time) is kept while there are no more slots than experts
-    and the word GEMV reads the type with bf16 input; kernel A's blocks otherwise."""
-    experts = 16
-    q4k = _stack(T.Q4_K, experts, 8, 256, seed=8)
-    q40 = _stack(T.Q4_0, experts, 8, 256, seed=9)
-    assert q4k._gemv_takes(8, torch.float32) and q40._gemv_takes(8, torch.bfloat16)
-    assert q4k._gemv_takes(experts, torch.bfloat16) and not q4k._gemv_takes(experts + 1, torch.bfloat16)
-    assert not q4k._gemv_takes(9, torch.float32)  # no word GEMV for float32 input
-    assert not q40._gemv_takes(9, torch.bfloat16)  # nor for Q4_0
-
-
-def test_silu_up_joins_the_word_gemv_where_it_takes_the_rows() -> None:
-    """A fused gate/up takes SiLU·up inside the word GEMV for one row of a matrix, or the routed slots the GEMV
-    takes from a stack, with bf16 input; never for more rows, float32 input or a type the word GEMV lacks."""
-    from stagewise.kernels.triton_launch import kernels_on_host
-
-    with kernels_on_host():
-        matrix = _stack(T.Q4_K, 1, 20, 256, seed=10)
-        matrix = PackedWeight(matrix.qs[0], matrix.qh[0], matrix.meta[0], T.Q4_K, 256)
-        stack = _stack(T.Q6_K, 16, 20, 512, seed=11)
-        assert matrix.glu_gemv(1, torch.bfloat16) and not matrix.glu_gemv(2, torch.bfloat16)
-        assert not matrix.glu_gemv(1, torch.float32)
-        assert stack.glu_gemv(16, torch.bfloat16) and not stack.glu_gemv(17, torch.bfloat16)
-        assert not _stack(T.Q4_0, 16, 20, 256, seed=12).glu_gemv(8, torch.bfloat16)
-    assert not stack.glu_gemv(8, torch.bfloat16) or torch.cuda.is_available()  # the CPU's torch path: never

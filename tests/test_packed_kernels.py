@@ -177,32 +177,6 @@ def test_the_word_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x
     _within_a_bf16_ulp(got, ref)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
-@pytest.mark.parametrize("experts, k, x_repeat", [(0, 2048, 1), (4, 512, 2)], ids=["matrix", "gathered"])
-def test_the_word_gemv_takes_silu_up_bit_for_bit(qtype: GGMLQuantizationType, experts: int, k: int,
-                                                 x_repeat: int) -> None:
-    """A fused gate/up (gate rows then up rows) through the word GEMV with SiLU·up in its epilogue gives exactly
-    what the GEMV and ``silu_mul`` give, for a matrix (a partial row tile) and routed experts of a stack."""
-    from stagewise.kernels.silu_mul_triton import silu_mul
-    from stagewise.kernels.triton_launch import kernels_on_host
-
-    n = 2 * 10
-    if experts:
-        raw = np.stack([_random_rows(qtype, rows=n, k=k, seed=11 * int(qtype) + e) for e in range(experts)])
-        index: torch.Tensor | None = torch.tensor([3, 0, 3, 1]).to(DEVICE)
-        x = torch.randn(4 // x_repeat, k, generator=torch.Generator().manual_seed(5)).bfloat16().to(DEVICE)
-    else:
-        raw = _random_rows(qtype, rows=n, k=k, seed=int(qtype))
-        index = None
-        x = torch.randn(3, k, generator=torch.Generator().manual_seed(6)).bfloat16().to(DEVICE)
-    stack = _stack(raw, qtype)
-    with kernels_on_host():
-        got = packed_gemv(x, stack, index, x_repeat=x_repeat, glu=True)
-        want = silu_mul(packed_gemv(x, stack, index, x_repeat=x_repeat))
-    assert got.shape == want.shape == (x.shape[0] * x_repeat, n // 2)
-    assert torch.equal(got, want)
-
-
 def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
     from stagewise.kernels.word_gemv_triton import words_config
 

@@ -178,7 +178,7 @@ def config_for(ggml_type: GGMLQuantizationType, n: int, k: int, gather: bool) ->
 
 def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor | None = None, x_repeat: int = 1,
                 config: tuple[int, int, int, int] | None = None, slots: bool = True,
-                word_config: tuple[int, int, int] | None = None, glu: bool = False) -> torch.Tensor:
+                word_config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """``x (M / x_repeat, K)`` (bf16, f16 or f32) -> ``y (M, N)`` in ``x``'s dtype, float32 accumulation.
 
     ``weight``'s planes hold a packed ``(N, K)`` matrix, or a ``(E, N, K)`` stack, which needs
@@ -188,9 +188,6 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
     (:mod:`~stagewise.kernels.word_gemv_triton`) where its ``words_config`` has a config. ``config``
     overrides :func:`config_for` (and the word GEMV), ``word_config`` the word GEMV's own, and
     ``slots=False`` turns the word GEMV and the slot path of :data:`SLOT_TYPES` off (benchmarks only).
-    ``glu``: ``weight`` is a fused gate/up (gate rows then up rows) and ``y (M, N / 2)`` is ``silu(gate) * up``
-    in the word GEMV's epilogue, bit for bit ``silu_mul`` of the plain output, one launch; only where the word
-    GEMV takes the weight (ValueError otherwise).
     """
     qs, qh, meta, ggml_type, k = weight.qs, weight.qh, weight.meta, weight.ggml_type, weight.in_features
     check_planes(qs, qh, meta, ggml_type, k)
@@ -202,16 +199,13 @@ def packed_gemv(x: torch.Tensor, weight: PackedStack, expert_index: torch.Tensor
     m = x2.shape[0] * x_repeat
     if gather and (expert_index is None or expert_index.numel() != m):
         raise ValueError("a 3-D packed stack needs one expert index per output row")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     words = words_config(ggml_type, k, gather, x.dtype) if slots and config is None else None
     if words is not None and word_config is not None:
         words = word_config
-    if glu and words is None:
-        raise ValueError(f"SiLU·up in the GEMV takes the word GEMV's types and shapes, not {ggml_type.name} of K {k} "
-                         f"with {x.dtype} input")
-    y = torch.empty((m, n // 2 if glu else n), dtype=x.dtype, device=x.device)
     if words is not None:
         words_gemv(x2, weight, y, words, int32_index(expert_index) if gather and expert_index is not None else None,
-                   x_repeat, glu=glu)
+                   x_repeat)
         return y
     block_n, block_k, warps, stages = config or config_for(ggml_type, n, k, gather)
     use_slots = slots and ggml_type in SLOT_TYPES

@@ -22,10 +22,6 @@ moves between threads until the final sum. Offline SASS for sm_90a (``bench/sass
 3.8 (Q4_K), 4.5 (Q5_K), 3.9 (Q6_K) and 7.1 (IQ4_XS) instructions a value, against 9.2-17.9 for the slot
 and byte GEMVs at Llama-3.1-8B's shapes (14-31 at Qwen3.6's expert down, K 512) and 9.0-9.8 for kernel A.
 
-A fused gate/up (gate rows then up rows) may take ``silu(gate) * up`` in the epilogue (``glu``): a program then
-runs two rows of each, each row summed exactly as without it, so the output is bit for bit the GEMV's then
-``silu_mul``'s, one launch fewer.
-
 Tile configs are a pure function of the type, ``K`` and the input's dtype (:func:`words_config`), so every
 pipeline stage reduces in the same order. Results are float32 sums of products, within float tolerance of
 ``x @ W.T`` on the dequantized weight (the offset adds a rounding of ``128 sum(x)``-sized terms).
@@ -43,7 +39,6 @@ from gguf.constants import GGMLQuantizationType
 from stagewise.kernels.expert_stacks import PackedStack
 from stagewise.kernels.gemv_triton import gemv_grid
 from stagewise.kernels.grid_dependency import wait_for_predecessor
-from stagewise.kernels.moe_decode_triton import silu_mul_tile
 from stagewise.kernels.packed_blocks_triton import IQ4_HI, IQ4_LO, codebook, k_word_scales
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
@@ -379,12 +374,29 @@ def _iq4xs_step(accs, q32, m32, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride
 
 
 @triton.jit
-def _rows_dot(q32, h32, meta_ptr, x32, n0, N, K, stride_qn, stride_hn, stride_mn, TYPE: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_THREADS: tl.constexpr, ASM: tl.constexpr,
-              WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
-    """The float32 partial sums of rows ``n0 ..`` (``ROW_THREADS`` sets of ``BLOCK_N``; rows from ``N`` on read the
-    last and are not stored) over all of ``K``: one ``(ROW_THREADS, blocks, 4)`` tile a row, summed by the caller."""
+def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm, stride_qe, stride_qn, stride_he,
+                  stride_hn, stride_me, stride_mn, stride_ym, x_repeat, TYPE: tl.constexpr, GATHER: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_THREADS: tl.constexpr, ASM: tl.constexpr,
+                  GDC: tl.constexpr):
+    """``ROW_THREADS x BLOCK_N`` output rows of output row ``m``'s matrix (expert ``e_ptr[m]`` of a stack where
+    ``GATHER``) and input row ``m // x_repeat``, ``K % BLOCK_K == 0``: four threads a super-block of ``BLOCK_K``
+    for each of ``ROW_THREADS`` sets of ``BLOCK_N`` rows (more than one set where ``K`` is short), module note."""
     NB: tl.constexpr = BLOCK_K // 256
+    tiles = tl.cdiv(N, BLOCK_N * ROW_THREADS)
+    rows = tl.num_programs(0) // tiles
+    pid = tl.program_id(0)
+    m = pid % rows
+    n0 = (pid // rows) * BLOCK_N * ROW_THREADS
+    if GATHER:  # the expert index is the router's output: wait before reading it
+        wait_for_predecessor(GDC)
+        e = tl.load(e_ptr + m).to(tl.int64)
+        qs_ptr += e * stride_qe
+        qh_ptr += e * stride_he
+        meta_ptr += e * stride_me
+    WAIT: tl.constexpr = GDC and not GATHER  # a plain GEMV reads its first weights while the previous kernel ends
+    q32 = qs_ptr.to(tl.pointer_type(tl.int32))
+    h32 = qh_ptr.to(tl.pointer_type(tl.int32))
+    x32 = (x_ptr + (m // x_repeat) * stride_xm).to(tl.pointer_type(tl.int32))
     rt4 = tl.arange(0, ROW_THREADS)[:, None, None, None]  # (R, B, 4 threads, 4 words): the words' tiles
     b4 = tl.arange(0, NB)[None, :, None, None]
     t4 = tl.arange(0, 4)[None, None, :, None]
@@ -415,47 +427,9 @@ def _rows_dot(q32, h32, meta_ptr, x32, n0, N, K, stride_qn, stride_hn, stride_mn
         for k0 in range(BLOCK_K, K, BLOCK_K):
             accs = _q45k_step(accs, q32, h32, m32, x32, n0, N, k0 // 256 + b4, rt4, t4, k4, t3, stride_qn // 4,
                               stride_hn // 4, stride_mn // 4, TYPE, BLOCK_N, ASM, False)
-    return accs
-
-
-@triton.jit
-def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm, stride_qe, stride_qn, stride_he,
-                  stride_hn, stride_me, stride_mn, stride_ym, x_repeat, up_offset, TYPE: tl.constexpr,
-                  GATHER: tl.constexpr, GLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  ROW_THREADS: tl.constexpr, ASM: tl.constexpr, GDC: tl.constexpr):
-    """``ROW_THREADS x BLOCK_N`` output rows of output row ``m``'s matrix (expert ``e_ptr[m]`` of a stack where
-    ``GATHER``) and input row ``m // x_repeat``, ``K % BLOCK_K == 0``: four threads a super-block of ``BLOCK_K``
-    for each of ``ROW_THREADS`` sets of ``BLOCK_N`` rows (more than one set where ``K`` is short), module note.
-    With ``GLU`` output row ``n`` is ``silu(g) * u`` of rows ``n`` (gate) and ``up_offset + n`` (up), each
-    rounded to the output dtype first, as ``silu_mul`` of the stored pair."""
-    tiles = tl.cdiv(N, BLOCK_N * ROW_THREADS)
-    rows = tl.num_programs(0) // tiles
-    pid = tl.program_id(0)
-    m = pid % rows
-    n0 = (pid // rows) * BLOCK_N * ROW_THREADS
-    if GATHER:  # the expert index is the router's output: wait before reading it
-        wait_for_predecessor(GDC)
-        e = tl.load(e_ptr + m).to(tl.int64)
-        qs_ptr += e * stride_qe
-        qh_ptr += e * stride_he
-        meta_ptr += e * stride_me
-    WAIT: tl.constexpr = GDC and not GATHER  # a plain GEMV reads its first weights while the previous kernel ends
-    q32 = qs_ptr.to(tl.pointer_type(tl.int32))
-    h32 = qh_ptr.to(tl.pointer_type(tl.int32))
-    x32 = (x_ptr + (m // x_repeat) * stride_xm).to(tl.pointer_type(tl.int32))
-    accs = _rows_dot(q32, h32, meta_ptr, x32, n0, N, K, stride_qn, stride_hn, stride_mn, TYPE, BLOCK_N, BLOCK_K,
-                     ROW_THREADS, ASM, WAIT)
-    if GLU:
-        ups = _rows_dot(q32, h32, meta_ptr, x32, n0 + up_offset, N + up_offset, K, stride_qn, stride_hn, stride_mn,
-                        TYPE, BLOCK_N, BLOCK_K, ROW_THREADS, ASM, False)
-    else:
-        ups = accs
     rows_out = n0 + tl.arange(0, ROW_THREADS) * BLOCK_N
     for r in tl.static_range(BLOCK_N):
         y = tl.sum(tl.sum(accs[r], axis=2), axis=1)  # (R,)
-        if GLU:
-            up = tl.sum(tl.sum(ups[r], axis=2), axis=1)
-            y = silu_mul_tile(y, up, y_ptr.dtype.element_ty)
         tl.store(y_ptr + m * stride_ym + rows_out + r, y.to(y_ptr.dtype.element_ty), mask=rows_out + r < N)
 
 
@@ -488,17 +462,13 @@ def row_threads(block_k: int) -> int:
 
 
 def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: tuple[int, int, int],
-               expert_index: torch.Tensor | None = None, x_repeat: int = 1, glu: bool = False) -> None:
+               expert_index: torch.Tensor | None = None, x_repeat: int = 1) -> None:
     """``y[m] = W[e_m] @ x2[m // x_repeat]`` for bf16 ``x2 (M / x_repeat, K)`` and the planes of one ``(N, K)``
     matrix of :data:`WORD_TYPES` or a stack ``(E, N, K)`` with ``expert_index`` (int32, ``M``), by
-    :func:`_words_kernel` with ``config`` (:func:`words_config`'s or a benchmark's). ``glu``: ``W`` is a fused
-    gate/up (gate rows then up rows) and ``y[m]`` ``(N / 2,)`` is ``silu(gate) * up``, one launch."""
+    :func:`_words_kernel` with ``config`` (:func:`words_config`'s or a benchmark's)."""
     qs, qh, meta = weight.qs, weight.qh, weight.meta
     block_n, block_k, warps = config
     n, k, gather = qs.shape[-2], x2.shape[1], qs.dim() == 3
-    if glu and (n % 2 or y.shape[-1] != n // 2):
-        raise ValueError(f"a fused gate/up of {n} rows gives {n // 2} outputs a row, not {y.shape[-1]}")
-    n_out = n // 2 if glu else n
     if (weight.ggml_type not in WORD_TYPES or x2.dtype != torch.bfloat16 or k % block_k
             or gather != (expert_index is not None)):
         raise ValueError(f"the word GEMV takes Q4_K / Q5_K / Q6_K / IQ4_XS, bf16 input, K a multiple of {block_k}, an "
@@ -514,12 +484,10 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
         return (p.stride(0) if gather else 0), p.stride(-2)
 
     sets = row_threads(block_k)
-    if glu:  # half the rows a program, so gate and up hold what one set of rows did: Q4_K 128 registers at sm_90a
-        block_n = max(1, block_n // 2)  # against 166 with all four (IQ4_XS spilled), each row summed as before
     with launch_device(x2):
-        _words_kernel[gemv_grid(n_out, block_n * sets, y.shape[0])](
-            x2, qs, qh_arg, meta, y, y if expert_index is None else expert_index, n_out, k, x2.stride(0), *strides(qs),
-            *strides(qh_arg), *strides(meta), y.stride(0), x_repeat, n_out, TYPE=int(weight.ggml_type), GATHER=gather,
-            GLU=glu, BLOCK_N=block_n, BLOCK_K=block_k, ROW_THREADS=sets, ASM=WORDS_ASM and x2.is_cuda, num_warps=warps,
+        _words_kernel[gemv_grid(n, block_n * sets, y.shape[0])](
+            x2, qs, qh_arg, meta, y, y if expert_index is None else expert_index, n, k, x2.stride(0), *strides(qs),
+            *strides(qh_arg), *strides(meta), y.stride(0), x_repeat, TYPE=int(weight.ggml_type), GATHER=gather,
+            BLOCK_N=block_n, BLOCK_K=block_k, ROW_THREADS=sets, ASM=WORDS_ASM and x2.is_cuda, num_warps=warps,
             num_stages=1, **dependent_launch(x2),
         )

@@ -21,8 +21,6 @@ LINEAR_ATTENTION_KERNELS = 7
 # MLP
 DENSE_MLP_KERNELS = 3  # gate_up, silu * up, down (+ the residual)
 MOE_KERNELS = 6  # router, route (softmax + top-k), gathered gate_up, silu * up, gathered down, weighted combine (+ the residual)
-# (a packed file whose word GEMV takes gate_up launches SiLU·up inside it: one kernel fewer here, in the shared
-# expert and in a small dense MLP; the counts are the bf16 / Q8_0 path's)
 # gate_up, silu * up, down: its gate logit is a row of the router's matmul, its gated add part of the combine
 SHARED_EXPERT_KERNELS = 3
 EXIT_KERNELS = 4  # final norm, LM head, float logits, sampling

@@ -144,16 +144,11 @@ class Experts(nn.Module):
         otherwise."""
         tokens, k = top_index.shape
         index = top_index.reshape(-1)  # (N*K,)
-        if use_triton(x):  # 4 launches (3 where the word GEMV takes SiLU·up): the token rows read in place, K slots each
+        if use_triton(x):  # 4 launches: the token rows are read in place, K slots each
             from stagewise.kernels.moe_route_triton import combine
             from stagewise.kernels.silu_mul_triton import silu_mul
-            from stagewise.weights.quant.packed_weight import PackedWeight
 
-            packed = self.quantized.get("gate_up_proj")
-            if isinstance(packed, PackedWeight) and packed.glu_gemv(index.numel(), x.dtype):
-                act = packed.gather_matmul_glu(index, x, k)  # (N*K, I): SiLU·up inside the GEMV, one launch
-            else:
-                act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k))  # (N*K, I)
+            act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k))  # (N*K, I)
             return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype, residual,
                            shared)  # (N, H)
         if shared is not None:

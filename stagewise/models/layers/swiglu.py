@@ -26,12 +26,7 @@ class SwiGLU(nn.Module):
         """The MLP's output, plus ``residual`` when given (added by the down projection)."""
         if self.gate_up is not None and use_triton(x):
             from stagewise.kernels.silu_mul_triton import silu_mul
-            from stagewise.weights.quant.packed_weight import PackedWeight
 
-            fused = self.gate_up.quantized
-            if isinstance(fused, PackedWeight) and self.gate_up.bias is None \
-                    and fused.glu_gemv(x.numel() // x.shape[-1], x.dtype):
-                return self.down_proj(fused.matmul_glu(x), residual)  # SiLU·up inside the GEMV: one launch
             return self.down_proj(silu_mul(self.gate_up(x)), residual)
         if self.gate_up is not None:
             gate, up = self.gate_up(x).chunk(2, dim=-1)  # (..., I) each

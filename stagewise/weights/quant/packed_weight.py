@@ -55,16 +55,6 @@ from stagewise.weights.quant.tiled_linear import tiled_linear
 # kernel A's 88.5 (Q4_K gate/up), 57.0 against 96.3 (Q6_K; bench/results/gemv_words_h200)
 GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
-# ... and up to one slot an expert where the word GEMV reads the stack: a slot costs it ~0.42 of kernel A's block
-# (the one-row figures above), so it wins while an expert holds under ~2.4 slots on average; at no more slots
-# than experts, uniform routing gives at most 1.6 (Qwen3.6's 256 experts: 64 slots, 1.14), and the blocks'
-# two alignment launches a layer go too
-
-# a 2-D gate/up of up to this many values takes SiLU·up in the word GEMV (one row): there the launch it saves is
-# expected to outweigh converting the input for two rows a program instead of four (+14 % instructions a value
-# offline); a stack's routed slots do wherever the GEMV takes them (Qwen3.6's shared expert: 2 M values;
-# Llama-3.1-8B's gate/up, 117 M, does not). Not yet timed: bench/results/kquant_profile/ab_moe_prefill.sh
-GLU_GEMV_MAX_VALUES = 1 << 24
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
@@ -192,7 +182,7 @@ class PackedWeight:
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
         x = self._gathered_input(x)
-        if use_triton(self.qs) and self._gemv_takes(expert_index.numel(), x.dtype):
+        if use_triton(self.qs) and expert_index.numel() <= GATHER_GEMV_SLOTS:
             from stagewise.kernels.packed_gemv_triton import packed_gemv
 
             return packed_gemv(x, self, expert_index, x_repeat=x_repeat)
@@ -202,41 +192,6 @@ class PackedWeight:
             x = x.repeat_interleave(x_repeat, dim=0)  # (M, in)
         routed = self._dequantize_planes(tuple(p.index_select(0, expert_index) for p in self.planes), x.dtype)
         return torch.bmm(routed, x[:, :, None]).squeeze(-1)  # (M, out)
-
-    def glu_gemv(self, rows: int, x_dtype: torch.dtype) -> bool:
-        """Whether this fused gate/up (gate rows then up rows) runs ``silu(gate) * up`` inside the word GEMV for
-        ``rows`` input rows (a matrix) or routed slots (a stack): where the GEMV takes them, the word GEMV reads
-        the type and shape, and a matrix is at most :data:`GLU_GEMV_MAX_VALUES` (one launch fewer than the GEMV
-        and ``silu_mul``, bit for bit the same)."""
-        if not use_triton(self.qs) or self.input_index is not None or self.qs.shape[-2] % 2:
-            return False
-        gather = self.qs.dim() == 3
-        if words_config(self.ggml_type, self.in_features, gather, x_dtype) is None:
-            return False
-        if gather:
-            return self._gemv_takes(rows, x_dtype)
-        return rows == 1 and self.qs.shape[-2] * self.in_features <= GLU_GEMV_MAX_VALUES
-
-    def matmul_glu(self, x: torch.Tensor) -> torch.Tensor:
-        """``silu(x @ G.T) * (x @ U.T)`` ``(..., out / 2)`` of a 2-D fused gate/up, where :meth:`glu_gemv` says."""
-        from stagewise.kernels.packed_gemv_triton import packed_gemv
-
-        y = packed_gemv(x, self, glu=True)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-    def gather_matmul_glu(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
-        """:meth:`gather_matmul` of a fused gate/up stack with ``silu(gate) * up`` taken in the same launch:
-        ``(M, out / 2)``, where :meth:`glu_gemv` says."""
-        from stagewise.kernels.packed_gemv_triton import packed_gemv
-
-        return packed_gemv(x, self, expert_index, x_repeat=x_repeat, glu=True)
-
-    def _gemv_takes(self, slots: int, x_dtype: torch.dtype) -> bool:
-        """Whether ``slots`` routed slots of this stack run through the GEMV, a slot at a time (else kernel A's
-        one-expert blocks): a function of the slot count, the stack's type, shape and the input dtype."""
-        if slots <= GATHER_GEMV_SLOTS:
-            return True
-        return slots <= self.qs.shape[0] and words_config(self.ggml_type, self.in_features, True, x_dtype) is not None
 
     def _blocked_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int) -> torch.Tensor:
         """Routed slots sorted into 16-row one-expert blocks, each expert's tile read once for all its slots
