@@ -8,7 +8,9 @@ warm-up, then the load check's full-context step (a 3,584-token prompt that shar
 iteration every state pool and KV pool is scanned for non-finite values, and the first step that leaves one is
 printed with its rows, chunks, snapshots and the sequence's restore. Env: MODEL, GRAPHS=0 (no CUDA graphs), PIECES=0
 (packed steps eagerly, decode graphs kept),
-SNAPS (prefix snapshots; default one a slot), FULL_FIRST=1 (the full-context step before the warm-up: no hit).
+SNAPS (prefix snapshots; default one a slot), FULL_FIRST=1 (the full-context step before the warm-up: no hit),
+SCAN=0 (no scan and no device synchronization between iterations, as serve runs: the pools scanned once at the
+first error or the end).
 
     PYTHONPATH=. python3 bench/results/hybrid_serving_h200/nan_full_context.py
 """
@@ -29,8 +31,10 @@ from stagewise.engine.warm_up import full_context_prompt, warm_up
 if os.environ.get("TRITON_INTERPRET") == "1":  # the CPU: the kernels through Triton's interpreter
     from stagewise.kernels.triton_launch import kernels_on_host
 
-    kernels_on_host().__enter__()
+    _ON_HOST = kernels_on_host()  # held: a dropped generator context would close (and leave) at once
+    _ON_HOST.__enter__()
 snaps = os.environ.get("SNAPS")
+SCAN = os.environ.get("SCAN", "1") == "1"
 m = load_model(os.environ.get("MODEL", "random:qwen3.6-35b-a3b@q8_0"), os.environ.get("DEVICES", "cuda:0"), "single", 4096, max_seqs=8,
                cuda_graphs=os.environ.get("GRAPHS", "1") == "1", prefix_snapshots=None if snaps is None else int(snaps))
 if os.environ.get("PIECES") == "0":  # packed steps eagerly, decode steps still replayed as graphs
@@ -67,10 +71,11 @@ def full_context(tag: str) -> None:
         before = [(f.group, [r.row if r is not None else None for r in f.rows], f.snapshots) for f in b.in_flight]
         b.iterate()
         step += 1
-        bad = nonfinite()
+        look = SCAN or bool(errors) or not b.active  # else nothing is read back from the device
+        bad = nonfinite() if look else {}
         row = {"run": tag, "iteration": step, "prefilled": seq.prefilled, "shared_tokens": seq.shared_tokens,
                "cached_tokens": seq.cached_tokens, "restored": seq.restored, "row": seq.row,
-               "table_row": slots.table[max(seq.row, 0)].tolist(), "in_flight_before": str(before)[:300],
+               "table_row": slots.table[max(seq.row, 0)].tolist() if look else None, "in_flight_before": str(before)[:300],
                "in_flight_after": str([(f.group, f.snapshots) for f in b.in_flight])[:300],
                "errors": errors[:1], "nonfinite": dict(list(bad.items())[:8])}
         print(json.dumps(row), flush=True)
