@@ -25,9 +25,9 @@ CPU = torch.device("cpu")
 def test_an_alignment_a_graph_captured_outlives_every_other_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(moe_align, "_CAPTURED", {})
     identity_alignment(63, 64, CPU)  # the eager passes before the capture make it
-    monkeypatch.setattr(moe_align, "_capturing", lambda device: True)  # on the host: as if capturing
+    monkeypatch.setattr(moe_align, "capturing", lambda device: True)  # on the host: as if capturing
     captured = identity_alignment(63, 64, CPU)  # a decode graph of 63 rows, captured at warm-up
-    monkeypatch.setattr(moe_align, "_capturing", lambda device: False)
+    monkeypatch.setattr(moe_align, "capturing", lambda device: False)
     # a graph keeps addresses, not references: what it reads must stay alive on its own
     tensors = [weakref.ref(t) for t in (captured.sorted_slots, captured.block_expert, captured.num_valid_blocks)]
     addresses = [t.data_ptr() for t in (captured.sorted_slots, captured.block_expert, captured.num_valid_blocks)]

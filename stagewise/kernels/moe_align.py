@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import torch
 
+from stagewise.kernels.triton_launch import capturing
+
 
 class MoeAlignment(NamedTuple):
     sorted_slots: torch.Tensor  # (capacity,) int32, padding = num_slots
@@ -70,11 +72,6 @@ def moe_align(top_index: torch.Tensor, num_experts: int, block_m: int) -> MoeAli
 _CAPTURED: dict[tuple[int, int, torch.device], MoeAlignment] = {}  # handed to a CUDA graph: never freed
 
 
-def _capturing(device: torch.device) -> bool:
-    """Whether a CUDA graph is being captured on ``device``'s current stream."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlignment:
     """Rows ``0..rows-1`` in order, all of expert 0, padded to whole ``block_m`` blocks: one matrix's
     matmul as a grouped GEMM with a single expert (cached: built once per shape and device).
@@ -91,7 +88,7 @@ def identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlig
     if held is not None:
         return held
     alignment = _identity_alignment(rows, block_m, device)
-    if _capturing(device):
+    if capturing(device):
         _CAPTURED[key] = alignment
     return alignment
 

@@ -29,8 +29,9 @@ Shapes of the work (:class:`DecodeTiles`):
 Every program waits for its predecessor before it reads the alignment (dependent launch).
 
 Counters live in one int32 buffer per (device, stream), zero between launches (each tile's last
-program resets its counter), so launches on one stream — and a CUDA graph replayed on the stream it
-was captured on — never share a counter while one is in flight.
+program resets its counter), so launches on one stream never share a counter while one is in flight; a
+CUDA graph reads the buffer of the stream it was captured on, made before the capture
+(:func:`reserve_tile_counters`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import triton.language as tl
 from stagewise.kernels.expert_stacks import Q8_0Stack
 from stagewise.kernels.grid_dependency import wait_for_predecessor
 from stagewise.kernels.moe_align import MoeAlignment
-from stagewise.kernels.triton_launch import cdiv, dependent_launch, hopper_or_later, launch_device
+from stagewise.kernels.triton_launch import capturing, cdiv, dependent_launch, hopper_or_later, launch_device
 
 QBLOCK = 32
 
@@ -284,14 +285,29 @@ _locks_guard = threading.Lock()
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """The zeroed int32 counters of the current stream on ``device`` (module note), at least ``tiles`` long.
 
-    Buffers are never freed: a CUDA graph may hold a replaced one's address."""
+    Buffers are never freed: a CUDA graph may hold a replaced one's address. Nor is one made while the
+    stream captures a graph: its zeroing would be a node of that graph, so the buffer would hold whatever
+    the graph pool's memory held until the graph's first replay, for every launch on the stream meanwhile
+    (issue 44: a packed piece captured on the graphs' stream made it, then the eager passes before the
+    first 24-row decode graph's capture counted from garbage: non-finite logits for every row). A capturing
+    stream's buffer is made beforehand by :func:`reserve_tile_counters`; asking more of it in a capture
+    raises ``RuntimeError``."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     with _locks_guard:
         held = _locks.setdefault(key, [])
         if not held or held[-1].numel() < tiles:
+            if capturing(device):
+                raise RuntimeError(f"a CUDA graph captured on {device} needs split-K counters for {tiles} tiles, "
+                                   f"{held[-1].numel() if held else 0} were reserved (reserve_tile_counters first)")
             held.append(torch.zeros(max(_LOCK_ENTRIES, tiles), dtype=torch.int32, device=device))
         return held[-1]
+
+
+def reserve_tile_counters(device: torch.device, tiles: int = _LOCK_ENTRIES) -> None:
+    """Make (and zero, now) the current stream's counters on ``device`` for ``tiles`` tiles: before CUDA graphs
+    are captured on that stream (:func:`tile_counters`)."""
+    tile_counters(device, tiles)
 
 
 def _launch(a: torch.Tensor, weight: Q8_0Stack, align: MoeAlignment, top_k: int, tiles: DecodeTiles,

@@ -30,7 +30,7 @@ import torch
 
 from stagewise.kernels.kernel_env import ENV, PDL_ENV, kernels_mode, pdl_enabled
 
-__all__ = ["ENV", "PDL_ENV", "cdiv", "dependent_launch", "hopper_or_later", "int32_index", "kernels_mode", "kernels_on_host",
+__all__ = ["ENV", "PDL_ENV", "capturing", "cdiv", "dependent_launch", "hopper_or_later", "int32_index", "kernels_mode", "kernels_on_host",
            "launch_device", "next_power_of_2", "pdl_enabled", "triton_available", "triton_selected",
            "use_triton"]
 _on_host = False  # tests: take the Triton path on CPU tensors too (run by Triton's interpreter)
@@ -71,6 +71,12 @@ def kernels_on_host() -> Iterator[None]:
 
 
 _NO_SWITCH = contextlib.nullcontext()
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (then nothing launched runs
+    until a replay: a buffer made and zeroed now holds no values before the graph's first replay)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def launch_device(t: torch.Tensor) -> Any:

@@ -104,6 +104,13 @@ class StepGraphs:
         # NOTE: torch.cuda.graph's default capture stream belongs to whichever device was current
         # when it was first made; each stage captures on a stream of its own device.
         self.stream = torch.cuda.Stream(device)
+        # the split-K counters of the graphs captured on this stream (packed pieces too), made and zeroed
+        # now: one first made inside a capture holds garbage until that graph's first replay
+        from stagewise.kernels.moe_decode_triton import reserve_tile_counters
+
+        with torch.cuda.stream(self.stream):
+            reserve_tile_counters(device)
+        torch.cuda.current_stream(device).wait_stream(self.stream)
 
     def covers(self, steps: int) -> bool:
         """Whether a step of ``steps`` tokens per sequence replays a graph."""
