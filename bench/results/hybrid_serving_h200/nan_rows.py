@@ -2,7 +2,9 @@
 "N one-token prompts at once" fails at --max-seqs 64 in process, with CUDA_LAUNCH_BLOCKING=1 and without the
 prefix cache too). For each N: N one-token prompts, 8 tokens each, through a fresh batcher; prints the tokens
 each sequence got before the first error. Env: GRAPHS=0, COUNTS (comma-separated), POISON=1 (every KV pool and
-state entry but the zero entry NaN first), NOPAD=1 (decode graphs of exactly the live rows: no padding rows).
+state entry but the zero entry NaN first), NOPAD=1 (decode graphs of exactly the live rows: no padding rows), SCRATCH=1 (every
+row's KV block-table entries at the scratch block before the runs, not the identity table a pool covering every
+row starts with: padding rows then write nothing a sequence owns).
 
     PYTHONPATH=. python3 bench/results/hybrid_serving_h200/nan_rows.py
 """
@@ -34,13 +36,20 @@ if os.environ.get("POISON") == "1":  # what no fresh sequence may read: NaN (as 
         else:
             st.key.fill_(float("nan"))
             st.value.fill_(float("nan"))
+if os.environ.get("SCRATCH") == "1":
+    for stage in m.pipeline.stages:
+        if stage.block_table is not None:
+            stage.block_table.table.fill_(stage.block_table.scratch)
+reference = None
 for n in [int(c) for c in os.environ.get("COUNTS", "1,2,8,9,16,17,24,32,33,48,56,63,64").split(",")]:
     b = Batcher(m.pipeline, m.max_context, m.prefill_chunk, prefix_cache=False)
     got: list[int] = [0] * n
+    seqs: list[list[int]] = [[] for _ in range(n)]
     errors: list[str] = []
     for i in range(n):
-        def tally(_e, i=i):
+        def tally(e, i=i):
             got[i] += 1
+            seqs[i].append(e.sample.token)
             return True
         b.add(Sequence(GenerationRequest((1,), 8, SamplingParams(temperature=0.0)), tally,
                        lambda e: errors.append(str(e)) is None, lambda: False))
@@ -57,5 +66,8 @@ for n in [int(c) for c in os.environ.get("COUNTS", "1,2,8,9,16,17,24,32,33,48,56
                     bad[f"{i}.{name}"] = per[:12]
         slots = m.pipeline.stages[0].states.slots
         bad["table"] = slots.table[:n + 8].tolist() if slots is not None else None
-    print(json.dumps({"rows": n, "errors": len(errors), "first": errors[:1], "tokens": sorted(set(got)),
+        bt = m.pipeline.stages[0].block_table
+        bad["blocks"] = bt.table[:n + 8, :2].tolist() if bt is not None else None
+    reference = reference if reference is not None else seqs[0]  # the first count's first sequence
+    print(json.dumps({"rows": n, "differ": sum(q != reference for q in seqs if len(q) == len(reference)), "errors": len(errors), "first": errors[:1], "tokens": sorted(set(got)),
                       "nonfinite": dict(list(bad.items())[:10]), "shapes": sorted(b.launched_shapes)}), flush=True)
