@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issue 44's figures on one warm GPU machine, over several calls of this script (each runs the steps not yet done,
+# none that would end past DEADLINE_S seconds into the call; every result so far comes back as $OUT/results.tgz).
+# Carry [".wheels", ".llamacpp"] (.llamacpp: `../shared/tools/llamacpp-source.sh .llamacpp`).
+#   check    729dc19's fix of the non-finite logits: tests/test_tile_counters.py compiled, nan_rows.py's failing
+#            history (17 rows after 1..16) with graphs;
+#   files    llama.cpp built (llama-server, llama-batched-bench) while make-model writes Qwen3.6-35B-A3B Q8_0;
+#   served   `bench/serve_load.py FILE --max-seqs 64`, 8/32/64 streams, 208-token prompts, 128 out, fresh prompts,
+#            chat, two passes, beside `llama-server -np 64 -fa on` (tokens from the usage chunk, no logprobs);
+#   inproc   `stagewise bench FILE --concurrency 1,8,32,64 --prompt 128 --gen 128` beside llama-batched-bench;
+#   agents   16 clients x 10 turns on a 4,000-token system prompt: prefix cache on, off, and llama-server.
+# Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/hybrid_serving_h200/served.sh
+set -u
+O=${OUT:-/tmp/out}; W=${HS_WORK:-/tmp/hs}; R=$W/results; mkdir -p "$O" "$R" "$W/done"
+DEADLINE_S=${DEADLINE_S:-560}
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+stamp() { echo "[$(el) s] $*" | tee -a "$R/log.txt"; }
+[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .wheels/*.whl 2>&1 | tail -1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+LB=/tmp/lb/bin; S="python3 -m stagewise"; F=$W/qwen3.6-35b-a3b-Q8_0.gguf; H=bench/results/hybrid_serving_h200
+step() {  # step NAME SECONDS: NAME is not done yet and SECONDS more end before the deadline
+  [ -e "$W/done/$1" ] && return 1
+  [ $(( $(el) + $2 )) -gt "$DEADLINE_S" ] && { stamp "left for a later call: $1 (~$2 s)"; return 1; }
+  stamp "$1"
+}
+finish() { tar czf "$O/results.tgz" -C "$W" results; stamp "call done"; exit 0; }
+
+if step check 150; then
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$R/machine.txt"
+  timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py > "$R/gpu_test_tile_counters.txt" 2>&1
+  tail -2 "$R/gpu_test_tile_counters.txt"
+  COUNTS=1,2,8,9,16,17,24,32,33,48,56,63,64 timeout 80 python3 $H/nan_rows.py > "$R/rows_after_fix.txt" 2>&1
+  grep rows "$R/rows_after_fix.txt" | cut -c1-120
+  touch "$W/done/check"
+fi
+if step files 470; then
+  build=
+  if [ ! -x "$LB/llama-server" ]; then
+    { cmake -S .llamacpp -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+      && cmake --build /tmp/lb -j 14 --target llama-server llama-batched-bench; } > "$W/build.log" 2>&1 &
+    build=$!
+  fi
+  [ -f "$F" ] || { timeout 420 $S make-model --config qwen3.6-35b-a3b --dtype q8_0 --seed 0 --device cuda "${F%.gguf}.part.gguf" \
+    > "$W/make_model.log" 2>&1 && mv "${F%.gguf}.part.gguf" "$F" && stamp "Qwen3.6 Q8_0 written"; }
+  [ -z "$build" ] || { wait $build && stamp "llama.cpp built" || { stamp "llama.cpp build failed"; tail -20 "$W/build.log"; }; }
+  [ -f "$F" ] && [ -x "$LB/llama-server" ] && touch "$W/done/files"
+fi
+[ -e "$W/done/files" ] || finish
+if step served 420; then
+  timeout 400 python3 bench/serve_load.py "$F" --devices cuda:0 --placement single --max-seqs 64 --context 4096 \
+    --concurrency 8,32,64 --prompt 208 --gen 128 --passes 2 --fresh-prompts --endpoint chat --no-in-process \
+    --startup-timeout-s 200 --peer "$LB/llama-server -ngl 99 -fa on -np 64 -c 262144" \
+    --json "$R/serve_peer_two_passes_qwen36_q8.json" > "$R/serve_peer_two_passes_qwen36_q8.txt" 2>&1
+  grep -v "^burst .*completed" "$R/serve_peer_two_passes_qwen36_q8.txt" | tail -20
+  [ -s "$R/serve_peer_two_passes_qwen36_q8.json" ] && touch "$W/done/served"
+fi
+if step inproc 300; then
+  timeout 120 "$LB/llama-batched-bench" -m "$F" -c 17408 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64 -ngl 99 -fa on \
+    --output-format jsonl 2>&1 | grep '^{"n_kv_max"' > "$R/llamacpp_batched_qwen36_q8.jsonl"
+  timeout 170 $S bench "$F" --devices cuda:0 --placement single --concurrency 1,8,32,64 --prompt 128 --gen 128 --repeats 2 \
+    --json > "$R/stagewise_concurrency_qwen36_q8.json" 2> "$W/sw.err" || grep -v Warning "$W/sw.err" | tail -4
+  [ -s "$R/stagewise_concurrency_qwen36_q8.json" ] && touch "$W/done/inproc"
+fi
+if step agents 420; then
+  timeout 400 python3 bench/prefix_cache_load.py "$F" --devices cuda:0 --placement single --max-seqs 16 --context 16384 \
+    --vocab 32000 --agents 16 --agent-turns 10 --agent-system 4000 --chat-system 1500 --turns 10 --question 200 \
+    --gen 32 --peer "$LB/llama-server -ngl 99 -fa on -np 16 -c 262144" \
+    --json "$R/prefix_cache_agents_qwen36_q8.json" > "$R/prefix_cache_agents_qwen36_q8.txt" 2>&1
+  tail -14 "$R/prefix_cache_agents_qwen36_q8.txt"
+  [ -s "$R/prefix_cache_agents_qwen36_q8.json" ] && touch "$W/done/agents"
+fi
+finish
