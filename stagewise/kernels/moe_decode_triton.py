@@ -285,13 +285,13 @@ _locks_guard = threading.Lock()
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """The zeroed int32 counters of the current stream on ``device`` (module note), at least ``tiles`` long.
 
-    Buffers are never freed: a CUDA graph may hold a replaced one's address. Nor is one made while the
-    stream captures a graph: its zeroing would be a node of that graph, so the buffer would hold whatever
-    the graph pool's memory held until the graph's first replay, for every launch on the stream meanwhile
-    (issue 44: a packed piece captured on the graphs' stream made it, then the eager passes before the
-    first 24-row decode graph's capture counted from garbage: non-finite logits for every row). A capturing
-    stream's buffer is made beforehand by :func:`reserve_tile_counters`; asking more of it in a capture
-    raises ``RuntimeError``."""
+    Buffers are never freed (a CUDA graph may hold a replaced one's address) and never made while the stream
+    captures a graph: a capturing stream's buffer comes from :func:`reserve_tile_counters`, and asking more of
+    it raises ``RuntimeError``.
+
+    NOTE: made inside a capture, the zeroing would be a node of that graph: the buffer would hold whatever the
+    graph pool's memory held until the graph's first replay, for every launch on the stream meanwhile (issue
+    44: the eager passes before a decode graph's capture counted from garbage, every row's logits non-finite)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     with _locks_guard:
