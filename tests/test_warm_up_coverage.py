@@ -188,3 +188,35 @@ def test_warm_up_token_counts_launch_every_moe_variant_a_prompt_can() -> None:
         assert variants(range(1, chunk + 1)) == variants(counts)
     finally:
         loaded.close()
+
+
+def test_bucket_prompts_make_one_step_of_the_bucket_whatever_cuts_a_prompt() -> None:
+    from stagewise.engine.warm_up import bucket_prompts
+
+    assert bucket_prompts(24, 64, 512) == (24,)  # no whole block: never cut
+    assert bucket_prompts(384, 64, 512) == (384,)  # whole blocks: its last whole block is its end
+    assert bucket_prompts(96, 64, 512) == (64, 32)  # a prompt of 96 would be cut at 64
+    assert bucket_prompts(384, 64, 128) == (128, 128, 128)  # a snapshot every 2 blocks
+    assert sum(bucket_prompts(200, 64, 128)) == 200
+
+
+def test_warm_up_captures_every_packed_bucket_of_a_hybrid_with_prefix_snapshots() -> None:
+    """A hybrid with the prefix cache cuts a prompt at its last whole KV block (its snapshot): the prompt lengths
+    of the packed-step sweep (2^k + 1) then never made a step of 129-192 or 257-384 tokens, whose pieces the
+    first burst captured (2 of 11 buckets at a 512-token chunk). Packed graphs run eagerly on the host (their
+    "capture" records the bucket), as a GPU stage's would be captured."""
+    from stagewise.runtime.packed_graphs import PackedGraphs
+
+    loaded = load_model("random:tiny-qwen3.6", devices="cpu:1x1GiB", placement="single", context=2048, max_seqs=4)
+    try:
+        for stage in loaded.pipeline.stages:
+            assert stage.states is not None
+            stage.packed = PackedGraphs(stage.model, stage.states, stage.device, loaded.prefill_chunk, stage.dtype)
+        batcher = Batcher(loaded.pipeline, loaded.max_context, loaded.prefill_chunk)
+        assert batcher.kv.snapshots is not None and loaded.prefill_chunk == 512
+        done = warm_up(batcher, loaded.config.vocab_size)
+        buckets = loaded.pipeline.stages[0].packed.buckets
+        assert {192, 384} <= set(buckets)
+        assert done.packed_buckets == buckets and done.packed_bucket_count == len(buckets)
+    finally:
+        loaded.close()

@@ -32,6 +32,8 @@ from stagewise.engine.sampling import SamplingParams
 from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 from stagewise.models.layers.moe import SparseMoE
+from stagewise.runtime.packed_graphs import PackedGraphs
+from stagewise.spec.kv_pool import KV_BLOCK_TOKENS
 
 SHORT_PROMPT_TOKENS = 8  # a chat turn's shapes: an eager prefill and decode of a short sequence
 NEW_TOKENS = 4
@@ -144,10 +146,11 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
     max_context = batcher.sequence_tokens  # the context, or the KV pool when it is smaller
     greedy = SamplingParams(temperature=0.0)
 
-    def request(wanted: int, sampling: SamplingParams = greedy, top_logprobs: int = 0) -> GenerationRequest:
+    def request(wanted: int, sampling: SamplingParams = greedy, top_logprobs: int = 0,
+                first: int = 1) -> GenerationRequest:
         length = max(1, min(wanted, max_context - NEW_TOKENS))
         lengths.append(length)
-        prompt = tuple(i % vocab_size for i in range(1, length + 1))
+        prompt = tuple(i % vocab_size for i in range(first, first + length))
         return GenerationRequest(prompt, max(1, min(NEW_TOKENS, max_context - length)), sampling,
                                  top_logprobs=top_logprobs)
 
@@ -192,14 +195,40 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
         run([request(n)])
         if batcher.slots > 1:
             beside(request(n))
+    pieces = [p for p in (getattr(stage, "packed", None) for stage in batcher.pipeline.stages) if p is not None]
+    firsts = iter(range(2, 1 << 30))  # each filling prompt's first token: no two share a cached block
+    for bucket in (b for b in (pieces[0].buckets if pieces else ()) if b not in _captured(pieces)):
+        parts = bucket_prompts(bucket, KV_BLOCK_TOKENS, _whole_tokens(batcher))
+        if bucket <= batcher.prefill_chunk and len(parts) <= batcher.slots and max(parts) <= max_context - NEW_TOKENS:
+            run([request(n, first=next(f for f in firsts if f % vocab_size != 1)) for n in parts])
     attended = decode_lengths(batcher)
     keys = warm_decode_steps(batcher, graph_keys(launchable, attended))
     warmed = frozenset(batcher.launched_shapes) & frozenset(launchable)
-    pieces = [p for p in (getattr(stage, "packed", None) for stage in batcher.pipeline.stages) if p is not None]
-    captured = frozenset.intersection(*(frozenset(p.graphs) for p in pieces)) if pieces else frozenset()
+    captured = _captured(pieces)
     return WarmUp(tuple(lengths), len(counts), time.perf_counter() - t0, warmed, frozenset(launchable),
                   packed_tokens=packed, graph_keys=keys, graph_lengths=attended,
                   packed_buckets=tuple(sorted(captured)), packed_bucket_count=len(pieces[0].buckets) if pieces else 0)
+
+
+def bucket_prompts(bucket: int, block_tokens: int, whole_tokens: int) -> tuple[int, ...]:
+    """Prompt lengths that, prefilled together, make one packed step of exactly ``bucket`` tokens although a
+    prompt is cut where a prefix snapshot is taken (its last whole KV block, every ``whole_tokens`` at most):
+    runs of ``whole_tokens`` (whole blocks), then the rest's whole blocks, then its part-block."""
+    parts = [whole_tokens] * (bucket // whole_tokens)
+    rest = bucket % whole_tokens
+    return tuple(parts + [n for n in (rest // block_tokens * block_tokens, rest % block_tokens) if n])
+
+
+def _whole_tokens(batcher: Batcher) -> int:
+    """The longest prompt run :func:`bucket_prompts` uses: 8 KV blocks, or the snapshot interval when shorter."""
+    snapshots = batcher.kv.snapshots
+    interval = snapshots.interval_blocks if snapshots is not None and snapshots.interval_blocks else 8
+    return KV_BLOCK_TOKENS * min(8, interval)
+
+
+def _captured(pieces: list[PackedGraphs]) -> frozenset[int]:
+    """The token buckets whose packed-step pieces every in-process stage has captured."""
+    return frozenset.intersection(*(frozenset(p.graphs) for p in pieces)) if pieces else frozenset()
 
 
 def full_context_prompt(batcher: Batcher) -> int:
