@@ -193,11 +193,11 @@ def test_warm_up_token_counts_launch_every_moe_variant_a_prompt_can() -> None:
 def test_bucket_prompts_make_one_step_of_the_bucket_whatever_cuts_a_prompt() -> None:
     from stagewise.engine.warm_up import bucket_prompts
 
-    assert bucket_prompts(24, 64, 512) == (24,)  # no whole block: never cut
-    assert bucket_prompts(384, 64, 512) == (384,)  # whole blocks: its last whole block is its end
-    assert bucket_prompts(96, 64, 512) == (64, 32)  # a prompt of 96 would be cut at 64
+    assert bucket_prompts(24, 64) == (24,)  # no whole block: never cut
+    assert bucket_prompts(384, 64, 1024) == (384,)  # whole blocks: its last whole block is its end
+    assert bucket_prompts(96, 64) == (64, 32)  # a prompt of 96 would be cut at 64
     assert bucket_prompts(384, 64, 128) == (128, 128, 128)  # a snapshot every 2 blocks
-    assert sum(bucket_prompts(200, 64, 128)) == 200
+    assert bucket_prompts(200, 64, 128) == (128, 64, 8)
 
 
 def test_warm_up_captures_every_packed_bucket_of_a_hybrid_with_prefix_snapshots() -> None:

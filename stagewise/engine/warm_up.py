@@ -135,9 +135,10 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
     log-probabilities beside a greedy one, then, for every decode step shape the batcher can launch
     (:meth:`Batcher.decode_shapes`: each batch-size bucket, each micro-batch group's first row) not
     launched yet, that many one-token prompts at once; then a prompt of each of
-    :func:`packed_token_counts` alone and arriving while a stream decodes (a packed step beside it);
-    last, a decode step of free rows for every launchable shape at every attended length its graphs are
-    keyed by (one, or each bucket on the reference path:
+    :func:`packed_token_counts` alone and arriving while a stream decodes (a packed step beside it); for
+    each token bucket whose packed-step pieces those left uncaptured, prompts that make one step of exactly
+    that many tokens (:func:`bucket_prompts`); last, a decode step of free rows for every launchable shape at
+    every attended length its graphs are keyed by (one, or each bucket on the reference path:
     :func:`~stagewise.engine.decode_warm_up.warm_decode_steps`). The next requests reset the sequence
     slots, as after any request."""
     t0 = time.perf_counter()
@@ -198,7 +199,7 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
     pieces = [p for p in (getattr(stage, "packed", None) for stage in batcher.pipeline.stages) if p is not None]
     firsts = iter(range(2, 1 << 30))  # each filling prompt's first token: no two share a cached block
     for bucket in (b for b in (pieces[0].buckets if pieces else ()) if b not in _captured(pieces)):
-        parts = bucket_prompts(bucket, KV_BLOCK_TOKENS, _whole_tokens(batcher))
+        parts = bucket_prompts(bucket, KV_BLOCK_TOKENS, _interval_tokens(batcher))
         if bucket <= batcher.prefill_chunk and len(parts) <= batcher.slots and max(parts) <= max_context - NEW_TOKENS:
             run([request(n, first=next(f for f in firsts if f % vocab_size != 1)) for n in parts])
     attended = decode_lengths(batcher)
@@ -210,20 +211,19 @@ def warm_up(batcher: Batcher, vocab_size: int) -> WarmUp:
                   packed_buckets=tuple(sorted(captured)), packed_bucket_count=len(pieces[0].buckets) if pieces else 0)
 
 
-def bucket_prompts(bucket: int, block_tokens: int, whole_tokens: int) -> tuple[int, ...]:
+def bucket_prompts(bucket: int, block_tokens: int, interval_tokens: int = 0) -> tuple[int, ...]:
     """Prompt lengths that, prefilled together, make one packed step of exactly ``bucket`` tokens although a
-    prompt is cut where a prefix snapshot is taken (its last whole KV block, every ``whole_tokens`` at most):
-    runs of ``whole_tokens`` (whole blocks), then the rest's whole blocks, then its part-block."""
-    parts = [whole_tokens] * (bucket // whole_tokens)
-    rest = bucket % whole_tokens
-    return tuple(parts + [n for n in (rest // block_tokens * block_tokens, rest % block_tokens) if n])
+    prompt is cut where a prefix snapshot is taken (at its last whole KV block, and every ``interval_tokens``
+    where that is not 0): runs of ``interval_tokens``, then the rest's whole blocks, then its part-block."""
+    runs = [interval_tokens] * (bucket // interval_tokens) if interval_tokens else []
+    rest = bucket - sum(runs)
+    return tuple(runs + [n for n in (rest // block_tokens * block_tokens, rest % block_tokens) if n])
 
 
-def _whole_tokens(batcher: Batcher) -> int:
-    """The longest prompt run :func:`bucket_prompts` uses: 8 KV blocks, or the snapshot interval when shorter."""
+def _interval_tokens(batcher: Batcher) -> int:
+    """Every how many tokens a prompt's prefix snapshots are taken (0: only at its last whole KV block)."""
     snapshots = batcher.kv.snapshots
-    interval = snapshots.interval_blocks if snapshots is not None and snapshots.interval_blocks else 8
-    return KV_BLOCK_TOKENS * min(8, interval)
+    return KV_BLOCK_TOKENS * snapshots.interval_blocks if snapshots is not None else 0
 
 
 def _captured(pieces: list[PackedGraphs]) -> frozenset[int]:
