@@ -45,3 +45,16 @@ def test_the_identity_alignment_is_the_identity() -> None:
     assert got.sorted_slots.tolist() == list(range(40)) + [40] * 24  # padding = rows
     assert got.block_expert.tolist() == [0] and got.num_valid_blocks.tolist() == [1]
     assert (got.num_slots, got.block_m) == (40, 64)
+
+
+def test_an_alignment_is_never_first_made_inside_a_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    # made inside a capture its tensors would hold nothing until a replay, and be handed out for good
+    monkeypatch.setattr(moe_align, "_CAPTURED", {})
+    monkeypatch.setattr(moe_align, "capturing", lambda device: True)  # on the host: as if capturing
+    with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
+        identity_alignment(77, 16, CPU)
+    monkeypatch.setattr(moe_align, "capturing", lambda device: False)
+    assert moe_align._identity_alignment.cache_info().currsize == 0  # what the capture made is nobody's
+    eager = identity_alignment(78, 16, CPU)  # the eager pass before a capture makes it
+    monkeypatch.setattr(moe_align, "capturing", lambda device: True)
+    assert identity_alignment(78, 16, CPU) is eager

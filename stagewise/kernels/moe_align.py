@@ -81,15 +81,22 @@ def identity_alignment(rows: int, block_m: int, device: torch.device) -> MoeAlig
     never refresh a cache entry. Left in the LRU, a decode graph's alignment was freed while a burst's
     packed steps (one alignment per token count) went by, and the graph's next replay read whatever
     reused that memory as its rows and blocks (issue 44). The others stay in a bounded LRU; a graph's
-    is made by the eager passes before its capture (StepGraphs), never inside it (a capture runs
-    nothing: its tensors would hold no values until a replay)."""
+    is made by the eager passes before its capture (StepGraphs, PackedGraphs), never inside it (a capture
+    runs nothing: its tensors would hold no values until a replay, and be kept for good): asking for one
+    not yet made while capturing raises ``RuntimeError``."""
     key = (rows, block_m, device)
     held = _CAPTURED.get(key)
     if held is not None:
         return held
+    if not capturing(device):
+        return _identity_alignment(rows, block_m, device)
+    made = _identity_alignment.cache_info().misses
     alignment = _identity_alignment(rows, block_m, device)
-    if capturing(device):
-        _CAPTURED[key] = alignment
+    if _identity_alignment.cache_info().misses != made:
+        _identity_alignment.cache_clear()  # its tensors hold nothing: no later caller may get them
+        raise RuntimeError(f"the identity alignment of {rows} rows in blocks of {block_m} was first asked for inside "
+                           f"a CUDA graph capture on {device}: run the step eagerly before capturing it")
+    _CAPTURED[key] = alignment
     return alignment
 
 
