@@ -11,19 +11,9 @@
 #   agents   16 clients x 10 turns on a 4,000-token system prompt: prefix cache on, off, and llama-server.
 # Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/hybrid_serving_h200/served.sh
 set -u
-O=${OUT:-/tmp/out}; W=${HS_WORK:-/tmp/hs}; R=$W/results; mkdir -p "$O" "$R" "$W/done"
-DEADLINE_S=${DEADLINE_S:-560}
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-stamp() { echo "[$(el) s] $*" | tee -a "$R/log.txt"; }
-[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .wheels/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el
+steps_setup "${HS_WORK:-/tmp/hs}"
 LB=/tmp/lb/bin; S="python3 -m stagewise"; F=$W/qwen3.6-35b-a3b-Q8_0.gguf; H=bench/results/hybrid_serving_h200
-step() {  # step NAME SECONDS: NAME is not done yet and SECONDS more end before the deadline
-  [ -e "$W/done/$1" ] && return 1
-  [ $(( $(el) + $2 )) -gt "$DEADLINE_S" ] && { stamp "left for a later call: $1 (~$2 s)"; return 1; }
-  stamp "$1"
-}
 finish() { tar czf "$O/results.tgz" -C "$W" results; stamp "call done"; exit 0; }
 
 if step check 150; then

@@ -14,19 +14,9 @@
 #   tests     the GPU-marked tests of the load check's peak and fp8 KV (issue 46), the word GEMV's compiled tests.
 # Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/kquant_files/run.sh
 set -u
-O=${OUT:-/tmp/out}; W=${KQ_WORK:-/tmp/kq}; R=$W/results; mkdir -p "$O" "$R" "$W/done"
-DEADLINE_S=${DEADLINE_S:-560}
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-stamp() { echo "[$(el) s] $*" | tee -a "$R/log.txt"; }
-[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .wheels/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el
+steps_setup "${KQ_WORK:-/tmp/kq}"
 LB=/tmp/lb/bin; S="python3 -m stagewise"
-step() {  # step NAME SECONDS: NAME is not done yet and SECONDS more end before the deadline
-  [ -e "$W/done/$1" ] && return 1
-  [ $(( $(el) + $2 )) -gt "$DEADLINE_S" ] && { stamp "left for a later call: $1 (~$2 s)"; return 1; }
-  stamp "$1"
-}
 finish() {
   python3 bench/results/kquant_files/summary.py "$R" | tee "$R/summary.md"
   tar czf "$O/results.tgz" -C "$W" results; stamp "call done"; exit 0
