@@ -127,15 +127,17 @@ def _moe_case(qtype: GGMLQuantizationType, tokens: int, dev: torch.device) -> di
     top_weight = top_weight.to(torch.bfloat16)
     configs = {"new (kernel A or B blocks)": packed_experts_config(gate_up, down, tokens * top_k, experts, dev),
                "old (grouped GEMM)": packed_config(dev, gate_up, down, tokens * top_k, experts)}
-    outs = {name: grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, cfg) for name, cfg in configs.items()}
+    runs: dict[str, Callable[[int], torch.Tensor]] = {
+        name: lambda _i, cfg=cfg: grouped_swiglu_experts(x, top_index, top_weight, gate_up, down, cfg)
+        for name, cfg in configs.items()}
+    outs = {name: run(0) for name, run in runs.items()}
     first = next(iter(outs.values()))
     row: dict[str, Any] = {"type": qtype.name, "moe": "qwen3.6-35b-a3b experts", "tokens": tokens,
                            "experts_used": int(torch.unique(top_index).numel())}
-    for name, cfg in configs.items():
-        row[name] = {"us": round(graph_us(lambda _i, cfg=cfg: grouped_swiglu_experts(
-            x, top_index, top_weight, gate_up, down, cfg), 10), 1), "rel_to_first": rel_err(outs[name], first)}
+    for name, run in runs.items():
+        row[name] = {"us": round(graph_us(run, 10), 1), "rel_to_first": rel_err(outs[name], first)}
     print(f"{qtype.name:6s} MoE experts, {tokens} tokens ({row['experts_used']} experts): " + "  ".join(
-        f"{name} {row[name]['us']} us" for name in configs), flush=True)
+        f"{name} {row[name]['us']} us" for name in runs), flush=True)
     return row
 
 
