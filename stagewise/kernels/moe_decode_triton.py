@@ -292,8 +292,11 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     NOTE: made inside a capture, the zeroing would be a node of that graph: the buffer would hold whatever the
     graph pool's memory held until the graph's first replay, for every launch on the stream meanwhile (issue
     44: the eager passes before a decode graph's capture counted from garbage, every row's logits non-finite)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
+    if device.type == "cuda":  # keyed by index: "cuda" and "cuda:0" name one device's streams
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+    else:
+        key = (str(device), 0)
     with _locks_guard:
         held = _locks.setdefault(key, [])
         if not held or held[-1].numel() < tiles:
