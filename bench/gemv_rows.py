@@ -7,7 +7,7 @@ projection) is read from memory once per row. Each case is timed the way decode 
 of back-to-back calls over rotating weight copies, more bytes than L2 holds: ``graph_us``), as µs per
 call and as weight bytes over time (TB/s); run it from two trees to compare kernels.
 
-    python3 bench/gemv_rows.py [--rows 1,2,4,8,16] [--out FILE]
+    python3 bench/gemv_rows.py [--rows 1,2,4,8,16] [--kernels gemv,gemm] [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernel_timing import graph_us
 from stagewise.kernels.gemv_triton import config_for, gemv
+from stagewise.kernels.q8_0_gemm import q8_0_gemm
 from stagewise.kernels.q8_0_gemv_triton import q8_0_gemv
 
 # (label, out, in, kind): Qwen3.6-35B-A3B's dense Q8_0 matrices and head; Llama-3.1-8B's bf16 ones
@@ -37,16 +38,18 @@ CASES = (
 L2_MULTIPLE_BYTES = 400 << 20  # rotating copies past this many bytes: every call reads memory
 
 
-def _case(n: int, k: int, kind: str, rows: int) -> tuple[float, int]:
-    """µs per call and the weight's bytes."""
+def _case(n: int, k: int, kind: str, rows: int, kernel: str) -> tuple[float, int]:
+    """µs per call and the weight's bytes; ``kernel`` "gemm": a Q8_0 weight through :func:`q8_0_gemm` (the few-rows
+    tensor-core kernel, split K) instead of the GEMV."""
     nbytes = n * k * (34 / 32 if kind == "q8_0" else 2)
     copies = max(1, int(-(-L2_MULTIPLE_BYTES // nbytes)))
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     if kind == "q8_0":
         qs = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda") for _ in range(copies)]
         scales = [(torch.rand(n, k // 32, device="cuda") / 64).half() for _ in range(copies)]
+        matmul = q8_0_gemm if kernel == "gemm" else q8_0_gemv
         def fn(i: int) -> torch.Tensor:
-            return q8_0_gemv(x, qs[i % copies], scales[i % copies])
+            return matmul(x, qs[i % copies], scales[i % copies])
     else:
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(copies)]
         config = config_for(n, k, overlapped=True)
@@ -59,6 +62,7 @@ def _case(n: int, k: int, kind: str, rows: int) -> tuple[float, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--kernels", default="gemv", help="Q8_0 cases: gemv, gemm (q8_0_gemm's few-rows kernel) or both")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -66,12 +70,16 @@ def main() -> int:
         return 2
     rows = [int(r) for r in args.rows.split(",")]
     results = []
+    kernels = args.kernels.split(",")
     for label, n, k, kind in CASES:
-        for m in rows:
-            us, nbytes = _case(n, k, kind, m)
-            row = {"case": label, "out": n, "in": k, "rows": m, "us": round(us, 2), "tb_s": round(nbytes / us / 1e6, 3)}
-            results.append(row)
-            print(f"{label:36s} rows {m:3d}: {us:9.1f} us  {row['tb_s']:6.2f} TB/s (weight bytes once)", flush=True)
+        for kernel in kernels if kind == "q8_0" else ["gemv"]:
+            for m in rows:
+                us, nbytes = _case(n, k, kind, m, kernel)
+                row = {"case": label, "kernel": kernel, "out": n, "in": k, "rows": m, "us": round(us, 2),
+                       "tb_s": round(nbytes / us / 1e6, 3)}
+                results.append(row)
+                print(f"{label:36s} {kernel} rows {m:3d}: {us:9.1f} us  {row['tb_s']:6.2f} TB/s (weight bytes once)",
+                      flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({
             "command": "python3 bench/gemv_rows.py " + " ".join(sys.argv[1:]),

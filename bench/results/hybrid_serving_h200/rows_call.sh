@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Session 11's last call (issue 44): the GPU tile-counter test after its device-key fix, and rows_logprobs.py with
-# graphs, without graphs, and with graphs and STAGEWISE_PDL=0 (random Qwen3.6 Q8_0 on the device). Carry [".wheels"].
+# Session 11's last call (issue 44): the GPU tile-counter test after its device-key fix; rows_logprobs.py with graphs
+# and without (random Qwen3.6 Q8_0 on the device); where an 8-stream decode step's time goes (profile_batch.py); the
+# Q8_0 GEMV against the few-rows tensor-core GEMM at 1-16 rows (gemv_rows.py). Each part only if it can end by
+# DEADLINE_S (default 440) seconds. Carry [".wheels"]; everything lands in $OUT.
 set -u
 source bench/device_steps.sh
 steps_setup /tmp/rows
-H=bench/results/hybrid_serving_h200
-timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py > "$O/gpu_test_tile_counters.txt" 2>&1
-tail -n 1 "$O/gpu_test_tile_counters.txt"
-for run in graphs eager graphs_pdl0; do
-  stamp "$run"
-  case $run in eager) export GRAPHS=0;; graphs_pdl0) export GRAPHS=1 STAGEWISE_PDL=0;; *) export GRAPHS=1;; esac
-  timeout 120 python3 $H/rows_logprobs.py > "$O/rows_logprobs_$run.txt" 2>&1
-  grep rows "$O/rows_logprobs_$run.txt" | cut -c1-150
+DEADLINE_S=${DEADLINE_S:-440}; H=bench/results/hybrid_serving_h200
+part() { [ $(( $(el) + $1 )) -le "$DEADLINE_S" ] || { stamp "no time left for $2"; return 1; }; stamp "$2"; }
+part 20 tile_test && { timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py \
+  > "$O/gpu_test_tile_counters.txt" 2>&1; tail -n 1 "$O/gpu_test_tile_counters.txt"; }
+for run in graphs eager; do
+  part 70 "rows $run" || continue
+  GRAPHS=$([ $run = graphs ] && echo 1 || echo 0) timeout 110 python3 $H/rows_logprobs.py > "$O/rows_logprobs_$run.txt" 2>&1
+  grep rows "$O/rows_logprobs_$run.txt" | cut -c1-160
 done
-stamp done
+part 70 "profile 8 streams" && timeout 110 python3 bench/profile_batch.py random:qwen3.6-35b-a3b@q8_0 --streams 8 \
+  --json "$O/profile_batch_qwen36_q8_8.json" 2>&1 | grep -v Warning | head -n 22
+part 60 "gemv rows" && timeout 100 python3 bench/gemv_rows.py --rows 1,4,8,16 --kernels gemv,gemm \
+  --out "$O/gemv_rows_gemm.json" 2>&1 | grep -v Warning | grep "qwen3.6"
+cp "$R/log.txt" "$O/log.txt"; stamp done
