@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Session 11's last call (issue 44): the GPU tile-counter test after its device-key fix; rows_logprobs.py with graphs
 # and without (random Qwen3.6 Q8_0 on the device); where an 8-stream decode step's time goes (profile_batch.py); the
-# Q8_0 GEMV against the few-rows tensor-core GEMM at 1-16 rows (gemv_rows.py). Each part only if it can end by
-# DEADLINE_S (default 440) seconds. Carry [".wheels"]; everything lands in $OUT.
+# Q8_0 GEMV against the few-rows tensor-core GEMM at 1-16 rows (gemv_rows.py), and decode tok/s at 1/4/8/16 streams
+# with dense Q8_0 matmuls of 5-16 rows through that GEMM (gemv_gemm_ab.py, threshold 16 against 4). Each part only
+# if it can end by DEADLINE_S (default 560) seconds. Carry [".wheels"]; everything lands in $OUT.
 set -u
 source bench/device_steps.sh
 steps_setup /tmp/rows
-DEADLINE_S=${DEADLINE_S:-440}; H=bench/results/hybrid_serving_h200
+DEADLINE_S=${DEADLINE_S:-560}; H=bench/results/hybrid_serving_h200
 part() { [ $(( $(el) + $1 )) -le "$DEADLINE_S" ] || { stamp "no time left for $2"; return 1; }; stamp "$2"; }
 part 20 tile_test && { timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py \
   > "$O/gpu_test_tile_counters.txt" 2>&1; tail -n 1 "$O/gpu_test_tile_counters.txt"; }
@@ -19,4 +20,8 @@ part 70 "profile 8 streams" && timeout 110 python3 bench/profile_batch.py random
   --json "$O/profile_batch_qwen36_q8_8.json" 2>&1 | grep -v Warning | head -n 22
 part 60 "gemv rows" && timeout 100 python3 bench/gemv_rows.py --rows 1,4,8,16 --kernels gemv,gemm \
   --out "$O/gemv_rows_gemm.json" 2>&1 | grep -v Warning | grep "qwen3.6"
+for g in 16 4; do
+  part 90 "gemv/gemm threshold $g" && timeout 110 python3 $H/gemv_gemm_ab.py random:qwen3.6-35b-a3b@q8_0 --gemv-max $g \
+    2>&1 | grep gemv_max | tee -a "$O/gemv_gemm_ab.jsonl"
+done
 cp "$R/log.txt" "$O/log.txt"; stamp done
