@@ -314,10 +314,10 @@ def test_decode_config_matches_loop() -> None:
             torch.testing.assert_close(got, plain, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("rows", "in_features"), [(17, 256), (32, 256), (64, 256), (33, 2048)])
+@pytest.mark.parametrize(("rows", "in_features"), [(5, 256), (8, 2048), (17, 256), (32, 256), (64, 256), (33, 2048)])
 def test_q8_0_gemm_batched_decode_rows(rows: int, in_features: int) -> None:
-    """17-64 rows (a batched decode step's dense Q8_0 matmuls) agree with the block-scaled reference;
-    with 2,048 inputs K is split (a 96-output matrix has 2 tiles)."""
+    """1-64 rows (a batched decode step's dense Q8_0 matmuls; fewer than 16 fill part of a 16-row block) agree
+    with the block-scaled reference; with 2,048 inputs K is split (a 96-output matrix has 2 tiles)."""
     from stagewise.kernels.q8_0_gemm import decode_tiles, q8_0_gemm
 
     torch.manual_seed(4)
