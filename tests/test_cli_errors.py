@@ -12,6 +12,8 @@ CASES = [
     (["serve", "--max-seqs", "abc"], "argument --max-seqs: expected a number or auto, got 'abc'"),
     (["devices", "--reserve", "-5GiB"], "--reserve"),
     (["devices", "--devices", "-24GiB"], "--devices entry 0 ('-24GiB')"),
+    (["serve", "random:tiny-llama", "--reserve", "-5GiB"], "--reserve"),  # before it listens, not after
+    (["serve", "random:tiny-llama", "--devices", "cuda:0x"], "--devices entry 0 ('cuda:0x')"),
     (["run", "-p", "hello", "--chat", "hi"], "argument --chat: not allowed with argument -p/--prompt"),
     (["frob"], "argument COMMAND: invalid choice: 'frob'"),
     (["run", "--prompt-tokens", ""], "argument --prompt-tokens: expected comma-separated token ids"),

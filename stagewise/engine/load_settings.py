@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from stagewise.errors import ConfigError
+from stagewise.hardware.device_spec import is_topology_file, parse_device_spec
+from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.runtime.worker_mode import check_worker_options
 from stagewise.spec.kv_pool import KV_DTYPES
 from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS, MAX_CONTEXT_TOKENS
@@ -72,6 +74,10 @@ class LoadSettings:
         if not self.worker_timeout_s > 0 or not self.join_timeout_s > 0:
             raise ConfigError("worker and join timeouts must be > 0 seconds")
         check_worker_options(self.workers)  # a malformed --workers: refused before any socket or store opens
+        # a malformed --reserve or --devices too (serve would listen, then fail loading); parsed, no hardware read
+        ReservePolicy.parse(self.reserve)
+        if self.devices is not None and not is_topology_file(self.devices):
+            parse_device_spec(self.devices)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
