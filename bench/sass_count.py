@@ -1,4 +1,5 @@
-"""Compile the packed few-rows GEMM (kernels A and B) for sm_90a offline and count its SASS: no GPU needed.
+"""Compile the packed few-rows GEMM (kernels A and B), the packed GEMVs and the Q8_0 GEMV for sm_90a offline and count
+their SASS: no GPU needed.
 
 For each case: registers, local-memory stack (spills), shared memory, the instructions of the K loop's
 body (the largest backward branch) and those per weight value and thread (the loop's body handles one
@@ -8,6 +9,7 @@ compile it (``GPUTarget("cuda", 90, 32)``), so this checks that every type compi
 an H200 would issue, before any device time is spent.
 
     PYTHONPATH=. python3 bench/sass_count.py --types q4_k,q6_k --modes A,B [--json out.json]
+    PYTHONPATH=. python3 bench/sass_count.py --modes Q    # the Q8_0 GEMV
 """
 
 from __future__ import annotations
@@ -98,6 +100,32 @@ def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bo
                                                                 "warps": warps, "stages": stages}
 
 
+def q8_0_gemv_rows() -> list[dict[str, object]]:
+    """The Q8_0 GEMV (one program per output row and column tile) at each of its configs, counted and printed: a
+    decode step of M rows issues M times these instructions per weight value."""
+    from stagewise.kernels.q8_0_gemv_triton import HEAD_CONFIG, ROW_CONFIG, TALL_CONFIG, _q8_0_gemv_kernel
+
+    sig = {"x_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp16", "y_ptr": "*bf16", "e_ptr": "*i32"}
+    sig |= {name: "i32" for name in ("N", "K", "stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn",
+                                     "stride_ym", "x_repeat")}
+    order = list(_q8_0_gemv_kernel.arg_names)
+    signature = {name: sig.get(name, "constexpr") for name in order}
+    aligned = [i for i, name in enumerate(order) if name in sig and name not in ("stride_qe", "stride_se", "x_repeat")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    rows = []
+    for name, (block_n, block_k, warps, stages) in (("head", HEAD_CONFIG), ("tall", TALL_CONFIG), ("row", ROW_CONFIG)):
+        consts = {"GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k, "GDC": False}
+        kernel = triton.compile(ASTSource(fn=_q8_0_gemv_kernel, signature=signature, constexprs=consts, attrs=attrs),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        report = sass_report(kernel.asm["cubin"])
+        per_value = int(report["loop_instructions"]) / (block_n * block_k / (32 * warps))  # type: ignore[call-overload]
+        print(f"Q8_0   Q {name} BN{block_n} BK{block_k} w{warps}: {report['registers']} regs, loop "
+              f"{report['loop_instructions']} = {per_value:.2f} a value a thread, one row | {report['top_ops']}", flush=True)
+        rows.append({"type": "Q8_0", "mode": "Q", "config": name, "block_n": block_n, "block_k": block_k, "warps": warps,
+                     "per_value": round(per_value, 2), **report})
+    return rows
+
+
 def sass_report(cubin: bytes) -> dict[str, object]:
     """Registers, stack, shared memory, and the K loop body's instruction count and opcodes."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -147,17 +175,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="q4_k,q5_k,q6_k,iq4_xs,q4_0")
     ap.add_argument("--modes", default="A,B", help="A: kernel A at 16 rows; B: kernel B at 64 rows; "
-                    "G: the packed GEMV at one row (Llama-3.1-8B's gate/up and down, Qwen3.6's expert down)")
+                    "G: the packed GEMV at one row (Llama-3.1-8B's gate/up and down, Qwen3.6's expert down); "
+                    "Q: the Q8_0 GEMV's configs (--types is then ignored)")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--glu", action="store_true")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    rows = []
-    for name in args.types.split(","):
+    rows = q8_0_gemv_rows() if "Q" in args.modes.split(",") else []
+    for name in args.types.split(",") if set(args.modes.split(",")) - {"Q"} else ():
         qtype = T[name.strip().upper()]
         for mode in args.modes.split(","):
+            if mode == "Q":
+                continue
             if mode == "G":  # Llama-3.1-8B gate/up and down, Qwen3.6 expert down: the word GEMV and the former one
                 for n, k in ((14336, 4096), (4096, 14336), (2048, 512)):
                     rows.extend(gemv_row(qtype, n, k, words) for words in (True, False)

@@ -2,9 +2,9 @@
 at one row, 14.0 ms at 32). Dense Q8_0 matmuls of up to ``GEMV_MAX_TOKENS`` (16) rows take the GEMV, which
 converts every weight value once per row on the CUDA cores; from 17 rows they take the few-rows tensor-core GEMM
 (split K). This runs `bench_concurrency` with the threshold patched to ``--gemv-max`` rows (4: rows 5-16 through
-the GEMM, as the bf16 path's cuBLAS from 5 rows), one value per process:
+the GEMM, as the bf16 path's cuBLAS from 5 rows; 1: every step of 2+ rows), one value per process:
 
-    PYTHONPATH=. python3 bench/results/hybrid_serving_h200/gemv_gemm_ab.py FILE --gemv-max 4 [--levels 1,4,8,16]
+    PYTHONPATH=. python3 bench/results/hybrid_serving_h200/gemv_gemm_ab.py FILE --gemv-max 4 [--levels 1,2,4,8,16]
 """
 import argparse
 import json
@@ -18,7 +18,7 @@ from stagewise.engine.model_loading import load_model
 p = argparse.ArgumentParser()
 p.add_argument("model")
 p.add_argument("--gemv-max", type=int, required=True)
-p.add_argument("--levels", default="1,4,8,16")
+p.add_argument("--levels", default="1,2,4,8,16")
 p.add_argument("--prompt", type=int, default=128)
 p.add_argument("--gen", type=int, default=128)
 args = p.parse_args()
