@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 11's last call (issue 44): the GPU tile-counter test after its device-key fix; rows_logprobs.py with graphs
-# and without (random Qwen3.6 Q8_0 on the device); where an 8-stream decode step's time goes (profile_batch.py); the
-# Q8_0 GEMV against the few-rows tensor-core GEMM at 1-16 rows (gemv_rows.py), and decode tok/s at 1/4/8/16 streams
-# with dense Q8_0 matmuls of 5-16 rows through that GEMM (gemv_gemm_ab.py, thresholds 16, 4 and 1). Each part only
-# if it can end by DEADLINE_S (default 560) seconds. Carry [".wheels"]; everything lands in $OUT.
+# and without (random Qwen3.6 Q8_0 on the device); decode tok/s at 1/2/4/8/16 streams with dense Q8_0 matmuls of
+# more rows than a threshold (16 today, 4, 1) through the few-rows tensor-core GEMM instead of the GEMV
+# (gemv_gemm_ab.py); where an 8-stream decode step's time goes (profile_batch.py); the GEMV against the GEMM at 1-16
+# rows (gemv_rows.py). In that order, each part only if it can end by DEADLINE_S (default 560) seconds. Carry
+# [".wheels"], timeout 600; everything lands in $OUT.
 set -u
 source bench/device_steps.sh
 steps_setup /tmp/rows
@@ -16,12 +17,12 @@ for run in graphs eager; do
   GRAPHS=$([ $run = graphs ] && echo 1 || echo 0) timeout 110 python3 $H/rows_logprobs.py > "$O/rows_logprobs_$run.txt" 2>&1
   grep rows "$O/rows_logprobs_$run.txt" | cut -c1-160
 done
-part 70 "profile 8 streams" && timeout 110 python3 bench/profile_batch.py random:qwen3.6-35b-a3b@q8_0 --streams 8 \
-  --json "$O/profile_batch_qwen36_q8_8.json" 2>&1 | grep -v Warning | head -n 22
-part 60 "gemv rows" && timeout 100 python3 bench/gemv_rows.py --rows 1,4,8,16 --kernels gemv,gemm \
-  --out "$O/gemv_rows_gemm.json" 2>&1 | grep -v Warning | grep "qwen3.6"
 for g in 16 4 1; do
   part 90 "gemv/gemm threshold $g" && timeout 110 python3 $H/gemv_gemm_ab.py random:qwen3.6-35b-a3b@q8_0 --gemv-max $g \
     2>&1 | grep gemv_max | tee -a "$O/gemv_gemm_ab.jsonl"
 done
+part 70 "profile 8 streams" && timeout 110 python3 bench/profile_batch.py random:qwen3.6-35b-a3b@q8_0 --streams 8 \
+  --json "$O/profile_batch_qwen36_q8_8.json" 2>&1 | grep -v Warning | head -n 22
+part 60 "gemv rows" && timeout 100 python3 bench/gemv_rows.py --rows 1,4,8,16 --kernels gemv,gemm \
+  --out "$O/gemv_rows_gemm.json" 2>&1 | grep -v Warning | grep "qwen3.6"
 cp "$R/log.txt" "$O/log.txt"; stamp done
