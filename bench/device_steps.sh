@@ -3,7 +3,7 @@
 # ($O the returned files, $W the work folder kept between calls, $R its results, $W/done the finished steps' markers,
 # the carried wheels installed into /tmp/site once, the clock $t0); `step NAME SECONDS` is true when NAME is not done
 # and SECONDS more end before DEADLINE_S (default 560) seconds into the call, and says which; `stamp` echoes with the
-# call's seconds into $R/log.txt too.
+# call's seconds into $R/log.txt too; `llamacpp_build` and `make_model` (below) make the files such scripts time.
 steps_setup() {
   O=${OUT:-/tmp/out}; W=$1; R=$W/results; mkdir -p "$O" "$R" "$W/done"
   DEADLINE_S=${DEADLINE_S:-560}
@@ -18,4 +18,20 @@ step() {
   [ -e "$W/done/$1" ] && return 1
   [ $(( $(el) + $2 )) -gt "$DEADLINE_S" ] && { stamp "left for a later call: $1 (~$2 s)"; return 1; }
   stamp "$1"
+}
+# `llamacpp_build JOBS TARGET...`: llama.cpp from .llamacpp (`../shared/tools/llamacpp-source.sh .llamacpp`, carried)
+# built for sm_90a into /tmp/lb (binaries in /tmp/lb/bin), no web UI, curl or OpenSSL.
+llamacpp_build() {
+  local jobs=$1; shift
+  cmake -S .llamacpp -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF \
+      -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    && cmake --build /tmp/lb -j "$jobs" --target "$@"
+}
+# `make_model PRESET DTYPE FILE [SECONDS]`: make-model on the GPU into a .part.gguf beside FILE (its log FILE.log),
+# renamed to FILE when whole; nothing when FILE exists; SECONDS: a time limit.
+make_model() {
+  [ -f "$3" ] && return 0
+  ${4:+timeout "$4"} python3 -m stagewise make-model --config "$1" --dtype "$2" --seed 0 --device cuda \
+    "${3%.gguf}.part.gguf" > "$3.log" 2>&1 && mv "${3%.gguf}.part.gguf" "$3"
 }

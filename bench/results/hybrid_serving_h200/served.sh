@@ -12,7 +12,7 @@
 #   agents   16 clients x 10 turns on a 4,000-token system prompt: prefix cache on, off, and llama-server.
 # Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/hybrid_serving_h200/served.sh
 set -u
-source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el
+source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el; llamacpp_build; make_model
 steps_setup "${HS_WORK:-/tmp/hs}"
 LB=/tmp/lb/bin; S="python3 -m stagewise"; F=$W/qwen3.6-35b-a3b-Q8_0.gguf; H=bench/results/hybrid_serving_h200
 finish() { tar czf "$O/results.tgz" -C "$W" results; stamp "call done"; exit 0; }
@@ -20,14 +20,11 @@ finish() { tar czf "$O/results.tgz" -C "$W" results; stamp "call done"; exit 0; 
 # The files are made in the background from the first call on (setsid: they outlive the call while the machine is
 # warm): llama.cpp's build at once, make-model once the check has left the GPU.
 if [ ! -e "$W/done/files" ] && [ ! -e "$W/files_started" ]; then
-  touch "$W/files_started"; export W F S LB
-  [ -x "$LB/llama-server" ] || setsid bash -c 'cmake -S .llamacpp -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-      -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    && cmake --build /tmp/lb -j 12 --target llama-server llama-batched-bench' > "$W/build.log" 2>&1 < /dev/null &
-  [ -f "$F" ] || setsid bash -c 'while [ ! -e "$W/done/check" ]; do sleep 2; done
-    timeout 420 $S make-model --config qwen3.6-35b-a3b --dtype q8_0 --seed 0 --device cuda "${F%.gguf}.part.gguf" \
-      && mv "${F%.gguf}.part.gguf" "$F"' > "$W/make_model.log" 2>&1 < /dev/null &
+  touch "$W/files_started"; export W F
+  [ -x "$LB/llama-server" ] || setsid bash -c 'source bench/device_steps.sh; llamacpp_build 12 llama-server llama-batched-bench' \
+    > "$W/build.log" 2>&1 < /dev/null &
+  [ -f "$F" ] || setsid bash -c 'source bench/device_steps.sh; while [ ! -e "$W/done/check" ]; do sleep 2; done
+    make_model qwen3.6-35b-a3b q8_0 "$F" 420' > /dev/null 2>&1 < /dev/null &
 fi
 if step check 150; then
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$R/machine.txt"
@@ -41,7 +38,7 @@ if step files 60; then  # waits for the background work while the call has time
   while { [ ! -f "$F" ] || [ ! -x "$LB/llama-server" ] || [ ! -x "$LB/llama-batched-bench" ]; } && [ $(( $(el) + 30 )) -lt "$DEADLINE_S" ]; do
     sleep 5
   done
-  [ -f "$F" ] && stamp "Qwen3.6 Q8_0 written" || tail -n 5 "$W/make_model.log"
+  [ -f "$F" ] && stamp "Qwen3.6 Q8_0 written" || tail -n 5 "$F.log"
   [ -x "$LB/llama-batched-bench" ] && stamp "llama.cpp built" || tail -n 5 "$W/build.log"
   [ -f "$F" ] && [ -x "$LB/llama-server" ] && [ -x "$LB/llama-batched-bench" ] && touch "$W/done/files"
 fi

@@ -14,7 +14,7 @@
 #   tests     the GPU-marked tests of the load check's peak and fp8 KV (issue 46), the word GEMV's compiled tests.
 # Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/kquant_files/run.sh
 set -u
-source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el
+source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el; llamacpp_build; make_model
 steps_setup "${KQ_WORK:-/tmp/kq}"
 LB=/tmp/lb/bin; S="python3 -m stagewise"
 finish() {
@@ -26,20 +26,12 @@ if step files 0; then  # resumable: what a call cut short is redone, what is com
   { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader; df -h "$W"; nproc; } | tee "$R/machine.txt"
   build=; m1=; m2=
   if [ ! -x "$LB/llama-quantize" ]; then
-    { cmake -S .llamacpp -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release \
-        -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-      && cmake --build /tmp/lb -j 14 --target llama-server llama-bench llama-batched-bench llama-quantize; } > "$W/build.log" 2>&1 &
+    llamacpp_build 14 llama-server llama-bench llama-batched-bench llama-quantize > "$W/build.log" 2>&1 &
     build=$!
   fi
-  mkmodel() {  # mkmodel PRESET DTYPE FILE: make-model into a .part.gguf beside FILE (a name not ending in .gguf
-    # makes a folder holding model.gguf), renamed when whole
-    [ -f "$3" ] || { $S make-model --config "$1" --dtype "$2" --seed 0 --device cuda "${3%.gguf}.part.gguf" > "$3.log" 2>&1 \
-      && mv "${3%.gguf}.part.gguf" "$3"; }
-  }
   F16=$W/llama-3.1-8b-F16.gguf
-  [ -f "$W/llama-3.1-8b-Q5_K_M.gguf" ] || { mkmodel llama-3.1-8b f16 "$F16" & m1=$!; }
-  mkmodel qwen3.6-35b-a3b q4_k_m "$W/qwen3.6-35b-a3b-Q4_K_M.gguf" & m2=$!
+  [ -f "$W/llama-3.1-8b-Q5_K_M.gguf" ] || { make_model llama-3.1-8b f16 "$F16" & m1=$!; }
+  make_model qwen3.6-35b-a3b q4_k_m "$W/qwen3.6-35b-a3b-Q4_K_M.gguf" & m2=$!
   [ -z "$m1" ] || { wait $m1 && stamp "Llama F16 written" || { stamp "make-model llama failed"; tail -5 "$F16.log"; }; }
   wait $m2 && stamp "Qwen3.6 Q4_K_M written" || { stamp "make-model qwen3.6 failed"; tail -5 "$W/qwen3.6-35b-a3b-Q4_K_M.gguf.log"; }
   [ -z "$build" ] || { wait $build && stamp "llama.cpp built" || { stamp "llama.cpp build failed"; tail -20 "$W/build.log"; finish; }; }
