@@ -8,21 +8,20 @@
 set -u
 source bench/device_steps.sh
 steps_setup /tmp/rows
-DEADLINE_S=${DEADLINE_S:-560}; H=bench/results/hybrid_serving_h200
-part() { [ $(( $(el) + $1 )) -le "$DEADLINE_S" ] || { stamp "no time left for $2"; return 1; }; stamp "$2"; }
-part 20 tile_test && { timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py \
+H=bench/results/hybrid_serving_h200
+step tile_test 20 && { timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py \
   > "$O/gpu_test_tile_counters.txt" 2>&1; tail -n 1 "$O/gpu_test_tile_counters.txt"; }
 for run in graphs eager; do
-  part 70 "rows $run" || continue
+  step "rows_$run" 70 || continue
   GRAPHS=$([ $run = graphs ] && echo 1 || echo 0) timeout 110 python3 $H/rows_logprobs.py > "$O/rows_logprobs_$run.txt" 2>&1
   grep rows "$O/rows_logprobs_$run.txt" | cut -c1-160
 done
 for g in 16 4 1; do
-  part 90 "gemv/gemm threshold $g" && timeout 110 python3 $H/gemv_gemm_ab.py random:qwen3.6-35b-a3b@q8_0 --gemv-max $g \
+  step "gemv_max_$g" 90 && timeout 110 python3 $H/gemv_gemm_ab.py random:qwen3.6-35b-a3b@q8_0 --gemv-max $g \
     2>&1 | grep gemv_max | tee -a "$O/gemv_gemm_ab.jsonl"
 done
-part 70 "profile 8 streams" && timeout 110 python3 bench/profile_batch.py random:qwen3.6-35b-a3b@q8_0 --streams 8 \
+step profile_8_streams 70 && timeout 110 python3 bench/profile_batch.py random:qwen3.6-35b-a3b@q8_0 --streams 8 \
   --json "$O/profile_batch_qwen36_q8_8.json" 2>&1 | grep -v Warning | head -n 22
-part 60 "gemv rows" && timeout 100 python3 bench/gemv_rows.py --rows 1,4,8,16 --kernels gemv,gemm \
+step gemv_rows 60 && timeout 100 python3 bench/gemv_rows.py --rows 1,4,8,16 --kernels gemv,gemm \
   --out "$O/gemv_rows_gemm.json" 2>&1 | grep -v Warning | grep "qwen3.6"
 cp "$R/log.txt" "$O/log.txt"; stamp done
