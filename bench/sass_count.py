@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)  # NOTE: compiled kernels, before any kernel module is imported
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -45,6 +46,17 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 _INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
+def compile_sm90a(fn: Any, sig: dict[str, str], consts: dict[str, object], aligned: set[str], num_warps: int,
+                  num_stages: int) -> Any:
+    """``fn`` compiled for sm_90a as a launch with these argument types (``sig``; the rest ``consts``) specializes it,
+    the arguments named in ``aligned`` 16-divisible (pointers 16-byte aligned, sizes and strides multiples of 16)."""
+    order = list(fn.arg_names)
+    signature = {name: sig.get(name, "constexpr") for name in order}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(order) if name in aligned}
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+
+
 def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: int, block_n: int, num_warps: int,
                  num_stages: int, split_k: int = 1, glu: bool = False, blocks: int = 8) -> tuple[bytes, float]:
     """The cubin of one kernel configuration (bf16 activations, compiled for sm_90a) and its compile seconds."""
@@ -56,15 +68,10 @@ def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: in
     consts = {"TYPE": int(ggml_type), "BLOCKS": 1 if block_elements(ggml_type) == 256 else blocks,
               "SCALE_AFTER": scale_after, "DOT": 1, "ASM": True, "GATHER_ROWS": False, "ROUTE_WEIGHT": False, "GLU": glu,
               "SPLIT": split_k > 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False}
-    order = list(_packed_decode_kernel.arg_names)
-    signature = {name: sig.get(name, "constexpr") for name in order}
     # as a launch at Llama-3.1-8B's shapes specializes: every pointer 16-byte aligned, N and the strides multiples of 16
-    aligned = [i for i, name in enumerate(order) if name in sig and (sig[name].startswith("*") or name == "N"
-                                                                       or name.startswith("stride"))]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    aligned = {name for name, kind in sig.items() if kind.startswith("*") or name == "N" or name.startswith("stride")}
     started = time.perf_counter()
-    kernel = triton.compile(ASTSource(fn=_packed_decode_kernel, signature=signature, constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    kernel = compile_sm90a(_packed_decode_kernel, sig, consts, aligned, num_warps, num_stages)
     return kernel.asm["cubin"], time.perf_counter() - started
 
 
@@ -88,13 +95,8 @@ def compile_gemv_case(ggml_type: GGMLQuantizationType, n: int, k: int, words: bo
         block_n, block_k, warps, stages = config_for(ggml_type, n, k, gather=False)
         consts = {"TYPE": int(ggml_type), "SLOTS": slots, "GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k,
                   "GDC": False, "x_repeat": 1}
-    order = list(fn.arg_names)
-    signature = {name: sig.get(name, "constexpr") for name in order}
-    aligned = [i for i, name in enumerate(order) if name in sig and name not in ("stride_qe", "stride_he", "stride_me")]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     started = time.perf_counter()
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    kernel = compile_sm90a(fn, sig, consts, set(sig) - {"stride_qe", "stride_he", "stride_me"}, warps, stages)
     path = "words" if config else ("slots" if slots else "bytes")
     return kernel.asm["cubin"], time.perf_counter() - started, {"path": path, "block_n": block_n, "block_k": block_k,
                                                                 "warps": warps, "stages": stages}
@@ -108,15 +110,11 @@ def q8_0_gemv_rows() -> list[dict[str, object]]:
     sig = {"x_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp16", "y_ptr": "*bf16", "e_ptr": "*i32"}
     sig |= {name: "i32" for name in ("N", "K", "stride_xm", "stride_qe", "stride_qn", "stride_se", "stride_sn",
                                      "stride_ym", "x_repeat")}
-    order = list(_q8_0_gemv_kernel.arg_names)
-    signature = {name: sig.get(name, "constexpr") for name in order}
-    aligned = [i for i, name in enumerate(order) if name in sig and name not in ("stride_qe", "stride_se", "x_repeat")]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    aligned = set(sig) - {"stride_qe", "stride_se", "x_repeat"}
     rows = []
     for name, (block_n, block_k, warps, stages) in (("head", HEAD_CONFIG), ("tall", TALL_CONFIG), ("row", ROW_CONFIG)):
         consts = {"GATHER": False, "BLOCK_N": block_n, "BLOCK_K": block_k, "GDC": False}
-        kernel = triton.compile(ASTSource(fn=_q8_0_gemv_kernel, signature=signature, constexprs=consts, attrs=attrs),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        kernel = compile_sm90a(_q8_0_gemv_kernel, sig, consts, aligned, warps, stages)
         report = sass_report(kernel.asm["cubin"])
         per_value = int(report["loop_instructions"]) / (block_n * block_k / (32 * warps))  # type: ignore[call-overload]
         print(f"Q8_0   Q {name} BN{block_n} BK{block_k} w{warps}: {report['registers']} regs, loop "
@@ -183,12 +181,12 @@ def main() -> int:
     ap.add_argument("--glu", action="store_true")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    rows = q8_0_gemv_rows() if "Q" in args.modes.split(",") else []
-    for name in args.types.split(",") if set(args.modes.split(",")) - {"Q"} else ():
+    modes = args.modes.split(",")
+    packed_modes = [mode for mode in modes if mode != "Q"]
+    rows = q8_0_gemv_rows() if "Q" in modes else []
+    for name in args.types.split(",") if packed_modes else ():
         qtype = T[name.strip().upper()]
-        for mode in args.modes.split(","):
-            if mode == "Q":
-                continue
+        for mode in packed_modes:
             if mode == "G":  # Llama-3.1-8B gate/up and down, Qwen3.6 expert down: the word GEMV and the former one
                 for n, k in ((14336, 4096), (4096, 14336), (2048, 512)):
                     rows.extend(gemv_row(qtype, n, k, words) for words in (True, False)
