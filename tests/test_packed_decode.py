@@ -170,7 +170,7 @@ def test_tiny_models_through_the_kernels_match_the_reference_path(preset: str, m
 
 def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
     """A tiny interpreter of the PTX the nibble conversions use (prmt with its sign-replicate mode, lop3, shl,
-    shr, and, or, mov on b32 registers)."""
+    shr, and, or, mov on b32 registers, cvt from 16 bits)."""
     regs = dict(inputs)
     mask = 0xFFFFFFFF
 
@@ -209,6 +209,8 @@ def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
             regs[dst] = value(src[0]) | value(src[1])
         elif op == "mov.b32":
             regs[dst] = value(src[0])
+        elif op == "cvt.u32.u16":
+            regs[dst] = value(src[0]) & 0xFFFF
         else:
             raise AssertionError(f"unexpected PTX {op}")
     return regs
@@ -221,25 +223,26 @@ def _bf16(bits: int) -> float:
 
 def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
     """The inline PTX of kernel A's compiled path (not run by the interpreter), checked instruction by
-    instruction here: element ``e`` of four packed bytes gives ``128 + (q_e & 15)`` and ``128 + (q_e >> 4)``,
+    instruction here: element ``e`` of two packed bytes gives ``128 + (q_e & 15)`` and ``128 + (q_e >> 4)``,
     and with Q5_K's high-bit bytes the fifth bit of bits ``2c`` and ``2c + 1``."""
     from stagewise.kernels import quant_bf16_triton as kernels
 
-    def lanes(regs: dict[str, int], first: int) -> list[int]:
-        return [(regs[f"${first + i // 2}"] >> (16 * (i % 2))) & 0xFFFF for i in range(4)]
+    def lanes(regs: dict[str, int], out: int) -> list[int]:
+        return [(regs[f"${out}"] >> (16 * i)) & 0xFFFF for i in range(2)]
 
     rng = torch.Generator().manual_seed(0)
     for _ in range(64):
-        q = torch.randint(0, 256, (4,), generator=rng).tolist()
-        h = torch.randint(0, 256, (4,), generator=rng).tolist()
-        word, high = sum(b << (8 * i) for i, b in enumerate(q)), sum(b << (8 * i) for i, b in enumerate(h))
-        out = _run_ptx(kernels.NIBBLES_ASM.value, {"$4": word})
+        q = torch.randint(0, 256, (2,), generator=rng).tolist()
+        h = torch.randint(0, 256, (2,), generator=rng).tolist()
+        junk = int(torch.randint(0, 1 << 16, (), generator=rng)) << 16  # above the 16-bit operand: ignored
+        word, high = q[0] | q[1] << 8 | junk, h[0] | h[1] << 8 | junk
+        out = _run_ptx(kernels.NIBBLES_ASM.value, {"$2": word})
         assert [_bf16(v) for v in lanes(out, 0)] == [128 + (b & 15) for b in q]
-        assert [_bf16(v) for v in lanes(out, 2)] == [128 + (b >> 4) for b in q]
+        assert [_bf16(v) for v in lanes(out, 1)] == [128 + (b >> 4) for b in q]
         for c, text in enumerate((kernels.Q5K_ASM0, kernels.Q5K_ASM1, kernels.Q5K_ASM2, kernels.Q5K_ASM3)):
-            out = _run_ptx(text.value, {"$4": word, "$5": high})
+            out = _run_ptx(text.value, {"$2": word, "$3": high})
             assert [_bf16(v) for v in lanes(out, 0)] == [128 + (b & 15) + 16 * ((e >> (2 * c)) & 1) for b, e in zip(q, h, strict=True)]
-            assert [_bf16(v) for v in lanes(out, 2)] == [128 + (b >> 4) + 16 * ((e >> (2 * c + 1)) & 1)
+            assert [_bf16(v) for v in lanes(out, 1)] == [128 + (b >> 4) + 16 * ((e >> (2 * c + 1)) & 1)
                                                          for b, e in zip(q, h, strict=True)]
 
 

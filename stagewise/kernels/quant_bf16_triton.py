@@ -4,12 +4,14 @@ Kernel A (:mod:`stagewise.kernels.packed_decode_triton`) dots ``128 + u`` instea
 (``0 <= u < 128``): the bf16 with bits ``0x4300 | u`` is exactly that value (f16: ``0x6400 | u`` is ``1024 + u``),
 and the group's scale takes the 128 back out after the dot. :func:`magic` makes it from int32 quants with
 Triton's per-value ops (any dtype; float32 ``u + 128`` in Triton's interpreter). For the 4-bit types the
-bytes go through inline PTX four at a time instead (``pack=4``, element ``e`` in byte ``e`` of one register,
-each output two registers of bf16 pairs): :func:`nibbles_bf16` (``prmt`` spreads two bytes into 16-bit
-lanes, ``lop3`` masks a nibble and ors the magic bits: one instruction a value), :func:`nibbles5_bf16` (Q5_K's
-fifth bit moved in from its high-bit byte) and :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4: the entries'
-bf16 bytes looked up in ``prmt`` byte tables). The interpreter does not run PTX: ``tests/test_packed_decode.py``
-runs these instruction by instruction, and the GPU tests run them compiled.
+bytes go through inline PTX instead, each output a register of two bf16: :func:`nibbles_bf16` and
+:func:`nibbles5_bf16` take two bytes at a time (``pack=2``: the pair a thread holds of the dot's operand layout,
+one 16-bit shared-memory load, used as loaded; four at a time, the word mixes two rows' pairs, which Triton
+repacks byte by byte, about one more instruction a value): ``prmt`` spreads the two bytes into 16-bit lanes and
+``lop3`` masks a nibble and ors the magic bits, one instruction a value (Q5_K's fifth bit moved in from its
+high-bit byte). :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4, four bytes at a time) looks the entries' bf16
+bytes up in ``prmt`` byte tables. The interpreter does not run PTX: ``tests/test_packed_decode.py`` runs these
+instruction by instruction, and the GPU tests run them compiled.
 """
 
 from __future__ import annotations
@@ -21,19 +23,16 @@ import triton.language as tl
 
 
 def _nibbles5_asm(bit: int) -> str:
-    """PTX for :func:`nibbles5_bf16`: as :func:`nibbles_bf16`, each value's fifth bit from bit ``bit`` (low
+    """PTX for :func:`nibbles5_bf16`: as :data:`NIBBLES_ASM`, each value's fifth bit from bit ``bit`` (low
     nibbles) and ``bit + 1`` (high nibbles) of the matching high-bit byte, moved to bit 4 of its 16-bit lane."""
-    def move(b: int, dst: str, src: str) -> str:
-        return f"shl.b32 {dst}, {src}, {4 - b};" if b <= 4 else f"shr.u32 {dst}, {src}, {b - 4};"
+    def move(b: int) -> str:
+        return f"shl.b32 a, h, {4 - b};" if b <= 4 else f"shr.u32 a, h, {b - 4};"
 
-    lines = ["{", ".reg .b32 t0, t1, h0, h1, a0, a1, m0, m1;",
-             "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
-             "prmt.b32 h0, $5, 0, 0x4140;", "prmt.b32 h1, $5, 0, 0x4342;"]
-    for out, b, shift in ((0, bit, ""), (2, bit + 1, "shr.u32 t0, t0, 4; shr.u32 t1, t1, 4;")):
-        lines += [shift, "lop3.b32 m0, t0, 0x000f000f, 0x43004300, 0xea;", "lop3.b32 m1, t1, 0x000f000f, 0x43004300, 0xea;",
-                  move(b, "a0", "h0"), move(b, "a1", "h1"),
-                  f"lop3.b32 ${out}, a0, 0x00100010, m0, 0xea;", f"lop3.b32 ${out + 1}, a1, 0x00100010, m1, 0xea;"]
-    return "\n".join([*lines, "}"])
+    return "\n".join(["{", ".reg .b32 t, h, a, m;", "cvt.u32.u16 t, $2;", "cvt.u32.u16 h, $3;",
+                      "prmt.b32 t, t, 0, 0x4140;", "prmt.b32 h, h, 0, 0x4140;",
+                      "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", move(bit), "lop3.b32 $0, a, 0x00100010, m, 0xea;",
+                      "shr.u32 t, t, 4;", "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", move(bit + 1),
+                      "lop3.b32 $1, a, 0x00100010, m, 0xea;", "}"])
 
 
 def _codebook_asm(values: tuple[int, ...]) -> str:
@@ -66,11 +65,10 @@ def _codebook_asm(values: tuple[int, ...]) -> str:
 IQ4_ASM: tl.constexpr = tl.constexpr(_codebook_asm((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
                                                     113)))  # gguf IQ4_NL.kvalues
 FP4_ASM: tl.constexpr = tl.constexpr(_codebook_asm((0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)))  # MXFP4
-NIBBLES_ASM: tl.constexpr = tl.constexpr("\n".join([
-    "{", ".reg .b32 t0, t1;", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
-    "lop3.b32 $0, t0, 0x000f000f, 0x43004300, 0xea;", "lop3.b32 $1, t1, 0x000f000f, 0x43004300, 0xea;",
-    "shr.u32 t0, t0, 4;", "shr.u32 t1, t1, 4;",
-    "lop3.b32 $2, t0, 0x000f000f, 0x43004300, 0xea;", "lop3.b32 $3, t1, 0x000f000f, 0x43004300, 0xea;", "}"]))
+NIBBLES_ASM: tl.constexpr = tl.constexpr("\n".join([  # two bytes (16 bits) -> their low and their high nibbles
+    "{", ".reg .b32 t;", "cvt.u32.u16 t, $2;", "prmt.b32 t, t, 0, 0x4140;",
+    "lop3.b32 $0, t, 0x000f000f, 0x43004300, 0xea;", "shr.u32 t, t, 4;",
+    "lop3.b32 $1, t, 0x000f000f, 0x43004300, 0xea;", "}"]))
 Q5K_ASM0: tl.constexpr = tl.constexpr(_nibbles5_asm(0))  # Q5_K chunk c: sub-blocks 2c, 2c + 1 -> bits 2c, 2c + 1
 Q5K_ASM1: tl.constexpr = tl.constexpr(_nibbles5_asm(2))
 Q5K_ASM2: tl.constexpr = tl.constexpr(_nibbles5_asm(4))
@@ -91,18 +89,18 @@ def magic(u, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
 
 @triton.jit
 def nibbles_bf16(q):  # type: ignore[no-untyped-def]
-    """Bytes ``q`` (uint8) -> ``(128 + (q & 15), 128 + (q >> 4))`` as bf16, exactly: four bytes at a time, two
-    ``prmt`` spread them into 16-bit lanes and each ``lop3`` makes two values (``(t & 0x000f000f) | 0x43004300``)."""
-    return tl.inline_asm_elementwise(asm=NIBBLES_ASM, constraints="=r,=r,=r,=r,r", args=[q],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    """Bytes ``q`` (uint8) -> ``(128 + (q & 15), 128 + (q >> 4))`` as bf16, exactly: two bytes at a time, a
+    ``prmt`` spreads them into 16-bit lanes and each ``lop3`` makes two values (``(t & 0x000f000f) | 0x43004300``)."""
+    return tl.inline_asm_elementwise(asm=NIBBLES_ASM, constraints="=r,=r,h", args=[q],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
 
 
 @triton.jit
 def nibbles5_bf16(q, h, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
     """Bytes ``q`` and high-bit bytes ``h`` (uint8) -> ``128 + u`` as bf16 for the low and the high nibbles, each
     with its fifth bit from ``h`` (``TEXT``: one of ``Q5K_ASM*``, which bits)."""
-    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,=r,=r,r,r", args=[q, h],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,h,h", args=[q, h],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
 
 
 @triton.jit
