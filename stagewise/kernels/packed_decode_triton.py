@@ -46,6 +46,7 @@ from stagewise.kernels.packed_steps_triton import k_step
 from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_device
 from stagewise.spec.packed_types import block_elements
 
+_WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read as int32 words (packed_steps_triton)
 NIBBLE_ASM = True  # kernel A's Q4_0, Q4_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4 bytes -> bf16 by inline PTX (else Triton's ops)
 
 
@@ -92,7 +93,9 @@ def _packed_decode_kernel(
     rows = tl.where(row_ok, rows, 0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    n64 = offs_n.to(tl.int64)
+    # NOTE: rows past N read row N - 1 instead (never stored): the weight loads need no mask, nor zeros for it
+    n64 = tl.minimum(offs_n, N - 1).to(tl.int64)
+    w_ok = tl.full((BLOCK_N,), True, tl.int1)
     q_rows = qs_ptr + expert * stride_qe + n64 * stride_qn  # (BN,) each weight row's start in each plane
     h_rows = qh_ptr + expert * stride_he + n64 * stride_hn
     m_rows = meta_ptr + expert * stride_me + n64 * stride_mn
@@ -102,11 +105,11 @@ def _packed_decode_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(first, last):
-        acc = k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
+        acc = k_step(acc, q_rows, h_rows, m_rows, step, w_ok, a_ptr, rows, row_ok, stride_am,
                       TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
         if GLU:  # the matching up rows, up_offset rows further
             acc_up = k_step(acc_up, q_rows + up_offset * stride_qn, h_rows + up_offset * stride_hn,
-                             m_rows + up_offset * stride_mn, step, n_ok, a_ptr, rows, row_ok, stride_am,
+                             m_rows + up_offset * stride_mn, step, w_ok, a_ptr, rows, row_ok, stride_am,
                              TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
     if SPLIT:  # split_k > 1 (a runtime count: one compile serves every split)
         plane = num_slots * N
@@ -159,6 +162,8 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
     step = 256 if super_block else 32 * tiles.blocks
     if k_in % step:
         raise ValueError(f"{ggml_type.name}: a K step of {step} values must divide {k_in}")
+    if ggml_type in _WORD_META and (meta.data_ptr() % 4 or meta.stride(0) % 4 or meta.stride(1) % 4):
+        raise ValueError(f"{ggml_type.name}: the meta plane is read as int32 words and must be 4-byte aligned")
     if tiles.split_k < 1:
         raise ValueError(f"split_k must be at least 1, got {tiles.split_k}")
     num_slots = align.num_slots

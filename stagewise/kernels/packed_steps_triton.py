@@ -166,15 +166,31 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
 
 
 @triton.jit
-def _k_scale(m, n_ok, s: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Q4_K / Q5_K: the 6-bit scale and min of sub-block ``s`` from the 12 bytes at ``m + 4``."""
+def _f16_bits(bits):  # type: ignore[no-untyped-def]
+    """The f16 with these bits (the low 16 of an int32), as float32."""
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _k_meta(m, n_ok):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K: a super-block's 16 meta bytes at ``m`` ``(BN,)`` as four int32 words a row (d and dmin, then the
+    12 scale bytes), each loaded in the rows' layout: ``(d, dmin, w1, w2, w3)``."""
+    w = m.to(tl.pointer_type(tl.int32))
+    w0 = tl.load(w, mask=n_ok, other=0)
+    return (_f16_bits(w0 & 0xFFFF), _f16_bits((w0 >> 16) & 0xFFFF), tl.load(w + 1, mask=n_ok, other=0),
+            tl.load(w + 2, mask=n_ok, other=0), tl.load(w + 3, mask=n_ok, other=0))
+
+
+@triton.jit
+def _k_scale(w1, w2, w3, s: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K: the 6-bit scale and min of sub-block ``s`` from the scale words (:func:`_k_meta`): bytes ``s``
+    of words 1 and 2 (``s < 4``), else the nibbles of byte ``s - 4`` of word 3 and the top bits of words 1 and 2."""
     if s < 4:
-        sc = load_u8(m + 4 + s, n_ok) & 63
-        mn = load_u8(m + 8 + s, n_ok) & 63
+        sc = (w1 >> (8 * s)) & 63
+        mn = (w2 >> (8 * s)) & 63
     else:
-        md = load_u8(m + 8 + s, n_ok)
-        sc = (md & 15) | ((load_u8(m + s, n_ok) >> 6) << 4)
-        mn = (md >> 4) | ((load_u8(m + 4 + s, n_ok) >> 6) << 4)
+        sc = ((w3 >> (8 * s - 32)) & 15) | ((w1 >> (8 * s - 30)) & 48)
+        mn = ((w3 >> (8 * s - 28)) & 15) | ((w2 >> (8 * s - 30)) & 48)
     return sc.to(tl.float32), mn.to(tl.float32)
 
 
@@ -186,9 +202,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
     l16 = tl.arange(0, 16)[None, :]
     l32 = tl.arange(0, 32)[None, :]
     if TYPE == 12 or TYPE == 13:  # Q4_K / Q5_K: chunk c's 32 bytes: sub-block 2c (low nibbles), 2c + 1 (high)
-        m = m_rows + blk * 16
-        d = load_f16(m, n_ok)
-        dmin = load_f16(m + 2, n_ok)
+        d, dmin, w1, w2, w3 = _k_meta(m_rows + blk * 16, n_ok)
         if TYPE == 13 and not ASM:
             qh = load_u8(h_rows[:, None] + blk * 32 + l32, n_ok[:, None])  # (BN, 32): bit s is sub-block s's fifth bit
         if TYPE == 13 and ASM:
@@ -207,7 +221,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 else:
                     lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM3)
                 for h in tl.static_range(2):
-                    sc, mn = _k_scale(m, n_ok, 2 * c + h)
+                    sc, mn = _k_scale(w1, w2, w3, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
             else:
@@ -216,7 +230,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     u = (q >> (4 * h)) & 15
                     if TYPE == 13:
                         u = u | (((qh >> (2 * c + h)) & 1) << 4)
-                    sc, mn = _k_scale(m, n_ok, 2 * c + h)
+                    sc, mn = _k_scale(w1, w2, w3, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
     elif TYPE == 14:  # Q6_K: half hf, low bytes 16r + l: values 16r + l (low nibble), 64 + 16r + l (high)
