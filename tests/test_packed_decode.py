@@ -246,6 +246,24 @@ def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
                                                          for b, e in zip(q, h, strict=True)]
 
 
+def test_the_q6_k_ptx_makes_128_plus_each_six_bit_value_in_bf16() -> None:
+    """Kernel A's Q6_K PTX, instruction by instruction: low bytes of rows ``r`` and ``r + 2`` and their high bytes
+    give ``128 + u`` of ``(r, low nibble)``, ``(r, high)``, ``(r + 2, low)``, ``(r + 2, high)``, ``u`` the nibble and
+    high field ``2h + s`` (``s`` 0 for ``r``, 1 for ``r + 2``) as gguf's Q6_K puts them together."""
+    from stagewise.kernels import quant_bf16_triton as kernels
+
+    rng = torch.Generator().manual_seed(1)
+    for _ in range(256):
+        lo, lo2, high = (torch.randint(0, 256, (2,), generator=rng).tolist() for _ in range(3))
+        regs = {f"${4 + i}": b[0] | b[1] << 8 | int(torch.randint(0, 1 << 16, (), generator=rng)) << 16
+                for i, b in enumerate((lo, lo2, high))}  # bits above the 16-bit operands: ignored
+        out = _run_ptx(kernels.Q6K_ASM.value, regs)
+        for j, (q, s) in enumerate(((lo, 0), (lo, 0), (lo2, 1), (lo2, 1))):
+            h = j % 2
+            want = [128 + (((b >> (4 * h)) & 15) | (((e >> (2 * (2 * h + s))) & 3) << 4)) for b, e in zip(q, high, strict=True)]
+            assert [_bf16((out[f"${j}"] >> (16 * i)) & 0xFFFF) for i in range(2)] == want
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("tokens", [8, 128], ids=["kernel-A-blocks", "kernel-B-blocks"])

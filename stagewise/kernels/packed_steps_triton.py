@@ -33,6 +33,7 @@ from stagewise.kernels.quant_bf16_triton import (
     magic,
     nibbles5_bf16,
     nibbles_bf16,
+    q6_bf16,
 )
 
 
@@ -238,14 +239,29 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         d = load_f16(m + 16, n_ok)
         zero = tl.zeros_like(d)
         for hf in tl.static_range(2):
-            for r in tl.static_range(4):
-                ql = load_u8(q_rows[:, None] + blk * 128 + 64 * hf + 16 * r + l16, n_ok[:, None])  # (BN, 16)
-                qh = load_u8(h_rows[:, None] + blk * 64 + 32 * hf + 16 * (r % 2) + l16, n_ok[:, None])
-                for h in tl.static_range(2):
-                    u = ((ql >> (4 * h)) & 15) | (((qh >> (4 * h + 2 * (r // 2))) & 3) << 4)
-                    sc = signed_byte(load_u8(m + 8 * hf + 4 * h + r, n_ok)).to(tl.float32)
-                    x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * r, stride_am, 16, DOT)
-                    acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, True)
+            for r in tl.static_range(2):  # the low bytes of r and r + 2 share their high bytes 16r + l
+                ql = q_rows[:, None] + blk * 128 + 64 * hf + 16 * r + l16  # (BN, 16) pointers; r + 2's 32 further
+                qh = h_rows[:, None] + blk * 64 + 32 * hf + 16 * r + l16
+                if ASM:  # kernel A: the four groups' 128 + u in bf16 at once, by inline PTX
+                    w0, w1, w2, w3 = q6_bf16(tl.load(ql, mask=n_ok[:, None], other=0),
+                                             tl.load(ql + 32, mask=n_ok[:, None], other=0),
+                                             tl.load(qh, mask=n_ok[:, None], other=0))
+                else:
+                    q_lo = load_u8(ql, n_ok[:, None])
+                    q_hi = load_u8(ql + 32, n_ok[:, None])
+                    q_h = load_u8(qh, n_ok[:, None])
+                for j in tl.static_range(4):  # (r, low nibble), (r, high), (r + 2, low), (r + 2, high)
+                    h = j % 2  # constexprs (NOTE not annotated: reassigned each unrolled step)
+                    rr = r + 2 * (j // 2)
+                    sc = signed_byte(load_u8(m + 8 * hf + 4 * h + rr, n_ok)).to(tl.float32)
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * rr, stride_am, 16, DOT)
+                    if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
+                        w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
+                        acc += (d * sc)[:, None] * tl.dot(w - 160.0, x)
+                    else:
+                        q = q_lo if j < 2 else q_hi
+                        u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
+                        acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, True)
     elif TYPE == 10 or TYPE == 11:  # Q2_K / Q3_K: half hf, byte 16g + l, field s: value 32s + 16g + l
         m = m_rows + blk * (20 if TYPE == 10 else 14)
         if TYPE == 10:
@@ -305,7 +321,7 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13)) or TYPE == 23))
+                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13 or TYPE == 14)) or TYPE == 23))
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,

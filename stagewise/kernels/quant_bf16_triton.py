@@ -9,8 +9,9 @@ bytes go through inline PTX instead, each output a register of two bf16: :func:`
 one 16-bit shared-memory load, used as loaded; four at a time, the word mixes two rows' pairs, which Triton
 repacks byte by byte, about one more instruction a value): ``prmt`` spreads the two bytes into 16-bit lanes and
 ``lop3`` masks a nibble and ors the magic bits, one instruction a value (Q5_K's fifth bit moved in from its
-high-bit byte). :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4, four bytes at a time) looks the entries' bf16
-bytes up in ``prmt`` byte tables. The interpreter does not run PTX: ``tests/test_packed_decode.py`` runs these
+high-bit byte); :func:`q6_bf16` likewise makes Q6_K's ``128 + u`` of four 16-value groups from two rows' low-byte
+pairs and the high-byte pair they share. :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4, four bytes at a time)
+looks the entries' bf16 bytes up in ``prmt`` byte tables. The interpreter does not run PTX: ``tests/test_packed_decode.py`` runs these
 instruction by instruction, and the GPU tests run them compiled.
 """
 
@@ -69,6 +70,18 @@ NIBBLES_ASM: tl.constexpr = tl.constexpr("\n".join([  # two bytes (16 bits) -> t
     "{", ".reg .b32 t;", "cvt.u32.u16 t, $2;", "prmt.b32 t, t, 0, 0x4140;",
     "lop3.b32 $0, t, 0x000f000f, 0x43004300, 0xea;", "shr.u32 t, t, 4;",
     "lop3.b32 $1, t, 0x000f000f, 0x43004300, 0xea;", "}"]))
+# Q6_K: low bytes of rows r and r + 2 of a half (r < 2) and their shared high bytes -> 128 + u of (r, low nibble),
+# (r, high), (r + 2, low), (r + 2, high): fields 0, 2, 1 and 3 of the high byte (bits 2f, 2f + 1) moved to bits 4
+# and 5. The high byte is spread with the magic bytes beside it, so (r, high), whose field is already in place,
+# is one select: bits 0-3 and 6-7 from the nibble, the rest (field and magic) from the high byte.
+Q6K_ASM: tl.constexpr = tl.constexpr("\n".join([
+    "{", ".reg .b32 t, u, e, a, m;", "cvt.u32.u16 t, $4;", "cvt.u32.u16 u, $5;", "cvt.u32.u16 e, $6;",
+    "prmt.b32 t, t, 0, 0x4140;", "prmt.b32 u, u, 0, 0x4140;", "prmt.b32 e, e, 0x43434343, 0x4140;",
+    "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", "shl.b32 a, e, 4;", "lop3.b32 $0, a, 0x00300030, m, 0xea;",
+    "shr.u32 t, t, 4;", "lop3.b32 $1, t, e, 0x00cf00cf, 0xe4;",
+    "lop3.b32 m, u, 0x000f000f, 0x43004300, 0xea;", "shl.b32 a, e, 2;", "lop3.b32 $2, a, 0x00300030, m, 0xea;",
+    "shr.u32 u, u, 4;", "lop3.b32 m, u, 0x000f000f, 0x43004300, 0xea;", "shr.u32 a, e, 2;",
+    "lop3.b32 $3, a, 0x00300030, m, 0xea;", "}"]))
 Q5K_ASM0: tl.constexpr = tl.constexpr(_nibbles5_asm(0))  # Q5_K chunk c: sub-blocks 2c, 2c + 1 -> bits 2c, 2c + 1
 Q5K_ASM1: tl.constexpr = tl.constexpr(_nibbles5_asm(2))
 Q5K_ASM2: tl.constexpr = tl.constexpr(_nibbles5_asm(4))
@@ -109,3 +122,12 @@ def codebook_bf16(q, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
     ``FP4_ASM``), four bytes at a time by ``prmt`` table lookups."""
     return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,=r,=r,r", args=[q],
                                      dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def q6_bf16(ql, ql2, qh):  # type: ignore[no-untyped-def]
+    """Q6_K: low bytes ``ql`` of row ``r`` and ``ql2`` of row ``r + 2`` of a half (``r < 2``) and their high bytes
+    ``qh`` (uint8) -> ``128 + u`` as bf16 of ``(r, low nibble)``, ``(r, high)``, ``(r + 2, low)``, ``(r + 2, high)``
+    (:data:`Q6K_ASM`)."""
+    return tl.inline_asm_elementwise(asm=Q6K_ASM, constraints="=r,=r,=r,=r,h,h,h", args=[ql, ql2, qh],
+                                     dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
