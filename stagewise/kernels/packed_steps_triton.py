@@ -183,15 +183,20 @@ def _k_meta(m, n_ok):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _k_scale(w1, w2, w3, s: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Q4_K / Q5_K: the 6-bit scale and min of sub-block ``s`` from the scale words (:func:`_k_meta`): bytes ``s``
-    of words 1 and 2 (``s < 4``), else the nibbles of byte ``s - 4`` of word 3 and the top bits of words 1 and 2."""
-    if s < 4:
-        sc = (w1 >> (8 * s)) & 63
-        mn = (w2 >> (8 * s)) & 63
-    else:
-        sc = ((w3 >> (8 * s - 32)) & 15) | ((w1 >> (8 * s - 30)) & 48)
-        mn = ((w3 >> (8 * s - 28)) & 15) | ((w2 >> (8 * s - 30)) & 48)
+def _k_scale_bytes(w1, w2, w3):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K: the scale words (:func:`_k_meta`) -> the 6-bit scales and mins of sub-blocks 0-3 and 4-7, one
+    a byte of four int32 words ``(sc_lo, mn_lo, sc_hi, mn_hi)``: bytes of words 1 and 2 (``s < 4``), else the
+    nibbles of word 3's bytes and the top bits of words 1 and 2."""
+    sc_hi = (w3 & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030)
+    mn_hi = ((w3 >> 4) & 0x0F0F0F0F) | ((w2 >> 2) & 0x30303030)
+    return w1 & 0x3F3F3F3F, w2 & 0x3F3F3F3F, sc_hi, mn_hi
+
+
+@triton.jit
+def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K: the scale and min of sub-block ``s`` (:func:`_k_scale_bytes`' byte ``s % 4``), float32."""
+    sc = ((sc_lo if s < 4 else sc_hi) >> (8 * (s % 4))) & 0xFF
+    mn = ((mn_lo if s < 4 else mn_hi) >> (8 * (s % 4))) & 0xFF
     return sc.to(tl.float32), mn.to(tl.float32)
 
 
@@ -204,6 +209,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
     l32 = tl.arange(0, 32)[None, :]
     if TYPE == 12 or TYPE == 13:  # Q4_K / Q5_K: chunk c's 32 bytes: sub-block 2c (low nibbles), 2c + 1 (high)
         d, dmin, w1, w2, w3 = _k_meta(m_rows + blk * 16, n_ok)
+        sc_lo, mn_lo, sc_hi, mn_hi = _k_scale_bytes(w1, w2, w3)
         if TYPE == 13 and not ASM:
             qh = load_u8(h_rows[:, None] + blk * 32 + l32, n_ok[:, None])  # (BN, 32): bit s is sub-block s's fifth bit
         if TYPE == 13 and ASM:
@@ -222,7 +228,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 else:
                     lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM3)
                 for h in tl.static_range(2):
-                    sc, mn = _k_scale(w1, w2, w3, 2 * c + h)
+                    sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
             else:
@@ -231,7 +237,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     u = (q >> (4 * h)) & 15
                     if TYPE == 13:
                         u = u | (((qh >> (2 * c + h)) & 1) << 4)
-                    sc, mn = _k_scale(w1, w2, w3, 2 * c + h)
+                    sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
     elif TYPE == 14:  # Q6_K: half hf, low bytes 16r + l: values 16r + l (low nibble), 64 + 16r + l (high)
