@@ -32,6 +32,7 @@ from stagewise.server.app import guarded_app
 from stagewise.server.engine_process import EngineProcess
 from stagewise.server.http_protocol import protocol_class
 from stagewise.server.load_display import API_KEY_ENV, usage_lines
+from stagewise.server.request_path_warm_up import warm_request_path
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
 
@@ -133,6 +134,7 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             server.should_exit = True
         return
     engine.on_death = lambda error: _restart(state, engine, server, console, error)
+    warm_request_path(engine.facts)  # before the heap is frozen: the tokenizer's tables live as long as it
     freeze_heap()  # this process's imports and app, before it serves: full collections skip them
     if not state.set_ready(engine):
         engine.stop()
@@ -158,6 +160,7 @@ def _restart(state: ServerState, engine: EngineProcess, server: uvicorn.Server, 
         state.set_failed(exc)
         server.should_exit = True  # exits non-zero with that error
         return
+    warm_request_path(engine.facts)  # a new tokenizer came with the new process's model description
     if state.set_ready(engine):
         console.print(f"stagewise: engine process restarted (pid {engine.pid}); serving again", highlight=False)
 
