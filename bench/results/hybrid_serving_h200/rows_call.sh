@@ -17,11 +17,6 @@ step tile_test 20 && { timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider 
   > "$O/gpu_test_tile_counters.txt" 2>&1; tail -n 1 "$O/gpu_test_tile_counters.txt"; }
 step packed_gpu_tests 100 && { timeout 100 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" -m gpu \
   tests/test_packed_decode.py tests/test_packed_gemm.py > "$O/gpu_tests_packed_kernels.txt" 2>&1; tail -n 3 "$O/gpu_tests_packed_kernels.txt"; }
-for run in graphs; do
-  step "rows_$run" 70 || continue
-  GRAPHS=$([ $run = graphs ] && echo 1 || echo 0) timeout 110 python3 $H/rows_logprobs.py > "$O/rows_logprobs_$run.txt" 2>&1
-  grep rows "$O/rows_logprobs_$run.txt" | cut -c1-160
-done
 for g in 16 1; do
   step "gemv_max_$g" 90 && timeout 110 python3 $H/gemv_gemm_ab.py random:qwen3.6-35b-a3b@q8_0 --gemv-max $g \
     2>&1 | grep gemv_max | tee -a "$O/gemv_gemm_ab.jsonl"
@@ -29,6 +24,11 @@ done
 step first_burst 110 && timeout 120 python3 bench/warm_up_check.py random:qwen3.6-35b-a3b@q8_0 --devices cuda:0 \
   --context 4096 --max-seqs 16 --bursts 8,8 --prompt 216 --gen 16 --json "$O/warm_up_check_qwen36_q8.json" \
   2>&1 | grep -v Warning | tail -8
+for run in graphs; do
+  step "rows_$run" 70 || continue
+  GRAPHS=$([ $run = graphs ] && echo 1 || echo 0) timeout 110 python3 $H/rows_logprobs.py > "$O/rows_logprobs_$run.txt" 2>&1
+  grep rows "$O/rows_logprobs_$run.txt" | cut -c1-160
+done
 step profile_8_streams 70 && timeout 110 python3 bench/profile_batch.py random:qwen3.6-35b-a3b@q8_0 --streams 8 \
   --json "$O/profile_batch_qwen36_q8_8.json" 2>&1 | grep -v Warning | head -n 22
 cp "$R/log.txt" "$O/log.txt"; stamp done
