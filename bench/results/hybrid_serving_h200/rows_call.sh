@@ -13,6 +13,9 @@ set -u
 source bench/device_steps.sh
 steps_setup /tmp/rows
 H=bench/results/hybrid_serving_h200
+# the committed code only (a helper may be editing kernels in the working tree this copy came from)
+if git diff --quiet HEAD -- stagewise tests 2>/dev/null; then stamp "tree = $(git log -1 --format=%h)"
+else git checkout HEAD -- stagewise tests && stamp "tree = $(git log -1 --format=%h) (working-tree edits set aside)"; fi
 step tile_test 20 && { timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py \
   > "$O/gpu_test_tile_counters.txt" 2>&1; tail -n 1 "$O/gpu_test_tile_counters.txt"; }
 step packed_gpu_tests 100 && { timeout 100 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" -m gpu \
