@@ -88,6 +88,16 @@ def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr):  # type: ignore[no-unty
 
 
 @triton.jit
+def _bf16_group(acc, w, x, a, b, CENTER: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Kernel B's group step from ``w = bf16(128 + u)`` already made (bf16 activations): ``acc += v @ x`` with the
+    values ``v = a (u - CENTER) + b`` in bf16: ``u - CENTER`` exactly (small integers), then one bf16x2 FMA a pair
+    with ``a`` and ``b`` rounded to bf16 (the values rounded once after them; float32 scales and a float32 FMA a
+    value cost three instructions a value more: ``I2F``, ``FFMA``, half an ``F2FP``)."""
+    v = (w - (128.0 + CENTER)) * a.to(tl.bfloat16)[:, None] + b.to(tl.bfloat16)[:, None]  # (BN, GS) bf16: fused
+    return tl.dot(v, x, acc)
+
+
+@triton.jit
 def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
     """``acc += W_g @ x`` for the group's values ``a * c`` (``c`` ``(BN, GS)`` the codebook entries, int32)."""
     if SCALE_AFTER:
@@ -230,7 +240,10 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 for h in tl.static_range(2):
                     sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
-                    acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
+                    if SCALE_AFTER:
+                        acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
+                    else:
+                        acc = _bf16_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -248,7 +261,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             for r in tl.static_range(2):  # the low bytes of r and r + 2 share their high bytes 16r + l
                 ql = q_rows[:, None] + blk * 128 + 64 * hf + 16 * r + l16  # (BN, 16) pointers; r + 2's 32 further
                 qh = h_rows[:, None] + blk * 64 + 32 * hf + 16 * r + l16
-                if ASM:  # kernel A: the four groups' 128 + u in bf16 at once, by inline PTX
+                if ASM:  # the four groups' 128 + u in bf16 at once, by inline PTX
                     w0, w1, w2, w3 = q6_bf16(tl.load(ql, mask=n_ok[:, None], other=0),
                                              tl.load(ql + 32, mask=n_ok[:, None], other=0),
                                              tl.load(qh, mask=n_ok[:, None], other=0))
@@ -263,7 +276,10 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * rr, stride_am, 16, DOT)
                     if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
-                        acc += (d * sc)[:, None] * tl.dot(w - 160.0, x)
+                        if SCALE_AFTER:
+                            acc += (d * sc)[:, None] * tl.dot(w - 160.0, x)
+                        else:  # kernel B: each value d sc (u - 32) rounded to bf16 once (d sc in bf16)
+                            acc = tl.dot((w - 160.0) * (d * sc).to(tl.bfloat16)[:, None], x, acc)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
@@ -327,7 +343,7 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13 or TYPE == 14)) or TYPE == 23))
+                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23))
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,

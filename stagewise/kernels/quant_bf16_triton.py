@@ -2,7 +2,8 @@
 
 Kernel A (:mod:`stagewise.kernels.packed_decode_triton`) dots ``128 + u`` instead of the quant ``u``
 (``0 <= u < 128``): the bf16 with bits ``0x4300 | u`` is exactly that value (f16: ``0x6400 | u`` is ``1024 + u``),
-and the group's scale takes the 128 back out after the dot. :func:`magic` makes it from int32 quants with
+and the group's scale takes the 128 back out after the dot (kernel B's Q4_K, Q5_K and Q6_K take the same values
+out before it, exactly, and scale them in bf16). :func:`magic` makes it from int32 quants with
 Triton's per-value ops (any dtype; float32 ``u + 128`` in Triton's interpreter). For the 4-bit types the
 bytes go through inline PTX instead, each output a register of two bf16: :func:`nibbles_bf16` and
 :func:`nibbles5_bf16` take two bytes at a time (``pack=2``: the pair a thread holds of the dot's operand layout,
