@@ -22,14 +22,15 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   dtype, then dotted: no per-group epilogue, so the cost of a tile does not grow with the rows. Computed
   in float32 and rounded once; with bf16 activations, Q4_K, Q5_K and Q6_K take kernel A's ``128 + u``
   instead, less ``128 + o`` (exact), times ``a`` plus ``b`` by one bf16x2 FMA (two values an
-  instruction; ``a`` and ``b`` rounded to bf16 first).
+  instruction; ``a`` and ``b`` in bf16: Q4_K / Q5_K's ``d sc`` and ``dmin m`` each rounded once from
+  ``d`` and ``dmin`` in bf16, Q6_K's ``d sc`` rounded from float32).
 
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
 arithmetic is reordered, not the values' rounding: kernel B rounds each value once, as the dequantized
-tile path does; its bf16 K-quants also round ``a`` and ``b``: a relative error about 1.5 times the
-values' own rounding). No atomics except the split-K counters, whose last program sums the partials in split
-order: results do not depend on scheduling, and the tiles are a function of the shapes only
-(staged = single-device). Triton's interpreter (tests on CPU) runs the float32 form of either mode.
+tile path does; its bf16 K-quants also round ``a`` and ``b``: emulated on random Q4_K rows, a relative
+error 1.8 times that of the values' own rounding, 2.9e-3). No atomics except the split-K counters, whose
+last program sums the partials in split order: results do not depend on scheduling, and the tiles are a
+function of the shapes only (staged = single-device). Triton's interpreter (tests on CPU) runs the float32 form of either mode.
 """
 
 from __future__ import annotations

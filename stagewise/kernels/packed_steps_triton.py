@@ -25,11 +25,16 @@ from stagewise.kernels.packed_blocks_triton import (
 from stagewise.kernels.quant_bf16_triton import (
     FP4_ASM,
     IQ4_ASM,
+    KSCALE_ASM0,
+    KSCALE_ASM1,
+    KSCALE_ASM2,
+    KSCALE_ASM3,
     Q5K_ASM0,
     Q5K_ASM1,
     Q5K_ASM2,
     Q5K_ASM3,
     codebook_bf16,
+    kscale_bf16,
     magic,
     nibbles5_bf16,
     nibbles_bf16,
@@ -211,6 +216,27 @@ def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-un
 
 
 @triton.jit
+def _k_scale_bf16(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr, d, nd, dmin, ndmin):  # type: ignore[no-untyped-def]
+    """Q4_K / Q5_K kernel B: ``a = d sc`` and ``b = -dmin mn`` of sub-block ``s`` in bf16 (each rounded once from the
+    bf16 ``d`` and ``dmin``; ``nd = -128 d``, ``ndmin = 128 dmin``), by inline PTX."""
+    sc = sc_lo if s < 4 else sc_hi
+    mn = mn_lo if s < 4 else mn_hi
+    if s % 4 == 0:
+        a = kscale_bf16(sc, d, nd, KSCALE_ASM0)
+        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM0)
+    elif s % 4 == 1:
+        a = kscale_bf16(sc, d, nd, KSCALE_ASM1)
+        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM1)
+    elif s % 4 == 2:
+        a = kscale_bf16(sc, d, nd, KSCALE_ASM2)
+        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM2)
+    else:
+        a = kscale_bf16(sc, d, nd, KSCALE_ASM3)
+        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM3)
+    return a, b
+
+
+@triton.jit
 def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
                  TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
@@ -222,6 +248,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         sc_lo, mn_lo, sc_hi, mn_hi = _k_scale_bytes(w1, w2, w3)
         if TYPE == 13 and not ASM:
             qh = load_u8(h_rows[:, None] + blk * 32 + l32, n_ok[:, None])  # (BN, 32): bit s is sub-block s's fifth bit
+        if ASM and not SCALE_AFTER:
+            d_bf = d.to(tl.bfloat16)
+            dmin_bf = dmin.to(tl.bfloat16)
         if TYPE == 13 and ASM:
             qh8 = tl.load(h_rows[:, None] + blk * 32 + l32, mask=n_ok[:, None], other=0)  # (BN, 32) uint8
         for c in tl.static_range(4):
@@ -238,12 +267,14 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 else:
                     lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM3)
                 for h in tl.static_range(2):
-                    sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     if SCALE_AFTER:
+                        sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                         acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
                     else:
-                        acc = _bf16_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
+                        a, b = _k_scale_bf16(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h, d_bf, -128.0 * d_bf, dmin_bf,
+                                             128.0 * dmin_bf)
+                        acc = _bf16_group(acc, lo if h == 0 else hi, x, a, b, 0)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
