@@ -106,9 +106,20 @@ def _packed_decode_kernel(
     per_split = tl.cdiv(steps, split_k)
     first = pid_k * per_split
     last = tl.minimum(first + per_split, steps)
+    # NOTE: kernel B's Q4_K / Q5_K (two wgmma a dot, from registers) run the loop at least once (an empty split runs
+    # the last step, its partial zeroed after): a loop that may not run leaves a path where the accumulators are set
+    # by other instructions, and ptxas then waits for every wgmma (C7515; the others are not serialized so). Tested on
+    # CPU too (the interpreter takes the same path)
+    ONCE: tl.constexpr = not SCALE_AFTER and (TYPE == 12 or TYPE == 13)
+    start = first
+    stop = last
+    if ONCE:
+        start = tl.minimum(first, steps - 1)
+        stop = tl.maximum(last, start + 1)
+        tl.assume(stop > start)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for step in range(first, last):
+    for step in range(start, stop):
         acc = k_step(acc, q_rows, h_rows, m_rows, step, w_ok, a_ptr, rows, row_ok, stride_am,
                       TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
         if GLU:  # the matching up rows, up_offset rows further
@@ -116,6 +127,9 @@ def _packed_decode_kernel(
                              m_rows + up_offset * stride_mn, step, w_ok, a_ptr, rows, row_ok, stride_am,
                              TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
     if SPLIT:  # split_k > 1 (a runtime count: one compile serves every split)
+        if ONCE:
+            acc = tl.where(last > first, acc, 0.0)
+            acc_up = tl.where(last > first, acc_up, 0.0)
         plane = num_slots * N
         offs = slots[None, :].to(tl.int64) * N + offs_n[:, None]  # the tile's float32 partial in a (num_slots, N) plane
         mask = row_ok[None, :] & n_ok[:, None]
@@ -164,8 +178,8 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
         raise ValueError(f"activations need {k_in} contiguous features, got {tuple(a.shape)}")
     super_block = block_elements(ggml_type) == 256
     step = 256 if super_block else 32 * tiles.blocks
-    if k_in % step:
-        raise ValueError(f"{ggml_type.name}: a K step of {step} values must divide {k_in}")
+    if k_in % step or not k_in:
+        raise ValueError(f"{ggml_type.name}: a K step of {step} values must divide {k_in} (at least one step)")
     if ggml_type in _WORD_META and (meta.data_ptr() % 4 or meta.stride(0) % 4 or meta.stride(1) % 4):
         raise ValueError(f"{ggml_type.name}: the meta plane is read as int32 words and must be 4-byte aligned")
     if tiles.split_k < 1:
