@@ -23,7 +23,8 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   in float32 and rounded once; with bf16 activations, Q4_K, Q5_K and Q6_K take kernel A's ``128 + u``
   instead, less ``128 + o`` (exact), times ``a`` plus ``b`` by one bf16x2 FMA (two values an
   instruction; ``a`` and ``b`` in bf16: Q4_K / Q5_K's ``d sc`` and ``dmin m`` each rounded once from
-  ``d`` and ``dmin`` in bf16, Q6_K's ``d sc`` rounded from float32).
+  ``d`` and ``dmin`` in bf16, Q6_K's ``d sc`` rounded from float32); IQ4_NL, IQ4_XS and MXFP4 multiply
+  their PTX codebook entries (exact in bf16) by the scale in bf16, one bf16x2 multiply a pair.
 
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
 arithmetic is reordered, not the values' rounding: kernel B rounds each value once, as the dequantized

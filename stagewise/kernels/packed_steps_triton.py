@@ -145,9 +145,9 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
         if SCALE_AFTER:
             acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
-        else:  # kernel B: each value d * entry rounded to bf16 once
-            acc = tl.dot((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
-            acc = tl.dot((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
+        else:  # kernel B: each value d * entry rounded to bf16 once (d in bf16: one bf16x2 multiply a pair)
+            acc = tl.dot(lo_w * d.to(tl.bfloat16)[:, None], x_lo, acc)
+            acc = tl.dot(hi_w * d.to(tl.bfloat16)[:, None], x_hi, acc)
         return acc
     q = load_u8(q_rows[:, None] + blk * 16 + l16, n_ok[:, None])  # (BN, 16)
     lo = q & 15
@@ -356,9 +356,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
                 if SCALE_AFTER:
                     acc += dl[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
-                else:  # kernel B: each value dl * entry rounded to bf16 once
-                    acc = tl.dot((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
-                    acc = tl.dot((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
+                else:  # kernel B: each value dl * entry rounded to bf16 once (dl in bf16: one bf16x2 multiply a pair)
+                    acc = tl.dot(lo_w * dl.to(tl.bfloat16)[:, None], x_lo, acc)
+                    acc = tl.dot(hi_w * dl.to(tl.bfloat16)[:, None], x_hi, acc)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
                 for h in tl.static_range(2):
