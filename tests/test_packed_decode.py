@@ -10,7 +10,6 @@ routing weight; and the dispatch of ``PackedWeight.matmul`` pinned by row count.
 from __future__ import annotations
 
 import os
-from fractions import Fraction
 
 import pytest
 import torch
@@ -169,24 +168,9 @@ def test_tiny_models_through_the_kernels_match_the_reference_path(preset: str, m
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def _bf16_bits(value: Fraction) -> int:
-    """The bits of ``value`` rounded to the nearest bf16 (ties to even; normal range only)."""
-    if value == 0:
-        return 0
-    sign, value = (0x8000, -value) if value < 0 else (0, value)
-    exp = value.numerator.bit_length() - value.denominator.bit_length()
-    if value < Fraction(2) ** exp:
-        exp -= 1
-    mantissa = round(value / Fraction(2) ** (exp - 7))  # in [128, 256]: a Fraction rounds half to even
-    if mantissa == 256:
-        mantissa, exp = 128, exp + 1
-    assert -126 <= exp <= 127
-    return sign | (exp + 127) << 7 | (mantissa - 128)
-
-
 def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
     """A tiny interpreter of the PTX the nibble conversions use (prmt with its sign-replicate mode, lop3, shl,
-    shr, and, or, mov on b32 registers, cvt from 16 bits, and fma.rn.bf16x2: each lane exactly, rounded once)."""
+    shr, and, or, mov on b32 registers, cvt from 16 bits)."""
     regs = dict(inputs)
     mask = 0xFFFFFFFF
 
@@ -227,10 +211,6 @@ def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
             regs[dst] = value(src[0])
         elif op == "cvt.u32.u16":
             regs[dst] = value(src[0]) & 0xFFFF
-        elif op == "fma.rn.bf16x2":
-            a, b, c = (value(t) for t in src)
-            regs[dst] = sum(_bf16_bits(Fraction(_bf16(a >> s & 0xFFFF)) * Fraction(_bf16(b >> s & 0xFFFF))
-                                       + Fraction(_bf16(c >> s & 0xFFFF))) << s for s in (0, 16))
         else:
             raise AssertionError(f"unexpected PTX {op}")
     return regs
@@ -264,26 +244,6 @@ def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
             assert [_bf16(v) for v in lanes(out, 0)] == [128 + (b & 15) + 16 * ((e >> (2 * c)) & 1) for b, e in zip(q, h, strict=True)]
             assert [_bf16(v) for v in lanes(out, 1)] == [128 + (b >> 4) + 16 * ((e >> (2 * c + 1)) & 1)
                                                          for b, e in zip(q, h, strict=True)]
-
-
-def test_the_k_scale_ptx_multiplies_each_6_bit_scale_in_bf16() -> None:
-    """Kernel B's Q4_K / Q5_K scales (inline PTX), instruction by instruction: byte ``s`` of two rows' scale words
-    (6-bit bytes) times the rows' bf16 ``m`` with ``c = -128 m`` gives ``m * byte`` rounded to bf16 once, as float32
-    ``m * byte`` (exact) rounded to bf16."""
-    from stagewise.kernels import quant_bf16_triton as kernels
-
-    rng = torch.Generator().manual_seed(2)
-    for _ in range(64):
-        words = (torch.randint(0, 1 << 30, (2,), generator=rng) & 0x3F3F3F3F).tolist()
-        m = (torch.randn(2, generator=rng) * 10.0 ** torch.randint(-6, 2, (2,), generator=rng)).bfloat16()
-        pair = m.view(torch.int16).tolist()
-        regs = {"$1": words[0], "$2": words[1], "$3": (pair[0] & 0xFFFF) | (pair[1] & 0xFFFF) << 16,
-                "$4": sum((_bf16_bits(-128 * Fraction(float(v))) << (16 * i)) for i, v in enumerate(m))}
-        for s, text in enumerate((kernels.KSCALE_ASM0, kernels.KSCALE_ASM1, kernels.KSCALE_ASM2, kernels.KSCALE_ASM3)):
-            out = _run_ptx(text.value, regs)["$0"]
-            scales = torch.tensor([(w >> (8 * s)) & 0xFF for w in words], dtype=torch.float32)
-            want = (m.float() * scales).bfloat16().float().tolist()  # exact in float32, then rounded once
-            assert [_bf16((out >> (16 * i)) & 0xFFFF) for i in range(2)] == want  # (a zero scale: +0 here, -0 there)
 
 
 def test_the_q6_k_ptx_makes_128_plus_each_six_bit_value_in_bf16() -> None:

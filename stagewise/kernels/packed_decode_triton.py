@@ -18,20 +18,15 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   scales apply once in float32: ``acc += a P + (b - a (OFF + o)) sum(x)``, ``sum(x)`` of the group's
   activations (computed once per program and group). Codebook groups dot the codebook values
   themselves: ``acc += a P``.
-- **kernel B** (dequantized; 17-128 rows): each value ``a * (u - o) + b`` is made in the activation
-  dtype, then dotted: no per-group epilogue, so the cost of a tile does not grow with the rows. Computed
-  in float32 and rounded once; with bf16 activations, Q4_K, Q5_K and Q6_K take kernel A's ``128 + u``
-  instead, less ``128 + o`` (exact), times ``a`` plus ``b`` by one bf16x2 FMA (two values an
-  instruction; ``a`` and ``b`` in bf16: Q4_K / Q5_K's ``d sc`` and ``dmin m`` each rounded once from
-  ``d`` and ``dmin`` in bf16, Q6_K's ``d sc`` rounded from float32); IQ4_NL, IQ4_XS and MXFP4 multiply
-  their PTX codebook entries (exact in bf16) by the scale in bf16, one bf16x2 multiply a pair.
+- **kernel B** (dequantized; 17-128 rows): each value ``a * (u - o) + b`` is computed in float32 and
+  rounded to the activation dtype once, then dotted: no per-group epilogue, so the cost of a tile does
+  not grow with the rows.
 
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
 arithmetic is reordered, not the values' rounding: kernel B rounds each value once, as the dequantized
-tile path does; its bf16 K-quants also round ``a`` and ``b``: emulated on random Q4_K rows, a relative
-error 1.8 times that of the values' own rounding, 2.9e-3). No atomics except the split-K counters, whose
-last program sums the partials in split order: results do not depend on scheduling, and the tiles are a
-function of the shapes only (staged = single-device). Triton's interpreter (tests on CPU) runs the float32 form of either mode.
+tile path does). No atomics except the split-K counters, whose last program sums the partials in split
+order: results do not depend on scheduling, and the tiles are a function of the shapes only
+(staged = single-device). Triton's interpreter (tests on CPU) runs the float32 form of either mode.
 """
 
 from __future__ import annotations
@@ -52,7 +47,7 @@ from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_devic
 from stagewise.spec.packed_types import block_elements
 
 _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read as int32 words (packed_steps_triton)
-NIBBLE_ASM = True  # bytes -> bf16 by inline PTX (else Triton's ops): kernel A's 4-bit types, both kernels' K-quants
+NIBBLE_ASM = True  # kernel A's Q4_0, Q4_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4 bytes -> bf16 by inline PTX (else Triton's ops)
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,11 @@ from stagewise.kernels.packed_blocks_triton import (
 from stagewise.kernels.quant_bf16_triton import (
     FP4_ASM,
     IQ4_ASM,
-    KSCALE_ASM0,
-    KSCALE_ASM1,
-    KSCALE_ASM2,
-    KSCALE_ASM3,
     Q5K_ASM0,
     Q5K_ASM1,
     Q5K_ASM2,
     Q5K_ASM3,
     codebook_bf16,
-    kscale_bf16,
     magic,
     nibbles5_bf16,
     nibbles_bf16,
@@ -93,16 +88,6 @@ def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr):  # type: ignore[no-unty
 
 
 @triton.jit
-def _bf16_group(acc, w, x, a, b, CENTER: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Kernel B's group step from ``w = bf16(128 + u)`` already made (bf16 activations): ``acc += v @ x`` with the
-    values ``v = a (u - CENTER) + b`` in bf16: ``u - CENTER`` exactly (small integers), then one bf16x2 FMA a pair
-    with ``a`` and ``b`` rounded to bf16 (the values rounded once after them; float32 scales and a float32 FMA a
-    value cost three instructions a value more: ``I2F``, ``FFMA``, half an ``F2FP``)."""
-    v = (w - (128.0 + CENTER)) * a.to(tl.bfloat16)[:, None] + b.to(tl.bfloat16)[:, None]  # (BN, GS) bf16: fused
-    return tl.dot(v, x, acc)
-
-
-@triton.jit
 def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
     """``acc += W_g @ x`` for the group's values ``a * c`` (``c`` ``(BN, GS)`` the codebook entries, int32)."""
     if SCALE_AFTER:
@@ -145,9 +130,9 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
         if SCALE_AFTER:
             acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
-        else:  # kernel B: each value d * entry rounded to bf16 once (d in bf16: one bf16x2 multiply a pair)
-            acc = tl.dot(lo_w * d.to(tl.bfloat16)[:, None], x_lo, acc)
-            acc = tl.dot(hi_w * d.to(tl.bfloat16)[:, None], x_hi, acc)
+        else:  # kernel B: each value d * entry rounded to bf16 once
+            acc = tl.dot((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
+            acc = tl.dot((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
         return acc
     q = load_u8(q_rows[:, None] + blk * 16 + l16, n_ok[:, None])  # (BN, 16)
     lo = q & 15
@@ -216,27 +201,6 @@ def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-un
 
 
 @triton.jit
-def _k_scale_bf16(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr, d, nd, dmin, ndmin):  # type: ignore[no-untyped-def]
-    """Q4_K / Q5_K kernel B: ``a = d sc`` and ``b = -dmin mn`` of sub-block ``s`` in bf16 (each rounded once from the
-    bf16 ``d`` and ``dmin``; ``nd = -128 d``, ``ndmin = 128 dmin``), by inline PTX."""
-    sc = sc_lo if s < 4 else sc_hi
-    mn = mn_lo if s < 4 else mn_hi
-    if s % 4 == 0:
-        a = kscale_bf16(sc, d, nd, KSCALE_ASM0)
-        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM0)
-    elif s % 4 == 1:
-        a = kscale_bf16(sc, d, nd, KSCALE_ASM1)
-        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM1)
-    elif s % 4 == 2:
-        a = kscale_bf16(sc, d, nd, KSCALE_ASM2)
-        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM2)
-    else:
-        a = kscale_bf16(sc, d, nd, KSCALE_ASM3)
-        b = kscale_bf16(mn, -dmin, ndmin, KSCALE_ASM3)
-    return a, b
-
-
-@triton.jit
 def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
                  TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
@@ -248,9 +212,6 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         sc_lo, mn_lo, sc_hi, mn_hi = _k_scale_bytes(w1, w2, w3)
         if TYPE == 13 and not ASM:
             qh = load_u8(h_rows[:, None] + blk * 32 + l32, n_ok[:, None])  # (BN, 32): bit s is sub-block s's fifth bit
-        if ASM and not SCALE_AFTER:
-            d_bf = d.to(tl.bfloat16)
-            dmin_bf = dmin.to(tl.bfloat16)
         if TYPE == 13 and ASM:
             qh8 = tl.load(h_rows[:, None] + blk * 32 + l32, mask=n_ok[:, None], other=0)  # (BN, 32) uint8
         for c in tl.static_range(4):
@@ -267,14 +228,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 else:
                     lo, hi = nibbles5_bf16(qb, qh8, Q5K_ASM3)
                 for h in tl.static_range(2):
+                    sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
-                    if SCALE_AFTER:
-                        sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
-                        acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
-                    else:
-                        a, b = _k_scale_bf16(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h, d_bf, -128.0 * d_bf, dmin_bf,
-                                             128.0 * dmin_bf)
-                        acc = _bf16_group(acc, lo if h == 0 else hi, x, a, b, 0)
+                    acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -292,7 +248,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             for r in tl.static_range(2):  # the low bytes of r and r + 2 share their high bytes 16r + l
                 ql = q_rows[:, None] + blk * 128 + 64 * hf + 16 * r + l16  # (BN, 16) pointers; r + 2's 32 further
                 qh = h_rows[:, None] + blk * 64 + 32 * hf + 16 * r + l16
-                if ASM:  # the four groups' 128 + u in bf16 at once, by inline PTX
+                if ASM:  # kernel A: the four groups' 128 + u in bf16 at once, by inline PTX
                     w0, w1, w2, w3 = q6_bf16(tl.load(ql, mask=n_ok[:, None], other=0),
                                              tl.load(ql + 32, mask=n_ok[:, None], other=0),
                                              tl.load(qh, mask=n_ok[:, None], other=0))
@@ -307,10 +263,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * rr, stride_am, 16, DOT)
                     if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
-                        if SCALE_AFTER:
-                            acc += (d * sc)[:, None] * tl.dot(w - 160.0, x)
-                        else:  # kernel B: each value d sc (u - 32) rounded to bf16 once (d sc in bf16)
-                            acc = tl.dot((w - 160.0) * (d * sc).to(tl.bfloat16)[:, None], x, acc)
+                        acc += (d * sc)[:, None] * tl.dot(w - 160.0, x)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
@@ -356,9 +309,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
                 if SCALE_AFTER:
                     acc += dl[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
-                else:  # kernel B: each value dl * entry rounded to bf16 once (dl in bf16: one bf16x2 multiply a pair)
-                    acc = tl.dot(lo_w * dl.to(tl.bfloat16)[:, None], x_lo, acc)
-                    acc = tl.dot(hi_w * dl.to(tl.bfloat16)[:, None], x_hi, acc)
+                else:  # kernel B: each value dl * entry rounded to bf16 once
+                    acc = tl.dot((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
+                    acc = tl.dot((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
                 for h in tl.static_range(2):
@@ -374,7 +327,7 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23))
+                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13 or TYPE == 14)) or TYPE == 23))
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,

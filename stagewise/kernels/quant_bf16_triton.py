@@ -2,16 +2,14 @@
 
 Kernel A (:mod:`stagewise.kernels.packed_decode_triton`) dots ``128 + u`` instead of the quant ``u``
 (``0 <= u < 128``): the bf16 with bits ``0x4300 | u`` is exactly that value (f16: ``0x6400 | u`` is ``1024 + u``),
-and the group's scale takes the 128 back out after the dot (kernel B's Q4_K, Q5_K and Q6_K take the same values
-out before it, exactly, and scale them in bf16). :func:`magic` makes it from int32 quants with
+and the group's scale takes the 128 back out after the dot. :func:`magic` makes it from int32 quants with
 Triton's per-value ops (any dtype; float32 ``u + 128`` in Triton's interpreter). For the 4-bit types the
 bytes go through inline PTX instead, each output a register of two bf16: :func:`nibbles_bf16` and
 :func:`nibbles5_bf16` take two bytes at a time (``pack=2``: the pair a thread holds of the dot's operand layout,
 one 16-bit shared-memory load, used as loaded; four at a time, the word mixes two rows' pairs, which Triton
 repacks byte by byte, about one more instruction a value): ``prmt`` spreads the two bytes into 16-bit lanes and
 ``lop3`` masks a nibble and ors the magic bits, one instruction a value (Q5_K's fifth bit moved in from its
-high-bit byte); :func:`kscale_bf16` makes kernel B's Q4_K / Q5_K scales ``d * sc`` in bf16 two rows at a time the same
-way (``128 + sc`` by ``prmt`` and ``or``, then one bf16x2 FMA with ``-128 d``); :func:`q6_bf16` likewise makes Q6_K's ``128 + u`` of four 16-value groups from two rows' low-byte
+high-bit byte); :func:`q6_bf16` likewise makes Q6_K's ``128 + u`` of four 16-value groups from two rows' low-byte
 pairs and the high-byte pair they share. :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4, four bytes at a time)
 looks the entries' bf16 bytes up in ``prmt`` byte tables. The interpreter does not run PTX: ``tests/test_packed_decode.py`` runs these
 instruction by instruction, and the GPU tests run them compiled.
@@ -84,20 +82,6 @@ Q6K_ASM: tl.constexpr = tl.constexpr("\n".join([
     "lop3.b32 m, u, 0x000f000f, 0x43004300, 0xea;", "shl.b32 a, e, 2;", "lop3.b32 $2, a, 0x00300030, m, 0xea;",
     "shr.u32 u, u, 4;", "lop3.b32 m, u, 0x000f000f, 0x43004300, 0xea;", "shr.u32 a, e, 2;",
     "lop3.b32 $3, a, 0x00300030, m, 0xea;", "}"]))
-
-
-def _kscale_asm(byte: int) -> str:
-    """PTX for :func:`kscale_bf16`: byte ``byte`` of two rows' words (6-bit scales, so ``prmt``'s sign-replicated
-    high bytes are zero) -> ``128 + s`` of the two in bf16, then ``m (128 + s) + c`` by one bf16x2 FMA."""
-    sel = byte | (8 | byte) << 4 | (4 + byte) << 8 | (8 | (4 + byte)) << 12
-    return "\n".join(["{", ".reg .b32 t;", f"prmt.b32 t, $1, $2, 0x{sel:04x};", "or.b32 t, t, 0x43004300;",
-                      "fma.rn.bf16x2 $0, t, $3, $4;", "}"])
-
-
-KSCALE_ASM0: tl.constexpr = tl.constexpr(_kscale_asm(0))  # Q4_K / Q5_K: the scale or min in byte s of a word
-KSCALE_ASM1: tl.constexpr = tl.constexpr(_kscale_asm(1))
-KSCALE_ASM2: tl.constexpr = tl.constexpr(_kscale_asm(2))
-KSCALE_ASM3: tl.constexpr = tl.constexpr(_kscale_asm(3))
 Q5K_ASM0: tl.constexpr = tl.constexpr(_nibbles5_asm(0))  # Q5_K chunk c: sub-blocks 2c, 2c + 1 -> bits 2c, 2c + 1
 Q5K_ASM1: tl.constexpr = tl.constexpr(_nibbles5_asm(2))
 Q5K_ASM2: tl.constexpr = tl.constexpr(_nibbles5_asm(4))
@@ -147,11 +131,3 @@ def q6_bf16(ql, ql2, qh):  # type: ignore[no-untyped-def]
     (:data:`Q6K_ASM`)."""
     return tl.inline_asm_elementwise(asm=Q6K_ASM, constraints="=r,=r,=r,=r,h,h,h", args=[ql, ql2, qh],
                                      dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
-
-
-@triton.jit
-def kscale_bf16(word, m, c, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Q4_K / Q5_K kernel B: ``m (128 + s) + c`` in bf16, rounded once (``s`` the 6-bit byte of ``word`` (int32) that
-    ``TEXT``, one of ``KSCALE_ASM*``, picks; ``m``, ``c`` bf16): with ``c = -128 m`` (exact), ``m * s`` rounded once."""
-    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,r,r,r,r", args=[word, m, c], dtype=tl.bfloat16,
-                                     is_pure=True, pack=2)
