@@ -21,17 +21,24 @@ from stagewise.weights.tokenizer_train import train_demo_tokenizer
 VOCAB = 5000
 
 
-def _facts() -> ModelFacts:
+def _facts(template: str | None = None) -> ModelFacts:
     backend = train_demo_tokenizer(600, pad_to=VOCAB)
     end = backend.token_to_id("<|im_end|>")
     tokenizer = Tokenizer(backend, eos_token_id=end, eos_token_ids=[end])
-    return ModelFacts("warm", VOCAB, 256, frozenset({end}), tokenizer, ChatTemplate(None), 1, 1, {})
+    return ModelFacts("warm", VOCAB, 256, frozenset({end}), tokenizer, ChatTemplate(template), 1, 1, {})
 
 
 def test_warm_request_path_computes_the_byte_bound_before_any_request() -> None:
     facts = _facts()
     assert "max_token_bytes" not in vars(facts.tokenizer)  # a cached property: computed on first use
-    assert warm_request_path(facts) >= 0.0
+    assert warm_request_path(facts) is None
+    assert "max_token_bytes" in vars(facts.tokenizer)
+
+
+def test_a_template_that_refuses_the_warm_up_conversation_is_said_and_the_rest_is_warm() -> None:
+    facts = _facts("{{ raise_exception('a system message comes first') }}")
+    problem = warm_request_path(facts)
+    assert problem is not None and "a system message comes first" in problem
     assert "max_token_bytes" in vars(facts.tokenizer)
 
 

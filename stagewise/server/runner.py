@@ -134,12 +134,17 @@ def _load(state: ServerState, server: uvicorn.Server, console: Console) -> None:
             server.should_exit = True
         return
     engine.on_death = lambda error: _restart(state, engine, server, console, error)
-    warm_request_path(engine.facts)  # before the heap is frozen: the tokenizer's tables live as long as it
+    _warm_request_path(engine, console)  # before the heap is frozen: the tokenizer's tables live as long as it
     freeze_heap()  # this process's imports and app, before it serves: full collections skip them
     if not state.set_ready(engine):
         engine.stop()
         return
     _print_usage(settings, state.served_names(engine.facts).name, console)
+
+
+def _warm_request_path(engine: EngineProcess, console: Console) -> None:
+    if (problem := warm_request_path(engine.facts)) is not None:
+        console.print(f"stagewise: {problem}", style="yellow", highlight=False, markup=False)
 
 
 def _on_phase(state: ServerState, phase: str) -> None:
@@ -160,7 +165,7 @@ def _restart(state: ServerState, engine: EngineProcess, server: uvicorn.Server, 
         state.set_failed(exc)
         server.should_exit = True  # exits non-zero with that error
         return
-    warm_request_path(engine.facts)  # a new tokenizer came with the new process's model description
+    _warm_request_path(engine, console)  # a new tokenizer came with the new process's model description
     if state.set_ready(engine):
         console.print(f"stagewise: engine process restarted (pid {engine.pid}); serving again", highlight=False)
 
