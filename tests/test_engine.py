@@ -105,6 +105,28 @@ def test_warm_up_leaves_no_trace(loaded: LoadedModel) -> None:
     assert needs_warm_up(gpu)
 
 
+def test_metrics_count_the_steps_of_a_delivered_token(loaded: LoadedModel) -> None:
+    """A consumer that holds a token reads metrics which include the step that made it: the steps
+    counted when the last token arrives are all the request's steps (none observed after it)."""
+    def steps() -> float:
+        value = engine.metrics.registry.get_sample_value(
+            "stagewise_stage_step_seconds_count", {"stage": "0", "device": loaded.pipeline.stages[0].spec.device})
+        return value or 0.0
+
+    seen: list[tuple[bool, float]] = []
+    timing, loaded.pipeline.timing = loaded.pipeline.timing, True
+    engine = Engine(loaded, max_waiting=2)
+    try:
+        handle = engine.submit(_request(engine, max_tokens=6), lambda out: seen.append((out.finished, steps())))
+        while not handle.done:
+            engine.turn(0.0)
+        engine.turn(0.0)  # idle: collects whatever is still in flight
+    finally:
+        loaded.pipeline.timing = timing
+    assert seen[-1][0] and seen[-1][1] >= 6
+    assert seen[-1][1] == steps()
+
+
 def test_stop_string_cuts_the_output(engine: Engine) -> None:
     full = _text(_run(engine, _request(engine)))
     assert len(full) >= 8

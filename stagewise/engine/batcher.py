@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -91,6 +92,7 @@ class Batcher:
         self._events: list[tuple[Sequence, TokenEvent]] = []  # sampled, reported after the next launches
         self.prefill_tokens = 0  # prompt tokens launched in prefill steps since construction
         self.launched_shapes: set[tuple[int, int]] = set()  # decode steps' (first row, rows run) so far
+        self.on_report: Callable[[], None] | None = None  # called before sampled tokens reach consumers
         root = prefix_root(pipeline) if prefix_cache else None
         snapshots = None
         if root is not None and holds_recurrent_state(pipeline):
@@ -247,6 +249,8 @@ class Batcher:
     def _report(self) -> None:
         """Hand the sampled tokens to their consumers; a consumer may end its sequence (stop string,
         client gone): a step launched meanwhile then computed its row for nothing."""
+        if self.on_report is not None:
+            self.on_report()
         events, self._events = self._events, []
         for seq, event in events:
             if seq.errored:

@@ -69,6 +69,8 @@ class Engine:
         self._prefill_tokens = 0  # the batcher's count already reported
         self._prefix = (0, 0)  # the batcher's prefix-cache (hit, queried) tokens already reported
         self.metrics.observe_blocks(model.pipeline, 0, 0)
+        self._timings_seen = model.pipeline.last_timings  # the step timings already observed
+        self.batcher.on_report = self._observe
 
     def warm_up(self, full_context: bool = True) -> WarmUp:
         """Before :meth:`start`: compile kernels and capture graphs with synthetic requests (see
@@ -79,12 +81,17 @@ class Engine:
             raise RuntimeError("warm up before the engine starts")
         meter = PeakMeter(stage.spec.torch_device for stage in self.model.pipeline.stages)
         meter.start()
-        done = warm_up(self.batcher, self.model.config.vocab_size)
-        meter.checkpoint()  # the graphs are captured: their pools' idle blocks count from here
-        if full_context:
-            done = dataclasses.replace(done, full_context_tokens=full_context_step(self.batcher,
-                                                                                   self.model.config.vocab_size))
+        self.batcher.on_report = None
+        try:
+            done = warm_up(self.batcher, self.model.config.vocab_size)
+            meter.checkpoint()  # the graphs are captured: their pools' idle blocks count from here
+            if full_context:
+                done = dataclasses.replace(done, full_context_tokens=full_context_step(self.batcher,
+                                                                                       self.model.config.vocab_size))
+        finally:
+            self.batcher.on_report = self._observe
         self.model.peaks = meter.read()
+        self._timings_seen = self.model.pipeline.last_timings
         self._prefill_tokens = self.batcher.prefill_tokens  # the warm-up's prompts are not the clients'
         self._prefix = (self.batcher.kv.hit_tokens, self.batcher.kv.queried_tokens)
         return done
@@ -170,11 +177,17 @@ class Engine:
             self.batcher.drain()
 
     def execute(self) -> None:
-        """One batcher iteration: every running sequence advances by at most one token."""
+        """One batcher iteration: every running sequence advances by at most one token. The metrics
+        are observed before the iteration's tokens reach their consumers (the batcher's ``on_report``):
+        a client that holds its response reads counters that include the steps which made it."""
         try:
             self.batcher.iterate()
         except Exception as exc:  # a bug must fail the running requests, not the server
             self.batcher.fail_all(StepFailed(f"engine step failed: {type(exc).__name__}: {exc}"))
+            self._observe()
+
+    def _observe(self) -> None:
+        """Bring the metrics up to the batcher's state; the step timings once per step settled since."""
         self.metrics.active_sequences.set(self.scheduler.running)
         kv_blocks = self.batcher.used_blocks if self.batcher.pool is not None else None
         self.metrics.observe_rows(self.model.pipeline, self.batcher.rows_in_use(), kv_blocks)
@@ -186,7 +199,10 @@ class Engine:
         hit, queried = kv.hit_tokens - self._prefix[0], kv.queried_tokens - self._prefix[1]
         self._prefix = (kv.hit_tokens, kv.queried_tokens)
         self.metrics.observe_prefix_cache(self.model.pipeline, hit, queried, kv.cached_blocks)
-        self.metrics.observe_step(self.model.pipeline, self.model.pipeline.last_timings)
+        timings = self.model.pipeline.last_timings
+        if timings is not self._timings_seen:  # each settled step leaves a new record
+            self._timings_seen = timings
+            self.metrics.observe_step(self.model.pipeline, timings)
 
     def _admit(self, handle: RequestHandle) -> None:
         request = handle.request
