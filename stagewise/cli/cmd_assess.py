@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from stagewise.cli.cmd_plan import add_common, devices_and_profile, headline, inputs, placement_json, speed_line
-from stagewise.errors import ConfigError, StagewiseError
+from stagewise.errors import StagewiseError
 from stagewise.hardware.sizes import format_bytes, in_binary_units, uses_binary_units
 from stagewise.hardware.topology import Topology
 from stagewise.placement import CertifiedPlacement, assess
@@ -39,29 +39,13 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if is_catalog(args.model):
         return _catalog(args)
-    spec, topology, profile = _random_inputs(args) if args.model.startswith("random:") else inputs(args)
+    spec, topology, profile = inputs(args)
     cert = assess(spec, topology, profile, args.objective)
     if args.json:
         print(placement_json(cert, spec, profile))
         return 0
     _render(cert, spec, topology, profile, uses_binary_units(args.devices))
     return 0
-
-
-def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
-    """``random:PRESET[@TYPE]``: the preset's spec as ``serve``/``run`` would hold it (dense at the run dtype,
-    or packed in TYPE), charged on ``--devices``; read without torch."""
-    from stagewise.spec.model_config import ModelConfig
-    from stagewise.weights.preset_configs import load_hf_config
-    from stagewise.weights.source_spec import random_spec
-
-    if args.fmt is not None:
-        raise ConfigError(f"{args.model}: a random model's format is part of its name (random:PRESET@q8_0), "
-                          "not --format")
-    topology, profile = devices_and_profile(args)
-    name, _, fmt = args.model[len("random:") :].partition("@")
-    config = ModelConfig.from_hf_dict(load_hf_config(name), source=args.model)
-    return random_spec(config, fmt or "dense", profile.activation_dtype, args.model), topology, profile
 
 
 def _render(cert: CertifiedPlacement, spec: ModelSpec, topology: Topology, profile: Profile, binary: bool) -> None:

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from stagewise.errors import PlacementError
+from stagewise.errors import ConfigError, PlacementError
 from stagewise.hardware.device_spec import resolve_device_spec
 from stagewise.hardware.reserve_policy import ReservePolicy
 from stagewise.hardware.sizes import format_bytes, in_binary_units, uses_binary_units
@@ -87,8 +87,27 @@ def devices_and_profile(args: argparse.Namespace) -> tuple[Topology, Profile]:
 
 
 def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
+    """The model's spec, the ``--devices`` topology and the profile to charge on it."""
+    if args.model.startswith("random:"):
+        return _random_inputs(args)
     topology, profile = devices_and_profile(args)
     return load_model_spec(args.model, args.fmt, run_dtype=profile.activation_dtype), topology, profile
+
+
+def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
+    """``random:PRESET[@TYPE]``: the preset's spec as ``serve``/``run`` would hold it (dense at the run dtype,
+    or packed in TYPE), charged on ``--devices``; read without torch."""
+    from stagewise.spec.model_config import ModelConfig
+    from stagewise.weights.preset_configs import load_hf_config
+    from stagewise.weights.source_spec import random_spec
+
+    if args.fmt is not None:
+        raise ConfigError(f"{args.model}: a random model's format is part of its name (random:PRESET@q8_0), "
+                          "not --format")
+    topology, profile = devices_and_profile(args)
+    name, _, fmt = args.model[len("random:") :].partition("@")
+    config = ModelConfig.from_hf_dict(load_hf_config(name), source=args.model)
+    return random_spec(config, fmt or "dense", profile.activation_dtype, args.model), topology, profile
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
