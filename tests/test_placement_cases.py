@@ -9,6 +9,8 @@ from stagewise.hardware.device_info import DeviceInfo
 from stagewise.hardware.link import Link
 from stagewise.hardware.topology import Topology
 from stagewise.placement.cost_model import (
+    LINEAR_ATTENTION_REFERENCE_STATE_VALUES,
+    block_prefill_s_per_token,
     chunk_read_bytes,
     handoff_ps,
     objective_key,
@@ -133,3 +135,19 @@ def test_prefill_chunks_flow_through_the_stages() -> None:
     assert pipelined_prefill_s_per_token([1.0, 1.0], 0.0, chunks=1) == 2.0  # one chunk crosses both stages
     # four chunks through stages of 1 and 3 s per token: the first takes 4, each other 3 more
     assert pipelined_prefill_s_per_token([1.0, 3.0], 0.0, chunks=4) == (4.0 + 3 * 3.0) / 4
+
+
+def test_prefill_scan_grows_with_the_recurrent_state() -> None:
+    """A Gated DeltaNet block's scan is charged in proportion to its state: a tiny hybrid is not charged
+    Qwen3.6's scan (on a CPU that was 100x its measured prefill time)."""
+    device = DeviceInfo(id="cpu:0", host="h0", kind="cpu", name="cpu", memory_bytes=10**9, budget_bytes=10**9,
+                        memory_bandwidth_bytes_per_s=40e9, matmul_flops_per_s=0.5e12)
+
+    def seconds(state: int) -> float:
+        block = BlockSpec(index=0, mixer="linear_attention", moe=False, weight_bytes=1000, read_bytes_per_token=1000,
+                          flops_per_token=1, recurrent_state_values=state)
+        return block_prefill_s_per_token(block, PROFILE, device)
+
+    base = seconds(0)
+    full = seconds(LINEAR_ATTENTION_REFERENCE_STATE_VALUES) - base
+    assert full > 0 and abs((seconds(LINEAR_ATTENTION_REFERENCE_STATE_VALUES // 512) - base) * 512 - full) < 1e-12

@@ -8,8 +8,9 @@ rounded to integer picoseconds, so the planner's sums are exact and ties are rea
 Prefill, per token and block: the slower of reading its weights once per chunk (an MoE block: the
 experts a chunk's tokens route to, all of them for long chunks) and its FLOPs (attention over half
 the context on average) at the share of the matmul rate its GEMMs reach, plus a Gated DeltaNet
-block's chunked scan; on a CPU a chunk also takes at least its operation count x the host's time
-per operation (issued eagerly). The shares and the scan's time are fitted on an H200 (build J).
+block's chunked scan (in proportion to its recurrent state); on a CPU a chunk also takes at least its
+operation count x the host's time per operation (issued eagerly). The shares and the scan's time are
+fitted on an H200 (build J).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ PREFILL_MOE_EFFICIENCY = 0.23  # grouped expert GEMMs, Q8_0: Qwen3-30B-A3B, one 
 # falls as (tokens / 128) ** 0.34 (Qwen3-30B-A3B, one 512-token chunk: 19.6k tok/s, 32 per expert)
 MOE_FULL_TOKENS_PER_EXPERT = 128
 MOE_EFFICIENCY_EXPONENT = 0.34
-# a Gated DeltaNet block's chunked scan and gating per prompt token, scaled by matmul rate
+# a Gated DeltaNet block's chunked scan and gating per prompt token, scaled by matmul rate and by the block's
+# recurrent state (value heads x key dim x value dim: the scan's work per token grows with it)
 # (Qwen3.6-35B-A3B Q8_0 on one H200, 512-token chunks: 7.8k tok/s)
 LINEAR_ATTENTION_PREFILL_S = 2.4e-6
 LINEAR_ATTENTION_REFERENCE_FLOPS_PER_S = 790e12
+LINEAR_ATTENTION_REFERENCE_STATE_VALUES = 32 * 128 * 128  # Qwen3.6-35B-A3B's (and Qwen3.5-4B's) state a block
 OBJECTIVES = ("latency", "throughput")
 
 
@@ -103,7 +106,8 @@ def block_prefill_s_per_token(block: BlockSpec, profile: Profile, device: Device
         share = PREFILL_MOE_EFFICIENCY * min(1.0, per_expert / MOE_FULL_TOKENS_PER_EXPERT) ** MOE_EFFICIENCY_EXPONENT
     seconds = max(read_s, flops / (device.matmul_flops_per_s * share))
     if block.mixer == "linear_attention":
-        seconds += LINEAR_ATTENTION_PREFILL_S * LINEAR_ATTENTION_REFERENCE_FLOPS_PER_S / device.matmul_flops_per_s
+        state = block.recurrent_state_values / LINEAR_ATTENTION_REFERENCE_STATE_VALUES
+        seconds += LINEAR_ATTENTION_PREFILL_S * state * LINEAR_ATTENTION_REFERENCE_FLOPS_PER_S / device.matmul_flops_per_s
     return seconds
 
 
