@@ -65,8 +65,15 @@ def gpu_datasheet(name: str) -> tuple[float, float]:
 # fitted on an H200 with CUDA-graph decode, the fused kernels and dependent launch (bench/results,
 # build J): Llama-3.1-8B 4.16 ms = 3.13 ms of reads + 325 kernels x 3.2 us; Qwen3-30B-A3B Q8_0
 # 2.43 ms = 0.68 ms + 725 x 2.4 us; Qwen3.6-35B-A3B Q8_0 2.43 ms = 0.67 ms + 745 x 2.4 us (build D:
-# 3.4-5.1 us). The term also absorbs GEMVs running below the bandwidth. CPU: eager ops.
-KERNEL_OVERHEAD_S = {"cpu": 5.0e-6}
+# 3.4-5.1 us). The term also absorbs GEMVs running below the bandwidth. CPU: each counted kernel is
+# several eager torch ops, issued by the host (HOST_OP_S).
+# Host time per counted kernel of an eager (not graph-replayed) step on a CPU, fitted on the 2-core CI
+# machine: decode steps of the tiny presets at context 256 (`stagewise bench random:PRESET --devices
+# cpu:1x64MiB --prompt 16 --gen 64 --context 256`, 2026-12-07): tiny-llama 1.25 ms / 35 kernels = 36 us,
+# tiny-qwen3 53 us, tiny-qwen3-moe 37 us, tiny-qwen3.6 61 us (a Gated DeltaNet block is more ops a kernel).
+# A faster host issues faster: predictions on a CPU are this machine's.
+HOST_OP_S = 45e-6
+KERNEL_OVERHEAD_S = {"cpu": HOST_OP_S}
 GPU_KERNEL_OVERHEAD_S = 2.6e-6
 
 
@@ -74,6 +81,3 @@ def kernel_overhead_s(kind: str) -> float:
     """Seconds one kernel of a decode step costs beyond its bytes, by device kind."""
     return KERNEL_OVERHEAD_S.get(kind, GPU_KERNEL_OVERHEAD_S)
 
-
-# Host time per operation of an eager (not graph-replayed) step: prefill chunks are issued op by op.
-HOST_OP_S = 15e-6
