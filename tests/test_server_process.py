@@ -1,4 +1,4 @@
-"""``stagewise serve`` process edges: a busy port, a signal while the model loads."""
+"""``stagewise serve`` process edges: a busy port, a missing model, a signal while the model loads."""
 
 from __future__ import annotations
 
@@ -30,6 +30,18 @@ def test_busy_port_is_one_line_before_loading(model_dir: Path, tmp_path: Path) -
     assert "listening" not in text and "Traceback" not in text
     errors = [line for line in text.splitlines() if line.startswith("stagewise: error:")]
     assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0], text
+
+
+@pytest.mark.parametrize(("model", "named"), [("missing.gguf", "not a .gguf file or a model directory"),
+                                             ("random:no-such-preset", "no such config file or preset")])
+def test_missing_model_is_one_line_before_listening(tmp_path: Path, model: str, named: str) -> None:
+    log = tmp_path / "missing.log"
+    served = start_server(tmp_path / model if model.endswith(".gguf") else Path(model), log, "--placement", "single")
+    assert served.process.wait(60) == 2
+    text = log.read_text()
+    assert "listening" not in text and "Traceback" not in text
+    errors = [line for line in text.splitlines() if line.startswith("stagewise: error:")]
+    assert len(errors) == 1 and named in errors[0], text
 
 
 def test_sigterm_while_loading_exits_cleanly(model_dir: Path, tmp_path: Path) -> None:

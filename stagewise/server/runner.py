@@ -35,6 +35,7 @@ from stagewise.server.load_display import API_KEY_ENV, usage_lines
 from stagewise.server.request_path_warm_up import warm_request_path
 from stagewise.server.serve_settings import ServeSettings
 from stagewise.server.server_state import ServerState
+from stagewise.weights.model_path import check_model
 
 _SHUTDOWN_TIMEOUT_S = 5
 _MAX_HEADER_BYTES = 64 * 1024  # request line + headers; a larger head is refused with 400
@@ -74,6 +75,8 @@ def serve(settings: ServeSettings, console: Console | None = None) -> int:
         drainer.append(thread)
         thread.start()
 
+    if settings.load.model is not None:
+        check_model(settings.load.model)  # a missing file fails before the server listens
     sock = _bind(settings.host, settings.port)  # before loading: a busy port fails at once
     previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     console.print(f"stagewise: listening on http://{settings.host}:{settings.port} (loading the model…)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stagewise.errors import ModelNotFound
+from stagewise.weights.model_path import check_path
 from stagewise.weights.tensor_source import TensorSource
 
 
@@ -13,19 +13,17 @@ def open_source(path: str | Path) -> TensorSource:
 
     A directory holding exactly one GGUF model (and no safetensors) opens that GGUF.
     """
-    p = Path(path)
-    if p.is_file() and p.suffix == ".gguf":
+    p = check_path(path)
+    if p.is_file():
         from stagewise.weights.gguf_source import GGUFSource
 
         return GGUFSource(p)
-    if p.is_dir():
-        if not any(p.glob("*.safetensors")):
-            firsts = sorted(q for q in p.glob("*.gguf") if "-of-" not in q.name or "-00001-of-" in q.name)
-            if len(firsts) == 1:
-                from stagewise.weights.gguf_source import GGUFSource
+    if not any(p.glob("*.safetensors")):
+        firsts = sorted(q for q in p.glob("*.gguf") if "-of-" not in q.name or "-00001-of-" in q.name)
+        if len(firsts) == 1:
+            from stagewise.weights.gguf_source import GGUFSource
 
-                return GGUFSource(firsts[0])
-        from stagewise.weights.safetensors_source import SafetensorsSource
+            return GGUFSource(firsts[0])
+    from stagewise.weights.safetensors_source import SafetensorsSource
 
-        return SafetensorsSource(p)
-    raise ModelNotFound(f"{p}: not a .gguf file or a model directory")
+    return SafetensorsSource(p)
