@@ -122,3 +122,15 @@ def test_catalog_without_torch(catalog: Path) -> None:
 def test_devices_spec_without_torch(spec: str) -> None:
     result = _run("devices", "--devices", spec, "--json")
     assert result == {"code": 0, "torch": []}
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "serve", "chat"])
+def test_command_help_without_torch(command: str) -> None:
+    """``stagewise COMMAND --help`` prints its options without importing torch (it took 1.7 s for run and bench)."""
+    code = ("import sys\nfrom stagewise.cli.main import main\ntry:\n    main([sys.argv[1], '--help'])\n"
+            "except SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3])")
+    done = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert "usage: stagewise" in done.stdout and done.stdout.strip().splitlines()[-1] == "[]"

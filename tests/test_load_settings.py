@@ -38,9 +38,9 @@ def run_spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             seen["steps"].append(int(positions.numel()))
         return original_run(self, inputs, positions, *args, **kwargs)
 
-    import stagewise.cli.cmd_run as cmd_run
+    import stagewise.engine.model_loading as model_loading  # run imports it when it runs (torch)
 
-    original_load = cmd_run.load_model_from_args
+    original_load = model_loading.load_model_from_args
 
     def spy_load(*args: Any, **kwargs: Any) -> LoadedModel:
         loaded = original_load(*args, **kwargs)
@@ -54,7 +54,7 @@ def run_spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return loaded
 
     monkeypatch.setattr(Stage, "run", spy_run)
-    monkeypatch.setattr(cmd_run, "load_model_from_args", spy_load)
+    monkeypatch.setattr(model_loading, "load_model_from_args", spy_load)
     return seen
 
 

@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 from stagewise.engine.load_settings import add_model_arguments
-from stagewise.engine.model_loading import load_model_from_args
 from stagewise.hardware.sizes import format_bytes
 
 
@@ -38,7 +37,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stagewise.engine.bench_runner import bench_loaded, bench_transformers
+    from stagewise.engine.bench_runner import bench_loaded, bench_transformers  # torch: not for --help
+    from stagewise.engine.model_loading import load_model_from_args
     from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS
 
     # unless given (set_defaults left them None): a context just large enough, and the chunk `serve`
@@ -92,6 +92,7 @@ def _levels(value: str) -> list[int]:
 
 def _run_concurrency(args: argparse.Namespace) -> int:
     from stagewise.engine.concurrency_bench import bench_concurrency
+    from stagewise.engine.model_loading import load_model_from_args
 
     loaded = load_model_from_args(args, quiet=args.json, max_seqs=max(args.concurrency),
                                   prefix_snapshots=None if args.prefix_cache else 0)

@@ -13,12 +13,9 @@ import sys
 from typing import Any
 
 from stagewise.engine.generation_request import GenerationRequest
-from stagewise.engine.generator import Generator
 from stagewise.engine.load_settings import add_model_arguments
-from stagewise.engine.model_loading import load_model_from_args
 from stagewise.engine.sampling_params import SamplingParams
 from stagewise.errors import RequestError
-from stagewise.runtime.peak_memory import PeakMeter
 from stagewise.server.load_display import placement_lines
 
 
@@ -63,6 +60,10 @@ def _prompt_ids(args: argparse.Namespace, loaded: Any) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stagewise.engine.generator import Generator  # torch: not for --help
+    from stagewise.engine.model_loading import load_model_from_args
+    from stagewise.runtime.peak_memory import PeakMeter
+
     loaded = load_model_from_args(args, quiet=args.json)
     try:
         prompt = _prompt_ids(args, loaded)
