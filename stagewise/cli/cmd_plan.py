@@ -34,6 +34,7 @@ from stagewise.spec.profile import (
     default_activation_dtype,
     kernel_path_for,
 )
+from stagewise.weights.model_path import random_preset
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -88,14 +89,14 @@ def devices_and_profile(args: argparse.Namespace) -> tuple[Topology, Profile]:
 
 def inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
     """The model's spec, the ``--devices`` topology and the profile to charge on it."""
-    if args.model.startswith("random:"):
-        return _random_inputs(args)
+    if (random := random_preset(args.model)) is not None:
+        return _random_inputs(args, *random)
     topology, profile = devices_and_profile(args)
     return load_model_spec(args.model, args.fmt, run_dtype=profile.activation_dtype), topology, profile
 
 
-def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profile]:
-    """``random:PRESET[@TYPE]``: the preset's spec as ``serve``/``run`` would hold it (dense at the run dtype,
+def _random_inputs(args: argparse.Namespace, name: str, fmt: str) -> tuple[ModelSpec, Topology, Profile]:
+    """``random:PRESET[@TYPE]`` (``name``, ``fmt``): the preset's spec as ``serve``/``run`` would hold it (dense at the run dtype,
     or packed in TYPE), charged on ``--devices``; read without torch."""
     from stagewise.spec.model_config import ModelConfig
     from stagewise.weights.preset_configs import load_hf_config
@@ -105,9 +106,8 @@ def _random_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Topology, Profi
         raise ConfigError(f"{args.model}: a random model's format is part of its name (random:PRESET@q8_0), "
                           "not --format")
     topology, profile = devices_and_profile(args)
-    name, _, fmt = args.model[len("random:") :].partition("@")
     config = ModelConfig.from_hf_dict(load_hf_config(name), source=args.model)
-    return random_spec(config, fmt or "dense", profile.activation_dtype, args.model), topology, profile
+    return random_spec(config, fmt, profile.activation_dtype, args.model), topology, profile
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from stagewise.engine.tokenizer import Tokenizer
 from stagewise.spec.model_config import ModelConfig
+from stagewise.weights.model_path import random_preset
 from stagewise.weights.tensor_source import TensorSource
 
 
@@ -27,14 +28,14 @@ class OpenedModel:
 
 def open_model(model: str) -> OpenedModel:
     """Open a model path (or ``random:…``) without loading any weights."""
-    if model.startswith("random:"):
+    if (random := random_preset(model)) is not None:  # random:PRESET[@q8_0|@q4_k|…]
         from stagewise.weights.make_model import load_hf_config
         from stagewise.weights.random_source import RandomSource
 
-        preset, _, fmt = model[len("random:") :].partition("@")  # random:PRESET[@q8_0|@q4_k|…]
+        preset, fmt = random
         raw = load_hf_config(preset)
         config = ModelConfig.from_hf_dict(raw, source=model)
-        return OpenedModel(model, config, RandomSource(config, fmt=fmt or "dense"), None)
+        return OpenedModel(model, config, RandomSource(config, fmt=fmt), None)
     from stagewise.weights.open_source import open_source
 
     path = Path(model)

@@ -17,12 +17,20 @@ def check_path(path: str | Path) -> Path:
     return p
 
 
+def random_preset(model: str) -> tuple[str, str] | None:
+    """``(PRESET, TYPE)`` of ``random:PRESET[@TYPE]`` (TYPE ``dense`` when not given); None for a path."""
+    if not model.startswith("random:"):
+        return None
+    preset, _, fmt = model[len("random:") :].partition("@")
+    return preset, fmt or "dense"
+
+
 def check_model(model: str) -> None:
     """Raise what opening ``model`` would for one that is not there (an unknown ``random:`` preset, a path that
     is neither a ``.gguf`` file nor a directory); nothing is read."""
-    if model.startswith("random:"):
+    if (random := random_preset(model)) is not None:
         from stagewise.weights.preset_configs import load_hf_config
 
-        load_hf_config(model[len("random:") :].partition("@")[0])
+        load_hf_config(random[0])
         return
     check_path(model)
