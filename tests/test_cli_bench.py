@@ -41,3 +41,14 @@ def test_bench_q8_0_random_weights_one_stage() -> None:
                     "--repeats", "1")
     assert result["placement"]["outcome"] == "fits_single"
     assert result["stagewise"]["generated_tokens"] == 3
+
+
+@pytest.mark.parametrize("model", ["random:tiny-qwen3@q8_0", "missing.gguf"])
+def test_baseline_refuses_a_model_transformers_cannot_run_before_loading(model: str, capsys, monkeypatch) -> None:
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded a model the baseline cannot run")
+
+    monkeypatch.setattr("stagewise.engine.model_loading.load_model_from_args", no_load)
+    assert main(["bench", model, "--devices", "cpu:1x1GiB", "--baseline", "transformers"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--baseline transformers" in err

@@ -38,8 +38,12 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stagewise.engine.bench_runner import bench_loaded, bench_transformers  # torch: not for --help
+    from stagewise.engine.hf_baseline import baseline_config_source
     from stagewise.engine.model_loading import load_model_from_args
     from stagewise.spec.profile import DEFAULT_PREFILL_CHUNK_TOKENS
+
+    if args.baseline == "transformers":
+        baseline_config_source(args.model)  # refused now, not after our own run
 
     # unless given (set_defaults left them None): a context just large enough, and the chunk `serve`
     # prefills in (like llama-bench's 512-token micro-batch: on a pipeline, chunks flow through the stages)

@@ -29,12 +29,9 @@ def build_hf_model(model: str, loaded: LoadedModel) -> tuple[Any, torch.device]:
     from stagewise.engine.opened_model import open_model
     from stagewise.weights.make_model import load_hf_config
 
-    if model.endswith(".gguf"):
-        raise ConfigError("--baseline transformers needs a safetensors directory or random:PRESET, not a GGUF file")
+    config_source = baseline_config_source(model)
     opened = open_model(model)
-    if "@" in model:
-        raise ConfigError("--baseline transformers runs dense weights; drop the @q8_0 suffix")
-    raw = load_hf_config(model[len("random:"):] if model.startswith("random:") else model)
+    raw = load_hf_config(config_source)
     cls = getattr(transformers, _CLASSES[loaded.config.architecture])
     config = transformers.AutoConfig.for_model(**raw)
     with init_empty_weights():  # parameters on meta, buffers (rotary tables) real
@@ -62,6 +59,22 @@ def build_hf_model(model: str, loaded: LoadedModel) -> tuple[Any, torch.device]:
             raise ConfigError(f"transformers baseline: buffer {name} left on meta")
     hf = dispatch_model(hf.eval(), device_map=device_map)
     return hf, torch.device(first)
+
+
+def baseline_config_source(model: str) -> str:
+    """The config name transformers builds ``model`` from (a directory, or the preset of ``random:PRESET``);
+    ConfigError for a model it cannot run (a GGUF file, packed ``random:PRESET@TYPE`` weights). Checked before
+    anything loads, so ``bench --baseline`` refuses such a model at once, not after its own run."""
+    from stagewise.weights.model_path import random_preset
+
+    if model.endswith(".gguf"):
+        raise ConfigError("--baseline transformers needs a safetensors directory or random:PRESET, not a GGUF file")
+    random = random_preset(model)
+    if random is None:
+        return model
+    if random[1] != "dense":
+        raise ConfigError(f"--baseline transformers runs dense weights; drop the @{random[1]} suffix")
+    return random[0]
 
 
 def _device_for(name: str, device_map: dict[str, Any]) -> str:
