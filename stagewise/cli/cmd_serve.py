@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
 from stagewise.engine.load_settings import add_model_arguments, load_settings_from_args
-from stagewise.server.serve_settings import DEFAULT_MAX_BODY_BYTES, ServeSettings
+from stagewise.errors import ConfigError
+from stagewise.server.serve_settings import DEFAULT_MAX_BODY_BYTES, REASONING_FORMATS, ServeSettings
 
 FAULT_INJECTION_ENV = "STAGEWISE_FAULT_INJECTION"
 API_KEY_ENV = "STAGEWISE_API_KEY"
@@ -60,6 +62,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--step-timeout-s", type=float, default=120.0,
                         help="stop and replace the engine process when it sends nothing for this many seconds (a "
                              "step that never ends; its requests get 503 engine_died) (default 120)")
+    parser.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+                        help="auto (default): a thinking model's <think> block is returned apart, as "
+                             "reasoning_content (and reasoning), not in content; none: left in the content")
+    parser.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                        help="template variables for every chat request, under each request's own "
+                             "chat_template_kwargs (e.g. '{\"enable_thinking\": false}')")
     parser.add_argument("--no-webui", dest="webui", action="store_false",
                         help="serve no web page at / (the API, /v1/stagewise/status included, is served as ever)")
     parser.set_defaults(func=run)
@@ -77,7 +85,21 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,
         step_timeout_s=args.step_timeout_s,
         served_model_names=tuple(args.served_model_names),
+        reasoning_format=args.reasoning_format, chat_template_kwargs=_json_object(args.chat_template_kwargs),
     )
+
+
+def _json_object(value: str | None) -> dict[str, Any]:
+    """``--chat-template-kwargs``: a JSON object, read once here."""
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--chat-template-kwargs is not JSON: {exc.msg} at character {exc.pos}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"--chat-template-kwargs must be a JSON object, got {value!r}")
+    return parsed
 
 
 def _max_seqs(value: str) -> int | None:

@@ -37,6 +37,7 @@ __all__ = ["ChatTemplate"]
 
 _IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+OWN_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by render's own arguments
 
 
 class ChatTemplate:
@@ -68,7 +69,8 @@ class ChatTemplate:
             tools: OpenAI function tools (``{"type": "function", "function": {...}}``).
             documents: RAG documents (``{"title": ..., "text": ...}``) for templates that read them.
             special_tokens: ``Tokenizer.special_tokens_map`` (``bos_token``, ``eos_token``, ...).
-            variables: extra template variables (e.g. ``enable_thinking=False``); they override special tokens.
+            variables: extra template variables (e.g. ``enable_thinking=False``); they override special tokens,
+                never :data:`OWN_VARIABLES` (the arguments above win).
         Raises:
             RequestError: empty or malformed messages, unsupported content parts, or the template's
                 own ``raise_exception`` (e.g. roles that do not alternate).

@@ -37,7 +37,7 @@ from stagewise.server.openai_errors import (
     from_validation,
 )
 from stagewise.server.output_stream import ClientGone
-from stagewise.server.request_builder import build_chat, build_completion
+from stagewise.server.request_builder import BuiltRequest, build_chat, build_completion
 from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
 from stagewise.server.request_id import RequestIds, request_id_of
 from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
@@ -241,7 +241,8 @@ def build_app(state: ServerState) -> FastAPI:
     async def tokenize(request: Request) -> Response:
         body = await validated(request, TokenizeBody)
         _, model = state.serving()
-        return JSONResponse(await anyio.to_thread.run_sync(tokenize_handler.tokenize, body, model, limiter=preparing()))
+        return JSONResponse(await anyio.to_thread.run_sync(tokenize_handler.tokenize, body, model,
+                                                           settings.chat_template_kwargs, limiter=preparing()))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -273,7 +274,12 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, ChatCompletionBody, build_chat, chat_handler.respond)
+        return await generate(request, ChatCompletionBody, build_chat_here, chat_handler.respond)
+
+    def build_chat_here(body: ChatCompletionBody, model: ModelFacts, request_id: str) -> BuiltRequest:
+        """:func:`build_chat` with this server's ``--reasoning-format`` and ``--chat-template-kwargs``."""
+        return build_chat(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
+                          template_kwargs=settings.chat_template_kwargs)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from stagewise.engine.cut_off_calls import cut_off_calls, forced_deltas
+from stagewise.engine.reasoning_stream import ReasoningStream, split_reasoning
 from stagewise.engine.request_output import TokenLogprob
 from stagewise.engine.tool_call_stream import Delta, ToolCallDelta, ToolCallStream
 from stagewise.engine.tool_calls import parse_tool_calls
@@ -22,8 +23,20 @@ from stagewise.server.request_builder import BuiltRequest
 
 
 def final_message(text: str, built: BuiltRequest, finish_reason: str) -> tuple[dict[str, Any], str]:
-    """The assistant message and finish reason; tool calls are parsed out when tools were offered. An
-    output cut off by ``max_tokens`` keeps the call written so far and finishes ``length``."""
+    """The assistant message and finish reason: a thinking model's reasoning apart (``reasoning_content``, and
+    ``reasoning`` as vLLM names it), then tool calls parsed out of the answer when tools were offered."""
+    reasoning = None
+    if built.reasoning is not None:
+        reasoning, text = split_reasoning(text, built.reasoning)
+    message, reason = _answer(text, built, finish_reason)
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning
+    return message, reason
+
+
+def _answer(text: str, built: BuiltRequest, finish_reason: str) -> tuple[dict[str, Any], str]:
+    """The message of an answer; an output cut off by ``max_tokens`` keeps the call written so far and
+    finishes ``length``."""
     if built.tool_format is not None and finish_reason == "length":
         parsed = cut_off_calls(text, built.tool_format, built.forced_tools, random.Random())
         if parsed.calls:
@@ -63,7 +76,9 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
               logprobs: dict[str, Any] | None = None, use: dict[str, int] | None = None) -> str:
         return fmt.sse(fmt.chat_chunk(rid, created, model, delta, reason, logprobs, use, usage_on, index))
 
-    # with tools offered, each choice's text goes through a parser that splits out tool-call deltas
+    # a thinking model's reasoning is split off first; with tools offered, the answer goes through a parser that
+    # splits out tool-call deltas
+    thinking = [ReasoningStream(built.reasoning) if built.reasoning is not None else None for _ in range(choices.n)]
     parsers = [ToolCallStream(built.tool_format) if built.tool_format is not None else None
                for _ in range(choices.n)]
 
@@ -91,10 +106,17 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
                 yield fmt.sse(typed_error_body(failure(out)))
                 break
             logprobs = fmt.chat_logprobs(out.logprobs) if out.logprobs else None
+            text = out.text
+            if (split := thinking[index]) is not None:
+                pieces = split.push(text) + (split.finish() if out.finished else [])
+                text = "".join(p.text for p in pieces if not p.reasoning)
+                if reasoning := "".join(p.text for p in pieces if p.reasoning):
+                    yield chunk(index, {"reasoning_content": reasoning, "reasoning": reasoning}, logprobs=logprobs)
+                    logprobs = None
             parser = parsers[index]
             if parser is not None:
-                written[index] += out.text
-                found = parser.push(out.text)
+                written[index] += text
+                found = parser.push(text)
                 if out.finished:
                     ending = parser.finish()
                     if built.forced_tools and not parser.calls and out.finish_reason == "length":
@@ -104,8 +126,8 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
                     found += ending
                 for event in deltas(index, [d for d in found if d], logprobs):
                     yield event
-            elif out.text or logprobs:
-                yield chunk(index, {"content": out.text}, logprobs=logprobs)
+            elif text or logprobs:
+                yield chunk(index, {"content": text}, logprobs=logprobs)
             if out.finished:
                 called = parser is not None and parser.calls and out.finish_reason != "length"
                 reason = "tool_calls" if called else str(out.finish_reason)

@@ -6,7 +6,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stagewise.engine.chat_template import OWN_VARIABLES
 from stagewise.engine.grammar import Grammar
+from stagewise.engine.reasoning_stream import has_reasoning_tags, starts_in_reasoning
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.tokenizer import Tokenizer
@@ -33,6 +35,8 @@ class BuiltRequest:
     include_usage: bool
     tool_format: ToolCallFormat | None = None  # set when tools were offered: parse the output for calls
     forced_tools: tuple[str, ...] = ()  # the functions a forced tool_choice allows (required, or named)
+    # a thinking model's reasoning returned apart (chat only): None = no split; True = the prompt opened the block
+    reasoning: bool | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.requests) <= MAX_CHOICES:
@@ -156,9 +160,23 @@ def prompt_ids(text: str, model: ModelFacts, param: str, add_special_tokens: boo
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def chat_prompt_ids(chat: list[ChatMessage], model: ModelFacts, tools: list[dict[str, Any]] | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
-    """The token ids of ``chat`` rendered through the model's chat template (``tools`` offered)."""
+def template_variables(*given: dict[str, Any] | None) -> dict[str, Any]:
+    """``chat_template_kwargs`` (the server's default, then the request's over it) as template variables;
+    a 400 for a name the server itself sets."""
+    merged: dict[str, Any] = {}
+    for kwargs in given:
+        merged.update(kwargs or {})
+    clash = sorted(OWN_VARIABLES & merged.keys())
+    if clash:
+        raise InvalidParam(f"chat_template_kwargs cannot set {clash[0]!r}: the request's own fields do",
+                           "chat_template_kwargs")
+    return merged
+
+
+def render_chat(chat: list[ChatMessage], model: ModelFacts, tools: list[dict[str, Any]] | None = None,
+                add_generation_prompt: bool = True, variables: dict[str, Any] | None = None) -> str:
+    """The prompt text of ``chat`` rendered through the model's chat template (``tools`` offered; ``variables``
+    from :func:`template_variables`)."""
     tokenizer = _tokenizer(model)
     for i, asked in enumerate(chat):  # as OpenAI: content is required but on an assistant message with tool_calls
         if asked.content is None and not (asked.role == "assistant" and asked.tool_calls):
@@ -169,11 +187,10 @@ def chat_prompt_ids(chat: list[ChatMessage], model: ModelFacts, tools: list[dict
         if message["role"] == "developer":  # OpenAI's newer name for the system role
             message["role"] = "system"
     try:
-        text = model.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                          special_tokens=tokenizer.special_tokens_map)
+        return model.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                          special_tokens=tokenizer.special_tokens_map, **(variables or {}))
     except StagewiseError as exc:
         raise InvalidParam(str(exc), "messages") from exc
-    return prompt_ids(text, model, "messages")
 
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's function names: a-z, A-Z, 0-9, _ and -, up to 64
@@ -195,15 +212,19 @@ def _check_tool(tool: dict[str, Any], param: str) -> None:
         raise InvalidParam(f"the description of tool {name!r} must be a string", f"{param}.function.description")
 
 
-def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str) -> BuiltRequest:
-    """Render the messages through the model's chat template and tokenize them; the completion id is
-    ``chatcmpl-<request_id>``."""
+def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str, split_reasoning: bool = True,
+               template_kwargs: dict[str, Any] | None = None) -> BuiltRequest:
+    """Render the messages through the model's chat template (``template_kwargs``: the server's
+    ``--chat-template-kwargs``, under the request's) and tokenize them; the completion id is
+    ``chatcmpl-<request_id>``. ``split_reasoning``: a thinking model's ``<think>`` block is returned apart
+    (:mod:`~stagewise.engine.reasoning_stream`), except under a grammar, which shapes the whole output."""
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
     for i, tool in enumerate(body.tools or ()):
         _check_tool(tool, f"tools.{i}")  # offered or not (tool_choice 'none'), a malformed tool is a 400
     tools = body.tools if body.tools and body.tool_choice != "none" else None
-    ids = chat_prompt_ids(body.messages, model, tools)
+    text = render_chat(body.messages, model, tools, variables=template_variables(template_kwargs, body.chat_template_kwargs))
+    ids = prompt_ids(text, model, "messages")
     tool_format = detect_tool_call_format(model.chat_template.source)
     grammar = tool_choice_grammar(body.tool_choice, tools, tool_format, model)
     if grammar is not None and body.response_format not in (None, {"type": "text"}):
@@ -215,8 +236,11 @@ def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str) -> 
                               grammar=grammar)
     fmt = tool_format if tools is not None else None
     forced = _forced_tools(body.tool_choice, tools) if grammar is not None and fmt is not None else ()
+    reasoning = None
+    if split_reasoning and grammar is None and has_reasoning_tags(model.chat_template.source):
+        reasoning = starts_in_reasoning(text)
     return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body),
-                        fmt, forced)
+                        fmt, forced, reasoning)
 
 
 def _forced_tools(tool_choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> tuple[str, ...]:

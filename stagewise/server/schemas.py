@@ -62,6 +62,7 @@ class ChatCompletionBody(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (vLLM's, llama.cpp's): enable_thinking
 
 
 class CompletionBody(SamplingFields):
@@ -82,6 +83,7 @@ class TokenizeBody(_Body):
     add_special: bool | None = None  # llama.cpp's name
     add_special_tokens: bool | None = None  # vLLM's name
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # as chat's
 
 
 class DetokenizeBody(_Body):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
+from stagewise.engine.chat_template import OWN_VARIABLES
 from stagewise.engine.load_settings import LoadSettings
 from stagewise.errors import ConfigError
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # 4 MiB
+REASONING_FORMATS = ("auto", "none")  # llama-server's --reasoning-format names
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s]+")  # an origin as browsers send it: no path, no slash
 
 
@@ -36,6 +39,9 @@ class ServeSettings:
     max_connections: int = 1024  # open connections (and requests in flight) before new requests get 503
     webui: bool = True  # serve the web page at / (the status endpoint is served either way)
     served_model_names: tuple[str, ...] = ()  # --served-model-name: the names requests may give (first listed)
+    # auto: a thinking model's <think> block is returned as reasoning_content; none: left in the content
+    reasoning_format: str = "auto"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # template variables under each request's
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -54,6 +60,10 @@ class ServeSettings:
             raise ConfigError(f"--max-connections must be >= 1, got {self.max_connections}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("--api-key must not be empty")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ConfigError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}, got {self.reasoning_format!r}")
+        if clash := sorted(OWN_VARIABLES & self.chat_template_kwargs.keys()):
+            raise ConfigError(f"--chat-template-kwargs cannot set {clash[0]!r}: each request's own fields do")
         if any(not name.strip() for name in self.served_model_names):
             raise ConfigError("--served-model-name must not be empty")
         for origin in self.cors_origins:

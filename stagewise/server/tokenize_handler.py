@@ -6,14 +6,15 @@ from typing import Any
 
 from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import InvalidParam
-from stagewise.server.request_builder import chat_prompt_ids
+from stagewise.server.request_builder import prompt_ids, render_chat, template_variables
 from stagewise.server.schemas import DetokenizeBody, TokenizeBody
 
 
-def tokenize(body: TokenizeBody, model: ModelFacts) -> dict[str, Any]:
+def tokenize(body: TokenizeBody, model: ModelFacts, template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"tokens", "count", "max_model_len"}`` for exactly one of ``content`` / ``prompt`` (text, special
     tokens only where written: ``add_special`` / ``add_special_tokens`` adds BOS and the like, default off,
-    as completions encode prompts) or ``messages`` (rendered through the chat template, as chat does)."""
+    as completions encode prompts) or ``messages`` (rendered through the chat template, as chat does, with
+    the server's ``template_kwargs`` under the body's ``chat_template_kwargs``)."""
     given = [name for name in ("content", "prompt", "messages") if getattr(body, name) is not None]
     if len(given) != 1:
         raise InvalidParam("give exactly one of content, prompt or messages", given[1] if given else "content")
@@ -21,7 +22,10 @@ def tokenize(body: TokenizeBody, model: ModelFacts) -> dict[str, Any]:
     if tokenizer is None:
         raise InvalidParam(f"model {model.name} has no tokenizer")
     if body.messages is not None:
-        ids = chat_prompt_ids(body.messages, model, add_generation_prompt=body.add_generation_prompt)
+        variables = template_variables(template_kwargs, body.chat_template_kwargs)
+        rendered = render_chat(body.messages, model, add_generation_prompt=body.add_generation_prompt,
+                               variables=variables)
+        ids = prompt_ids(rendered, model, "messages")
     else:
         text = body.content if body.content is not None else body.prompt
         assert text is not None
