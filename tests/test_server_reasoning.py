@@ -14,19 +14,14 @@ from pathlib import Path
 
 import pytest
 from openai import OpenAI
-from starlette.testclient import TestClient
 
 from stagewise.cli.main import main
-from stagewise.engine.engine import Engine
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
-from stagewise.server.app import guarded_app
-from stagewise.server.engine_front import LocalEngine
 from stagewise.server.serve_settings import ServeSettings
-from stagewise.server.server_state import ServerState
 from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
 from tests.test_server_support import MODEL_VOCAB, TOKENIZER_VOCAB, make_model_dir
-from tests.test_server_tool_calls import TOOLS, ScriptedBatcher
+from tests.test_server_tool_calls import TOOLS, ScriptedBatcher, scripted_server
 
 THINKING_TEMPLATE = (  # written as Qwen's are: every newline a string literal, so trim_blocks keeps them
     "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
@@ -51,22 +46,10 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     model.close()
 
 
-def _serve(loaded: LoadedModel, settings: ServeSettings, text: str) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
-    state = ServerState(settings)
-    engine = Engine(loaded)
-    scripted = ScriptedBatcher(engine, text)
-    engine.batcher = scripted
-    engine.start()
-    assert state.set_ready(LocalEngine(loaded, engine))
-    with TestClient(guarded_app(state), base_url="http://testserver") as http:
-        yield OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http), scripted
-    engine.stop()
-
-
 @pytest.fixture
 def served(loaded: LoadedModel, request: pytest.FixtureRequest) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
     text, settings = getattr(request, "param", (THOUGHT + "Paris.", ServeSettings()))
-    yield from _serve(loaded, settings, text)
+    yield from scripted_server(loaded, settings, text)
 
 
 def _extra(obj: object, key: str) -> object:

@@ -77,17 +77,22 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     model.close()
 
 
-@pytest.fixture
-def served(loaded: LoadedModel) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
-    state = ServerState(ServeSettings(api_key="secret"))
+def scripted_server(loaded: LoadedModel, settings: ServeSettings, text: str) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
+    """An in-process server of ``loaded`` whose every sequence writes ``text``, and an openai client of it."""
+    state = ServerState(settings)
     engine = Engine(loaded)
-    scripted = ScriptedBatcher(engine, CALL_TEXT)
+    scripted = ScriptedBatcher(engine, text)
     engine.batcher = scripted
     engine.start()
     assert state.set_ready(LocalEngine(loaded, engine))
     with TestClient(guarded_app(state), base_url="http://testserver") as http:
-        yield OpenAI(base_url="http://testserver/v1", api_key="secret", http_client=http), scripted
+        yield OpenAI(base_url="http://testserver/v1", api_key=settings.api_key or "unused", http_client=http), scripted
     engine.stop()
+
+
+@pytest.fixture
+def served(loaded: LoadedModel) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
+    yield from scripted_server(loaded, ServeSettings(api_key="secret"), CALL_TEXT)
 
 
 def test_tool_calls_non_streaming(served: tuple[OpenAI, ScriptedBatcher]) -> None:
