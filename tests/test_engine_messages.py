@@ -109,6 +109,10 @@ def test_outputs_round_trip_and_an_inconsistent_one_is_refused() -> None:
     back = output_of(output_record(7, output))
     assert (back.text, back.prompt_tokens, back.completion_tokens, back.finish_reason, back.cached_tokens) == (
         "hi", 3, 2, "error", 1) and isinstance(back.error, StepFailed)
+    stopped = output_of(output_record(8, RequestOutput("x", 3, 2, finish_reason="stop", stop_string="END")))
+    assert stopped.stop_string == "END"
+    with pytest.raises(EngineMessageRejected, match="inconsistent"):
+        output_of(m.OutputRecord(7, "", 1, 1, (), "length", None, 0, "END"))  # a stop string without a stop
     with pytest.raises(EngineMessageRejected, match="inconsistent"):
         output_of(m.OutputRecord(7, "", 1, 1, (), "exploded", None, 0))
     with pytest.raises(EngineMessageRejected, match="inconsistent"):

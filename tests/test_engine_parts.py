@@ -42,6 +42,13 @@ def test_stop_matcher_holds_back_only_possible_prefixes() -> None:
     matcher = StopMatcher(("<end>",))
     assert matcher.push("abc<en") == ("abc", False)
     assert matcher.push("x") == ("<enx", False)
+    assert matcher.matched is None
+
+
+def test_the_stop_string_that_matched_first_in_the_text_is_named() -> None:
+    matcher = StopMatcher(("END", "\n\n", "B"))
+    assert matcher.push("aa\n") == ("aa", False)
+    assert matcher.push("\nEND B") == ("", True) and matcher.matched == "\n\n"
 
 
 def _handle(n: int) -> RequestHandle:

@@ -37,12 +37,15 @@ class RequestOutput:
     finish_reason: str | None = None
     error: StagewiseError | None = None
     cached_tokens: int = 0  # of the prompt, positions served from the prefix cache (OpenAI's cached_tokens)
+    stop_string: str | None = None  # the request's stop string that ended it (finish_reason "stop"; vLLM's stop_reason)
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"unknown finish_reason {self.finish_reason!r}")
         if (self.error is not None) != (self.finish_reason == "error"):
             raise ValueError("error is set exactly when finish_reason is 'error'")
+        if self.stop_string is not None and self.finish_reason != "stop":
+            raise ValueError("stop_string is set only when finish_reason is 'stop'")
 
     @property
     def finished(self) -> bool:

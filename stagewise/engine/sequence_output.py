@@ -43,7 +43,7 @@ class SequenceOutput:
 
     def _output(self, text: str, logprobs: tuple[TokenLogprob, ...], reason: str | None) -> RequestOutput:
         return RequestOutput(text, self.request.prompt_tokens, self.completion_tokens, logprobs, reason,
-                             cached_tokens=self.cached_tokens)
+                             cached_tokens=self.cached_tokens, stop_string=self.matcher.matched)
 
     def _logprob(self, event: TokenEvent) -> TokenLogprob:
         sample = event.sample

@@ -14,16 +14,18 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = tuple(s for s in stops if s)
         self._pending = ""
+        self.matched: str | None = None  # the stop string that ended the output (the earliest in the text)
 
     def push(self, text: str) -> tuple[str, bool]:
         """Returns ``(text to emit, stopped)``; after ``stopped`` the matcher must not be used again."""
         if not self.stops:
             return text, False
         buffer = self._pending + text
-        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buffer.find(s), s) for s in self.stops) if i >= 0]
         if hits:
             self._pending = ""
-            return buffer[: min(hits)], True
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            return buffer[:at], True
         hold = self._held_tail(buffer)
         self._pending = buffer[len(buffer) - hold :] if hold else ""
         return buffer[: len(buffer) - hold], False

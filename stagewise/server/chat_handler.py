@@ -10,12 +10,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from stagewise.engine.cut_off_calls import cut_off_calls, forced_deltas
-from stagewise.engine.reasoning_stream import ReasoningStream, split_reasoning
+from stagewise.engine.cut_off_calls import cut_off_calls
+from stagewise.engine.reasoning_stream import split_reasoning
 from stagewise.engine.request_output import TokenLogprob
-from stagewise.engine.tool_call_stream import Delta, ToolCallDelta, ToolCallStream
 from stagewise.engine.tool_calls import parse_tool_calls
 from stagewise.server import openai_format as fmt
+from stagewise.server.answer_stream import AnswerDelta, AnswerStream, Thought, ToolCallDelta
 from stagewise.server.choices import Choices
 from stagewise.server.openai_errors import typed_error_body
 from stagewise.server.output_stream import SSE_HEADERS, ClientGone, failed, failure
@@ -76,23 +76,20 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
               logprobs: dict[str, Any] | None = None, use: dict[str, int] | None = None) -> str:
         return fmt.sse(fmt.chat_chunk(rid, created, model, delta, reason, logprobs, use, usage_on, index))
 
-    # a thinking model's reasoning is split off first; with tools offered, the answer goes through a parser that
-    # splits out tool-call deltas
-    thinking = [ReasoningStream(built.reasoning) if built.reasoning is not None else None for _ in range(choices.n)]
-    parsers = [ToolCallStream(built.tool_format) if built.tool_format is not None else None
-               for _ in range(choices.n)]
+    streams = [AnswerStream(built) for _ in range(choices.n)]  # reasoning, answer and tool-call deltas
 
-    def deltas(index: int, found: list[Delta], logprobs: dict[str, Any] | None) -> Iterator[str]:
-        """Chunks for the parser's deltas; logprobs ride on the first (or on an empty delta)."""
+    def deltas(index: int, found: list[AnswerDelta], logprobs: dict[str, Any] | None) -> Iterator[str]:
+        """Chunks for the deltas; logprobs ride on the first (or on an empty content delta)."""
         for delta in found:
-            if isinstance(delta, ToolCallDelta):
+            if isinstance(delta, Thought):
+                yield chunk(index, {"reasoning_content": delta.text, "reasoning": delta.text}, logprobs=logprobs)
+            elif isinstance(delta, ToolCallDelta):
                 yield chunk(index, {"tool_calls": [delta.to_openai()]}, logprobs=logprobs)
             else:
                 yield chunk(index, {"content": delta}, logprobs=logprobs)
             logprobs = None
         if logprobs:
-            yield chunk(index, {}, logprobs=logprobs)
-    written = [""] * choices.n  # each choice's output so far (with tools: a forced call's name is read from it)
+            yield chunk(index, {"content": ""}, logprobs=logprobs)
     completion_tokens = [0] * choices.n
     cached_tokens = [0] * choices.n  # the prompt's tokens each choice took from the prefix cache
     prompt_tokens = 0
@@ -106,32 +103,10 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
                 yield fmt.sse(typed_error_body(failure(out)))
                 break
             logprobs = fmt.chat_logprobs(out.logprobs) if out.logprobs else None
-            text = out.text
-            if (split := thinking[index]) is not None:
-                pieces = split.push(text) + (split.finish() if out.finished else [])
-                text = "".join(p.text for p in pieces if not p.reasoning)
-                if reasoning := "".join(p.text for p in pieces if p.reasoning):
-                    yield chunk(index, {"reasoning_content": reasoning, "reasoning": reasoning}, logprobs=logprobs)
-                    logprobs = None
-            parser = parsers[index]
-            if parser is not None:
-                written[index] += text
-                found = parser.push(text)
-                if out.finished:
-                    ending = parser.finish()
-                    if built.forced_tools and not parser.calls and out.finish_reason == "length":
-                        # a forced call cut off before its header: a call, never its raw text
-                        ending = [d for d in ending if not isinstance(d, str)]
-                        ending += forced_deltas(written[index], built.forced_tools, random.Random())
-                    found += ending
-                for event in deltas(index, [d for d in found if d], logprobs):
-                    yield event
-            elif text or logprobs:
-                yield chunk(index, {"content": text}, logprobs=logprobs)
+            for event in deltas(index, streams[index].push(out), logprobs):
+                yield event
             if out.finished:
-                called = parser is not None and parser.calls and out.finish_reason != "length"
-                reason = "tool_calls" if called else str(out.finish_reason)
-                yield chunk(index, {}, reason)
+                yield chunk(index, {}, "tool_calls" if streams[index].called(out) else str(out.finish_reason))
                 finished += 1
                 completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens
                 cached_tokens[index] = out.cached_tokens

@@ -143,6 +143,7 @@ class OutputRecord(Struct, frozen=True):
     finish_reason: str | None
     error: ErrorRecord | None
     cached_tokens: int
+    stop_string: str | None = None
 
 
 class StepOutputs(Struct, frozen=True, tag="step_outputs", tag_field="kind"):

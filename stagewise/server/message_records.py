@@ -66,7 +66,7 @@ def output_record(key: int, output: RequestOutput) -> OutputRecord:
     logprobs = tuple(LogprobRecord(lp.token, lp.logprob, lp.bytes, lp.top) for lp in output.logprobs)
     error = error_record(output.error) if output.error is not None else None
     return OutputRecord(key, output.text, output.prompt_tokens, output.completion_tokens, logprobs,
-                        output.finish_reason, error, output.cached_tokens)
+                        output.finish_reason, error, output.cached_tokens, output.stop_string)
 
 
 def output_of(record: OutputRecord) -> RequestOutput:
@@ -74,7 +74,7 @@ def output_of(record: OutputRecord) -> RequestOutput:
     try:
         return RequestOutput(record.text, record.prompt_tokens, record.completion_tokens, logprobs,
                              record.finish_reason, error_of(record.error) if record.error is not None else None,
-                             record.cached_tokens)
+                             record.cached_tokens, record.stop_string)
     except ValueError as exc:
         raise EngineMessageRejected(f"engine output for request key {record.key} is inconsistent: {exc}") from exc
 
