@@ -22,7 +22,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from stagewise.errors import StagewiseError
-from stagewise.server import chat_handler, completion_handler, tokenize_handler
+from stagewise.server import anthropic_handler, chat_handler, completion_handler, tokenize_handler
+from stagewise.server.anthropic_request import build_messages, count_tokens
+from stagewise.server.anthropic_schemas import CountTokensBody, MessagesBody
 from stagewise.server.choices import Choices
 from stagewise.server.client_socket import client_transport
 from stagewise.server.guards import Guards
@@ -32,9 +34,9 @@ from stagewise.server.openai_errors import (
     BodyTooLarge,
     InvalidParam,
     NotFound,
-    error_body,
     error_response,
     from_validation,
+    shaped_body,
 )
 from stagewise.server.output_stream import ClientGone
 from stagewise.server.request_builder import BuiltRequest, build_chat, build_completion
@@ -46,8 +48,9 @@ from stagewise.server.status_report import StatusReport
 from stagewise.server.webui import add_webui
 
 _CLIENT_CLOSED = 499
-SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, "
-                 "POST /detokenize, GET /health, GET /metrics and GET /v1/stagewise/status")
+SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, "
+                 "GET /v1/models, POST /tokenize, POST /detokenize, GET /health, GET /metrics and "
+                 "GET /v1/stagewise/status")
 
 
 async def read_json(request: Request, limit_bytes: int, timeout_s: float) -> dict[str, Any]:
@@ -158,31 +161,32 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="stagewise", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(StagewiseError)
-    async def _typed(_: Request, exc: StagewiseError) -> Response:
-        return error_response(exc)
+    async def _typed(request: Request, exc: StagewiseError) -> Response:
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> Response:
         return Response(status_code=_CLIENT_CLOSED)
 
     @app.exception_handler(Exception)
-    async def _bug(_: Request, exc: Exception) -> Response:
-        # a bug, not the user's mistake: answer in OpenAI's shape, keep serving, keep the traceback
+    async def _bug(request: Request, exc: Exception) -> Response:
+        # a bug, not the user's mistake: answer in the API's shape, keep serving, keep the traceback
         traceback.print_exception(exc, file=sys.stderr)
-        return JSONResponse(error_body(500, "internal error (a bug, logged by the server)", None), 500)
+        return JSONResponse(shaped_body(request.url.path, 500, "internal error (a bug, logged by the server)"), 500)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
         route = f"{request.method} {request.url.path}"
+        path = request.url.path
         if exc.status_code == 404:  # /v1/embeddings, /v1/audio/...: OpenAI's words, then what is served
-            body = error_body(404, f"Invalid URL ({route}): this server does not serve that route; it serves "
-                                   f"{SERVED_ROUTES}", "not_found")
+            body = shaped_body(path, 404, f"Invalid URL ({route}): this server does not serve that route; it serves "
+                                          f"{SERVED_ROUTES}", "not_found")
             return JSONResponse(body, 404)
         if exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow", "another method")
-            return JSONResponse(error_body(405, f"{route}: that route takes {allowed}", "method_not_allowed"), 405,
-                                headers=exc.headers)
-        return JSONResponse(error_body(exc.status_code, str(exc.detail), None), exc.status_code)
+            return JSONResponse(shaped_body(path, 405, f"{route}: that route takes {allowed}", "method_not_allowed"),
+                                405, headers=exc.headers)
+        return JSONResponse(shaped_body(path, exc.status_code, str(exc.detail)), exc.status_code)
 
     @app.get("/health")
     async def health() -> Response:
@@ -280,6 +284,23 @@ def build_app(state: ServerState) -> FastAPI:
         """:func:`build_chat` with this server's ``--reasoning-format`` and ``--chat-template-kwargs``."""
         return build_chat(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
                           template_kwargs=settings.chat_template_kwargs)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:  # Anthropic's Messages API
+        return await generate(request, MessagesBody, build_messages_here, anthropic_handler.respond)
+
+    def build_messages_here(body: MessagesBody, model: ModelFacts, request_id: str) -> BuiltRequest:
+        return build_messages(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
+                              template_kwargs=settings.chat_template_kwargs)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(request: Request) -> Response:
+        body = await validated(request, CountTokensBody)
+        _, model = state.serving()
+        state.served_names(model).check(body.model)
+        count = await anyio.to_thread.run_sync(count_tokens, body, model, settings.chat_template_kwargs,
+                                               limiter=preparing())
+        return JSONResponse({"input_tokens": count})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -11,7 +11,7 @@ from stagewise.engine.metrics import EngineMetrics
 from stagewise.errors import StagewiseError
 from stagewise.server.openai_errors import BodyTooLarge, Unauthorized, error_response
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics",
              "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize", "/v1/stagewise/status", "/")
 _PROTECTED_PREFIXES = ("/v1/", "/debug/", "/tokenize", "/detokenize")
 
@@ -44,7 +44,7 @@ class Guards:
         try:
             rejection = self._check(scope)
             if rejection is not None:
-                await error_response(rejection)(scope, receive, counting_send)
+                await error_response(rejection, path)(scope, receive, counting_send)
             else:
                 await self.app(scope, receive, counting_send)
         finally:
@@ -58,8 +58,9 @@ class Guards:
             return BodyTooLarge(f"the request body is {int(length)} bytes; the limit is {self.max_body_bytes}")
         path = scope.get("path", "")
         if self.api_key is not None and path.startswith(_PROTECTED_PREFIXES):
-            given = headers.get("authorization", "")
-            expected = f"Bearer {self.api_key}"
+            bearer = headers.get("authorization", "")  # OpenAI's clients
+            key = headers.get("x-api-key")  # Anthropic's
+            given, expected = (key, self.api_key) if key is not None and not bearer else (bearer, f"Bearer {self.api_key}")
             if not hmac.compare_digest(given.encode(), expected.encode()):
-                return Unauthorized("missing or incorrect API key: send 'Authorization: Bearer <key>'")
+                return Unauthorized("missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
         return None

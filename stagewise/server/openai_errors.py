@@ -1,4 +1,4 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` (Anthropic's on its routes)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse
 
 from stagewise.engine.scheduler import QueueFull
 from stagewise.errors import RequestError, StagewiseError
+from stagewise.server import anthropic_format
 
 _TYPES = {
     400: "invalid_request_error",
@@ -36,6 +37,8 @@ class InvalidParam(RequestError):
 
 
 class Unauthorized(StagewiseError):
+    """No API key, or the wrong one (``Authorization: Bearer KEY``, or Anthropic's ``x-api-key: KEY``)."""
+
     http_status = 401
     code = "invalid_api_key"
 
@@ -74,10 +77,19 @@ def typed_error_body(exc: StagewiseError) -> dict[str, Any]:
     return error_body(exc.http_status, str(exc), exc.code, getattr(exc, "param", None))
 
 
-def error_response(exc: StagewiseError) -> JSONResponse:
-    """The HTTP response for a typed error (429 carries ``Retry-After``)."""
+def shaped_body(path: str, status: int, message: str, code: str | None = None,
+                param: str | None = None) -> dict[str, Any]:
+    """The error body as the route at ``path`` answers it: Anthropic's under ``/v1/messages``, else OpenAI's."""
+    if path.startswith(anthropic_format.ANTHROPIC_PATH):
+        return anthropic_format.error_body(status, message)
+    return error_body(status, message, code, param)
+
+
+def error_response(exc: StagewiseError, path: str = "") -> JSONResponse:
+    """The HTTP response for a typed error on the route at ``path`` (429 carries ``Retry-After``)."""
     headers = {"Retry-After": str(QueueFull.retry_after_s)} if isinstance(exc, QueueFull) else None
-    return JSONResponse(typed_error_body(exc), exc.http_status, headers=headers)
+    body = shaped_body(path, exc.http_status, str(exc), exc.code, getattr(exc, "param", None))
+    return JSONResponse(body, exc.http_status, headers=headers)
 
 
 def from_validation(exc: ValidationError) -> InvalidParam:

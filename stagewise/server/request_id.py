@@ -56,6 +56,6 @@ class RequestIds:
         if given is not None and not valid:
             error = InvalidParam(f"the {HEADER} header must be 1-{MAX_CHARS} characters of A-Z a-z 0-9 . _ : -",
                                  HEADER)
-            await error_response(error)(scope, receive, echoing_send)
+            await error_response(error, scope.get("path", ""))(scope, receive, echoing_send)
             return
         await self.app(scope, receive, echoing_send)
