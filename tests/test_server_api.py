@@ -343,6 +343,27 @@ def test_n_on_completions(client: OpenAI) -> None:
         assert text == reply.choices[index].text
 
 
+def test_a_batch_of_prompts_on_completions(client: OpenAI, http: TestClient) -> None:
+    prompts = ["Hello", "A longer prompt than the first", "Third"]
+    alone = [client.completions.create(model="m", prompt=p, max_tokens=3, temperature=0) for p in prompts]
+    batch = client.completions.create(model="m", prompt=prompts, max_tokens=3, temperature=0, n=2)
+    assert [c.index for c in batch.choices] == list(range(6))  # prompt * n + choice, as OpenAI orders them
+    assert [c.text for c in batch.choices] == [a.choices[0].text for a in alone for _ in range(2)]  # greedy
+    assert batch.usage is not None and all(a.usage is not None for a in alone)
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)  # type: ignore[union-attr]
+    assert batch.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)  # type: ignore[union-attr]
+    chunks = list(client.completions.create(model="m", prompt=prompts, max_tokens=3, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)]
+    assert texts == [a.choices[0].text for a in alone]
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == batch.usage.prompt_tokens
+    ids = client.completions.create(model="m", prompt=[[5, 6, 7], [8, 9]], max_tokens=2, temperature=0)
+    assert len(ids.choices) == 2 and ids.usage is not None and ids.usage.prompt_tokens == 5
+    _error(http.post("/v1/completions", json={"prompt": ["ok", ""], "max_tokens": 2}, headers=AUTH), 400, "prompt.1")
+    _error(http.post("/v1/completions", json={"prompt": ["a"] * 33, "n": 2}, headers=AUTH), 400, "n")
+    _error(http.post("/v1/completions", json={"prompt": ["a"] * 65}, headers=AUTH), 400, "prompt")
+
+
 @pytest.mark.parametrize("n", [0, 17])
 def test_n_out_of_range_is_400(http: TestClient, n: int) -> None:
     _error(http.post("/v1/chat/completions", json={"messages": HELLO, "n": n}, headers=AUTH), 400, "n")

@@ -26,8 +26,9 @@ async def respond(built: BuiltRequest, choices: Choices, model: str, request: Re
         entries: list[TokenLogprob] = [e for o in outs for e in o.logprobs]
         logprobs = fmt.completion_logprobs(entries) if built.request.logprobs else None
         body_choices.append(fmt.text_choice(index, "".join(o.text for o in outs), outs[-1].finish_reason, logprobs))
-    first = outputs[0][-1]
-    use = fmt.usage(first.prompt_tokens, sum(outs[-1].completion_tokens for outs in outputs), first.cached_tokens)
+    firsts = built.first_of_each_prompt([outs[-1] for outs in outputs])  # usage counts each prompt once
+    use = fmt.usage(sum(o.prompt_tokens for o in firsts), sum(outs[-1].completion_tokens for outs in outputs),
+                    sum(o.cached_tokens for o in firsts))
     return JSONResponse(fmt.text_completion(built.response_id, int(time.time()), model, body_choices, use))
 
 
@@ -36,7 +37,7 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
     rid = built.response_id
     offsets = [0] * choices.n
     completion_tokens = [0] * choices.n
-    prompt_tokens = 0
+    prompt_tokens = [0] * choices.n
     cached_tokens = [0] * choices.n  # the prompt's tokens each choice took from the prefix cache
     finished = 0
     try:
@@ -52,11 +53,12 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
                 yield fmt.sse(fmt.text_completion(rid, created, model, [choice], None, chunk=True))
             if out.finished:
                 finished += 1
-                completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens
+                completion_tokens[index], prompt_tokens[index] = out.completion_tokens, out.prompt_tokens
                 cached_tokens[index] = out.cached_tokens
         else:
             if built.include_usage:
-                use = fmt.usage(prompt_tokens, sum(completion_tokens), cached_tokens[0])
+                use = fmt.usage(sum(built.first_of_each_prompt(prompt_tokens)), sum(completion_tokens),
+                                sum(built.first_of_each_prompt(cached_tokens)))
                 yield fmt.sse(fmt.text_completion(rid, created, model, [], use, chunk=True))
         yield fmt.sse("[DONE]")
     except ClientGone:

@@ -23,6 +23,8 @@ COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI (cha
 GREEDY_BELOW_TEMPERATURE = 1e-5  # a smaller positive temperature is greedy (vLLM's _SAMPLING_EPS)
 MIN_TOP_P = 1e-5  # a smaller positive top_p acts as this (only the most likely token survives)
 MAX_CHOICES = 16  # n per request; each choice is an engine request of its own
+MAX_PROMPTS = 64  # prompts of one /v1/completions request (a batch, as vLLM takes them)
+MAX_ENGINE_REQUESTS = 64  # prompts x n of one HTTP request
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,17 @@ class BuiltRequest:
     forced_tools: tuple[str, ...] = ()  # the functions a forced tool_choice allows (required, or named)
     # a thinking model's reasoning returned apart (chat only): None = no split; True = the prompt opened the block
     reasoning: bool | None = None
+    prompts: int = 1  # a completions batch: requests are prompt after prompt, each prompt's n choices together
 
     def __post_init__(self) -> None:
-        if not 1 <= len(self.requests) <= MAX_CHOICES:
-            raise ValueError(f"a response has 1..{MAX_CHOICES} choices, got {len(self.requests)}")
+        if not 1 <= len(self.requests) <= MAX_ENGINE_REQUESTS or len(self.requests) % self.prompts:
+            raise ValueError(f"a response has 1..{MAX_ENGINE_REQUESTS} choices, n for each of {self.prompts} "
+                             f"prompts, got {len(self.requests)}")
+
+    def first_of_each_prompt(self, items: list[Any]) -> list[Any]:
+        """Of per-choice ``items`` (in request order), those of each prompt's first choice (usage counts a
+        prompt once)."""
+        return items[:: len(self.requests) // self.prompts]
 
     @property
     def request(self) -> EngineRequest:
@@ -251,29 +260,46 @@ def _forced_tools(tool_choice: str | dict[str, Any] | None, tools: list[dict[str
     return names if tool_choice == "required" else ()
 
 
+def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
+    """The prompts of a completions body: one (text, or token ids), or a batch of them."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return [prompt]  # type: ignore[list-item]  # NOTE: list[int] here (mypy cannot narrow a list by its item)
+    if len(prompt) > MAX_PROMPTS:
+        raise InvalidParam(f"a request takes at most {MAX_PROMPTS} prompts, got {len(prompt)}", "prompt")
+    return list(prompt)
+
+
 def build_completion(body: CompletionBody, model: ModelFacts, request_id: str) -> BuiltRequest:
-    """Tokenize (or take) the prompt of a text completion; the completion id is ``cmpl-<request_id>``."""
+    """Tokenize (or take) the prompts of a text completion (one, or a batch: each prompt's ``n`` choices in
+    turn, indexed ``prompt * n + choice`` as OpenAI orders them); the completion id is ``cmpl-<request_id>``."""
     if body.echo:
         raise InvalidParam("echo is not supported", "echo")
     if body.suffix:
         raise InvalidParam("suffix is not supported", "suffix")
-    prompt: Any = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise InvalidParam("only one prompt per request is supported", "prompt")
-        prompt = prompt[0]
-    ids = prompt_ids(prompt, model, "prompt") if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise InvalidParam("the prompt is empty", "prompt")
-    if any(not 0 <= t < model.vocab_size for t in ids):
-        raise InvalidParam(f"prompt token ids must be in [0, {model.vocab_size})", "prompt")
     top = body.logprobs
     if top is not None and not 0 <= top <= 5:
         raise InvalidParam(f"logprobs must be in [0, 5], got {top}", "logprobs")
+    prompts = _prompts(body.prompt)
+    n = 1 if body.n is None else body.n
+    if len(prompts) * n > MAX_ENGINE_REQUESTS:
+        raise InvalidParam(f"{len(prompts)} prompts x n={n} is more than the {MAX_ENGINE_REQUESTS} completions a "
+                           "request may ask for", "n")
     response_id = f"cmpl-{request_id}"
-    request = _engine_request(response_id, ids, body.max_tokens, body, model, top is not None, top or 0,
-                              COMPLETION_MAX_TOKENS, response_format_grammar(body.response_format, model))
-    return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body))
+    grammar = response_format_grammar(body.response_format, model)
+    requests: list[EngineRequest] = []
+    for i, prompt in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+        ids = prompt_ids(prompt, model, param) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidParam("the prompt is empty", param)
+        if any(not 0 <= t < model.vocab_size for t in ids):
+            raise InvalidParam(f"prompt token ids must be in [0, {model.vocab_size})", param)
+        request = _engine_request(response_id, ids, body.max_tokens, body, model, top is not None, top or 0,
+                                  COMPLETION_MAX_TOKENS, grammar)
+        requests += _choices(response_id, request, body.n)
+    if len(requests) > 1:  # every engine request its own id
+        requests = [replace(r, request_id=f"{response_id}-{k}") for k, r in enumerate(requests)]
+    return BuiltRequest(response_id, tuple(requests), bool(body.stream), _include_usage(body), prompts=len(prompts))
 
 
 def _include_usage(body: SamplingFields) -> bool:
