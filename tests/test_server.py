@@ -138,9 +138,19 @@ def test_stop_strings_streamed_and_not(client: OpenAI) -> None:
     cut = client.chat.completions.create(stop=[stop, "never-there"], **kw)  # type: ignore[call-overload]
     assert cut.choices[0].message.content == full[: full.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    streamed = client.chat.completions.create(stop=stop, stream=True, **kw)  # type: ignore[call-overload]
+    assert (cut.choices[0].model_extra or {})["stop_reason"] == stop  # vLLM's field: which stop string
+    assert (client.chat.completions.create(**kw).choices[0].model_extra or {})["stop_reason"] is None  # type: ignore[call-overload]
+    streamed = list(client.chat.completions.create(stop=stop, stream=True, **kw))  # type: ignore[call-overload]
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == full[: full.index(stop)]
+    finals = [c.choices[0] for c in streamed if c.choices and c.choices[0].finish_reason]
+    assert [(f.model_extra or {}).get("stop_reason") for f in finals] == [stop]
+    completion = client.completions.create(model="x", prompt="Hi", max_tokens=30, temperature=0)
+    text = completion.choices[0].text
+    assert len(text) >= 4
+    cut_text = client.completions.create(model="x", prompt="Hi", max_tokens=30, temperature=0, stop=[text[2:4]])
+    assert cut_text.choices[0].text == text[: text.index(text[2:4])]
+    assert (cut_text.choices[0].model_extra or {})["stop_reason"] == text[2:4]
 
 
 def test_logprobs_shape(client: OpenAI) -> None:

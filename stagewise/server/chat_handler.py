@@ -61,7 +61,7 @@ async def respond(built: BuiltRequest, choices: Choices, model: str, request: Re
         message, reason = final_message("".join(o.text for o in outs), built, str(outs[-1].finish_reason))
         entries: list[TokenLogprob] = [e for o in outs for e in o.logprobs]
         logprobs = fmt.chat_logprobs(entries) if built.request.logprobs else None
-        body_choices.append(fmt.chat_choice(index, message, reason, logprobs))
+        body_choices.append(fmt.chat_choice(index, message, reason, logprobs, outs[-1].stop_string))
     use = fmt.usage(outputs[0][-1].prompt_tokens, sum(outs[-1].completion_tokens for outs in outputs),
                     outputs[0][-1].cached_tokens)
     return JSONResponse(fmt.chat_completion(built.response_id, int(time.time()), model, body_choices, use))
@@ -73,8 +73,9 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
     usage_on = built.include_usage
 
     def chunk(index: int, delta: dict[str, Any] | None, reason: str | None = None,
-              logprobs: dict[str, Any] | None = None, use: dict[str, int] | None = None) -> str:
-        return fmt.sse(fmt.chat_chunk(rid, created, model, delta, reason, logprobs, use, usage_on, index))
+              logprobs: dict[str, Any] | None = None, use: dict[str, int] | None = None,
+              stop_reason: str | None = None) -> str:
+        return fmt.sse(fmt.chat_chunk(rid, created, model, delta, reason, logprobs, use, usage_on, index, stop_reason))
 
     streams = [AnswerStream(built) for _ in range(choices.n)]  # reasoning, answer and tool-call deltas
 
@@ -106,7 +107,8 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
             for event in deltas(index, streams[index].push(out), logprobs):
                 yield event
             if out.finished:
-                yield chunk(index, {}, "tool_calls" if streams[index].called(out) else str(out.finish_reason))
+                reason = "tool_calls" if streams[index].called(out) else str(out.finish_reason)
+                yield chunk(index, {}, reason, stop_reason=out.stop_string)
                 finished += 1
                 completion_tokens[index], prompt_tokens = out.completion_tokens, out.prompt_tokens
                 cached_tokens[index] = out.cached_tokens

@@ -25,7 +25,8 @@ async def respond(built: BuiltRequest, choices: Choices, model: str, request: Re
     for index, outs in enumerate(outputs):
         entries: list[TokenLogprob] = [e for o in outs for e in o.logprobs]
         logprobs = fmt.completion_logprobs(entries) if built.request.logprobs else None
-        body_choices.append(fmt.text_choice(index, "".join(o.text for o in outs), outs[-1].finish_reason, logprobs))
+        body_choices.append(fmt.text_choice(index, "".join(o.text for o in outs), outs[-1].finish_reason, logprobs,
+                                            outs[-1].stop_string))
     firsts = built.first_of_each_prompt([outs[-1] for outs in outputs])  # usage counts each prompt once
     use = fmt.usage(sum(o.prompt_tokens for o in firsts), sum(outs[-1].completion_tokens for outs in outputs),
                     sum(o.cached_tokens for o in firsts))
@@ -49,7 +50,7 @@ async def _events(built: BuiltRequest, choices: Choices, model: str) -> AsyncIte
             logprobs = fmt.completion_logprobs(out.logprobs, offsets[index]) if built.request.logprobs else None
             offsets[index] += sum(len(e.token) for e in out.logprobs)
             if out.text or out.logprobs or out.finished:
-                choice = fmt.text_choice(index, out.text, out.finish_reason, logprobs)
+                choice = fmt.text_choice(index, out.text, out.finish_reason, logprobs, out.stop_string)
                 yield fmt.sse(fmt.text_completion(rid, created, model, [choice], None, chunk=True))
             if out.finished:
                 finished += 1

@@ -42,8 +42,10 @@ def completion_logprobs(entries: tuple[TokenLogprob, ...] | list[TokenLogprob], 
 
 
 def chat_choice(index: int, message: dict[str, Any], finish_reason: str,
-                logprobs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+                logprobs: dict[str, Any] | None, stop_reason: str | None = None) -> dict[str, Any]:
+    """One choice; ``stop_reason`` (vLLM's field): the stop string that ended it, else None."""
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
 def chat_completion(request_id: str, created: int, model: str, choices: list[dict[str, Any]],
@@ -55,19 +57,27 @@ def chat_completion(request_id: str, created: int, model: str, choices: list[dic
 
 def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, Any] | None,
                finish_reason: str | None = None, logprobs: dict[str, Any] | None = None,
-               use: dict[str, int] | None = None, include_usage: bool = False, index: int = 0) -> dict[str, Any]:
-    """One ``chat.completion.chunk`` of choice ``index``; ``delta=None`` gives the usage-only chunk (empty choices)."""
+               use: dict[str, int] | None = None, include_usage: bool = False, index: int = 0,
+               stop_reason: str | None = None) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of choice ``index``; ``delta=None`` gives the usage-only chunk (empty choices);
+    the chunk that finishes a choice carries ``stop_reason`` (:func:`chat_choice`)."""
     chunk: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                              "choices": []}
     if delta is not None:
-        chunk["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
+        chunk["choices"] = [choice]
     if include_usage:
         chunk["usage"] = use
     return chunk
 
 
-def text_choice(index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+def text_choice(index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None,
+                stop_reason: str | None = None) -> dict[str, Any]:
+    """One text choice (or a streamed piece of one); ``stop_reason`` as :func:`chat_choice`'s."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
 def text_completion(request_id: str, created: int, model: str, choices: list[dict[str, Any]],
