@@ -48,3 +48,23 @@ def test_random_preset_chats_with_the_demo_tokenizer(monkeypatch: pytest.MonkeyP
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "Chatting with" in out.err and out.out  # a reply (random weights: maybe only whitespace)
+
+
+def test_a_thinking_models_reasoning_goes_to_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
+    from tests.test_server_reasoning import THINKING_TEMPLATE
+    from tests.test_server_support import MODEL_VOCAB, TOKENIZER_VOCAB
+
+    path = make_model_dir(tmp_path / "m")
+    save_for_hf(train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB), path, chat_template=THINKING_TEMPLATE)
+    argv = ["chat", str(path), "--placement", "single", "--context", "96", "--temperature", "0", "--max-tokens", "12"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
+    assert main(argv + ["--reasoning-format", "none"]) == 0
+    raw = capsys.readouterr().out.strip()
+    assert raw and "</think>" not in raw  # random weights never close the block the prompt opened
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == ""  # all of it was reasoning: none on stdout
+    assert raw.split()[0] in out.err  # but on stderr

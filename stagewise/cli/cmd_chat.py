@@ -2,7 +2,8 @@
 
 Reads one user message per stdin line (interactive or piped), streams the reply, keeps the
 conversation. ``/reset`` forgets it, ``/exit`` (or end of input) quits. Ctrl-C during a reply
-cancels that reply only.
+cancels that reply only. A thinking model's reasoning (its ``<think>`` block) streams dimmed to stderr and the
+answer to stdout, so a pipe gets the answer alone (``--reasoning-format none``: both to stdout, as written).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--reasoning-format", choices=("auto", "none"), default="auto",
+                        help="auto (default): a thinking model's reasoning dimmed on stderr, the answer on stdout; "
+                             "none: the output as written, on stdout")
     parser.set_defaults(func=run)
 
 
@@ -56,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fit(model: Any, tokenizer: Any, system: list[dict[str, str]], history: list[dict[str, str]],
-         max_tokens: int, err: Any) -> list[int]:
-    """The prompt ids of the conversation, dropping its oldest turns (in place) until the prompt leaves
+         max_tokens: int, err: Any) -> tuple[str, list[int]]:
+    """The prompt (text, ids) of the conversation, dropping its oldest turns (in place) until the prompt leaves
     room for a reply: ``max_tokens`` or a quarter of the context, whichever is less. Raises
     :class:`ContextLengthExceeded` when the newest message alone leaves no such room."""
     from stagewise.errors import ContextLengthExceeded
@@ -78,10 +82,11 @@ def _fit(model: Any, tokenizer: Any, system: list[dict[str, str]], history: list
     if dropped:
         err.print(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the "
                   f"{model.max_context}-token context)", highlight=False)
-    return ids
+    return prompt, ids
 
 
 def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
+    from stagewise.engine.reasoning_stream import ReasoningStream, has_reasoning_tags, starts_in_reasoning
     from stagewise.engine.request import EngineRequest
     from stagewise.engine.request_output import RequestOutput
     from stagewise.engine.sampling_params import SamplingParams
@@ -93,6 +98,7 @@ def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     interactive = sys.stdin.isatty()
+    thinking = args.reasoning_format == "auto" and has_reasoning_tags(model.chat_template.source)
     while True:
         if interactive:
             print("> ", end="", flush=True)
@@ -113,7 +119,7 @@ def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
             continue
         history.append({"role": "user", "content": text})
         try:
-            ids = _fit(model, tokenizer, system, history, args.max_tokens, err)
+            prompt, ids = _fit(model, tokenizer, system, history, args.max_tokens, err)
             budget = min(args.max_tokens, model.max_context - len(ids))
             request = EngineRequest(f"chat-{uuid.uuid4().hex[:12]}", tuple(ids), max(budget, 1), sampling,
                                     stop_token_ids=engine.stop_token_ids)
@@ -124,12 +130,24 @@ def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
                 history.pop()
             err.print(f"error: {exc}", highlight=False, soft_wrap=True)
             continue
-        reply = []
+        reply, thought = [], []
+        split = ReasoningStream(starts_in_reasoning(prompt)) if thinking else None
         try:
             while True:
                 out = outputs.get()
-                print(out.text, end="", flush=True)
-                reply.append(out.text)
+                pieces = [] if split is None else split.push(out.text) + (split.finish() if out.finished else [])
+                for piece in pieces:
+                    if piece.reasoning:
+                        err.print(piece.text, style="dim", end="", highlight=False, markup=False, soft_wrap=True)
+                        thought.append(piece.text)
+                    else:
+                        if thought and not reply:
+                            err.print()  # the reasoning's line ends before the answer
+                        print(piece.text, end="", flush=True)
+                        reply.append(piece.text)
+                if split is None:
+                    print(out.text, end="", flush=True)
+                    reply.append(out.text)
                 if out.finished:
                     break
         except KeyboardInterrupt:
@@ -142,4 +160,7 @@ def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
         if out.finish_reason in ("error", "cancelled"):
             history.pop()
             continue
-        history.append({"role": "assistant", "content": "".join(reply)})
+        answer = {"role": "assistant", "content": "".join(reply)}
+        if thought:
+            answer["reasoning_content"] = "".join(thought)  # the template decides whether to keep it
+        history.append(answer)
