@@ -130,7 +130,8 @@ def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
                 history.pop()
             err.print(f"error: {exc}", highlight=False, soft_wrap=True)
             continue
-        reply, thought = [], []
+        reply: list[str] = []
+        thought: list[str] = []
         split = ReasoningStream(starts_in_reasoning(prompt)) if thinking else None
         try:
             while True:
