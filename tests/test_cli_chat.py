@@ -60,7 +60,7 @@ def test_a_thinking_models_reasoning_goes_to_stderr(tmp_path: Path, monkeypatch:
     save_for_hf(train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB), path, chat_template=THINKING_TEMPLATE)
     argv = ["chat", str(path), "--placement", "single", "--context", "96", "--temperature", "0", "--max-tokens", "12"]
     monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
-    assert main(argv + ["--reasoning-format", "none"]) == 0
+    assert main([*argv, "--reasoning-format", "none"]) == 0
     raw = capsys.readouterr().out.strip()
     assert raw and "</think>" not in raw  # random weights never close the block the prompt opened
     monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
