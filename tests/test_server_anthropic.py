@@ -8,7 +8,6 @@ detokenizer, the reasoning and tool-call split and the client's own parsing of o
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import pytest
@@ -17,9 +16,8 @@ from openai import OpenAI
 from stagewise.engine.loaded_model import LoadedModel
 from stagewise.engine.model_loading import load_model
 from stagewise.server.serve_settings import ServeSettings
-from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
-from tests.test_server_reasoning import THINKING_TEMPLATE, THOUGHT
-from tests.test_server_support import MODEL_VOCAB, TOKENIZER_VOCAB, make_model_dir
+from tests.test_server_reasoning import THOUGHT, thinking  # noqa: F401  # the thinking model, module-scoped here too
+from tests.test_server_support import make_model_dir
 from tests.test_server_tool_calls import CALL_TEXT, ScriptedBatcher, scripted_server
 
 KEY = "secret"
@@ -31,15 +29,6 @@ WEATHER = {"name": "get_weather", "description": "Weather for a city",
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     model = load_model(str(make_model_dir(tmp_path_factory.mktemp("messages") / "m")), None, "single", 1024)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def thinking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
-    path: Path = make_model_dir(tmp_path_factory.mktemp("messages-thinking") / "m")
-    save_for_hf(train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB), path, chat_template=THINKING_TEMPLATE)
-    model = load_model(str(path), None, "single", 1024)
     yield model
     model.close()
 
@@ -66,7 +55,7 @@ def tools(chatml: LoadedModel) -> Iterator[tuple[anthropic.Anthropic, ScriptedBa
 
 
 @pytest.fixture
-def thinker(thinking: LoadedModel) -> Iterator[tuple[anthropic.Anthropic, ScriptedBatcher]]:
+def thinker(thinking: LoadedModel) -> Iterator[tuple[anthropic.Anthropic, ScriptedBatcher]]:  # noqa: F811
     yield from _client(thinking, THOUGHT + "Paris.")
 
 

@@ -38,7 +38,8 @@ ASK = [{"role": "user", "content": "Capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
+def thinking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
+    """A model whose template is :data:`THINKING_TEMPLATE` (also the Anthropic and Responses tests')."""
     path: Path = make_model_dir(tmp_path_factory.mktemp("thinking-model") / "m")
     save_for_hf(train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB), path, chat_template=THINKING_TEMPLATE)
     model = load_model(str(path), None, "single", 1024)
@@ -47,9 +48,9 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
 
 
 @pytest.fixture
-def served(loaded: LoadedModel, request: pytest.FixtureRequest) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
+def served(thinking: LoadedModel, request: pytest.FixtureRequest) -> Iterator[tuple[OpenAI, ScriptedBatcher]]:
     text, settings = getattr(request, "param", (THOUGHT + "Paris.", ServeSettings()))
-    yield from scripted_server(loaded, settings, text)
+    yield from scripted_server(thinking, settings, text)
 
 
 def _extra(obj: object, key: str) -> object:

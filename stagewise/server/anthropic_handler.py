@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from stagewise.server import anthropic_format as fmt
 from stagewise.server.answer_stream import AnswerDelta, AnswerStream, Thought, ToolCallDelta
-from stagewise.server.chat_handler import final_message
+from stagewise.server.chat_handler import whole_answer
 from stagewise.server.choices import Choices
-from stagewise.server.output_stream import SSE_HEADERS, ClientGone, failed, failure
+from stagewise.server.output_stream import ClientGone, failed, failure
 from stagewise.server.request_builder import BuiltRequest
 
 
@@ -29,11 +29,8 @@ def message_id(built: BuiltRequest) -> str:
 
 async def respond(built: BuiltRequest, choices: Choices, model: str, request: Request) -> Response:
     if built.stream:
-        choices.watch(request)  # a client gone ends the stream (and its engine request) at its next output
-        return StreamingResponse(_events(built, choices, model), media_type="text/event-stream", headers=SSE_HEADERS)
-    outputs = (await choices.collect(request))[0]
-    last = outputs[-1]
-    message, reason = final_message("".join(o.text for o in outputs), built, str(last.finish_reason))
+        return choices.stream(request, _events(built, choices, model))
+    message, reason, last = await whole_answer(built, choices, request)
     return JSONResponse(fmt.message(message_id(built), model, fmt.content_blocks(message),
                                     fmt.stop_reason(reason, last), last.stop_string, fmt.usage(last)))
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import ValidationError
-
 from stagewise.engine.request import MAX_STOP_STRINGS
 from stagewise.server.anthropic_schemas import (
     AnthropicMessage,
@@ -23,12 +21,19 @@ from stagewise.server.anthropic_schemas import (
     MessagesBody,
 )
 from stagewise.server.model_facts import ModelFacts
-from stagewise.server.openai_errors import InvalidParam, from_validation
-from stagewise.server.request_builder import BuiltRequest, build_chat, prompt_ids, render_chat, template_variables
+from stagewise.server.openai_errors import InvalidParam
+from stagewise.server.request_builder import (
+    BuiltRequest,
+    build_chat_as,
+    chat_request,
+    prompt_ids,
+    render_chat,
+    template_variables,
+)
 from stagewise.server.schemas import ChatCompletionBody
 
 _UNSUPPORTED = {"image": "image input is not supported", "document": "document input is not supported"}
-_PARAMS = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}  # chat's field names → Anthropic's
+_PARAMS = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens", "messages": "messages"}  # chat's → Anthropic's
 
 
 def _text(content: str | list[dict[str, Any]], param: str) -> str:
@@ -146,21 +151,13 @@ def chat_body(body: CountTokensBody) -> ChatCompletionBody:
                                f"{len(body.stop_sequences or ())}", "stop_sequences")
         fields.update(max_tokens=body.max_tokens, stop=body.stop_sequences, stream=body.stream,
                       temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
-    try:
-        return ChatCompletionBody.model_validate(fields)
-    except ValidationError as exc:
-        raise from_validation(exc) from exc
+    return chat_request(fields)
 
 
 def build_messages(body: MessagesBody, model: ModelFacts, request_id: str, split_reasoning: bool = True,
                    template_kwargs: dict[str, Any] | None = None) -> BuiltRequest:
     """The engine request of a Messages request (as :func:`build_chat`; errors name the Anthropic fields)."""
-    try:
-        return build_chat(chat_body(body), model, request_id, split_reasoning, template_kwargs)
-    except InvalidParam as exc:
-        if exc.param in _PARAMS:
-            exc.param = _PARAMS[exc.param]
-        raise
+    return build_chat_as(_PARAMS, chat_body(body), model, request_id, split_reasoning, template_kwargs)
 
 
 def count_tokens(body: CountTokensBody, model: ModelFacts, template_kwargs: dict[str, Any] | None = None) -> int:

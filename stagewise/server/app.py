@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from stagewise.errors import StagewiseError
-from stagewise.server import anthropic_handler, chat_handler, completion_handler, tokenize_handler
+from stagewise.server import anthropic_handler, chat_handler, completion_handler, responses_handler, tokenize_handler
 from stagewise.server.anthropic_request import build_messages, count_tokens
 from stagewise.server.anthropic_schemas import CountTokensBody, MessagesBody
 from stagewise.server.choices import Choices
@@ -42,13 +42,16 @@ from stagewise.server.output_stream import ClientGone
 from stagewise.server.request_builder import BuiltRequest, build_chat, build_completion
 from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
 from stagewise.server.request_id import RequestIds, request_id_of
+from stagewise.server.responses_request import build_responses
+from stagewise.server.responses_schemas import ResponsesBody
 from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
 from stagewise.server.server_state import ServerState
 from stagewise.server.status_report import StatusReport
 from stagewise.server.webui import add_webui
 
 _CLIENT_CLOSED = 499
-SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, "
+SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
+                 "POST /v1/messages/count_tokens, "
                  "GET /v1/models, POST /tokenize, POST /detokenize, GET /health, GET /metrics and "
                  "GET /v1/stagewise/status")
 
@@ -284,6 +287,14 @@ def build_app(state: ServerState) -> FastAPI:
         """:func:`build_chat` with this server's ``--reasoning-format`` and ``--chat-template-kwargs``."""
         return build_chat(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
                           template_kwargs=settings.chat_template_kwargs)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:  # OpenAI's Responses API, stateless
+        return await generate(request, ResponsesBody, build_responses_here, responses_handler.respond)
+
+    def build_responses_here(body: ResponsesBody, model: ModelFacts, request_id: str) -> BuiltRequest:
+        return build_responses(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
+                               template_kwargs=settings.chat_template_kwargs)
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:  # Anthropic's Messages API

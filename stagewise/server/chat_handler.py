@@ -8,17 +8,17 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from stagewise.engine.cut_off_calls import cut_off_calls
 from stagewise.engine.reasoning_stream import split_reasoning
-from stagewise.engine.request_output import TokenLogprob
+from stagewise.engine.request_output import RequestOutput, TokenLogprob
 from stagewise.engine.tool_calls import parse_tool_calls
 from stagewise.server import openai_format as fmt
 from stagewise.server.answer_stream import AnswerDelta, AnswerStream, Thought, ToolCallDelta
 from stagewise.server.choices import Choices
 from stagewise.server.openai_errors import typed_error_body
-from stagewise.server.output_stream import SSE_HEADERS, ClientGone, failed, failure
+from stagewise.server.output_stream import ClientGone, failed, failure
 from stagewise.server.request_builder import BuiltRequest
 
 
@@ -32,6 +32,14 @@ def final_message(text: str, built: BuiltRequest, finish_reason: str) -> tuple[d
     if reasoning:
         message["reasoning_content"] = message["reasoning"] = reasoning
     return message, reason
+
+
+async def whole_answer(built: BuiltRequest, choices: Choices, request: Request) -> tuple[dict[str, Any], str, RequestOutput]:
+    """The one choice's whole answer, once it is finished: its message (:func:`final_message`), finish reason and
+    last output (the other APIs' responses, which have no ``n``)."""
+    outputs = (await choices.collect(request))[0]
+    message, reason = final_message("".join(o.text for o in outputs), built, str(outputs[-1].finish_reason))
+    return message, reason, outputs[-1]
 
 
 def _answer(text: str, built: BuiltRequest, finish_reason: str) -> tuple[dict[str, Any], str]:
@@ -53,8 +61,7 @@ def _answer(text: str, built: BuiltRequest, finish_reason: str) -> tuple[dict[st
 
 async def respond(built: BuiltRequest, choices: Choices, model: str, request: Request) -> Response:
     if built.stream:
-        choices.watch(request)  # a client gone ends the stream (and its engine requests) at its next output
-        return StreamingResponse(_events(built, choices, model), media_type="text/event-stream", headers=SSE_HEADERS)
+        return choices.stream(request, _events(built, choices, model))
     outputs = await choices.collect(request)
     body_choices = []
     for index, outs in enumerate(outputs):

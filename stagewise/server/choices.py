@@ -7,16 +7,17 @@ handler through one queue as ``(choice index, output)`` in the order the engine 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.request_handle import OutputSink
 from stagewise.engine.request_output import RequestOutput
 from stagewise.server.client_socket import client_fd
 from stagewise.server.engine_front import EngineFront, Handle
-from stagewise.server.output_stream import ClientGone, failed, failure, wait_disconnect
+from stagewise.server.output_stream import SSE_HEADERS, ClientGone, failed, failure, wait_disconnect
 
 
 class Choices:
@@ -89,6 +90,12 @@ class Choices:
         for handle in self.handles:
             if not handle.done:
                 handle.cancel()
+
+    def stream(self, request: Request, events: AsyncIterator[str]) -> StreamingResponse:
+        """The SSE response of ``events`` (made from these choices' outputs), the client watched (:meth:`watch`):
+        a client gone ends the stream, and its engine requests, at its next output."""
+        self.watch(request)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def collect(self, request: Request) -> list[list[RequestOutput]]:
         """Every output of every choice, up to each one's finished output. Cancels them all and raises

@@ -6,20 +6,19 @@ import time
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from stagewise.engine.request_output import TokenLogprob
 from stagewise.server import openai_format as fmt
 from stagewise.server.choices import Choices
 from stagewise.server.openai_errors import typed_error_body
-from stagewise.server.output_stream import SSE_HEADERS, ClientGone, failed, failure
+from stagewise.server.output_stream import ClientGone, failed, failure
 from stagewise.server.request_builder import BuiltRequest
 
 
 async def respond(built: BuiltRequest, choices: Choices, model: str, request: Request) -> Response:
     if built.stream:
-        choices.watch(request)  # a client gone ends the stream (and its engine requests) at its next output
-        return StreamingResponse(_events(built, choices, model), media_type="text/event-stream", headers=SSE_HEADERS)
+        return choices.stream(request, _events(built, choices, model))
     outputs = await choices.collect(request)
     body_choices = []
     for index, outs in enumerate(outputs):

@@ -11,7 +11,7 @@ from stagewise.engine.metrics import EngineMetrics
 from stagewise.errors import StagewiseError
 from stagewise.server.openai_errors import BodyTooLarge, Unauthorized, error_response
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics",
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics",
              "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize", "/v1/stagewise/status", "/")
 _PROTECTED_PREFIXES = ("/v1/", "/debug/", "/tokenize", "/detokenize")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from pydantic import ValidationError
 
 from stagewise.engine.chat_template import OWN_VARIABLES
 from stagewise.engine.grammar import Grammar
@@ -15,7 +17,7 @@ from stagewise.engine.tokenizer import Tokenizer
 from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.server.model_facts import ModelFacts
-from stagewise.server.openai_errors import InvalidParam
+from stagewise.server.openai_errors import InvalidParam, from_validation
 from stagewise.server.schemas import ChatCompletionBody, ChatMessage, CompletionBody, SamplingFields
 from stagewise.server.structured_output import response_format_grammar, tool_choice_grammar
 
@@ -40,6 +42,7 @@ class BuiltRequest:
     # a thinking model's reasoning returned apart (chat only): None = no split; True = the prompt opened the block
     reasoning: bool | None = None
     prompts: int = 1  # a completions batch: requests are prompt after prompt, each prompt's n choices together
+    response_fields: dict[str, Any] = field(default_factory=dict)  # request fields the response repeats (Responses API)
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.requests) <= MAX_ENGINE_REQUESTS or len(self.requests) % self.prompts:
@@ -250,6 +253,26 @@ def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str, spl
         reasoning = starts_in_reasoning(text)
     return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body),
                         fmt, forced, reasoning)
+
+
+def chat_request(fields: dict[str, Any]) -> ChatCompletionBody:
+    """The chat body of another API's request, from the chat ``fields`` it asks for (validated as a body is)."""
+    try:
+        return ChatCompletionBody.model_validate(fields)
+    except ValidationError as exc:
+        raise from_validation(exc) from exc
+
+
+def build_chat_as(fields: dict[str, str], chat: ChatCompletionBody, model: ModelFacts, request_id: str,
+                  split_reasoning: bool = True, template_kwargs: dict[str, Any] | None = None) -> BuiltRequest:
+    """:func:`build_chat` of another API's request read as ``chat``: an error naming a chat field names that
+    API's (``fields``: chat's name -> its own; ``messages`` loses its index, which is not the API's item's)."""
+    try:
+        return build_chat(chat, model, request_id, split_reasoning, template_kwargs)
+    except InvalidParam as exc:
+        if exc.param is not None and (head := exc.param.split(".")[0]) in fields:
+            exc.param = fields[head] if head == "messages" else fields[head] + exc.param[len(head):]
+        raise
 
 
 def _forced_tools(tool_choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> tuple[str, ...]:
