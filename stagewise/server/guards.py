@@ -11,8 +11,8 @@ from stagewise.engine.metrics import EngineMetrics
 from stagewise.errors import StagewiseError
 from stagewise.server.openai_errors import BodyTooLarge, Unauthorized, error_response
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics",
-             "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize", "/v1/stagewise/status", "/")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+             "/v1/models", "/health", "/metrics", "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize", "/v1/stagewise/status", "/")
 _PROTECTED_PREFIXES = ("/v1/", "/debug/", "/tokenize", "/detokenize")
 
 
@@ -60,7 +60,9 @@ class Guards:
         if self.api_key is not None and path.startswith(_PROTECTED_PREFIXES):
             bearer = headers.get("authorization", "")  # OpenAI's clients
             key = headers.get("x-api-key")  # Anthropic's
-            given, expected = (key, self.api_key) if key is not None and not bearer else (bearer, f"Bearer {self.api_key}")
+            given, expected = ((key, self.api_key) if key is not None and not bearer
+                               else (bearer, f"Bearer {self.api_key}"))
             if not hmac.compare_digest(given.encode(), expected.encode()):
-                return Unauthorized("missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
+                return Unauthorized("missing or incorrect API key: send 'Authorization: Bearer <key>' or "
+                                    "'x-api-key: <key>'")
         return None
