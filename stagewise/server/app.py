@@ -22,13 +22,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from stagewise.errors import StagewiseError
-from stagewise.server import anthropic_handler, chat_handler, completion_handler, responses_handler, tokenize_handler
+from stagewise.server import (
+    anthropic_handler,
+    chat_handler,
+    completion_handler,
+    ollama_handler,
+    responses_handler,
+    tokenize_handler,
+)
 from stagewise.server.anthropic_request import build_messages, count_tokens
 from stagewise.server.anthropic_schemas import CountTokensBody, MessagesBody
 from stagewise.server.choices import Choices
 from stagewise.server.client_socket import client_transport
 from stagewise.server.guards import Guards
 from stagewise.server.model_facts import ModelFacts
+from stagewise.server.ollama_request import build_ollama_chat, build_ollama_generate
+from stagewise.server.ollama_schemas import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from stagewise.server.openai_errors import (
     BodyTimeout,
     BodyTooLarge,
@@ -51,7 +60,8 @@ from stagewise.server.webui import add_webui
 
 _CLIENT_CLOSED = 499
 SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
-                 "POST /v1/messages/count_tokens, "
+                 "POST /v1/messages/count_tokens, Ollama's POST /api/chat, /api/generate, /api/show and GET /api/tags, "
+                 "/api/ps, /api/version, "
                  "GET /v1/models, POST /tokenize, POST /detokenize, GET /health, GET /metrics and "
                  "GET /v1/stagewise/status")
 
@@ -295,6 +305,46 @@ def build_app(state: ServerState) -> FastAPI:
     def build_responses_here(body: ResponsesBody, model: ModelFacts, request_id: str) -> BuiltRequest:
         return build_responses(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
                                template_kwargs=settings.chat_template_kwargs)
+
+    # Ollama's API, for the tools that speak only it
+    started_at = ollama_handler.now()
+
+    @app.post("/api/chat")
+    async def ollama_chat(request: Request) -> Response:
+        return await generate(request, OllamaChatBody, build_ollama_chat_here, ollama_handler.responder(False))
+
+    def build_ollama_chat_here(body: OllamaChatBody, model: ModelFacts, request_id: str) -> BuiltRequest:
+        return build_ollama_chat(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
+                                 template_kwargs=settings.chat_template_kwargs)
+
+    @app.post("/api/generate")
+    async def ollama_generate(request: Request) -> Response:
+        return await generate(request, OllamaGenerateBody, build_ollama_generate_here, ollama_handler.responder(True))
+
+    def build_ollama_generate_here(body: OllamaGenerateBody, model: ModelFacts, request_id: str) -> BuiltRequest:
+        return build_ollama_generate(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
+                                     template_kwargs=settings.chat_template_kwargs)
+
+    @app.get("/api/tags")
+    async def ollama_tags() -> Response:
+        _, model = state.serving()
+        return JSONResponse(ollama_handler.tags(state.served_names(model).name, model, started_at))
+
+    @app.get("/api/ps")
+    async def ollama_ps() -> Response:
+        _, model = state.serving()
+        return JSONResponse(ollama_handler.running(state.served_names(model).name, model))
+
+    @app.post("/api/show")
+    async def ollama_show(request: Request) -> Response:
+        body = await validated(request, OllamaShowBody)
+        _, model = state.serving()
+        state.served_names(model).check(body.model or body.name)
+        return JSONResponse(ollama_handler.show(model))
+
+    @app.get("/api/version")
+    async def ollama_version() -> Response:
+        return JSONResponse(ollama_handler.version())
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:  # Anthropic's Messages API

@@ -7,6 +7,7 @@ handler through one queue as ``(choice index, output)`` in the order the engine 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 
 from starlette.requests import Request
@@ -29,6 +30,7 @@ class Choices:
         self.queue: asyncio.Queue[tuple[int, RequestOutput] | None] = asyncio.Queue()  # None: the client is gone
         self.handles: list[Handle] = []
         self._watcher: asyncio.Task[None] | None = None
+        self.first_output_s: float | None = None  # time.perf_counter() when the first output was taken
 
     @classmethod
     async def submit(cls, engine: EngineFront, requests: Sequence[EngineRequest],
@@ -78,6 +80,8 @@ class Choices:
         item = await self.queue.get()
         if item is None or (self.client is not None and self.client.is_closing()):
             raise ClientGone(self.request_id)  # nothing more is written to a closing connection
+        if self.first_output_s is None:
+            self.first_output_s = time.perf_counter()
         return item
 
     def cancel(self) -> None:
@@ -91,11 +95,13 @@ class Choices:
             if not handle.done:
                 handle.cancel()
 
-    def stream(self, request: Request, events: AsyncIterator[str]) -> StreamingResponse:
-        """The SSE response of ``events`` (made from these choices' outputs), the client watched (:meth:`watch`):
-        a client gone ends the stream, and its engine requests, at its next output."""
+    def stream(self, request: Request, events: AsyncIterator[str],
+               media_type: str = "text/event-stream") -> StreamingResponse:
+        """The streamed response of ``events`` (made from these choices' outputs; server-sent events unless
+        ``media_type`` says otherwise), the client watched (:meth:`watch`): a client gone ends the stream, and
+        its engine requests, at its next output."""
         self.watch(request)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(events, media_type=media_type, headers=SSE_HEADERS)
 
     async def collect(self, request: Request) -> list[list[RequestOutput]]:
         """Every output of every choice, up to each one's finished output. Cancels them all and raises

@@ -12,8 +12,9 @@ from stagewise.errors import StagewiseError
 from stagewise.server.openai_errors import BodyTooLarge, Unauthorized, error_response
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-             "/v1/models", "/health", "/metrics", "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize", "/v1/stagewise/status", "/")
-_PROTECTED_PREFIXES = ("/v1/", "/debug/", "/tokenize", "/detokenize")
+             "/v1/models", "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version",
+             "/health", "/metrics", "/debug/fail-next-step", "/debug/step-delay", "/tokenize", "/detokenize", "/v1/stagewise/status", "/")
+_PROTECTED_PREFIXES = ("/v1/", "/api/", "/debug/", "/tokenize", "/detokenize")
 
 
 class Guards:

@@ -11,6 +11,8 @@ from stagewise.engine.scheduler import QueueFull
 from stagewise.errors import RequestError, StagewiseError
 from stagewise.server import anthropic_format
 
+OLLAMA_PATH = "/api/"  # Ollama's routes answer errors in its shape
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -79,9 +81,12 @@ def typed_error_body(exc: StagewiseError) -> dict[str, Any]:
 
 def shaped_body(path: str, status: int, message: str, code: str | None = None,
                 param: str | None = None) -> dict[str, Any]:
-    """The error body as the route at ``path`` answers it: Anthropic's under ``/v1/messages``, else OpenAI's."""
+    """The error body as the route at ``path`` answers it: Anthropic's under ``/v1/messages``, Ollama's
+    (``{"error": message}``) under ``/api/``, else OpenAI's."""
     if path.startswith(anthropic_format.ANTHROPIC_PATH):
         return anthropic_format.error_body(status, message)
+    if path.startswith(OLLAMA_PATH):
+        return {"error": message}
     return error_body(status, message, code, param)
 
 

@@ -72,6 +72,7 @@ def placement_view(model: LoadedModel) -> dict[str, Any]:
         "outcome": plan["outcome"],
         "objective": plan["objective"],
         "summary": model.placement_summary,
+        "architecture": model.config.architecture,
         "predicted": plan["predicted"],
         "max_context": model.max_context,
         "sequence_slots": pipeline.rows,

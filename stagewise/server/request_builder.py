@@ -292,9 +292,11 @@ def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str 
     return list(prompt)
 
 
-def build_completion(body: CompletionBody, model: ModelFacts, request_id: str) -> BuiltRequest:
+def build_completion(body: CompletionBody, model: ModelFacts, request_id: str,
+                     default_max_tokens: int | None = COMPLETION_MAX_TOKENS) -> BuiltRequest:
     """Tokenize (or take) the prompts of a text completion (one, or a batch: each prompt's ``n`` choices in
-    turn, indexed ``prompt * n + choice`` as OpenAI orders them); the completion id is ``cmpl-<request_id>``."""
+    turn, indexed ``prompt * n + choice`` as OpenAI orders them); the completion id is ``cmpl-<request_id>``.
+    Without ``max_tokens``, ``default_max_tokens`` (OpenAI's 16; None: the rest of the context)."""
     if body.echo:
         raise InvalidParam("echo is not supported", "echo")
     if body.suffix:
@@ -318,7 +320,7 @@ def build_completion(body: CompletionBody, model: ModelFacts, request_id: str) -
         if any(not 0 <= t < model.vocab_size for t in ids):
             raise InvalidParam(f"prompt token ids must be in [0, {model.vocab_size})", param)
         request = _engine_request(response_id, ids, body.max_tokens, body, model, top is not None, top or 0,
-                                  COMPLETION_MAX_TOKENS, grammar)
+                                  default_max_tokens, grammar)
         requests += _choices(response_id, request, body.n)
     if len(requests) > 1:  # every engine request its own id
         requests = [replace(r, request_id=f"{response_id}-{k}") for k, r in enumerate(requests)]
