@@ -66,5 +66,6 @@ def test_prompt_and_template_detection() -> None:
     assert starts_in_reasoning("<|im_start|>assistant\n<think>\n")
     assert not starts_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # enable_thinking false
     assert not starts_in_reasoning("<|im_start|>assistant\n")
+    assert not starts_in_reasoning("<|im_start|>user\nWhat does <think> mean?<|im_end|>\n<|im_start|>assistant\n")
     assert has_reasoning_tags("{% if x %}<think>{{ r }}</think>{% endif %}")
     assert not has_reasoning_tags("<|im_start|>{{ m }}<|im_end|>")

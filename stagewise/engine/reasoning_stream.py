@@ -6,9 +6,9 @@ reasoning parsers do, the server returns the block's text apart (``reasoning_con
 as ``content``. Two ways a block starts:
 
 * the output opens it: ``<think>`` before any other non-blank text (Qwen3's hybrid templates);
-* the prompt opened it: the rendered prompt ends inside an open block (templates that append
-  ``<think>\\n`` to the generation prompt, as Qwen3.5/3.6's and the 2507 thinking models' do), so the
-  output starts as reasoning and ``</think>`` ends it (:func:`starts_in_reasoning`).
+* the prompt opened it: the rendered prompt ends with ``<think>`` (templates that append ``<think>\\n`` to
+  the generation prompt, as Qwen3.5/3.6's, DeepSeek-R1's and the 2507 thinking models' do), so the output
+  starts as reasoning and ``</think>`` ends it (:func:`starts_in_reasoning`).
 
 A block is taken once; after ``</think>`` everything is answer. Blank text around the tags is dropped
 (the reasoning's leading and trailing blanks, the answer's leading blanks). A possible start of a tag
@@ -29,8 +29,10 @@ def has_reasoning_tags(template_source: str) -> bool:
 
 
 def starts_in_reasoning(prompt_text: str) -> bool:
-    """Whether ``prompt_text`` (a rendered chat prompt) ends inside an open ``<think>`` block."""
-    return prompt_text.rfind(OPEN_TAG) > prompt_text.rfind(CLOSE_TAG)
+    """Whether ``prompt_text`` (a rendered chat prompt) ends by opening a ``<think>`` block, as templates that
+    open it for the model write their generation prompt (``…assistant\n<think>\n``). Only the end is read: a
+    ``<think>`` a user wrote earlier in the conversation opens nothing."""
+    return prompt_text.rstrip().endswith(OPEN_TAG)
 
 
 @dataclass(frozen=True)
