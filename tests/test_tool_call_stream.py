@@ -13,6 +13,9 @@ from stagewise.engine.tool_calls import ToolCallFormat, parse_tool_calls
 HERMES = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "n": [1, {"x": "}"}]}}\n</tool_call>'
 TWO = HERMES + '\n<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>'
 LLAMA = ' {"name": "f", "parameters": {"a": "x\\"}"}}; {"name": "g", "parameters": {}}'
+XML = ("I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, <b>France</b>\n</parameter>\n"
+       "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+XML_TWO = XML + "\n<tool_call>\n<function=now>\n</function>\n</tool_call>"
 
 
 def _stream(text: str, fmt: ToolCallFormat, cuts: list[int]) -> list[Delta]:
@@ -39,7 +42,8 @@ def _assembled(deltas: list[Delta]) -> tuple[str, list[tuple[str, str]]]:
                                            ("no call here <tool", "hermes"), ("x <tool_call>{bad}</tool_call> y", "hermes"),
                                            ('<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>', "hermes"),
                                            ('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', "hermes"),
-                                           ("Hello {not json", "llama3")])
+                                           ("Hello {not json", "llama3"), (XML, "qwen_xml"), (XML_TWO, "qwen_xml"),
+                                           (XML[:-40], "qwen_xml"), ("a <tool_call>\nnot xml\n</tool_call> b", "qwen_xml")])
 @pytest.mark.parametrize("seed", range(6))
 def test_any_cut_matches_the_whole_parse(text: str, fmt: ToolCallFormat, seed: int) -> None:
     rng = random.Random(seed)

@@ -102,3 +102,18 @@ def test_detect_format() -> None:
     assert detect_tool_call_format(DEFAULT_CHATML) == "hermes"
     assert detect_tool_call_format(None) == "hermes"
     assert detect_tool_call_format('{"name": function name, "parameters": ...} <|python_tag|>') == "llama3"
+    assert detect_tool_call_format("<tool_call>\n<function=example>\n<parameter=p>\nv\n</parameter>") == "qwen_xml"
+
+
+def test_qwen_xml_values_read_by_their_schemas() -> None:
+    text = ("Checking.\n<tool_call>\n<function=book>\n<parameter=zip>\n01234\n</parameter>\n<parameter=nights>\n"
+            "2\n</parameter>\n<parameter=extras>\n[\"wifi\"]\n</parameter>\n<parameter=note>\nfirst line\nsecond\n"
+            "</parameter>\n</function>\n</tool_call>")
+    params = {"book": {"zip": {"type": "string"}, "nights": {"type": "integer"}, "extras": {"type": "array"},
+                       "note": {"type": "string"}}}
+    parsed = parse_tool_calls(text, "qwen_xml", random.Random(0), params)
+    assert parsed.content == "Checking." and [c.name for c in parsed.calls] == ["book"]
+    assert json.loads(parsed.calls[0].arguments_json) == {"zip": "01234", "nights": 2, "extras": ["wifi"],
+                                                          "note": "first line\nsecond"}
+    untyped = parse_tool_calls(text, "qwen_xml", random.Random(0))  # no schema: JSON where it parses
+    assert json.loads(untyped.calls[0].arguments_json)["zip"] == "01234"  # not JSON (a leading zero): as written

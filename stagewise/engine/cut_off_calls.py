@@ -13,21 +13,22 @@ import random
 import re
 
 from stagewise.engine.tool_call_stream import Delta, ToolCallDelta, ToolCallStream
-from stagewise.engine.tool_calls import ParsedToolCalls, ToolCall, ToolCallFormat, new_call_id
+from stagewise.engine.tool_calls import ParsedToolCalls, ToolCall, ToolCallFormat, ToolParams, new_call_id
 
-_NAME_SO_FAR = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)')
+_NAME_SO_FAR = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)|<function=([^>\n]*)')  # JSON formats' and qwen_xml's
 
 
 def forced_name(text: str, forced: tuple[str, ...]) -> str | None:
     """The one function of ``forced`` whose name starts with what ``text`` wrote of it (all of them when
     it wrote none yet); None when that is not exactly one."""
     found = _NAME_SO_FAR.search(text)
-    written = found.group(1) if found else ""
+    written = (found.group(1) or found.group(2) or "") if found else ""
     candidates = [name for name in forced if name.startswith(written)]
     return candidates[0] if len(candidates) == 1 else None
 
 
-def cut_off_calls(text: str, fmt: ToolCallFormat, forced: tuple[str, ...], rng: random.Random) -> ParsedToolCalls:
+def cut_off_calls(text: str, fmt: ToolCallFormat, forced: tuple[str, ...], rng: random.Random,
+                  params: ToolParams | None = None) -> ParsedToolCalls:
     """Content and calls of ``text``, an output that ended at ``max_tokens`` with tools offered.
 
     Args:
@@ -35,8 +36,9 @@ def cut_off_calls(text: str, fmt: ToolCallFormat, forced: tuple[str, ...], rng: 
         fmt: the tool-call format the template teaches.
         forced: the functions a forced ``tool_choice`` allows (``()``: not forced).
         rng: draws the call ids.
+        params: the offered tools' parameter schemas (``qwen_xml`` values).
     """
-    stream = ToolCallStream(fmt, rng)
+    stream = ToolCallStream(fmt, rng, params)
     deltas = stream.push(text) + stream.finish()
     if forced and not stream.calls:
         deltas = forced_deltas(text, forced, rng)

@@ -22,7 +22,15 @@ import json
 import random
 from dataclasses import dataclass
 
-from stagewise.engine.tool_calls import ToolCallFormat, call_from_json, new_call_id
+from stagewise.engine.tool_calls import (
+    XML_PARAMETER,
+    ToolCallFormat,
+    ToolParams,
+    call_from_json,
+    call_from_xml,
+    new_call_id,
+    xml_argument,
+)
 
 _OPEN, _CLOSE, _PYTHON_TAG = "<tool_call>", "</tool_call>", "<|python_tag|>"
 _ARGUMENT_KEYS = {"hermes": ("arguments",), "llama3": ("parameters", "arguments")}
@@ -183,18 +191,62 @@ class _Call:
         return []
 
 
+class _XmlCall:
+    """One ``qwen_xml`` call being streamed: its header when ``<function=NAME>`` is complete, then the
+    arguments object a parameter at a time as each ``</parameter>`` arrives (``{"k": v`` / ``, "k": v``, then
+    ``}`` at the end), so the pieces join into what :func:`call_from_xml` makes of the whole block."""
+
+    def __init__(self, index: int, call_id: str, params: ToolParams) -> None:
+        self.index, self.id, self.params = index, call_id, params
+        self.name: str | None = None
+        self.sent = 0  # parameters sent
+
+    @property
+    def header_sent(self) -> bool:
+        return self.name is not None
+
+    def feed(self, body: str) -> list[ToolCallDelta]:
+        out: list[ToolCallDelta] = []
+        if self.name is None:
+            stripped = body.lstrip()
+            if not stripped.startswith("<function=") or ">" not in stripped:
+                return []  # undecided, or no call: decided at the end
+            name = stripped[len("<function="):stripped.index(">")].strip()
+            if not name or "\n" in name:
+                return []
+            self.name = name
+            out.append(ToolCallDelta(self.index, "", self.id, name))
+        schemas = self.params.get(self.name, {})
+        for key, value in XML_PARAMETER.findall(body)[self.sent:]:
+            pair = f"{json.dumps(key.strip(), ensure_ascii=False)}: " \
+                   f"{json.dumps(xml_argument(value, schemas.get(key.strip())), ensure_ascii=False)}"
+            out.append(ToolCallDelta(self.index, ("{" if self.sent == 0 else ", ") + pair))
+            self.sent += 1
+        return out
+
+    def finish(self, body: str) -> list[ToolCallDelta] | None:
+        if self.name is None:
+            parsed = call_from_xml(body, self.params)
+            return None if parsed is None else [ToolCallDelta(self.index, parsed[1], self.id, parsed[0])]
+        out = self.feed(body)
+        out.append(ToolCallDelta(self.index, "}" if self.sent else "{}"))
+        return out
+
+
 class ToolCallStream:
     """Feed output text with :meth:`push`; get content strings and :class:`ToolCallDelta` s back.
 
     ``calls`` counts the calls started; the finish reason is ``tool_calls`` when it is > 0.
     """
 
-    def __init__(self, fmt: ToolCallFormat, rng: random.Random | None = None) -> None:
+    def __init__(self, fmt: ToolCallFormat, rng: random.Random | None = None, params: ToolParams | None = None) -> None:
+        """``params``: the offered tools' parameter schemas (how ``qwen_xml`` values are read)."""
         self.fmt = fmt
         self.rng = rng or random.Random()
+        self.params = params or {}
         self.calls = 0
         self._pending = ""  # text not yet decided on
-        self._call: _Call | None = None
+        self._call: _Call | _XmlCall | None = None
         self._body = ""  # the current call's text
         self._expect_call = fmt == "llama3"  # llama3: at the start, or after a call: a "{" starts a call
         self._gap = ""  # hermes: blanks before <tool_call>, sent only if the block is no call
@@ -224,7 +276,9 @@ class ToolCallStream:
                 return out
 
     def _start_call(self) -> None:
-        self._call = _Call(self.calls, self.fmt, new_call_id(self.rng))
+        call_id = new_call_id(self.rng)
+        self._call = (_XmlCall(self.calls, call_id, self.params) if self.fmt == "qwen_xml"
+                      else _Call(self.calls, self.fmt, call_id))
         self._body = ""
 
     def _add(self, out: list[Delta], deltas: list[ToolCallDelta]) -> None:
@@ -238,7 +292,7 @@ class ToolCallStream:
         self._call = None
         if deltas is not None:
             self._add(out, deltas)
-        elif self.fmt == "hermes":
+        elif self.fmt != "llama3":  # a <tool_call> block that is no call: its text
             out.append(self._gap + _OPEN + body + (_CLOSE if closed else ""))
         else:
             out.append(body)
@@ -246,7 +300,7 @@ class ToolCallStream:
 
     def _text(self, out: list[Delta], final: bool) -> bool:
         """Outside a call: send content, or enter a call; True when there is more to process."""
-        marker = _OPEN if self.fmt == "hermes" else _PYTHON_TAG
+        marker = _PYTHON_TAG if self.fmt == "llama3" else _OPEN
         if self._expect_call:
             stripped = self._pending.lstrip(" \t\r\n;" if self.calls else " \t\r\n")
             if not stripped:
@@ -259,7 +313,7 @@ class ToolCallStream:
         found = self._pending.find(marker)
         if found >= 0:
             content = self._pending[:found]
-            if self.fmt == "hermes":
+            if self.fmt != "llama3":
                 self._gap = content[len(content.rstrip()):]
                 content = content.rstrip()
             out.append(content)
@@ -277,7 +331,7 @@ class ToolCallStream:
         """Inside a call: stream it; at its end, go back to text (or the next call); True to go on."""
         call = self._call
         assert call is not None
-        if self.fmt == "hermes":
+        if self.fmt != "llama3":  # <tool_call> blocks
             self._body += self._pending
             self._pending = ""
             closed = self._body.find(_CLOSE)
@@ -288,6 +342,7 @@ class ToolCallStream:
             self._pending = self._body[closed + len(_CLOSE) :]
             self._end_call(out, body, closed=True)
             return True
+        assert isinstance(call, _Call)  # llama3
         self._body += self._pending
         self._pending = ""
         self._add(out, call.feed(self._body))

@@ -33,7 +33,8 @@ class AnswerStream:
 
     def __init__(self, built: BuiltRequest) -> None:
         self.thinking = ReasoningStream(built.reasoning) if built.reasoning is not None else None
-        self.parser = ToolCallStream(built.tool_format) if built.tool_format is not None else None
+        self.parser = (ToolCallStream(built.tool_format, params=built.tool_params) if built.tool_format is not None
+                       else None)
         self.forced = built.forced_tools
         self.written = ""  # the answer so far (a forced call's name is read from it)
 

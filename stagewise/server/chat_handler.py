@@ -46,13 +46,13 @@ def _answer(text: str, built: BuiltRequest, finish_reason: str) -> tuple[dict[st
     """The message of an answer; an output cut off by ``max_tokens`` keeps the call written so far and
     finishes ``length``."""
     if built.tool_format is not None and finish_reason == "length":
-        parsed = cut_off_calls(text, built.tool_format, built.forced_tools, random.Random())
+        parsed = cut_off_calls(text, built.tool_format, built.forced_tools, random.Random(), built.tool_params)
         if parsed.calls:
             calls = [call.to_openai() for call in parsed.calls]
             return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "length"
         return {"role": "assistant", "content": parsed.content if not built.forced_tools else None}, "length"
     if built.tool_format is not None:
-        parsed = parse_tool_calls(text, built.tool_format, random.Random())
+        parsed = parse_tool_calls(text, built.tool_format, random.Random(), built.tool_params)
         if parsed.calls:
             calls = [call.to_openai() for call in parsed.calls]
             return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "tool_calls"

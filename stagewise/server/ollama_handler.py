@@ -22,7 +22,6 @@ from starlette.responses import JSONResponse, Response
 from stagewise import __version__
 from stagewise.engine.reasoning_stream import has_reasoning_tags
 from stagewise.engine.request_output import RequestOutput
-from stagewise.engine.tool_calls import detect_tool_call_format
 from stagewise.server.answer_stream import AnswerStream, Thought, ToolCallDelta
 from stagewise.server.chat_handler import whole_answer
 from stagewise.server.choices import Choices
@@ -155,7 +154,7 @@ def running(name: str, model: ModelFacts) -> dict[str, Any]:
 def show(model: ModelFacts) -> dict[str, Any]:
     """``/api/show``: the template, the context length and what the model can do."""
     capabilities = ["completion"]
-    if detect_tool_call_format(model.chat_template.source) is not None:
+    if "tools" in model.chat_template.source:  # a template that renders the offered tools
         capabilities.append("tools")
     if has_reasoning_tags(model.chat_template.source):
         capabilities.append("thinking")

@@ -14,7 +14,7 @@ from stagewise.engine.reasoning_stream import has_reasoning_tags, starts_in_reas
 from stagewise.engine.request import EngineRequest
 from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.tokenizer import Tokenizer
-from stagewise.engine.tool_calls import ToolCallFormat, detect_tool_call_format
+from stagewise.engine.tool_calls import ToolCallFormat, ToolParams, detect_tool_call_format, tool_params
 from stagewise.errors import ContextLengthExceeded, StagewiseError
 from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import InvalidParam, from_validation
@@ -43,6 +43,7 @@ class BuiltRequest:
     reasoning: bool | None = None
     prompts: int = 1  # a completions batch: requests are prompt after prompt, each prompt's n choices together
     response_fields: dict[str, Any] = field(default_factory=dict)  # request fields the response repeats (Responses API)
+    tool_params: ToolParams = field(default_factory=dict)  # the offered tools' parameter schemas (qwen_xml values)
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.requests) <= MAX_ENGINE_REQUESTS or len(self.requests) % self.prompts:
@@ -252,7 +253,7 @@ def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str, spl
     if split_reasoning and grammar is None and has_reasoning_tags(model.chat_template.source):
         reasoning = starts_in_reasoning(text)
     return BuiltRequest(response_id, _choices(response_id, request, body.n), bool(body.stream), _include_usage(body),
-                        fmt, forced, reasoning)
+                        fmt, forced, reasoning, tool_params=tool_params(tools))
 
 
 def chat_request(fields: dict[str, Any]) -> ChatCompletionBody:

@@ -6,7 +6,8 @@
 * ``tool_choice: "required"`` or ``{"type": "function", "function": {"name": N}}``: the output is one
   call, in the format the chat template teaches (Hermes ``<tool_call>\\n{...}\\n</tool_call>`` or
   Llama 3 JSON), of any offered tool or of ``N``, its arguments valid under the tool's
-  ``parameters`` schema.
+  ``parameters`` schema; in Qwen's XML format (``<function=N>`` and ``<parameter=K>`` pairs), each value
+  valid under its property's schema (a string: text without ``<``), the parameters those the tool names.
 
 JSON is written compactly (``", "`` and ``": "``, no other whitespace).
 """
@@ -79,10 +80,12 @@ def tool_choice_grammar(tool_choice: str | dict[str, Any] | None, tools: list[di
     else:
         raise InvalidParam("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
                            "{'name': ...}}", "tool_choice")
+    vocabulary = _vocabulary(model, "tool_choice")
+    if fmt == "qwen_xml":
+        return _xml_call_grammar([tool["function"] for tool in chosen], model, vocabulary)
     arguments_key = "arguments" if fmt == "hermes" else "parameters"
     calls = [_call_schema(tool["function"], arguments_key) for tool in chosen]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    vocabulary = _vocabulary(model, "tool_choice")
     try:
         if fmt == "llama3":
             return Grammar.json_schema(schema, vocabulary, "tool_choice")
@@ -93,6 +96,53 @@ def tool_choice_grammar(tool_choice: str | dict[str, Any] | None, tools: list[di
         return Grammar.lark(f'start: {start} "\\n" call "\\n" {end}\ncall: %json {call}', vocabulary, "tool_choice")
     except GrammarError as exc:
         raise InvalidParam(str(exc), "tool_choice") from exc
+
+
+def _xml_call_grammar(functions: list[dict[str, Any]], model: ModelFacts, vocabulary: GrammarVocabulary) -> Grammar:
+    """One ``qwen_xml`` call of one of ``functions``: ``<function=NAME>``, then any of its parameters, each
+    ``<parameter=KEY>\\nVALUE\\n</parameter>`` with a value its schema allows."""
+    tokenizer = model.tokenizer
+    assert tokenizer is not None
+    start, end = (_lark_token(tokenizer, tag) for tag in ("<tool_call>", "</tool_call>"))
+    try:
+        rules, alternatives = _xml_rules(functions)
+        text = "\n".join([f'start: {start} "\\n" call "\\n" {end}', f"call: {' | '.join(alternatives)}", *rules])
+        return Grammar.lark(text, vocabulary, "tool_choice")
+    except GrammarError as exc:
+        raise InvalidParam(str(exc), "tool_choice") from exc
+
+
+def _xml_rules(functions: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The Lark rules of each function's call (``f{i}``): its parameters in the schema's order, each once, the
+    required ones always (``p{i}_{j}``, values ``v{i}_{j}``)."""
+    rules, alternatives = [], []
+    for i, function in enumerate(functions):
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        required = set(parameters.get("required") or ())
+        body = []
+        for j, (key, schema) in enumerate(properties.items()):
+            schema = schema if isinstance(schema, dict) else {}
+            check_finite(schema, "tool_choice")
+            rules.append(f"p{i}_{j}: {json.dumps(f'<parameter={key}>' + chr(10))} v{i}_{j} "
+                         f"{json.dumps(chr(10) + '</parameter>' + chr(10))}\nv{i}_{j}: {_xml_value(schema)}")
+            body.append(f"p{i}_{j}" if key in required else f"p{i}_{j}?")
+        rules.append(f"f{i}: {json.dumps('<function=' + str(function.get('name')) + '>' + chr(10))} "
+                     f"{' '.join(body)} \"</function>\"")
+        alternatives.append(f"f{i}")
+    return rules, alternatives
+
+
+def _xml_value(schema: dict[str, Any]) -> str:
+    """A parameter value's rule: a string as written (no ``<``; at most ``maxLength``), one of a string enum,
+    anything else as JSON under its schema."""
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return " | ".join(json.dumps(v) for v in enum)
+    if schema.get("type") == "string" or not schema:
+        longest = schema.get("maxLength")
+        return f"/[^<]{{0,{int(longest)}}}/" if isinstance(longest, int) else "/[^<]*/"
+    return f"%json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}"
 
 
 def _lark_token(tokenizer: Tokenizer, text: str) -> str:
