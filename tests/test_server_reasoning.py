@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from stagewise.cli.main import main
 from stagewise.engine.loaded_model import LoadedModel
-from stagewise.engine.model_loading import load_model
 from stagewise.server.serve_settings import ServeSettings
-from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
-from tests.test_server_support import MODEL_VOCAB, TOKENIZER_VOCAB, make_model_dir
+from tests.test_server_support import templated_model
 from tests.test_server_tool_calls import TOOLS, ScriptedBatcher, scripted_server
 
 THINKING_TEMPLATE = (  # written as Qwen's are: every newline a string literal, so trim_blocks keeps them
@@ -40,11 +37,7 @@ ASK = [{"role": "user", "content": "Capital of France?"}]
 @pytest.fixture(scope="module")
 def thinking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
     """A model whose template is :data:`THINKING_TEMPLATE` (also the Anthropic and Responses tests')."""
-    path: Path = make_model_dir(tmp_path_factory.mktemp("thinking-model") / "m")
-    save_for_hf(train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB), path, chat_template=THINKING_TEMPLATE)
-    model = load_model(str(path), None, "single", 1024)
-    yield model
-    model.close()
+    yield from templated_model(tmp_path_factory, "thinking-model", THINKING_TEMPLATE)
 
 
 @pytest.fixture

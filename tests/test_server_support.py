@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -36,6 +37,18 @@ def make_model_dir(path: Path, seed: int = 3) -> Path:
     tok = train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB)
     save_for_hf(tok, path, chat_template=DEFAULT_CHATML)
     return path
+
+
+def templated_model(factory: pytest.TempPathFactory, name: str, template: str) -> Iterator[Any]:
+    """A loaded :func:`make_model_dir` model whose chat template is ``template`` (for a module-scoped fixture)."""
+    from stagewise.engine.model_loading import load_model
+    from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
+
+    path = make_model_dir(factory.mktemp(name) / "m")
+    save_for_hf(train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB), path, chat_template=template)
+    model = load_model(str(path), None, "single", 1024)
+    yield model
+    model.close()
 
 
 def free_port() -> int:

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from stagewise.engine.loaded_model import LoadedModel
-from stagewise.engine.model_loading import load_model
 from stagewise.server.serve_settings import ServeSettings
-from stagewise.weights.tokenizer_train import save_for_hf, train_demo_tokenizer
-from tests.test_server_support import MODEL_VOCAB, TOKENIZER_VOCAB, make_model_dir
+from tests.test_server_support import templated_model
 from tests.test_server_tool_calls import ScriptedBatcher, scripted_server
 
 XML_TEMPLATE = (  # Qwen3.5's shape, cut down: the tools and the XML call format in the system turn
@@ -37,11 +34,7 @@ ASK = [{"role": "user", "content": "Book two nights."}]
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadedModel]:
-    path: Path = make_model_dir(tmp_path_factory.mktemp("xml-tools") / "m")
-    save_for_hf(train_demo_tokenizer(TOKENIZER_VOCAB, pad_to=MODEL_VOCAB), path, chat_template=XML_TEMPLATE)
-    model = load_model(str(path), None, "single", 1024)
-    yield model
-    model.close()
+    yield from templated_model(tmp_path_factory, "xml-tools", XML_TEMPLATE)
 
 
 @pytest.fixture

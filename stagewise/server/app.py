@@ -267,6 +267,14 @@ def build_app(state: ServerState) -> FastAPI:
         _, model = state.serving()
         return JSONResponse(tokenize_handler.detokenize(body, model))
 
+    def configured(build: Any) -> Any:
+        """``build`` (a chat-path request builder) with this server's ``--reasoning-format`` and
+        ``--chat-template-kwargs``."""
+        def built(body: Any, model: ModelFacts, request_id: str) -> BuiltRequest:
+            return build(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
+                         template_kwargs=settings.chat_template_kwargs)
+        return built
+
     async def generate(request: Request, schema: Any, build: Any, respond: Any) -> Response:
         """Validate the body with ``schema``, ``build`` the engine requests (one per choice), submit them,
         ``respond``."""
@@ -291,39 +299,23 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, ChatCompletionBody, build_chat_here, chat_handler.respond)
-
-    def build_chat_here(body: ChatCompletionBody, model: ModelFacts, request_id: str) -> BuiltRequest:
-        """:func:`build_chat` with this server's ``--reasoning-format`` and ``--chat-template-kwargs``."""
-        return build_chat(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
-                          template_kwargs=settings.chat_template_kwargs)
+        return await generate(request, ChatCompletionBody, configured(build_chat), chat_handler.respond)
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:  # OpenAI's Responses API, stateless
-        return await generate(request, ResponsesBody, build_responses_here, responses_handler.respond)
-
-    def build_responses_here(body: ResponsesBody, model: ModelFacts, request_id: str) -> BuiltRequest:
-        return build_responses(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
-                               template_kwargs=settings.chat_template_kwargs)
+        return await generate(request, ResponsesBody, configured(build_responses), responses_handler.respond)
 
     # Ollama's API, for the tools that speak only it
     started_at = ollama_handler.now()
 
     @app.post("/api/chat")
     async def ollama_chat(request: Request) -> Response:
-        return await generate(request, OllamaChatBody, build_ollama_chat_here, ollama_handler.responder(False))
-
-    def build_ollama_chat_here(body: OllamaChatBody, model: ModelFacts, request_id: str) -> BuiltRequest:
-        return build_ollama_chat(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
-                                 template_kwargs=settings.chat_template_kwargs)
+        return await generate(request, OllamaChatBody, configured(build_ollama_chat), ollama_handler.responder(False))
 
     @app.post("/api/generate")
     async def ollama_generate(request: Request) -> Response:
-        return await generate(request, OllamaGenerateBody, build_ollama_generate_here, ollama_handler.responder(True))
-
-    def build_ollama_generate_here(body: OllamaGenerateBody, model: ModelFacts, request_id: str) -> BuiltRequest:
-        return build_ollama_generate(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
-                                     template_kwargs=settings.chat_template_kwargs)
+        return await generate(request, OllamaGenerateBody, configured(build_ollama_generate),
+                              ollama_handler.responder(True))
 
     @app.get("/api/tags")
     async def ollama_tags() -> Response:
@@ -348,11 +340,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:  # Anthropic's Messages API
-        return await generate(request, MessagesBody, build_messages_here, anthropic_handler.respond)
-
-    def build_messages_here(body: MessagesBody, model: ModelFacts, request_id: str) -> BuiltRequest:
-        return build_messages(body, model, request_id, split_reasoning=settings.reasoning_format != "none",
-                              template_kwargs=settings.chat_template_kwargs)
+        return await generate(request, MessagesBody, configured(build_messages), anthropic_handler.respond)
 
     @app.post("/v1/messages/count_tokens")
     async def messages_count_tokens(request: Request) -> Response:
