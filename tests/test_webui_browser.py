@@ -190,6 +190,16 @@ def test_tool_calls_and_reasoning_are_rendered(page: Any, demo: ServedModel) -> 
     shown = page.locator("#synthetic")
     assert shown.locator(".reasoning-text").inner_text() == "weigh it up"
     assert shown.locator(".content").inner_text() == "The answer."
+    # the server's reasoning deltas (a thinking model's block returned apart) go back with the turn
+    history = page.evaluate("""async () => {
+        const { Answer } = await import('/webui/chat.js');
+        const a = new Answer();
+        a.add({choices: [{index: 0, delta: {reasoning_content: 'It is', reasoning: 'It is'}}]});
+        a.add({choices: [{index: 0, delta: {reasoning_content: ' Paris.', reasoning: ' Paris.'}}]});
+        a.add({choices: [{index: 0, delta: {content: 'Paris.'}, finish_reason: 'stop'}]});
+        return a.message();
+    }""")
+    assert history == {"role": "assistant", "content": "Paris.", "reasoning_content": "It is Paris."}
 
 
 def test_api_key_is_asked_for_and_sent(page: Any, tmp_path: Path) -> None:

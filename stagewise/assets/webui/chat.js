@@ -112,6 +112,7 @@ export class Answer {
 
   message() {
     const out = { role: "assistant", content: this.text };
+    if (this.reasoning) out.reasoning_content = this.reasoning; // the model's template decides whether to keep it
     if (this.calls.length) out.tool_calls = this.calls;
     return out;
   }
