@@ -21,6 +21,7 @@ from tests.test_server_support import templated_model
 from tests.test_server_tool_calls import TOOLS, ScriptedBatcher, scripted_server
 
 THINKING_TEMPLATE = (  # written as Qwen's are: every newline a string literal, so trim_blocks keeps them
+    "{%- if reasoning_effort is defined %}{{- 'Reasoning: ' + reasoning_effort + '\\n' }}{%- endif %}"
     "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
     "{%- if m.role == 'assistant' and m.reasoning_content %}"
     "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
@@ -81,6 +82,16 @@ def test_enable_thinking_false_reaches_the_template(served: tuple[OpenAI, Script
                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert scripted.last_prompt().endswith("<think>\n\n</think>\n\n")
     assert reply.choices[0].message.content == "Paris." and _extra(reply.choices[0].message, "reasoning_content") is None
+
+
+def test_reasoning_effort_reaches_the_template(served: tuple[OpenAI, ScriptedBatcher]) -> None:
+    client, scripted = served
+    client.chat.completions.create(model="m", messages=ASK, max_tokens=1, reasoning_effort="low")  # type: ignore[arg-type]
+    assert scripted.last_prompt().startswith("Reasoning: low\n")
+    client.responses.create(model="m", input="Capital?", max_output_tokens=1, reasoning={"effort": "high"})
+    assert scripted.last_prompt().startswith("Reasoning: high\n")
+    client.chat.completions.create(model="m", messages=ASK, max_tokens=1)  # type: ignore[arg-type]
+    assert scripted.last_prompt().startswith("<|im_start|>")
 
 
 def test_reasoning_sent_back_renders_in_the_history(served: tuple[OpenAI, ScriptedBatcher]) -> None:

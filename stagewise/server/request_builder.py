@@ -236,7 +236,9 @@ def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str, spl
     for i, tool in enumerate(body.tools or ()):
         _check_tool(tool, f"tools.{i}")  # offered or not (tool_choice 'none'), a malformed tool is a 400
     tools = body.tools if body.tools and body.tool_choice != "none" else None
-    text = render_chat(body.messages, model, tools, variables=template_variables(template_kwargs, body.chat_template_kwargs))
+    effort = {"reasoning_effort": body.reasoning_effort} if body.reasoning_effort is not None else None
+    variables = template_variables(template_kwargs, effort, body.chat_template_kwargs)
+    text = render_chat(body.messages, model, tools, variables=variables)
     ids = prompt_ids(text, model, "messages")
     tool_format = detect_tool_call_format(model.chat_template.source)
     grammar = tool_choice_grammar(body.tool_choice, tools, tool_format, model)

@@ -122,7 +122,8 @@ def chat_body(body: ResponsesBody) -> ChatCompletionBody:
     fields: dict[str, Any] = {"messages": messages, "max_tokens": body.max_output_tokens, "stream": body.stream,
                               "temperature": body.temperature, "top_p": body.top_p,
                               "response_format": _response_format(body.text),
-                              "chat_template_kwargs": body.chat_template_kwargs}
+                              "chat_template_kwargs": body.chat_template_kwargs,
+                              "reasoning_effort": (body.reasoning or {}).get("effort")}
     if body.tools:
         fields["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(body.tools)]
         fields["tool_choice"] = _tool_choice(body.tool_choice)

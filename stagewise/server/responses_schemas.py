@@ -26,3 +26,4 @@ class ResponsesBody(BaseModel):
     previous_response_id: str | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # as chat's
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}: chat's reasoning_effort

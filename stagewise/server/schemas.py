@@ -63,6 +63,7 @@ class ChatCompletionBody(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (vLLM's, llama.cpp's): enable_thinking
+    reasoning_effort: str | None = None  # OpenAI's; a template variable of the same name (gpt-oss's templates read it)
 
 
 class CompletionBody(SamplingFields):
