@@ -1,4 +1,4 @@
-"""Q8_0 GEMM for a few rows per weight: batched-decode experts and dense projections of 17-64 rows.
+"""Q8_0 GEMM for a few rows per weight: batched-decode experts and dense projections of 3-64 rows.
 
 Contract as :func:`~stagewise.kernels.moe_grouped_triton.grouped_gemm` (``out[s] = A[row(s)] @
 W[expert(s)].T`` over the alignment's blocks, optionally times the slot's routing weight), for a

@@ -1,5 +1,5 @@
 """Q8_0 matmul for many tokens in one Triton launch: the grouped GEMM (prefill) or the few-rows decode
-GEMM (17-64 rows: a batched decode step), each with a single "expert".
+GEMM (more rows than ``q8_0.GEMV_MAX_TOKENS``, up to 64: a batched decode step), each with a single "expert".
 
 The reference path (:meth:`Q8_0Weight._tiled_matmul`) dequantizes bounded tiles of the weight to
 float32, casts them and calls the device's GEMM: ~6 launches and ~6 bytes of traffic per weight
