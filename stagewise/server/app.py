@@ -22,22 +22,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from stagewise.errors import StagewiseError
-from stagewise.server import (
-    anthropic_handler,
-    chat_handler,
-    completion_handler,
-    ollama_handler,
-    responses_handler,
-    tokenize_handler,
-)
-from stagewise.server.anthropic_request import build_messages, count_tokens
-from stagewise.server.anthropic_schemas import CountTokensBody, MessagesBody
+from stagewise.server import chat_handler, completion_handler, tokenize_handler
+from stagewise.server.apis import anthropic_handler, ollama_handler, responses_handler
+from stagewise.server.apis.anthropic_request import build_messages, count_tokens
+from stagewise.server.apis.anthropic_schemas import CountTokensBody, MessagesBody
+from stagewise.server.apis.ollama_request import build_ollama_chat, build_ollama_generate
+from stagewise.server.apis.ollama_schemas import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
+from stagewise.server.apis.responses_request import build_responses
+from stagewise.server.apis.responses_schemas import ResponsesBody
 from stagewise.server.choices import Choices
 from stagewise.server.client_socket import client_transport
 from stagewise.server.guards import Guards
 from stagewise.server.model_facts import ModelFacts
-from stagewise.server.ollama_request import build_ollama_chat, build_ollama_generate
-from stagewise.server.ollama_schemas import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from stagewise.server.openai_errors import (
     BodyTimeout,
     BodyTooLarge,
@@ -51,8 +47,6 @@ from stagewise.server.output_stream import ClientGone
 from stagewise.server.request_builder import BuiltRequest, build_chat, build_completion
 from stagewise.server.request_id import HEADER as REQUEST_ID_HEADER
 from stagewise.server.request_id import RequestIds, request_id_of
-from stagewise.server.responses_request import build_responses
-from stagewise.server.responses_schemas import ResponsesBody
 from stagewise.server.schemas import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
 from stagewise.server.server_state import ServerState
 from stagewise.server.status_report import StatusReport

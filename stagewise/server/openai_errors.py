@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse
 
 from stagewise.engine.scheduler import QueueFull
 from stagewise.errors import RequestError, StagewiseError
-from stagewise.server import anthropic_format
+from stagewise.server.apis import anthropic_format
 
 OLLAMA_PATH = "/api/"  # Ollama's routes answer errors in its shape
 

@@ -1,7 +1,7 @@
 """Request bodies of Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``), validated
 at the edge as the OpenAI bodies are (:mod:`stagewise.server.schemas`): strict types, unknown fields ignored.
 
-Content blocks stay dicts here; :mod:`stagewise.server.anthropic_request` reads each by its ``type``.
+Content blocks stay dicts here; :mod:`stagewise.server.apis.anthropic_request` reads each by its ``type``.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stagewise.server.apis.ollama_schemas import OllamaChatBody, OllamaGenerateBody, OllamaGeneration, OllamaMessage
 from stagewise.server.model_facts import ModelFacts
-from stagewise.server.ollama_schemas import OllamaChatBody, OllamaGenerateBody, OllamaGeneration, OllamaMessage
 from stagewise.server.openai_errors import InvalidParam, from_validation
 from stagewise.server.request_builder import BuiltRequest, build_chat_as, build_completion, chat_request
 from stagewise.server.schemas import CompletionBody

@@ -1,6 +1,6 @@
 """Request body of OpenAI's Responses API (``POST /v1/responses``), validated at the edge as the other bodies
 are (:mod:`stagewise.server.schemas`): strict types, unknown fields ignored. Input items and tools stay dicts;
-:mod:`stagewise.server.responses_request` reads each by its ``type``."""
+:mod:`stagewise.server.apis.responses_request` reads each by its ``type``."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from stagewise.engine.request import MAX_STOP_STRINGS
-from stagewise.server.anthropic_schemas import (
+from stagewise.server.apis.anthropic_schemas import (
     AnthropicMessage,
     AnthropicTool,
     AnthropicToolChoice,

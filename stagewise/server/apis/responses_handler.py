@@ -18,8 +18,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from stagewise.server import responses_format as fmt
 from stagewise.server.answer_stream import AnswerDelta, AnswerStream, Thought, ToolCallDelta
+from stagewise.server.apis import responses_format as fmt
 from stagewise.server.chat_handler import whole_answer
 from stagewise.server.choices import Choices
 from stagewise.server.output_stream import ClientGone, failed, failure

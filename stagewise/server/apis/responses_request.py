@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from stagewise.server.apis.responses_schemas import ResponsesBody
 from stagewise.server.model_facts import ModelFacts
 from stagewise.server.openai_errors import InvalidParam
 from stagewise.server.request_builder import BuiltRequest, build_chat_as, chat_request
-from stagewise.server.responses_schemas import ResponsesBody
 from stagewise.server.schemas import ChatCompletionBody
 
 _ROLES = ("user", "system", "developer", "assistant")

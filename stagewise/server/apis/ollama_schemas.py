@@ -1,6 +1,6 @@
 """Request bodies of Ollama's API (``/api/chat``, ``/api/generate``, ``/api/show``), validated at the edge as the
 other bodies are: strict types, unknown fields ignored. ``options`` stays a dict: the fields this server applies
-are read by :mod:`stagewise.server.ollama_request`, the rest (``num_ctx``, ``num_gpu``, ``repeat_penalty``, …)
+are read by :mod:`stagewise.server.apis.ollama_request`, the rest (``num_ctx``, ``num_gpu``, ``repeat_penalty``, …)
 are Ollama's runner settings, ignored as Ollama itself ignores the ones its runner lacks."""
 
 from __future__ import annotations
