@@ -68,3 +68,9 @@ def test_a_thinking_models_reasoning_goes_to_stderr(tmp_path: Path, monkeypatch:
     out = capsys.readouterr()
     assert out.out.strip() == ""  # all of it was reasoning: none on stdout
     assert raw.split()[0] in out.err  # but on stderr
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
+    assert main([*argv, "--chat-template-kwargs", '{"enable_thinking": false}']) == 0
+    assert capsys.readouterr().out.strip()  # the template wrote an empty block: the output is the answer, on stdout
+    assert main([*argv, "--chat-template-kwargs", "[1]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--chat-template-kwargs must be a JSON object" in err

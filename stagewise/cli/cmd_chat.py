@@ -30,6 +30,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                        help="template variables for every turn (e.g. '{\"enable_thinking\": false}')")
     parser.add_argument("--reasoning-format", choices=("auto", "none"), default="auto",
                         help="auto (default): a thinking model's reasoning dimmed on stderr, the answer on stdout; "
                              "none: the output as written, on stdout")
@@ -38,11 +40,13 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stagewise.console import console as make_console
+    from stagewise.engine.chat_template import template_kwargs_from_json
     from stagewise.engine.engine import Engine
     from stagewise.engine.model_loading import load_model_from_args
     from stagewise.server.load_display import placement_lines
 
     err = make_console(stderr=True)
+    variables = template_kwargs_from_json(args.chat_template_kwargs)  # a mistake is one line, before loading
     model = load_model_from_args(args)
     if model.tokenizer is None and (args.model or "").startswith("random:"):
         from stagewise.server.random_tokenizer import with_demo_tokenizer
@@ -53,14 +57,14 @@ def run(args: argparse.Namespace) -> int:
         for line in placement_lines(model):
             err.print(line, highlight=False, soft_wrap=True)
         err.print(f"Chatting with {model.name}. {HELP}", highlight=False)
-        return _loop(args, engine, err)
+        return _loop(args, engine, err, variables)
     finally:
         engine.stop()
         model.close()
 
 
 def _fit(model: Any, tokenizer: Any, system: list[dict[str, str]], history: list[dict[str, str]],
-         max_tokens: int, err: Any) -> tuple[str, list[int]]:
+         max_tokens: int, err: Any, variables: dict[str, Any]) -> tuple[str, list[int]]:
     """The prompt (text, ids) of the conversation, dropping its oldest turns (in place) until the prompt leaves
     room for a reply: ``max_tokens`` or a quarter of the context, whichever is less. Raises
     :class:`ContextLengthExceeded` when the newest message alone leaves no such room."""
@@ -70,7 +74,7 @@ def _fit(model: Any, tokenizer: Any, system: list[dict[str, str]], history: list
     dropped = 0
     while True:
         prompt = model.chat_template.render([*system, *history], add_generation_prompt=True,
-                                            special_tokens=tokenizer.special_tokens_map)
+                                            special_tokens=tokenizer.special_tokens_map, **variables)
         ids: list[int] = tokenizer.encode(prompt)
         if len(ids) + room <= model.max_context:
             break
@@ -85,7 +89,7 @@ def _fit(model: Any, tokenizer: Any, system: list[dict[str, str]], history: list
     return prompt, ids
 
 
-def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
+def _loop(args: argparse.Namespace, engine: Any, err: Any, variables: dict[str, Any]) -> int:
     from stagewise.engine.reasoning_stream import ReasoningStream, has_reasoning_tags, starts_in_reasoning
     from stagewise.engine.request import EngineRequest
     from stagewise.engine.request_output import RequestOutput
@@ -119,7 +123,7 @@ def _loop(args: argparse.Namespace, engine: Any, err: Any) -> int:
             continue
         history.append({"role": "user", "content": text})
         try:
-            prompt, ids = _fit(model, tokenizer, system, history, args.max_tokens, err)
+            prompt, ids = _fit(model, tokenizer, system, history, args.max_tokens, err, variables)
             budget = min(args.max_tokens, model.max_context - len(ids))
             request = EngineRequest(f"chat-{uuid.uuid4().hex[:12]}", tuple(ids), max(budget, 1), sampling,
                                     stop_token_ids=engine.stop_token_ids)

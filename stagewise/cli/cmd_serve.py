@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
+from stagewise.engine.chat_template import template_kwargs_from_json
 from stagewise.engine.load_settings import add_model_arguments, load_settings_from_args
-from stagewise.errors import ConfigError
 from stagewise.server.serve_settings import DEFAULT_MAX_BODY_BYTES, REASONING_FORMATS, ServeSettings
 
 FAULT_INJECTION_ENV = "STAGEWISE_FAULT_INJECTION"
@@ -85,21 +84,9 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         keep_alive_s=args.keep_alive_s, max_connections=args.max_connections, webui=args.webui,
         step_timeout_s=args.step_timeout_s,
         served_model_names=tuple(args.served_model_names),
-        reasoning_format=args.reasoning_format, chat_template_kwargs=_json_object(args.chat_template_kwargs),
+        reasoning_format=args.reasoning_format,
+        chat_template_kwargs=template_kwargs_from_json(args.chat_template_kwargs),
     )
-
-
-def _json_object(value: str | None) -> dict[str, Any]:
-    """``--chat-template-kwargs``: a JSON object, read once here."""
-    if value is None:
-        return {}
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--chat-template-kwargs is not JSON: {exc.msg} at character {exc.pos}") from None
-    if not isinstance(parsed, dict):
-        raise ConfigError(f"--chat-template-kwargs must be a JSON object, got {value!r}")
-    return parsed
 
 
 def _max_seqs(value: str) -> int | None:

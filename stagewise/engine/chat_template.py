@@ -94,6 +94,22 @@ class ChatTemplate:
             raise RequestError(f"chat template failed on the messages: {_what_went_wrong(exc)}") from exc
 
 
+def template_kwargs_from_json(text: str | None, flag: str = "--chat-template-kwargs") -> dict[str, Any]:
+    """Template variables given on the command line as a JSON object (``{}`` for None); ConfigError naming
+    ``flag`` for text that is not one, or that sets a variable :meth:`ChatTemplate.render` sets itself."""
+    if text is None:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} is not JSON: {exc.msg} at character {exc.pos}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {text!r}")
+    if clash := sorted(OWN_VARIABLES & parsed.keys()):
+        raise ConfigError(f"{flag} cannot set {clash[0]!r}: each request's own fields do")
+    return parsed
+
+
 def _what_went_wrong(exc: Exception) -> str:
     """What a template's Python error says about the request, without the exception's class name."""
     detail = str(exc).splitlines()[0][:200] if str(exc) else ""
