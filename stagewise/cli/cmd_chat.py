@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from stagewise.engine.load_settings import add_model_arguments
+from stagewise.engine.reasoning_stream import REASONING_FORMATS
 
 HELP = "commands: /reset (forget the conversation), /exit (quit)"
 
@@ -32,7 +33,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                         help="template variables for every turn (e.g. '{\"enable_thinking\": false}')")
-    parser.add_argument("--reasoning-format", choices=("auto", "none"), default="auto",
+    parser.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
                         help="auto (default): a thinking model's reasoning dimmed on stderr, the answer on stdout; "
                              "none: the output as written, on stdout")
     parser.set_defaults(func=run)

@@ -8,7 +8,8 @@ from typing import Any
 
 from stagewise.engine.chat_template import template_kwargs_from_json
 from stagewise.engine.load_settings import add_model_arguments, load_settings_from_args
-from stagewise.server.serve_settings import DEFAULT_MAX_BODY_BYTES, REASONING_FORMATS, ServeSettings
+from stagewise.engine.reasoning_stream import REASONING_FORMATS
+from stagewise.server.serve_settings import DEFAULT_MAX_BODY_BYTES, ServeSettings
 
 FAULT_INJECTION_ENV = "STAGEWISE_FAULT_INJECTION"
 API_KEY_ENV = "STAGEWISE_API_KEY"

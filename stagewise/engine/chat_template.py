@@ -37,7 +37,13 @@ __all__ = ["ChatTemplate"]
 
 _IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-OWN_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by render's own arguments
+_OWN_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by render's own arguments
+
+
+def own_variable(variables: Mapping[str, Any]) -> str | None:
+    """The first (by name) of ``variables`` that :meth:`ChatTemplate.render` sets from its own arguments (extra
+    variables never override those), or None: what callers taking variables from users refuse."""
+    return min(_OWN_VARIABLES & variables.keys(), default=None)
 
 
 class ChatTemplate:
@@ -70,7 +76,7 @@ class ChatTemplate:
             documents: RAG documents (``{"title": ..., "text": ...}``) for templates that read them.
             special_tokens: ``Tokenizer.special_tokens_map`` (``bos_token``, ``eos_token``, ...).
             variables: extra template variables (e.g. ``enable_thinking=False``); they override special tokens,
-                never :data:`OWN_VARIABLES` (the arguments above win).
+                never those the arguments above set (:func:`own_variable`).
         Raises:
             RequestError: empty or malformed messages, unsupported content parts, or the template's
                 own ``raise_exception`` (e.g. roles that do not alternate).
@@ -105,8 +111,8 @@ def template_kwargs_from_json(text: str | None, flag: str = "--chat-template-kwa
         raise ConfigError(f"{flag} is not JSON: {exc.msg} at character {exc.pos}") from None
     if not isinstance(parsed, dict):
         raise ConfigError(f"{flag} must be a JSON object, got {text!r}")
-    if clash := sorted(OWN_VARIABLES & parsed.keys()):
-        raise ConfigError(f"{flag} cannot set {clash[0]!r}: each request's own fields do")
+    if (clash := own_variable(parsed)) is not None:
+        raise ConfigError(f"{flag} cannot set {clash!r}: each request's own fields do")
     return parsed
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 OPEN_TAG, CLOSE_TAG = "<think>", "</think>"
+REASONING_FORMATS = ("auto", "none")  # llama-server's --reasoning-format names (serve and chat): split, or not
 
 
 def has_reasoning_tags(template_source: str) -> bool:

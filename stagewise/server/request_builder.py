@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stagewise.engine.chat_template import OWN_VARIABLES
+from stagewise.engine.chat_template import own_variable
 from stagewise.engine.grammar import Grammar
 from stagewise.engine.reasoning_stream import has_reasoning_tags, starts_in_reasoning
 from stagewise.engine.request import EngineRequest
@@ -179,9 +179,8 @@ def template_variables(*given: dict[str, Any] | None) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for kwargs in given:
         merged.update(kwargs or {})
-    clash = sorted(OWN_VARIABLES & merged.keys())
-    if clash:
-        raise InvalidParam(f"chat_template_kwargs cannot set {clash[0]!r}: the request's own fields do",
+    if (clash := own_variable(merged)) is not None:
+        raise InvalidParam(f"chat_template_kwargs cannot set {clash!r}: the request's own fields do",
                            "chat_template_kwargs")
     return merged
 

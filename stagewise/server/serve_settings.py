@@ -6,12 +6,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagewise.engine.chat_template import OWN_VARIABLES
+from stagewise.engine.chat_template import own_variable
 from stagewise.engine.load_settings import LoadSettings
+from stagewise.engine.reasoning_stream import REASONING_FORMATS
 from stagewise.errors import ConfigError
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # 4 MiB
-REASONING_FORMATS = ("auto", "none")  # llama-server's --reasoning-format names
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.\-]*://[^/\s]+")  # an origin as browsers send it: no path, no slash
 
 
@@ -62,8 +62,8 @@ class ServeSettings:
             raise ConfigError("--api-key must not be empty")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ConfigError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}, got {self.reasoning_format!r}")
-        if clash := sorted(OWN_VARIABLES & self.chat_template_kwargs.keys()):
-            raise ConfigError(f"--chat-template-kwargs cannot set {clash[0]!r}: each request's own fields do")
+        if (clash := own_variable(self.chat_template_kwargs)) is not None:
+            raise ConfigError(f"--chat-template-kwargs cannot set {clash!r}: each request's own fields do")
         if any(not name.strip() for name in self.served_model_names):
             raise ConfigError("--served-model-name must not be empty")
         for origin in self.cors_origins:
