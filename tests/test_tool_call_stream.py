@@ -74,3 +74,24 @@ def test_cut_off_call_keeps_what_was_sent() -> None:
     deltas = stream.push('<tool_call>\n{"name": "f", "arguments": {"a": 1') + stream.finish()
     assert stream.calls == 1
     assert "".join(d.arguments for d in deltas if isinstance(d, ToolCallDelta)) == '{"a": 1'
+
+
+
+_VALUE_PIECES = ["x", "1", "\n", "[2]", "</parame", "ter", "<b>", "</param", " "]
+
+
+def _xml_block(rng: random.Random) -> str:
+    params = "".join(f"<parameter={rng.choice('abc')}>\n{''.join(rng.choice(_VALUE_PIECES) for _ in range(rng.randint(0, 6)))}"
+                     "\n</parameter>\n" for _ in range(rng.randint(0, 4)))
+    return f"<tool_call>\n<function={rng.choice(['f', 'get'])}>\n{params}</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_xml_parameters_stream_as_the_whole_parse_reads_them(seed: int) -> None:
+    rng = random.Random(seed)
+    text = rng.choice(["", "Let me see. "]) + "\n".join(_xml_block(rng) for _ in range(rng.randint(1, 3)))
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 40))))
+    content, calls = _assembled(_stream(text, "qwen_xml", cuts))
+    whole = parse_tool_calls(text, "qwen_xml", random.Random(0))
+    assert [(n, json.loads(a)) for n, a in calls] == [(c.name, json.loads(c.arguments_json)) for c in whole.calls]
+    assert (content.strip() or None) == whole.content

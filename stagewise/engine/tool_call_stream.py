@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from stagewise.engine.tool_calls import (
@@ -33,6 +34,7 @@ from stagewise.engine.tool_calls import (
 )
 
 _OPEN, _CLOSE, _PYTHON_TAG = "<tool_call>", "</tool_call>", "<|python_tag|>"
+_PARAMETER_END = "</parameter>"
 _ARGUMENT_KEYS = {"hermes": ("arguments",), "llama3": ("parameters", "arguments")}
 
 
@@ -200,6 +202,8 @@ class _XmlCall:
         self.index, self.id, self.params = index, call_id, params
         self.name: str | None = None
         self.sent = 0  # parameters sent
+        self.scanned = 0  # the body before this holds no parameter not yet sent
+        self.look_from = 0  # where the next "</parameter>" may start: the text before was searched already
 
     @property
     def header_sent(self) -> bool:
@@ -217,12 +221,23 @@ class _XmlCall:
             self.name = name
             out.append(ToolCallDelta(self.index, "", self.id, name))
         schemas = self.params.get(self.name, {})
-        for key, value in XML_PARAMETER.findall(body)[self.sent:]:
+        for key, value in self._completed(body):
             pair = f"{json.dumps(key.strip(), ensure_ascii=False)}: " \
                    f"{json.dumps(xml_argument(value, schemas.get(key.strip())), ensure_ascii=False)}"
             out.append(ToolCallDelta(self.index, ("{" if self.sent == 0 else ", ") + pair))
             self.sent += 1
         return out
+
+    def _completed(self, body: str) -> Iterator[tuple[str, str]]:
+        """The ``(key, value)`` parameters completed since the last call, as ``XML_PARAMETER.findall`` over the
+        whole body lists them; each closing tag is searched for once, not the whole body at every piece."""
+        while (end := body.find(_PARAMETER_END, self.look_from)) >= 0:
+            self.look_from = end + len(_PARAMETER_END)
+            found = XML_PARAMETER.search(body, self.scanned, self.look_from)
+            if found is not None:  # None: a closing tag no parameter opened
+                self.scanned = found.end()
+                yield found.group(1), found.group(2)
+        self.look_from = max(self.look_from, len(body) - len(_PARAMETER_END) + 1)
 
     def finish(self, body: str) -> list[ToolCallDelta] | None:
         if self.name is None:
