@@ -224,6 +224,21 @@ def _check_tool(tool: dict[str, Any], param: str) -> None:
         raise InvalidParam(f"the description of tool {name!r} must be a string", f"{param}.function.description")
 
 
+def _offered_tools(body: ChatCompletionBody) -> list[dict[str, Any]] | None:
+    """The tools the template offers: none with ``tool_choice: "none"``."""
+    return body.tools if body.tools and body.tool_choice != "none" else None
+
+
+def chat_prompt(body: ChatCompletionBody, model: ModelFacts, template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text of a chat request: its messages and offered tools through the model's template, with the
+    server's ``template_kwargs`` under the request's ``reasoning_effort`` and ``chat_template_kwargs``."""
+    for i, tool in enumerate(body.tools or ()):
+        _check_tool(tool, f"tools.{i}")  # offered or not (tool_choice 'none'), a malformed tool is a 400
+    effort = {"reasoning_effort": body.reasoning_effort} if body.reasoning_effort is not None else None
+    variables = template_variables(template_kwargs, effort, body.chat_template_kwargs)
+    return render_chat(body.messages, model, _offered_tools(body), variables=variables)
+
+
 def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str, split_reasoning: bool = True,
                template_kwargs: dict[str, Any] | None = None) -> BuiltRequest:
     """Render the messages through the model's chat template (``template_kwargs``: the server's
@@ -232,12 +247,8 @@ def build_chat(body: ChatCompletionBody, model: ModelFacts, request_id: str, spl
     (:mod:`~stagewise.engine.reasoning_stream`), except under a grammar, which shapes the whole output."""
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidParam("top_logprobs needs logprobs=true", "top_logprobs")
-    for i, tool in enumerate(body.tools or ()):
-        _check_tool(tool, f"tools.{i}")  # offered or not (tool_choice 'none'), a malformed tool is a 400
-    tools = body.tools if body.tools and body.tool_choice != "none" else None
-    effort = {"reasoning_effort": body.reasoning_effort} if body.reasoning_effort is not None else None
-    variables = template_variables(template_kwargs, effort, body.chat_template_kwargs)
-    text = render_chat(body.messages, model, tools, variables=variables)
+    text = chat_prompt(body, model, template_kwargs)
+    tools = _offered_tools(body)
     ids = prompt_ids(text, model, "messages")
     tool_format = detect_tool_call_format(model.chat_template.source)
     grammar = tool_choice_grammar(body.tool_choice, tools, tool_format, model)

@@ -25,10 +25,9 @@ from stagewise.server.openai_errors import InvalidParam
 from stagewise.server.request_builder import (
     BuiltRequest,
     build_chat_as,
+    chat_prompt,
     chat_request,
     prompt_ids,
-    render_chat,
-    template_variables,
 )
 from stagewise.server.schemas import ChatCompletionBody
 
@@ -162,7 +161,4 @@ def build_messages(body: MessagesBody, model: ModelFacts, request_id: str, split
 
 def count_tokens(body: CountTokensBody, model: ModelFacts, template_kwargs: dict[str, Any] | None = None) -> int:
     """The prompt tokens ``body`` renders to (``/v1/messages/count_tokens``' ``input_tokens``)."""
-    chat = chat_body(body)
-    tools = chat.tools if chat.tools and chat.tool_choice != "none" else None
-    variables = template_variables(template_kwargs, chat.chat_template_kwargs)
-    return len(prompt_ids(render_chat(chat.messages, model, tools, variables=variables), model, "messages"))
+    return len(prompt_ids(chat_prompt(chat_body(body), model, template_kwargs), model, "messages"))
