@@ -32,6 +32,11 @@ DENSE_DECODE_TILES = DecodeTiles(block_n=32, block_k=128, num_warps=2, num_stage
 WIDE_DECODE_TILES = DecodeTiles(block_n=128, block_k=128, num_warps=4, num_stages=3, swap=True, tma=True, wide=True)
 WIDE_OUTPUTS = 32768  # outputs from which a matrix has tiles enough without splitting K (an output head)
 DENSE_PROGRAMS_PER_ROW = 8
+# Eight programs a row left a step of 8 rows 64 programs for the 2048-output matrices (out projections, the shared
+# expert) on 132 SMs: a floor of 264 (two an H100's or H200's SM) decodes Qwen3.6 Q8_0 at 4 / 8 / 16 streams 18 / 9 /
+# 3 % faster on an H100 than none; 132 and 396 within 1 % of it, 528 and 1056 slower; the tiles' block_n, warps,
+# stages and K step swept at 8 rows gave nothing better (bench/results/hybrid_serving_h200/session15/)
+DENSE_MIN_PROGRAMS = 264  # and K split until a launch has at least this many programs
 
 
 def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
@@ -44,15 +49,16 @@ def _tiles(rows: int, device: torch.device) -> tuple[int, GemmTiles]:
 @functools.cache  # a function of three ints, asked at every launch
 def decode_tiles(rows: int, out_features: int, in_features: int) -> tuple[int, DecodeTiles]:
     """``(block_m, tiles)`` of the few-rows kernel for ``rows <= DECODE_ROWS``: every row in one block,
-    K split until a launch has :data:`DENSE_PROGRAMS_PER_ROW` programs per row. A function of the
-    shapes only, so every stage reduces in the same order."""
+    K split until a launch has :data:`DENSE_PROGRAMS_PER_ROW` programs per row and at least
+    :data:`DENSE_MIN_PROGRAMS`. A function of the shapes only, so every stage reduces in the same order."""
     block_m = max(16, 1 << (rows - 1).bit_length())
     tiles = WIDE_DECODE_TILES if out_features >= WIDE_OUTPUTS else DENSE_DECODE_TILES
     block_k = next(k for k in (tiles.block_k, 64, 32) if in_features % k == 0)
     n_tiles = -(-out_features // tiles.block_n)
     steps = in_features // block_k
     split = 1
-    while n_tiles * split < DENSE_PROGRAMS_PER_ROW * rows and split * 2 <= steps:
+    programs = max(DENSE_PROGRAMS_PER_ROW * rows, DENSE_MIN_PROGRAMS)
+    while n_tiles * split < programs and split * 2 <= steps:
         split *= 2
     return block_m, dataclasses.replace(tiles, block_k=block_k, split_k=split)
 

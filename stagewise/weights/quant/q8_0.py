@@ -5,8 +5,8 @@ Layout on the device: ``qs`` int8 ``(..., out, in)`` and ``scales`` float16
 34 per 32 elements (32 int8 + one f16 scale), the same as in the file.
 
 Matmul dispatch is explicit and depends only on the weight's device and the number of input rows.
-On the Triton path (``kernels/triton_launch.use_triton``): at most :data:`GEMV_MAX_TOKENS` rows (one or two
-decode rows) -> :mod:`stagewise.kernels.q8_0_gemv_triton`, more rows (batched decode, prefill) ->
+On the Triton path (``kernels/triton_launch.use_triton``): at most :data:`GEMV_MAX_TOKENS` rows (one decode
+row) -> :mod:`stagewise.kernels.q8_0_gemv_triton`, more rows (batched decode, prefill) ->
 :mod:`stagewise.kernels.q8_0_gemm`; both read the int8 values directly. Otherwise (CPU, other
 devices) -> dequantize a bounded tile of rows at a time and multiply with the device's matmul (no
 dense copy is ever kept). Same inputs on the same device kind -> same kernel, so a staged run and a
@@ -28,9 +28,11 @@ _LOAD_CHUNK_BLOCKS = 1 << 20  # blocks copied to the device per step while loadi
 
 # NOTE: the GEMV converts every weight value once per row (issue-bound from a few rows); the few-rows GEMM once
 # for all rows. Qwen3.6-35B-A3B Q8_0 on an H200, decode tok/s at 1/2/4/8/16 streams: GEMV up to 16 rows 416 /
-# 544 / 640 / 690 / 844, up to 2 (or 3) 416 / 543 / 744 / 1,070 / 1,865, GEMM from 2 rows 416 / 463 / 744 / 1,069
-# / 1,865 (bench/results/hybrid_serving_h200/session14/gemv_gemm_ab*.jsonl)
-GEMV_MAX_TOKENS = 2  # at most this many rows: the GEMV kernel; more: the few-rows tensor-core GEMM
+# 544 / 640 / 690 / 844, up to 2 (or 3) 416 / 543 / 744 / 1,070 / 1,865 (session14/gemv_gemm_ab*.jsonl). With
+# the GEMM's launches at 264 programs at least (q8_0_gemm.DENSE_MIN_PROGRAMS), on an H100: GEMV up to 2 rows 396
+# / 531 / 844 / 1,123 / 1,711, up to 1 396 / 558 / 846 / 1,125 / 1,714 (bench/results/hybrid_serving_h200/
+# session15/programs_ab*.jsonl)
+GEMV_MAX_TOKENS = 1  # at most this many rows: the GEMV kernel; more: the few-rows tensor-core GEMM
 
 
 class Q8_0Weight:
