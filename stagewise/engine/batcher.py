@@ -62,6 +62,7 @@ from stagewise.engine.step_scheduler import StepScheduler
 from stagewise.errors import ContextLengthExceeded, RequestError, StagewiseError
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.executor import Executor
+from stagewise.runtime.worker_tokens import WorkerTokens
 from stagewise.spec.kv_pool import KV_BLOCK_TOKENS, KVPool
 
 
@@ -328,9 +329,9 @@ class Batcher:
                 store.release(entry)
 
     # ----- decode -------------------------------------------------------------------------------
-    def _launch_decode(self, g: int, device_tokens: torch.Tensor | None = None) -> None:
+    def _launch_decode(self, g: int, device_tokens: torch.Tensor | WorkerTokens | None = None) -> None:
         """Launch group ``g``'s next step; its input tokens are the host's (each row's last sampled
-        token) or ``device_tokens``, the previous step's greedy tokens still on the device."""
+        token) or ``device_tokens``, the previous step's greedy tokens still on the device (a worker's)."""
         plan = self.sched.plan_decode(g, self._drain)
         if plan is None:
             return

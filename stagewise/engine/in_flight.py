@@ -12,6 +12,7 @@ from stagewise.engine.sequence import Sequence
 from stagewise.errors import StagewiseError
 from stagewise.runtime.greedy_pairs import read_greedy_pairs
 from stagewise.runtime.pipeline import StepHandle
+from stagewise.runtime.worker_tokens import WorkerTokens
 
 
 @dataclass(eq=False)
@@ -23,7 +24,7 @@ class InFlight:
     handle: StepHandle | None  # the step, published (or rolled back) when read
     group: int = -1  # decode group index; -1 for a packed step without decoding rows
     snapshots: tuple[tuple[int, bytes], ...] = ()  # prefix snapshots it writes: (entry, key), keyed once published
-    tokens: torch.Tensor | None = None  # (P, 1) the greedy tokens on the exit device (every row greedy, CUDA)
+    tokens: torch.Tensor | WorkerTokens | None = None  # (P, 1) the greedy tokens on the exit device (every row greedy, CUDA), or a worker's
     logits: torch.Tensor | None = None  # (P, 1, V) on the exit device, once settled
     pairs: torch.Tensor | None = None  # (P, 2) greedy token and log-probability, host (pinned) once ready
     ready: object = None  # CUDA event the host copy of ``pairs`` completes at

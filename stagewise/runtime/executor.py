@@ -18,6 +18,7 @@ from stagewise.models.stage_model import StageOutput
 from stagewise.models.step_layout import StepLayout
 from stagewise.runtime.pipeline import CancelCheck, FaultHook, StepHandle, StepTimings
 from stagewise.runtime.stage import Stage
+from stagewise.runtime.worker_tokens import WorkerTokens
 from stagewise.spec.kv_pool import KVPool
 
 
@@ -43,11 +44,12 @@ class Executor(Protocol):
         """Run one step and wait for it: published, or rolled back with its typed error raised."""
         ...
 
-    def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
+    def submit(self, tokens: torch.Tensor | WorkerTokens, positions: torch.Tensor, start: int | None = None,
                all_logits: bool = False, first_row: int = 0, eager: bool = False,
                greedy: bool = False, layout: StepLayout | None = None) -> StepHandle:
         """Launch one step over rows ``first_row ..`` (tokens and positions ``(B, T)``, or a packed
-        ``layout``'s ``(N, 1)``); ``greedy``: the caller needs each row's greedy pair only."""
+        ``layout``'s ``(N, 1)``; or an earlier greedy step's handle's ``tokens``, a token a row);
+        ``greedy``: the caller needs each row's greedy pair only."""
         ...
 
     def greedy_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

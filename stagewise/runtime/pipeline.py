@@ -20,6 +20,7 @@ from stagewise.runtime.channel import Channel
 from stagewise.runtime.greedy_pairs import read_greedy_pairs
 from stagewise.runtime.segment import Segment, SegmentStep
 from stagewise.runtime.stage import Stage
+from stagewise.runtime.worker_tokens import WorkerTokens
 from stagewise.spec.kv_pool import KVPool
 
 FaultHook = Callable[[int, int], None]  # (stage index, step id) -> may raise
@@ -46,10 +47,11 @@ class StepHandle:
     (:class:`~stagewise.runtime.remote_pipeline.DistributedPipeline`).
 
     ``tokens`` ``(B, 1)``: a greedy step's tokens on the exit's CUDA device, readable at once (the next
-    step may take them before the host reads the pairs); ``ready``: the event the host copy of the
-    output's ``pairs`` completes at (None: already on the host)."""
+    step may take them before the host reads the pairs), or the record of those a worker keeps
+    (:class:`WorkerTokens`); ``ready``: the event the host copy of the output's ``pairs`` completes at
+    (None: already on the host)."""
 
-    def __init__(self, output: StageOutput | None = None, tokens: torch.Tensor | None = None,
+    def __init__(self, output: StageOutput | None = None, tokens: torch.Tensor | WorkerTokens | None = None,
                  ready: object = None) -> None:
         self.output = output
         self.error: StagewiseError | None = None
@@ -169,7 +171,7 @@ class Pipeline:
         self.last_timings = StepTimings(timed.stage_s, timed.handoff_s, timed.handoff_device_s)
         return out
 
-    def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
+    def submit(self, tokens: torch.Tensor | WorkerTokens, positions: torch.Tensor, start: int | None = None,
                all_logits: bool = False, first_row: int = 0, eager: bool = False,
                greedy: bool = False, layout: StepLayout | None = None) -> StepHandle:
         """Launch a step as :meth:`step` does; its output (or typed error) comes from the handle. Up to
@@ -179,13 +181,16 @@ class Pipeline:
         ``layout``: a packed step, as :meth:`step` takes it. Here the step is settled at once: its
         failure raises from this call, as :meth:`step`'s does. A ``greedy`` step's output has the
         ``pairs`` (host copy, complete at the handle's ``ready``) and, on a CUDA exit, the handle the
-        tokens on that device; its logits stay (in process they cost nothing to keep)."""
+        tokens on that device; its logits stay (in process they cost nothing to keep). Its handles never
+        name a worker's tokens (:class:`WorkerTokens`): such ``tokens`` raise ValueError."""
+        if isinstance(tokens, WorkerTokens):
+            raise ValueError(f"an in-process pipeline holds no worker's tokens (step {tokens.step_id}'s)")
         out = self.step(tokens, positions, start, all_logits, first_row=first_row, eager=eager, layout=layout)
         if not greedy or all_logits or out.logits is None:
             return StepHandle(out)
         device_tokens, pairs, ready = read_greedy_pairs(out.logits[:, -1])  # (P, 1), (P, 2)
         return StepHandle(StageOutput(out.hidden, out.logits, pairs),
-                          device_tokens if device_tokens.device.type == "cuda" else None, ready)
+                          device_tokens, ready)
 
     def rollback(self) -> None:
         for stage in self.stages:

@@ -68,6 +68,7 @@ from stagewise.runtime.worker_messages import JoinReport, Move, Reset, Restore, 
 from stagewise.runtime.worker_pool import WorkerPool
 from stagewise.runtime.worker_recovery import WorkerRecovery
 from stagewise.runtime.worker_segment import check_row_op
+from stagewise.runtime.worker_tokens import WorkerTokens
 from stagewise.spec.kv_pool import KVPool, default_pool_blocks
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.state_bytes import recurrent_entries
@@ -111,6 +112,10 @@ class DistributedPipeline:
         self.recovery = WorkerRecovery(pool, self.layout, self.commands, self.faults, remote, self._lock,
                                        load_timeout_s)
         self._pending: dict[int, RemoteStep] = {}  # seq of a run not yet settled -> its handle
+        # a greedy step's tokens stay with the worker that runs the entry and the exit, where no stage holds
+        # recurrent state: the next step over its rows reads them there, sent before this one settles (worker_tokens)
+        self.keeps_tokens = len(set(owners)) == 1 and not any(
+            getattr(block, "is_linear", False) for stage in self.stages for block in stage.model.model.layers.values())
         self._row_ops: list[RowOp] = []  # row operations checked here, applied by the workers before the next run
 
     def start(self, joins: dict[int, JoinReport] | None = None, join_timeout_s: float = 60.0) -> None:
@@ -181,22 +186,28 @@ class DistributedPipeline:
         :meth:`submit` does not."""
         return self._submit(tokens, positions, start, all_logits, first_row, cancel, eager, False, layout).result()
 
-    def submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None = None,
+    def submit(self, tokens: torch.Tensor | WorkerTokens, positions: torch.Tensor, start: int | None = None,
                all_logits: bool = False, first_row: int = 0, eager: bool = False,
                greedy: bool = False, layout: StepLayout | None = None) -> StepHandle:
         """Send the step's ``run`` to every worker and return at once; the handle's ``result()`` waits
         for the acknowledgements, then publishes the step (or rolls it back and raises its typed
-        error). A step over rows of an unsettled one settles that one first (module doc). ``greedy``:
-        the exit worker sends each row's greedy pair, not the logits. ``layout``: a packed step."""
+        error). A step over rows of an unsettled one settles that one first (module doc), but where it
+        reads that step's tokens (``tokens``: a greedy handle's :class:`WorkerTokens`). ``greedy``: the
+        exit worker sends each row's greedy pair, not the logits; with :attr:`keeps_tokens` the
+        handle's ``tokens`` name the step's tokens, kept by the worker. ``layout``: a packed step."""
         return self._submit(tokens, positions, start, all_logits, first_row, None, eager, greedy, layout)
 
-    def _submit(self, tokens: torch.Tensor, positions: torch.Tensor, start: int | None, all_logits: bool,
-                first_row: int, cancel: CancelCheck | None, eager: bool, greedy: bool,
+    def _submit(self, tokens: torch.Tensor | WorkerTokens, positions: torch.Tensor, start: int | None,
+                all_logits: bool, first_row: int, cancel: CancelCheck | None, eager: bool, greedy: bool,
                 layout: StepLayout | None = None) -> RemoteStep:
         self.faults.refuse()
+        reads = tokens.step_id if isinstance(tokens, WorkerTokens) else None
+        if isinstance(tokens, WorkerTokens) and not (self.keeps_tokens and layout is None
+                                                     and tokens.rows == positions.shape[0]):
+            raise ValueError(f"a step reads step {reads}'s tokens only from a worker that keeps them, a token a row")
         with self._lock:
             rows = frozenset(layout.rows if layout is not None else range(first_row, first_row + int(positions.shape[0])))
-            for earlier in [h for h in self._pending.values() if h.rows & rows]:
+            for earlier in [h for h in self._pending.values() if h.rows & rows and h.step_id != reads]:
                 self._settle(earlier)
                 if earlier.error is not None:  # its sequences failed: nothing may build on its rows
                     raise StepFailed(f"step {earlier.step_id} over rows {sorted(earlier.rows & rows)} failed "
@@ -221,10 +232,13 @@ class DistributedPipeline:
                 raise StepFailed(f"step {step_id} failed and was rolled back: {type(exc).__name__}: {exc}") from exc
             pairs_only = greedy and not all_logits  # the exit sends each row's greedy pair, not the logits
             ops, self._row_ops = self._row_ops, []
-            seq = self.commands.send(Run, step_id=step_id, tokens=tokens.cpu().tolist(),
-                                     positions=positions.cpu().tolist(), start=start, all_logits=all_logits,
-                                     first_row=first_row, eager=eager, greedy=pairs_only, ops=ops, layout=layout)
-            handle = RemoteStep(self._settle, seq, step_id, rows, cancel, pairs_only)
+            given = {"tokens_of": tokens.step_id} if isinstance(tokens, WorkerTokens) else {"tokens": tokens.cpu().tolist()}
+            seq = self.commands.send(Run, step_id=step_id, **given, positions=positions.cpu().tolist(), start=start,
+                                     all_logits=all_logits, first_row=first_row, eager=eager, greedy=pairs_only,
+                                     ops=ops, layout=layout)
+            handle = RemoteStep(self._settle, seq, step_id, rows, cancel, pairs_only, reads)
+            if pairs_only and self.keeps_tokens and layout is None:
+                handle.tokens = WorkerTokens(step_id, len(rows))
             self._pending[seq] = handle
             return handle
 
@@ -238,6 +252,9 @@ class DistributedPipeline:
                 handle.output = self._finish(handle)
             except StagewiseError as exc:
                 handle.error = exc
+                for reader in self._pending.values():  # a step that read its tokens is rolled back with it
+                    if reader.reads == handle.step_id:
+                        reader.read_failed = True
             finally:
                 handle.settled = True
                 self._pending.pop(handle.seq, None)
@@ -268,6 +285,9 @@ class DistributedPipeline:
         if ok and handle.cancel is not None and handle.cancel():
             self.commands.send(Rollback, step_id=step_id)
             raise StepCancelled(f"step {step_id} cancelled before it was published")
+        if ok and handle.read_failed:
+            self.commands.send(Rollback, step_id=step_id)
+            raise StepFailed(f"step {step_id} rolled back: step {handle.reads}, whose tokens it read, was rolled back")
         if not ok:
             lost = outcome in ("lost", "timeout") or bool(self.pool.dead())
             self.commands.send(Rollback, step_id=0 if lost else step_id)  # a lost worker: every step in flight

@@ -15,12 +15,16 @@ from stagewise.runtime.worker_messages import Ack
 
 class RemoteStep(StepHandle):
     """Step ``step_id`` over ``rows``, sent as run ``seq``; ``settle`` collects, publishes or rolls it back
-    (filling ``output`` or ``error``). ``greedy``: the exit sends each row's greedy pair only."""
+    (filling ``output`` or ``error``). ``greedy``: the exit sends each row's greedy pair only. ``reads``:
+    the step whose kept tokens it took as input (``read_failed`` once that one was rolled back: then so
+    is this one)."""
 
     def __init__(self, settle: Callable[[RemoteStep], None], seq: int, step_id: int, rows: frozenset[int],
-                 cancel: CancelCheck | None, greedy: bool) -> None:
+                 cancel: CancelCheck | None, greedy: bool, reads: int | None = None) -> None:
         super().__init__()
         self.greedy = greedy
+        self.reads = reads
+        self.read_failed = False
         self._settle = settle
         self.seq = seq
         self.step_id = step_id

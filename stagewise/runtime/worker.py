@@ -193,7 +193,9 @@ class Worker:
                 if result.output is not None:
                     logits = result.output.logits
                     if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are
-                        outputs["pairs"] = [tuple(p) for p in greedy_pairs(logits[:, -1])[1].cpu().tolist()]
+                        tokens, pairs = greedy_pairs(logits[:, -1])
+                        segment.keep_tokens(cmd.step_id, tokens)  # the next step over these rows may read them here
+                        outputs["pairs"] = [tuple(p) for p in pairs.cpu().tolist()]
                     else:
                         outputs["hidden"] = TensorBlob.of(result.output.hidden)
                         outputs["logits"] = TensorBlob.of(logits) if logits is not None else None

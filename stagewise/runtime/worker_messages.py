@@ -110,13 +110,16 @@ class _Command(_Message, frozen=True, kw_only=True):
 
 class Run(_Command, tag="run", frozen=True, kw_only=True):
     """Step ``step_id`` over ``tokens``/``positions`` ``(B, T)`` in rows ``first_row ..``, or a packed
-    step (``layout``: ``(N, 1)`` tokens). ``ops``: row operations applied first, in order. ``greedy``:
-    the exit answers each row's greedy (token, log-probability), not the logits; ``eager``: never a
-    CUDA graph."""
+    step (``layout``: ``(N, 1)`` tokens). ``tokens_of`` instead of ``tokens``: one token a row, the
+    greedy tokens of step ``tokens_of`` over the same rows, which the worker running the entry (and
+    the exit) kept on its device (:class:`~stagewise.runtime.worker_tokens.WorkerTokens`). ``ops``: row
+    operations applied first, in order. ``greedy``: the exit answers each row's greedy (token,
+    log-probability), not the logits; ``eager``: never a CUDA graph."""
 
     step_id: StepId
-    tokens: Grid
     positions: Grid
+    tokens: Grid | None = None
+    tokens_of: StepId | None = None
     start: Token | None = None
     all_logits: bool = False
     first_row: Row = 0
@@ -126,6 +129,13 @@ class Run(_Command, tag="run", frozen=True, kw_only=True):
     ops: Annotated[list[RowOp], Meta(max_length=2**16)] = []
 
     def __post_init__(self) -> None:
+        if (self.tokens is None) == (self.tokens_of is None):
+            raise ValueError("a run takes either tokens or tokens_of")
+        if self.tokens_of is not None:
+            if self.tokens_of >= self.step_id or self.layout is not None or any(len(r) != 1 for r in self.positions):
+                raise ValueError("tokens_of names an earlier step's tokens, one a row of a rectangle")
+            return
+        assert self.tokens is not None
         if [len(r) for r in self.tokens] != [len(r) for r in self.positions]:
             raise ValueError("tokens and positions differ in shape")
         if len({len(r) for r in self.tokens}) != 1:

@@ -8,6 +8,12 @@ provisional at once (the coordinator keeps one micro-batch per worker in flight)
 by its step id, for the rows it ran. It rearranges state rows on command as the
 in-process pipeline does (reset, KV blocks, moves), each checked against its stages'
 rows and KV pool before any stage changes.
+
+A segment that runs the entry and the exit keeps a greedy step's tokens (:meth:`keep_tokens`) for a
+later run that names them (``Run.tokens_of``). That run may start before the step it reads from is
+settled, over the same rows, where no stage holds recurrent state: attention state is written at the
+run's own positions, so settling either step later changes nothing the other wrote (a recurrent row
+has one entry to write while a step is unsettled, :class:`~stagewise.models.state_slots.StateSlots`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.errors import WorkerMessageRejected
+from stagewise.errors import StepFailed, WorkerMessageRejected
 from stagewise.models.block_table import BlockTable
 from stagewise.models.stage_model import StageOutput
 from stagewise.models.step_layout import StepLayout
@@ -34,6 +40,7 @@ from stagewise.spec.model_config import ModelConfig
 from stagewise.weights.tensor_source import TensorSource
 
 Opener = Callable[[str], tuple[ModelConfig, TensorSource]]  # model path -> (config, tensor source)
+KEPT_STEPS = 8  # greedy steps whose tokens a segment keeps (one per micro-batch in flight is read)
 
 
 @dataclass
@@ -62,6 +69,8 @@ class WorkerSegment:
         local: list[Channel] = [channel_for(a.device, b.device, None) for a, b in itertools.pairwise(stages)]
         self.segment = Segment(stages, local, hidden_size)  # the one stage loop, as in process
         self.pending: dict[int, frozenset[int]] = {}  # step id -> the rows it ran, until published or rolled back
+        self.kept: dict[int, torch.Tensor] = {}  # step id -> its greedy tokens (rows, 1), until a run reads them
+        self.recurrent = any(s.states is not None and s.states.slots is not None for s in stages)
 
     @staticmethod
     def load(assignment: Assignment, opener: Opener) -> WorkerSegment:
@@ -100,16 +109,19 @@ class WorkerSegment:
         positions = torch.tensor(cmd.positions, dtype=torch.int64)  # (B, T), or (N, 1) packed
         rows = cmd.rows
         for step, other in self.pending.items():
-            if rows & other:
+            if rows & other and (step != cmd.tokens_of or self.recurrent):
                 raise WorkerMessageRejected(f"step {cmd.step_id}: rows {sorted(rows & other)} overlap step "
                                             f"{step}'s, not yet published or rolled back")
+        tokens = self._kept_tokens(cmd) if cmd.tokens_of is not None else None
         self.pending[cmd.step_id] = rows  # settled by publish / rollback, also after a failure
         sent = False
         try:
             handoff_s = 0.0
             one = SegmentStep(cmd.step_id, positions, cmd.start, cmd.all_logits, cmd.first_row,
                               cmd.eager or layout is not None, layout)
-            if self.inbound is None:
+            if tokens is not None:
+                x = tokens  # (B, 1), where the exit sampled them
+            elif self.inbound is None:
                 x = torch.tensor(cmd.tokens, dtype=torch.int64)  # (B, T)
             else:
                 x = self.inbound.recv(cmd.step_id, positions, self.hidden_size, self.stages[0].dtype).hidden
@@ -131,12 +143,33 @@ class WorkerSegment:
                     pass  # the next worker is gone too; the coordinator sees it
             raise
 
+    def keep_tokens(self, step_id: int, tokens: torch.Tensor) -> None:
+        """Keep step ``step_id``'s greedy tokens ``(rows, 1)`` (on the exit's device) for a run that names
+        them (where this segment runs the entry too); only the latest :data:`KEPT_STEPS` steps' are kept."""
+        if self.inbound is not None:
+            return
+        self.kept[step_id] = tokens
+        while len(self.kept) > KEPT_STEPS:
+            del self.kept[next(iter(self.kept))]
+
+    def _kept_tokens(self, cmd: Run) -> torch.Tensor:
+        """The tokens ``cmd`` reads (``tokens_of``), taken from :attr:`kept`; :class:`StepFailed` when this
+        segment does not hold them (the step failed or was rolled back, or this worker runs no entry and exit)."""
+        tokens = self.kept.pop(cmd.tokens_of, None) if self.inbound is None and self.outbound is None else None  # type: ignore[arg-type]
+        if tokens is None:
+            raise StepFailed(f"step {cmd.step_id} reads the tokens of step {cmd.tokens_of}, which this worker does "
+                             f"not hold (that step failed or was rolled back)")
+        if tokens.shape[0] != len(cmd.positions):
+            raise WorkerMessageRejected(f"step {cmd.step_id}: {len(cmd.positions)} rows read step {cmd.tokens_of}'s "
+                                        f"{tokens.shape[0]} tokens")
+        return tokens
+
     def check(self, cmd: Run) -> StepLayout | None:
         """:class:`WorkerMessageRejected` unless ``cmd`` fits this segment: token ids inside the
         vocabulary, positions inside the context, rows among the sequence slots (a packed step's
         layout a step's, naming them). Returns the packed step's layout (None: a rectangle)."""
         layout = cmd.layout  # its own checks and its fit to the tokens ran when the run was decoded
-        if self.vocab_size and any(t >= self.vocab_size for row in cmd.tokens for t in row):
+        if self.vocab_size and any(t >= self.vocab_size for row in cmd.tokens or () for t in row):
             raise WorkerMessageRejected(f"step {cmd.step_id}: a token id is outside the vocabulary ({self.vocab_size})")
         if self.context and any(p >= self.context for row in cmd.positions for p in row):
             raise WorkerMessageRejected(f"step {cmd.step_id}: a position is outside the context ({self.context})")
@@ -180,7 +213,8 @@ class WorkerSegment:
                 stage.publish(rows)
 
     def rollback(self, step_id: int = 0) -> None:
-        """Discard step ``step_id``'s state (0: every step not settled)."""
+        """Discard step ``step_id``'s state and kept tokens (0: every step not settled)."""
+        self.kept.pop(step_id, None)
         for rows in self._settle(step_id):
             for stage in self.stages:
                 stage.rollback(rows)
@@ -188,6 +222,7 @@ class WorkerSegment:
     def _settle(self, step_id: int) -> list[frozenset[int] | None]:
         if step_id == 0:
             self.pending.clear()
+            self.kept.clear()
             return [None]
         rows = self.pending.pop(step_id, None)
         return [rows] if rows is not None else []  # a step never run here (rejected before it): nothing
