@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# For the next session's first device call (carry .wheels): issue 44's next lever and issue 48's worker figures.
+#  1. gather_ab.py at GATHER_MAX_SLOTS 64 (today), 32, 16, 8 on random Qwen3.6-35B-A3B Q8_0 (decode 1/2/4/8/16);
+#  2. Llama-8B bf16 through one local worker against in process, after WorkerTokens (1 / 8 / 32 streams), and the
+#     worker protocol on the GPU host (engine_process_h200/run.sh 1's first half).
+set -u
+O=${OUT:-/tmp/out}; mkdir -p "$O"
+[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$O/machine.txt"
+for m in 64 8 16 32; do
+  timeout 120 python3 bench/results/hybrid_serving_h200/session15/gather_ab.py random:qwen3.6-35b-a3b@q8_0 --gather-max $m \
+    2>&1 | grep gather_max | tee -a "$O/gather_ab.jsonl"
+done
+for how in inprocess worker; do
+  extra=(); [ $how = worker ] && extra=(--workers local)
+  timeout 90 python3 -m stagewise bench random:llama-3.1-8b --devices cuda:0 --placement single --concurrency 1,8,32 \
+    --prompt 128 --gen 128 --repeats 1 --json "${extra[@]}" > "$O/workers_llama8b_$how.json" 2> "$O/workers_llama8b_$how.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], [(r['streams'], round(r['decode_tokens_per_s'],1)) for r in d['levels']])" \
+    "$O/workers_llama8b_$how.json" $how || tail -3 "$O/workers_llama8b_$how.err"
+done
+OMP_NUM_THREADS=1 timeout 40 python3 bench/worker_protocol.py --floor --json "$O/worker_protocol.json" 2>&1 | grep -E '_median_ms'
