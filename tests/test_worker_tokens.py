@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ from stagewise.engine.model_loading import load_model
 from stagewise.errors import StagewiseError, StepCancelled, StepFailed
 from stagewise.runtime.distributed_start import open_pool, start_workers
 from stagewise.runtime.remote_pipeline import DistributedPipeline
-from stagewise.runtime.worker_messages import Run
+from stagewise.runtime.worker import Worker
+from stagewise.runtime.worker_messages import Exit, Run
 from stagewise.runtime.worker_tokens import WorkerTokens
 from stagewise.spec.model_config import ModelConfig
 from tests.batch_runs import run_batch
@@ -141,3 +143,56 @@ def test_only_a_worker_running_entry_and_exit_keeps_tokens(model_dir: Path) -> N
             two.submit(WorkerTokens(handle.step_id, 1), torch.tensor([[1]]), greedy=True)
     finally:
         two.close()
+
+
+class _Plane:
+    """The worker's control plane, scripted: ``commands`` queued, acknowledgements recorded in ``log``."""
+
+    rank, incarnation = 1, "a" * 32
+
+    def __init__(self, commands: list[Any], log: list[str]) -> None:
+        self.commands, self.log = commands, log
+
+    def ready(self) -> bool:
+        return bool(self.commands)
+
+    def receive(self) -> Any:
+        return self.commands.pop(0)
+
+    def send(self, ack: Any) -> None:
+        self.log.append(f"ack {ack.seq}")
+
+
+class _Segment:
+    """Runs nothing: each run's launch is logged and its logits make token ``step_id``."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log, self.kept = log, {}
+
+    def publish(self, step_id: int) -> None:
+        pass
+
+    def run(self, cmd: Run) -> Any:
+        self.log.append(f"launch {cmd.seq}")
+        logits = torch.zeros(len(cmd.positions), 1, 50)
+        logits[:, :, cmd.step_id] = 1.0
+        return SimpleNamespace(output=SimpleNamespace(logits=logits, hidden=torch.empty(0)), stage_s=[0.0], handoff_s=0.0)
+
+    def keep_tokens(self, step_id: int, tokens: torch.Tensor) -> None:
+        self.kept[step_id] = tokens
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_a_run_that_reads_the_kept_tokens_is_launched_before_the_last_is_acknowledged(chained: bool) -> None:
+    log: list[str] = []
+    members = {1: _Plane.incarnation}
+    second = {"tokens_of": 1} if chained else {"tokens": [[4]]}
+    commands = [Run(seq=1, members=members, step_id=1, tokens=[[3]], positions=[[0]], greedy=True),
+                Run(seq=2, members=members, step_id=2, positions=[[1]], greedy=True, **second),
+                Exit(seq=3, members=members)]
+    worker = Worker(_Plane(commands, log), None, None)  # type: ignore[arg-type]
+    worker.assignment, worker.segment = SimpleNamespace(first_seq=1), _Segment(log)  # type: ignore[assignment]
+    assert worker.serve() == 0
+    want = ["launch 1", "launch 2", "ack 1", "ack 2"] if chained else ["launch 1", "ack 1", "launch 2", "ack 2"]
+    assert log == want
+    assert [int(t) for t in worker.segment.kept[2].flatten()] == [2]  # type: ignore[union-attr]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from stagewise.errors import StagewiseError, WorkerMessageRejected, WorkerNotJoined
 from stagewise.runtime.distributed_channel import UpstreamAborted
 from stagewise.runtime.distributed_group import join_group, leave_group
-from stagewise.runtime.greedy_pairs import greedy_pairs
+from stagewise.runtime.greedy_pairs import read_greedy_pairs
 from stagewise.runtime.link_probe import run_probe
 from stagewise.runtime.tensor_blob import TensorBlob
 from stagewise.runtime.worker_messages import (
@@ -55,6 +56,8 @@ from stagewise.runtime.worker_messages import (
 )
 from stagewise.runtime.worker_plane import SESSION_KEY, WorkerPlane, plane_port
 from stagewise.runtime.worker_segment import Opener, WorkerSegment
+
+SPIN_S = 20e-6  # while a greedy run's device works, how often the worker looks for the next command
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -159,10 +162,21 @@ class Worker:
 
     def serve(self) -> int:
         """Execute commands from ``first_seq`` on, in order; returns the exit code. A command numbered
-        no higher than the last one executed is a replay: logged and ignored."""
+        no higher than the last one executed is a replay: logged and ignored.
+
+        A greedy run's acknowledgement waits for its device (the pairs it carries); when the next run,
+        already here, reads that run's kept tokens, it is launched first, so the device goes from one
+        step to the next without waiting for this process (the acknowledgements still go in order)."""
         assert self.assignment is not None and self.segment is not None
         last = self.assignment.first_seq - 1
+        held: Held | None = None  # a launched greedy run whose acknowledgement is not sent yet
         while True:
+            if held is not None:
+                while not held.done() and not self.plane.ready():
+                    time.sleep(SPIN_S)  # NOTE: a core spins while the device runs, so a run that comes is launched at once
+                if not self.plane.ready():
+                    held.send()  # nothing to launch first: acknowledge
+                    held = None
             cmd = receive(self.plane)
             if not isinstance(cmd, Command) or cmd.seq <= last:
                 what = f"command {cmd.seq} replayed (last {last})" if isinstance(cmd, Command) else type(cmd).__name__
@@ -170,16 +184,26 @@ class Worker:
                 continue
             if cmd.members.get(self.rank) != self.incarnation:
                 _log(self.rank, "replaced by a newer worker of the same rank (declared lost); exiting")
+                if held is not None:
+                    held.send()
                 return 5
+            if held is not None and not (isinstance(cmd, Run) and cmd.tokens_of == held.step_id):
+                held.send()  # every other command sees the run acknowledged before it
+                held = None
             if isinstance(cmd, Exit):
                 return 0
             if cmd.seq != last + 1:
                 _log(self.rank, f"command {cmd.seq} after {last}: commands were missed; exiting")
                 return 5
             last = cmd.seq
-            self._execute(cmd)
+            launched = self._execute(cmd)
+            if held is not None:
+                held.send()  # the run that reads its tokens is launched: now wait for its device
+            held = launched
 
-    def _execute(self, cmd: Command) -> None:
+    def _execute(self, cmd: Command) -> Held | None:
+        """Execute ``cmd`` and acknowledge it, but for a greedy run whose pairs are still on the device:
+        returned, to :meth:`Held.send` once the next command was looked at."""
         segment = self.segment
         assert segment is not None
         for step_id in cmd.publish:  # published by the coordinator since its last command
@@ -193,15 +217,14 @@ class Worker:
                 if result.output is not None:
                     logits = result.output.logits
                     if logits is not None and cmd.greedy:  # two numbers a row, computed where the logits are
-                        tokens, pairs = greedy_pairs(logits[:, -1])
+                        tokens, pairs, ready = read_greedy_pairs(logits[:, -1])  # the host copy on a side stream
                         segment.keep_tokens(cmd.step_id, tokens)  # the next step over these rows may read them here
-                        outputs["pairs"] = [tuple(p) for p in pairs.cpu().tolist()]
-                    else:
-                        outputs["hidden"] = TensorBlob.of(result.output.hidden)
-                        outputs["logits"] = TensorBlob.of(logits) if logits is not None else None
+                        return Held(self, cmd.seq, cmd.step_id, pairs, ready, result.stage_s, result.handoff_s)
+                    outputs["hidden"] = TensorBlob.of(result.output.hidden)
+                    outputs["logits"] = TensorBlob.of(logits) if logits is not None else None
             except Exception as exc:
                 self._fail(cmd.seq, exc)
-                return
+                return None
             self._ack(cmd.seq, stage_s=result.stage_s, handoff_s=result.handoff_s, **outputs)
         elif isinstance(cmd, Publish):
             segment.publish(cmd.step_id)
@@ -212,8 +235,34 @@ class Worker:
                 self._join(cmd.gen)
             except Exception as exc:
                 self._fail(cmd.seq, exc)
-                return
+                return None
             self._ack(cmd.seq)
+        return None
+
+
+class Held:
+    """A launched greedy run of ``worker``'s (command ``seq``, step ``step_id``) whose acknowledgement waits
+    for the host copy of its ``pairs`` ``(P, 2)``, complete at event ``ready`` (None: already)."""
+
+    def __init__(self, worker: Worker, seq: int, step_id: int, pairs: torch.Tensor, ready: Any,
+                 stage_s: list[float], handoff_s: float) -> None:
+        self.worker, self.seq, self.step_id = worker, seq, step_id
+        self.pairs, self.ready, self.stage_s, self.handoff_s = pairs, ready, stage_s, handoff_s
+
+    def done(self) -> bool:
+        """Whether the pairs are on the host (:meth:`send` would not wait)."""
+        return self.ready is None or bool(self.ready.query())
+
+    def send(self) -> None:
+        """Read the pairs (waiting for the device) and acknowledge the run (or its failure)."""
+        try:
+            if self.ready is not None:
+                self.ready.synchronize()
+            pairs = [tuple(p) for p in self.pairs.tolist()]
+        except Exception as exc:  # NOTE: an asynchronous device error surfaces here, on the run that launched it
+            self.worker._fail(self.seq, exc)
+            return
+        self.worker._ack(self.seq, stage_s=self.stage_s, handoff_s=self.handoff_s, pairs=pairs)
 
 
 def run_worker(address: str, rank: int, opener: Opener, topology: dict[str, Any], secret: bytes,

@@ -79,6 +79,10 @@ class WorkerPlane:
         one that is unsigned, forged or malformed: the caller applies nothing and reads on."""
         return self._down.open(self._sock.recv())
 
+    def ready(self) -> bool:
+        """Whether a message from the coordinator is waiting (:meth:`receive` would not block)."""
+        return bool(self._sock.poll(0, zmq.POLLIN))
+
     def start_heartbeat(self, timeout_s: float) -> None:
         """Beat on a connection of its own; exit the process when the coordinator is gone (or never
         answers within ``timeout_s``)."""
