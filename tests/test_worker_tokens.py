@@ -45,6 +45,7 @@ def pipeline(model_dir: Path) -> Iterator[DistributedPipeline]:
     pool = open_pool("local", timeout_s=20.0)
     pipe = start_workers(pool, config, str(model_dir), specs_for_cuts(config, []), torch.float32, CONTEXT,
                          join_timeout_s=60, batch=ROWS)
+    pipe.run_ahead = True
     yield pipe
     pipe.close()
 
@@ -68,6 +69,7 @@ def test_batched_greedy_decoding_reads_the_kept_tokens(model_dir: Path, monkeypa
     args = dict(devices="cpu:2x1GiB", context=CONTEXT, dtype="float32", max_seqs=ROWS, prefill_chunk=16,
                 kv_tokens=256, placement="single")  # 4 blocks of 64 positions for 4 rows of up to 3: preemption
     single = load_model(str(model_dir), **args)  # type: ignore[arg-type]
+    single.pipeline.run_ahead = True  # type: ignore[attr-defined]  # the GPU's schedule, on the CPU
     vocab = single.config.vocab_size
     together = batch_requests(vocab, [5, 30, 11, 3, 20, 9], [6, 4, 8, 5, 3, 6])
     crowded = batch_requests(vocab, [40, 70, 10, 60], [30, 10, 60, 10], seed=1)
@@ -82,7 +84,8 @@ def test_batched_greedy_decoding_reads_the_kept_tokens(model_dir: Path, monkeypa
     try:
         pipeline = loaded.pipeline
         assert isinstance(pipeline, DistributedPipeline)
-        assert pipeline.keeps_tokens and pipeline.max_in_flight == 1
+        assert pipeline.keeps_tokens and not pipeline.run_ahead and pipeline.max_in_flight == 1  # a CPU exit
+        pipeline.run_ahead = True
         sent = _runs(pipeline, monkeypatch)
         batcher = Batcher(pipeline, CONTEXT, 16)
         got, errors = run_batch(batcher, together)
@@ -135,6 +138,8 @@ def test_only_a_worker_running_entry_and_exit_keeps_tokens(model_dir: Path) -> N
                         join_timeout_s=60, batch=ROWS)
     try:
         assert not two.keeps_tokens
+        with pytest.raises(ValueError, match="keeps tokens"):
+            two.run_ahead = True
         two.reset(0)
         handle = two.submit(torch.tensor([[3]]), torch.tensor([[0]]), start=0, greedy=True)
         assert handle.tokens is None

@@ -82,6 +82,10 @@ class Pipeline:
         self.last_timings = StepTimings()
         self._pin = any(s.device.type == "cuda" for s in stages) and torch.cuda.is_available()
         self.segment = Segment(stages, channels, stages[0].model.config.hidden_size, self._pin)  # every stage
+        # a greedy step's handle gives its tokens on the exit's device, so the next step is launched before the
+        # host reads this one's (the batcher's run-ahead): where the exit is a CUDA device (a CPU step is done
+        # when launched: nothing to overlap); tests on the CPU set it to take the GPU's schedule
+        self.run_ahead = stages[-1].device.type == "cuda"
         self._token_ready: Any = None  # event: a sampled token written into the entry's input from another GPU
         self._token_peer = False  # whether the exit GPU's sampler may write the entry GPU's memory
         entry, exit_ = stages[0].device, stages[-1].device
@@ -189,8 +193,7 @@ class Pipeline:
         if not greedy or all_logits or out.logits is None:
             return StepHandle(out)
         device_tokens, pairs, ready = read_greedy_pairs(out.logits[:, -1])  # (P, 1), (P, 2)
-        return StepHandle(StageOutput(out.hidden, out.logits, pairs),
-                          device_tokens, ready)
+        return StepHandle(StageOutput(out.hidden, out.logits, pairs), device_tokens if self.run_ahead else None, ready)
 
     def rollback(self) -> None:
         for stage in self.stages:

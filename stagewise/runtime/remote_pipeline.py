@@ -112,10 +112,11 @@ class DistributedPipeline:
         self.recovery = WorkerRecovery(pool, self.layout, self.commands, self.faults, remote, self._lock,
                                        load_timeout_s)
         self._pending: dict[int, RemoteStep] = {}  # seq of a run not yet settled -> its handle
-        # a greedy step's tokens stay with the worker that runs the entry and the exit, where no stage holds
+        # a greedy step's tokens may stay with the worker that runs the entry and the exit, where no stage holds
         # recurrent state: the next step over its rows reads them there, sent before this one settles (worker_tokens)
         self.keeps_tokens = len(set(owners)) == 1 and not any(
             getattr(block, "is_linear", False) for stage in self.stages for block in stage.model.model.layers.values())
+        self._run_ahead = self.keeps_tokens and torch.device(specs[-1].torch_device).type == "cuda"
         self._row_ops: list[RowOp] = []  # row operations checked here, applied by the workers before the next run
 
     def start(self, joins: dict[int, JoinReport] | None = None, join_timeout_s: float = 60.0) -> None:
@@ -171,6 +172,19 @@ class DistributedPipeline:
         return self.layout.cuda_graphs and any(torch.device(s.torch_device).type == "cuda" for s in self.layout.specs)
 
     @property
+    def run_ahead(self) -> bool:
+        """Whether a greedy step's handle names its tokens, kept by the worker (:attr:`keeps_tokens`), for the
+        next step over its rows: by default where the exit is a CUDA device, as in process
+        (:attr:`Pipeline.run_ahead`); settable where the worker keeps tokens (tests on the CPU)."""
+        return self._run_ahead
+
+    @run_ahead.setter
+    def run_ahead(self, value: bool) -> None:
+        if value and not self.keeps_tokens:
+            raise ValueError("only one worker that runs every stage, none with recurrent state, keeps tokens")
+        self._run_ahead = value
+
+    @property
     def max_in_flight(self) -> int:
         """One step per worker that runs stages: while worker k runs micro-batch i, worker k+1 runs i-1
         (each worker executes its commands in order; steps over disjoint rows are settled apart)."""
@@ -193,7 +207,7 @@ class DistributedPipeline:
         for the acknowledgements, then publishes the step (or rolls it back and raises its typed
         error). A step over rows of an unsettled one settles that one first (module doc), but where it
         reads that step's tokens (``tokens``: a greedy handle's :class:`WorkerTokens`). ``greedy``: the
-        exit worker sends each row's greedy pair, not the logits; with :attr:`keeps_tokens` the
+        exit worker sends each row's greedy pair, not the logits; with :attr:`run_ahead` the
         handle's ``tokens`` name the step's tokens, kept by the worker. ``layout``: a packed step."""
         return self._submit(tokens, positions, start, all_logits, first_row, None, eager, greedy, layout)
 
@@ -237,7 +251,7 @@ class DistributedPipeline:
                                      all_logits=all_logits, first_row=first_row, eager=eager, greedy=pairs_only,
                                      ops=ops, layout=layout)
             handle = RemoteStep(self._settle, seq, step_id, rows, cancel, pairs_only, reads)
-            if pairs_only and self.keeps_tokens and layout is None:
+            if pairs_only and self._run_ahead and layout is None:
                 handle.tokens = WorkerTokens(step_id, len(rows))
             self._pending[seq] = handle
             return handle
