@@ -10,18 +10,23 @@ many greedy requests of ``--prompt`` tokens and ``--gen`` out at once, followed 
 prompt lengths up to the context, random lengths out, a third sampled on the host with
 log-probabilities), and reports the kernels
 compiled and graphs captured during each (the target: none) and its wall time. A table is printed; JSON
-(command, machine, date, figures) goes to ``--json``.
+(command, machine, date, figures) goes to ``--json``. ``--host-profile N``: each burst also runs under
+cProfile, and the N functions whose own host time grew most from one burst to the next are printed
+(what a first burst pays that a later one does not, where nothing compiles or captures).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import platform
+import pstats
 import random
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import torch
 
@@ -47,9 +52,12 @@ def _graphs(batcher: Batcher) -> int:
     return decode + pieces
 
 
-def _serve(batcher: Batcher, requests: list[GenerationRequest]) -> tuple[int, float]:
+def _serve(batcher: Batcher, requests: list[GenerationRequest],
+           profile: cProfile.Profile | None = None) -> tuple[int, float]:
     produced: list[int] = []
     t0 = time.perf_counter()
+    if profile is not None:
+        profile.enable()
     for req in requests:
         batcher.add(Sequence(req, lambda e: produced.append(1) is None, _raise, lambda: False))
     while batcher.active:
@@ -57,7 +65,21 @@ def _serve(batcher: Batcher, requests: list[GenerationRequest]) -> tuple[int, fl
     batcher.drain()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    if profile is not None:
+        profile.disable()
     return len(produced), time.perf_counter() - t0
+
+
+def _own_seconds(profile: cProfile.Profile) -> dict[str, float]:
+    """Each function's own time (not its callees'), by ``file:line(name)``."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return {f"{Path(f).name}:{line}({name})": tt for (f, line, name), (_, _, tt, _, _) in stats.items()}
+
+
+def _grown(before: dict[str, float], after: dict[str, float], top: int) -> list[tuple[str, float, float]]:
+    """The ``top`` functions whose own time fell most from ``before`` (a first burst) to ``after``."""
+    names = sorted(before, key=lambda k: after.get(k, 0.0) - before[k])[:top]
+    return [(k, before[k], after.get(k, 0.0)) for k in names]
 
 
 def main() -> int:
@@ -74,6 +96,7 @@ def main() -> int:
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--host-profile", type=int, default=0, metavar="N")
     args = p.parse_args()
     loaded = load_model(args.model, args.devices, args.placement, args.context, max_seqs=args.max_seqs,
                         prefill_chunk=args.prefill_chunk, kv_tokens=args.kv_tokens)
@@ -87,11 +110,16 @@ def main() -> int:
     rows.append({"run": "warm-up", "seconds": done.seconds, "kernels_compiled": compiled_variants() - kernels,
                  "graphs_captured": _graphs(batcher) - graphs, "tokens": done.generated_tokens})
 
+    profiles: list[dict[str, float]] = []
+
     def measure(name: str, requests: list[GenerationRequest]) -> None:
         k0, g0 = compiled_variants(), _graphs(batcher)
-        tokens, seconds = _serve(batcher, requests)
+        profile = cProfile.Profile() if args.host_profile else None
+        tokens, seconds = _serve(batcher, requests, profile)
         rows.append({"run": name, "seconds": seconds, "kernels_compiled": compiled_variants() - k0,
                      "graphs_captured": _graphs(batcher) - g0, "tokens": tokens})
+        if profile is not None:
+            profiles.append(_own_seconds(profile))
 
     def prompt(length: int) -> tuple[int, ...]:
         return tuple(rng.randrange(1, vocab) for _ in range(length))
@@ -108,6 +136,13 @@ def main() -> int:
     print(f"{'run':<22} {'seconds':>8} {'tokens':>8} {'kernels compiled':>17} {'graphs captured':>16}")
     for r in rows:
         print(f"{r['run']:<22} {r['seconds']:>8.2f} {r['tokens']:>8} {r['kernels_compiled']:>17} {r['graphs_captured']:>16}")
+    grown = _grown(profiles[0], profiles[1], args.host_profile) if len(profiles) > 1 else []
+    if grown:
+        print(f"host time the first burst spent and the second did not (own seconds, under cProfile): "
+              f"{sum(profiles[0].values()):.3f} s against {sum(profiles[1].values()):.3f} s in all")
+        for name, first, second in grown:
+            print(f"  {first:8.4f} {second:8.4f}  {name}")
+        rows[1]["host_grown"] = [{"function": n, "first_s": a, "second_s": b} for n, a, b in grown]
     if args.json:
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
         with open(args.json, "w") as f:

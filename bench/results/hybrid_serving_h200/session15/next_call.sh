@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next session's first device call (carry .wheels): issue 44's next lever and issue 48's worker figures.
+# For the next session's first device call (carry .wheels): issue 44's next lever, issue 48's worker figures, issue 47's first burst.
 #  1. gather_ab.py at GATHER_MAX_SLOTS 64 (today), 32, 16, 8 on random Qwen3.6-35B-A3B Q8_0 (decode 1/2/4/8/16);
 #  2. Llama-8B bf16 through one local worker against in process, after WorkerTokens (1 / 8 / 32 streams), and the
 #     worker protocol on the GPU host (engine_process_h200/run.sh 1's first half).
@@ -20,3 +20,6 @@ for how in inprocess worker; do
     "$O/workers_llama8b_$how.json" $how || tail -3 "$O/workers_llama8b_$how.err"
 done
 OMP_NUM_THREADS=1 timeout 40 python3 bench/worker_protocol.py --floor --json "$O/worker_protocol.json" 2>&1 | grep -E '_median_ms'
+# 3. issue 47: what the first 8-stream burst after warm-up pays on the host that the second does not
+timeout 150 python3 bench/warm_up_check.py random:qwen3.6-35b-a3b@q8_0 --devices cuda:0 --context 4096 --max-seqs 16 \
+  --bursts 8,8 --prompt 216 --gen 16 --host-profile 20 --json "$O/warm_up_check_host_profile.json" 2>&1 | grep -v Warn | tail -30
