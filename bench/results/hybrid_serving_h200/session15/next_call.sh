@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For the next session's first device call (carry .wheels): issue 44's next lever, issue 48's worker figures, issue 47's first burst.
-#  1. gather_ab.py at GATHER_MAX_SLOTS 64 (today), 32, 16, 8 on random Qwen3.6-35B-A3B Q8_0 (decode 1/2/4/8/16);
+#  1. constant_ab.py: GATHER_MAX_SLOTS at 64 (today), 32, 16, 8 on random Qwen3.6-35B-A3B Q8_0 (decode 1/2/4/8/16);
 #  2. Llama-8B bf16 through one local worker against in process, after WorkerTokens (1 / 8 / 32 streams), and the
 #     worker protocol on the GPU host (engine_process_h200/run.sh 1's first half).
 set -u
@@ -9,8 +9,8 @@ O=${OUT:-/tmp/out}; mkdir -p "$O"
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$O/machine.txt"
 for m in 64 8 16 32; do
-  timeout 120 python3 bench/results/hybrid_serving_h200/session15/gather_ab.py random:qwen3.6-35b-a3b@q8_0 --gather-max $m \
-    2>&1 | grep gather_max | tee -a "$O/gather_ab.jsonl"
+  timeout 120 python3 bench/results/hybrid_serving_h200/session15/constant_ab.py random:qwen3.6-35b-a3b@q8_0 \
+    --set stagewise.models.layers.experts.GATHER_MAX_SLOTS=$m 2>&1 | grep '"set"' | tee -a "$O/gather_ab.jsonl"
 done
 for how in inprocess worker; do
   extra=(); [ $how = worker ] && extra=(--workers local)
