@@ -15,7 +15,7 @@ import torch
 
 from stagewise.engine.batcher import Batcher
 from stagewise.engine.model_loading import load_model
-from stagewise.errors import StagewiseError, StepCancelled, StepFailed
+from stagewise.errors import StagewiseError, StepCancelled, StepFailed, WorkerMessageRejected
 from stagewise.runtime.distributed_start import open_pool, start_workers
 from stagewise.runtime.remote_pipeline import DistributedPipeline
 from stagewise.runtime.worker import Worker
@@ -150,6 +150,10 @@ def test_only_a_worker_running_entry_and_exit_keeps_tokens(model_dir: Path) -> N
         two.close()
 
 
+class _Blocked(Exception):
+    pass
+
+
 class _Plane:
     """The worker's control plane, scripted: ``commands`` queued, acknowledgements recorded in ``log``."""
 
@@ -162,7 +166,12 @@ class _Plane:
         return bool(self.commands)
 
     def receive(self) -> Any:
-        return self.commands.pop(0)
+        if not self.commands:
+            raise _Blocked  # a real plane would wait here for the coordinator
+        command = self.commands.pop(0)
+        if isinstance(command, Exception):
+            raise command
+        return command
 
     def send(self, ack: Any) -> None:
         self.log.append(f"ack {ack.seq}")
@@ -201,3 +210,17 @@ def test_a_run_that_reads_the_kept_tokens_is_launched_before_the_last_is_acknowl
     want = ["launch 1", "launch 2", "ack 1", "ack 2"] if chained else ["launch 1", "ack 1", "launch 2", "ack 2"]
     assert log == want
     assert [int(t) for t in worker.segment.kept[2].flatten()] == [2]  # type: ignore[union-attr]
+
+
+def test_a_forged_message_does_not_hold_back_an_acknowledgement() -> None:
+    """A held run's acknowledgement goes out before the worker waits for a genuine command after a forged one
+    (the coordinator may send nothing more until it has it)."""
+    log: list[str] = []
+    members = {1: _Plane.incarnation}
+    commands = [Run(seq=1, members=members, step_id=1, tokens=[[3]], positions=[[0]], greedy=True),
+                WorkerMessageRejected("worker 1: a message failed its signature")]
+    worker = Worker(_Plane(commands, log), None, None)  # type: ignore[arg-type]
+    worker.assignment, worker.segment = SimpleNamespace(first_seq=1), _Segment(log)  # type: ignore[assignment]
+    with pytest.raises(_Blocked):
+        worker.serve()
+    assert log == ["launch 1", "ack 1"]

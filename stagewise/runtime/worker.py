@@ -177,7 +177,10 @@ class Worker:
                 if not self.plane.ready():
                     held.send()  # nothing to launch first: acknowledge
                     held = None
-            cmd = receive(self.plane)
+            try:
+                cmd = self.plane.receive()
+            except WorkerMessageRejected:
+                continue  # logged by the plane; a held acknowledgement is not kept waiting for a genuine one
             if not isinstance(cmd, Command) or cmd.seq <= last:
                 what = f"command {cmd.seq} replayed (last {last})" if isinstance(cmd, Command) else type(cmd).__name__
                 _log(self.rank, f"rejected a message: {what}")
