@@ -94,3 +94,31 @@ def test_gathered_experts_read_blocks_from_two_tokens(qtype: GGMLQuantizationTyp
         ref = torch.stack([dense[int(index[m])] @ x[m // top_k] for m in range(tokens * top_k)])
         assert float((got - ref).abs().max()) <= 2e-5 * float(ref.abs().max())
     assert calls == [9]  # the blocks for 9 slots only: 3 slots took the GEMV
+
+
+@pytest.mark.parametrize(("gate_type", "down_type"), [(T.Q4_K, T.Q4_K), (T.Q4_K, T.Q6_K)], ids=lambda t: t.name)
+def test_a_layers_stacks_share_one_sorting_of_the_slots(gate_type: GGMLQuantizationType, down_type: GGMLQuantizationType,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MoE decode's gathered path over packed stacks (4 tokens x 3 slots: one-expert blocks): the slots are sorted
+    once for the layer (gate/up and down read the same blocks), with the outputs each stack sorting them itself gives."""
+    import stagewise.weights.quant.packed_weight as packed_weight
+    from stagewise.kernels.triton_launch import kernels_on_host
+    from stagewise.models.layers.experts import Experts
+
+    experts, hidden, inter, tokens, top_k = 4, 256, 256, 4, 3
+    layer = Experts(experts, hidden, inter)
+    layer.set_quantized_param("gate_up_proj", _stack(gate_type, experts, 2 * inter, hidden, seed=8))
+    layer.set_quantized_param("down_proj", _stack(down_type, experts, hidden, inter, seed=9))
+    g = torch.Generator().manual_seed(10)
+    x = (torch.randn(tokens, hidden, generator=g) * 0.1).to(DEVICE)
+    top_index = torch.topk(torch.rand(tokens, experts, generator=g), top_k, dim=-1).indices.to(DEVICE)
+    top_weight = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1).to(DEVICE)
+    sorts: list[int] = []
+    real = packed_weight.PackedWeight.routing
+    monkeypatch.setattr(packed_weight.PackedWeight, "routing", lambda self, index: sorts.append(index.numel()) or real(self, index))
+    with kernels_on_host():
+        shared = layer(x, top_index, top_weight).cpu()
+        assert sorts == [tokens * top_k]
+        monkeypatch.setattr(layer, "_routing", lambda index: None)  # each stack sorts the slots itself
+        alone = layer(x, top_index, top_weight).cpu()
+    assert sorts == [tokens * top_k] * 3 and torch.equal(shared, alone)

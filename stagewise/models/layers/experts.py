@@ -148,8 +148,9 @@ class Experts(nn.Module):
             from stagewise.kernels.moe_route_triton import combine
             from stagewise.kernels.silu_mul_triton import silu_mul
 
-            act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k))  # (N*K, I)
-            return combine(self._gather_matmul("down_proj", index, act, 1), top_weight, x.dtype, residual,
+            routes = self._routing(index)  # the slots sorted once for both stacks (a packed one's blocks)
+            act = silu_mul(self._gather_matmul("gate_up_proj", index, x, k, routes))  # (N*K, I)
+            return combine(self._gather_matmul("down_proj", index, act, 1, routes), top_weight, x.dtype, residual,
                            shared)  # (N, H)
         if shared is not None:
             raise ValueError("a shared expert is added inside the experts on the Triton path only")
@@ -159,11 +160,21 @@ class Experts(nn.Module):
         out = (y.view(tokens, k, -1) * top_weight[..., None]).sum(dim=1).to(x.dtype)  # (N, H)
         return out if residual is None else out + residual
 
-    def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor, x_repeat: int) -> torch.Tensor:
-        """Slot ``m``: expert ``index[m]`` of weight ``name`` times row ``m // x_repeat`` of ``xs``."""
+    def _routing(self, index: torch.Tensor) -> object | None:
+        """The routed slots' sorting that both stacks read (the gate/up stack's :meth:`QuantizedExperts.routing`,
+        a function of the slots and the expert count only), or None."""
+        gate_up, down = self.quantized.get("gate_up_proj"), self.quantized.get("down_proj")
+        if gate_up is None or down is None or type(gate_up) is not type(down):
+            return None
+        return gate_up.routing(index)
+
+    def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor, x_repeat: int,
+                       routes: object | None = None) -> torch.Tensor:
+        """Slot ``m``: expert ``index[m]`` of weight ``name`` times row ``m // x_repeat`` of ``xs`` (``routes``: the
+        stacks' shared :meth:`_routing`)."""
         packed = self.quantized.get(name)
         if packed is not None:
-            return packed.gather_matmul(index, xs, x_repeat)
+            return packed.gather_matmul(index, xs, x_repeat, routes)
         weight = getattr(self, name)  # (E, out, in)
         if use_triton(xs) and weight.dtype == xs.dtype:
             from stagewise.kernels.gemv_triton import gemv

@@ -34,9 +34,17 @@ class QuantizedExperts(Protocol):
         """Expert ``index``'s ``(out, in)`` matrix as a 2-D quantized weight (a view: no copy)."""
         ...
 
-    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
+    def routing(self, expert_index: torch.Tensor) -> object | None:
+        """What :meth:`gather_matmul` sorts the slots ``expert_index (M,)`` into (one-expert blocks), made
+        once for a layer's stacks and passed to each as ``routes``; None where it sorts nothing. It depends
+        on the slots and the expert count only."""
+        ...
+
+    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1,
+                      routes: object | None = None) -> torch.Tensor:
         """Row ``m // x_repeat`` of ``x`` ``(M / x_repeat, in)`` times expert ``expert_index[m]`` -> ``(M, out)``,
-        reading only those experts and without host synchronization."""
+        reading only those experts and without host synchronization; ``routes``: a :meth:`routing` of the
+        same slots (None: made here if needed)."""
         ...
 
     def to(self, device: torch.device) -> QuantizedExperts: ...

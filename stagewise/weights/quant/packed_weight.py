@@ -41,6 +41,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.expert_stacks import check_planes
+from stagewise.kernels.moe_align import MoeAlignment
 from stagewise.kernels.packed_matmul import A_MAX_ROWS, B_MAX_ROWS
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.kernels.word_gemv_triton import words_config
@@ -54,6 +55,7 @@ from stagewise.weights.quant.tiled_linear import tiled_linear
 # the word GEMV's types and shapes (kernels/word_gemv_triton.py) takes the GEMV too: on an H100 37.4 us against
 # kernel A's 88.5 (Q4_K gate/up), 57.0 against 96.3 (Q6_K; bench/results/gemv_words_h200)
 GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
+EXPERT_BLOCK_ROWS = 16  # slots a one-expert block of the blocked path holds (kernel A's rows)
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
@@ -174,10 +176,24 @@ class PackedWeight:
                             lambda lo, hi, dtype: self._dequantize_planes(tuple(p[lo:hi] for p in self.planes), dtype),
                             tile_elements)
 
-    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
+    def routing(self, expert_index: torch.Tensor) -> MoeAlignment | None:
+        """The slots of ``expert_index (M,)`` sorted into the one-expert blocks :meth:`gather_matmul` reads for
+        them, or None where it reads none (the GEMV's few slots, or off the Triton path). A function of the
+        slots and the expert count only: a layer's gate/up and down stacks share it (one alignment a layer)."""
+        if not use_triton(self.qs) or expert_index.numel() <= GATHER_GEMV_SLOTS:
+            return None
+        from stagewise.kernels.moe_align import moe_align
+        from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
+
+        align_fn = moe_align_fused if expert_index.numel() <= MAX_FUSED_SLOTS else moe_align
+        return align_fn(expert_index.reshape(-1, 1), self.qs.shape[0], EXPERT_BLOCK_ROWS)
+
+    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1,
+                      routes: MoeAlignment | None = None) -> torch.Tensor:
         """Row ``m // x_repeat`` of ``x (M / x_repeat, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.
 
-        Reads only the routed experts; no host synchronization (CUDA graph safe).
+        Reads only the routed experts; no host synchronization (CUDA graph safe). ``routes``: :meth:`routing`
+        of these slots, made once for the layer's stacks (made here when None).
         """
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
@@ -187,26 +203,22 @@ class PackedWeight:
 
             return packed_gemv(x, self, expert_index, x_repeat=x_repeat)
         if use_triton(self.qs):
-            return self._blocked_matmul(expert_index, x, x_repeat)
+            routes = routes if routes is not None else self.routing(expert_index)
+            assert routes is not None  # more slots than the GEMV's, on the Triton path
+            return self._blocked_matmul(x, x_repeat, routes)
         if x_repeat > 1:
             x = x.repeat_interleave(x_repeat, dim=0)  # (M, in)
         routed = self._dequantize_planes(tuple(p.index_select(0, expert_index) for p in self.planes), x.dtype)
         return torch.bmm(routed, x[:, :, None]).squeeze(-1)  # (M, out)
 
-    def _blocked_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int) -> torch.Tensor:
-        """Routed slots sorted into 16-row one-expert blocks, each expert's tile read once for all its slots
-        (kernel A); slot ``m`` reads row ``m // x_repeat``. No host synchronization."""
-        from stagewise.kernels.moe_align import moe_align
-        from stagewise.kernels.moe_align_triton import MAX_FUSED_SLOTS, moe_align_fused
+    def _blocked_matmul(self, x: torch.Tensor, x_repeat: int, routes: MoeAlignment) -> torch.Tensor:
+        """Routed slots sorted into 16-row one-expert blocks (``routes``), each expert's tile read once for all its
+        slots (kernel A); slot ``m`` reads row ``m // x_repeat``. No host synchronization."""
         from stagewise.kernels.packed_decode_triton import packed_decode_gemm
         from stagewise.kernels.packed_matmul import expert_tiles
 
-        routed = expert_index.reshape(-1, x_repeat)  # (tokens, x_repeat): slot = token * x_repeat + j
-        experts = self.qs.shape[0]
-        align_fn = moe_align_fused if routed.numel() <= MAX_FUSED_SLOTS else moe_align
-        align = align_fn(routed, experts, 16)
         a = x if x.stride(-1) == 1 else x.contiguous()
-        return packed_decode_gemm(a, self, align, x_repeat, expert_tiles(self.ggml_type, self.in_features, x.device),
+        return packed_decode_gemm(a, self, routes, x_repeat, expert_tiles(self.ggml_type, self.in_features, x.device),
                                   gather_rows=True)
 
     def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -127,10 +127,16 @@ class Q8_0Weight:
         out_features, in_features = self.qs.shape
         return tiled_linear(x, out_features, in_features, self._dequantize_rows, TILE_ELEMENTS)
 
-    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1) -> torch.Tensor:
+    def routing(self, expert_index: torch.Tensor) -> None:
+        """None: the gathered path reads no one-expert blocks (a GEMV a slot)."""
+        return None
+
+    def gather_matmul(self, expert_index: torch.Tensor, x: torch.Tensor, x_repeat: int = 1,
+                      routes: object = None) -> torch.Tensor:
         """Row ``m // x_repeat`` of ``x (M / x_repeat, in)`` times expert ``expert_index[m]``'s matrix -> ``(M, out)``.
 
-        Reads only the routed experts; no host synchronization (CUDA graph safe).
+        Reads only the routed experts; no host synchronization (CUDA graph safe). ``routes`` (another
+        stack's :meth:`routing`) is not read: this path sorts nothing.
         """
         if self.qs.dim() != 3:
             raise ValueError("gather_matmul needs a 3-D (experts, out, in) weight")
