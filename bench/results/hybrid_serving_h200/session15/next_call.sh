@@ -12,6 +12,12 @@ for m in 64 8 16 32; do
   timeout 120 python3 bench/results/hybrid_serving_h200/session15/constant_ab.py random:qwen3.6-35b-a3b@q8_0 \
     --set stagewise.models.layers.experts.GATHER_MAX_SLOTS=$m 2>&1 | grep '"set"' | tee -a "$O/gather_ab.jsonl"
 done
+# the same for K-quant stacks (9-64 slots: kernel A's blocks with SiLU·up and the combine apart, or the grouped
+# path's fused ones); Q4_K random weights
+for m in 64 8; do
+  timeout 150 python3 bench/results/hybrid_serving_h200/session15/constant_ab.py random:qwen3.6-35b-a3b@q4_k \
+    --set stagewise.models.layers.experts.GATHER_MAX_SLOTS=$m 2>&1 | grep '"set"' | tee -a "$O/gather_ab_q4k.jsonl"
+done
 for how in inprocess worker; do
   extra=(); [ $how = worker ] && extra=(--workers local)
   timeout 90 python3 -m stagewise bench random:llama-3.1-8b --devices cuda:0 --placement single --concurrency 1,8,32 \
