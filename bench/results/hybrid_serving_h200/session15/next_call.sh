@@ -29,3 +29,12 @@ OMP_NUM_THREADS=1 timeout 40 python3 bench/worker_protocol.py --floor --json "$O
 # 3. issue 47: what the first 8-stream burst after warm-up pays on the host that the second does not
 timeout 150 python3 bench/warm_up_check.py random:qwen3.6-35b-a3b@q8_0 --devices cuda:0 --context 4096 --max-seqs 16 \
   --bursts 8,8 --prompt 216 --gen 16 --host-profile 20 --json "$O/warm_up_check_host_profile.json" 2>&1 | grep -v Warn | tail -30
+# 4. issue 46's last target (no speed regression, before: Qwen3.6 Q8_0 prefill 7,763 / decode 411.4 tok/s; Llama-3.1-8B
+#    40,921 / 240.4, on an H200): the same commands as fit_context_h200/run.sh step 4
+timeout 70 python3 -m stagewise bench random:qwen3.6-35b-a3b@q8_0 --devices cuda:0 --placement single --prompt 2048 \
+  --gen 128 --repeats 3 --json > "$O/bench_qwen36_q8_1gpu.json" 2> /dev/null
+timeout 50 python3 -m stagewise bench random:llama-3.1-8b --json --devices cuda:0 --placement single --prompt 512 \
+  --gen 128 --repeats 3 > "$O/bench_llama8b_1gpu.json" 2> /dev/null
+for f in "$O"/bench_qwen36_q8_1gpu.json "$O"/bench_llama8b_1gpu.json; do
+  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stagewise']; print(sys.argv[1].split('/')[-1], {k: round(s[k], 1) for k in ('prefill_tokens_per_s','decode_tokens_per_s')})" "$f"
+done
