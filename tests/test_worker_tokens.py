@@ -113,6 +113,8 @@ def test_a_step_reading_a_failed_steps_tokens_fails_too(model_dir: Path, pipelin
     # the worker refuses the first step (a position past the context): the second finds no tokens to read
     bad = _greedy_step(pipeline, torch.tensor([[3]]), CONTEXT + 5)
     assert isinstance(bad.tokens, WorkerTokens)
+    with pytest.raises(ValueError, match="same rows"):  # another row than the step it reads ran
+        pipeline.submit(bad.tokens, torch.tensor([[6]]), first_row=1, greedy=True)
     after = _greedy_step(pipeline, bad.tokens, 6)
     with pytest.raises(StagewiseError, match="outside the context"):
         bad.result()
@@ -145,7 +147,7 @@ def test_only_a_worker_running_entry_and_exit_keeps_tokens(model_dir: Path) -> N
         assert handle.tokens is None
         handle.result()
         with pytest.raises(ValueError, match="keeps them"):
-            two.submit(WorkerTokens(handle.step_id, 1), torch.tensor([[1]]), greedy=True)
+            two.submit(WorkerTokens(handle.step_id, 0, 1), torch.tensor([[1]]), greedy=True)
     finally:
         two.close()
 

@@ -216,9 +216,10 @@ class DistributedPipeline:
                 layout: StepLayout | None = None) -> RemoteStep:
         self.faults.refuse()
         reads = tokens.step_id if isinstance(tokens, WorkerTokens) else None
-        if isinstance(tokens, WorkerTokens) and not (self.keeps_tokens and layout is None
+        if isinstance(tokens, WorkerTokens) and not (self.keeps_tokens and layout is None and tokens.first_row == first_row
                                                      and tokens.rows == positions.shape[0]):
-            raise ValueError(f"a step reads step {reads}'s tokens only from a worker that keeps them, a token a row")
+            raise ValueError(f"a step reads step {reads}'s tokens only from a worker that keeps them, a token a row "
+                             f"of the same rows")
         with self._lock:
             rows = frozenset(layout.rows if layout is not None else range(first_row, first_row + int(positions.shape[0])))
             for earlier in [h for h in self._pending.values() if h.rows & rows and h.step_id != reads]:
@@ -252,7 +253,7 @@ class DistributedPipeline:
                                      ops=ops, layout=layout)
             handle = RemoteStep(self._settle, seq, step_id, rows, cancel, pairs_only, reads)
             if pairs_only and self._run_ahead and layout is None:
-                handle.tokens = WorkerTokens(step_id, len(rows))
+                handle.tokens = WorkerTokens(step_id, first_row, len(rows))
             self._pending[seq] = handle
             return handle
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class WorkerTokens:
-    """The greedy tokens ``(rows, 1)`` of step ``step_id``, held by the worker that ran it."""
+    """The greedy tokens ``(rows, 1)`` of step ``step_id`` over state rows ``first_row ..``, held by the worker
+    that ran it."""
 
     step_id: int
+    first_row: int
     rows: int
