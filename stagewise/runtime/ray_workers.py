@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from stagewise.errors import ConfigError, StagewiseError
@@ -114,6 +115,19 @@ class RayWorkers:
         if actor is not None:
             self._ray.kill(actor, no_restart=True)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Kill every actor and return once each is gone (Ray kills asynchronously: an actor may answer
+        a call made right after its kill), or after ``timeout_s``."""
+        actors = list(self.actors.values())
         for rank in list(self.actors):
             self.kill(rank)
+        deadline = time.monotonic() + timeout_s
+        for actor in actors:
+            while time.monotonic() < deadline:
+                try:
+                    self._ray.get(actor.exit_code.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                except self._ray.exceptions.RayActorError:
+                    break  # dead
+                except self._ray.exceptions.GetTimeoutError:
+                    break  # the bound passed
+                time.sleep(0.05)  # it answered: the kill has not reached it yet
