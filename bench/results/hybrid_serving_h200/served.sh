@@ -2,10 +2,8 @@
 # Issue 44's figures on one warm GPU machine, over several calls of this script (each runs the steps not yet done,
 # none that would end past DEADLINE_S seconds into the call; every result so far comes back as $OUT/results.tgz).
 # Carry [".wheels", ".llamacpp"] (.llamacpp: `../shared/tools/llamacpp-source.sh .llamacpp`).
-#   check    729dc19's fix of the non-finite logits: tests/test_tile_counters.py compiled, nan_rows.py's failing
-#            history (17 rows after 1..16) with graphs;
 #   files    llama.cpp built (llama-server, llama-batched-bench) and make-model's Qwen3.6-35B-A3B Q8_0, both started in
-#            the background by the first call (make-model after the check);
+#            the background by the first call (the check of 729dc19's fix ran in session 14 and left this script);
 #   served   `bench/serve_load.py FILE --max-seqs 64`, 8/32/64 streams, 208-token prompts, 128 out, fresh prompts,
 #            chat, two passes, beside `llama-server -np 64 -fa on` (tokens from the usage chunk, no logprobs);
 #   inproc   `stagewise bench FILE --concurrency 1,8,32,64 --prompt 128 --gen 128` beside llama-batched-bench;
@@ -23,17 +21,10 @@ if [ ! -e "$W/done/files" ] && [ ! -e "$W/files_started" ]; then
   touch "$W/files_started"; export W F
   [ -x "$LB/llama-server" ] || setsid bash -c 'source bench/device_steps.sh; llamacpp_build 12 llama-server llama-batched-bench' \
     > "$W/build.log" 2>&1 < /dev/null &
-  [ -f "$F" ] || setsid bash -c 'source bench/device_steps.sh; while [ ! -e "$W/done/check" ]; do sleep 2; done
-    make_model qwen3.6-35b-a3b q8_0 "$F" 420' > /dev/null 2>&1 < /dev/null &
+  [ -f "$F" ] || setsid bash -c 'source bench/device_steps.sh; make_model qwen3.6-35b-a3b q8_0 "$F" 420' \
+    > /dev/null 2>&1 < /dev/null &
 fi
-if step check 150; then
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$R/machine.txt"
-  timeout 60 python3 -m pytest -q -rfE -p no:cacheprovider -o addopts="" tests/test_tile_counters.py > "$R/gpu_test_tile_counters.txt" 2>&1
-  tail -2 "$R/gpu_test_tile_counters.txt"
-  COUNTS=1,2,8,9,16,17,24,32,33,48,56,63,64 timeout 80 python3 $H/nan_rows.py > "$R/rows_after_fix.txt" 2>&1
-  grep rows "$R/rows_after_fix.txt" | cut -c1-120
-  touch "$W/done/check"
-fi
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$R/machine.txt"
 if step files 60; then  # waits for the background work while the call has time
   while { [ ! -f "$F" ] || [ ! -x "$LB/llama-server" ] || [ ! -x "$LB/llama-batched-bench" ]; } && [ $(( $(el) + 30 )) -lt "$DEADLINE_S" ]; do
     sleep 5
@@ -58,7 +49,7 @@ if step inproc 300; then
     --json > "$R/stagewise_concurrency_qwen36_q8.json" 2> "$W/sw.err" || grep -v Warning "$W/sw.err" | tail -4
   [ -s "$R/stagewise_concurrency_qwen36_q8.json" ] && touch "$W/done/inproc"
 fi
-if step agents 420; then
+if [ "${AGENTS:-0}" = 1 ] && step agents 420; then  # measured in session 11 (met); AGENTS=1 runs it again
   timeout 400 python3 bench/prefix_cache_load.py "$F" --devices cuda:0 --placement single --max-seqs 16 --context 16384 \
     --vocab 32000 --agents 16 --agent-turns 10 --agent-system 4000 --chat-system 1500 --turns 10 --question 200 \
     --gen 32 --peer "$LB/llama-server -ngl 99 -fa on -np 16 -c 262144" \
