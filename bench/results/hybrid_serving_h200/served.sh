@@ -7,7 +7,7 @@
 #   served   `bench/serve_load.py FILE --max-seqs 64`, 8/32/64 streams, 208-token prompts, 128 out, fresh prompts,
 #            chat, two passes, beside `llama-server -np 64 -fa on` (tokens from the usage chunk, no logprobs);
 #   inproc   `stagewise bench FILE --concurrency 1,8,32,64 --prompt 128 --gen 128` beside llama-batched-bench;
-#   agents   16 clients x 10 turns on a 4,000-token system prompt: prefix cache on, off, and llama-server.
+#   agents   (AGENTS=1) 16 clients x 10 turns on a 4,000-token system prompt: prefix cache on, off, and llama-server.
 # Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/hybrid_serving_h200/served.sh
 set -u
 source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el; llamacpp_build; make_model
