@@ -41,5 +41,13 @@ timeout 50 python3 -m stagewise bench random:llama-3.1-8b --json --devices cuda:
 for f in "$R"/bench_qwen36_q8_1gpu.json "$R"/bench_llama8b_1gpu.json; do
   python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stagewise']; print(sys.argv[1].split('/')[-1], {k: round(s[k], 1) for k in ('prefill_tokens_per_s','decode_tokens_per_s')})" "$f"
 done
+# 5. issue 45: Qwen3.6 Q4_K_M decoded 312 tok/s after a 512-token prompt (358 on 12-06) but 374 after 128: does the
+#    prompt's length move one stream's decode? (random Q4_K weights, both lengths, one process each)
+for n in 128 512; do
+  timeout 60 python3 -m stagewise bench random:qwen3.6-35b-a3b@q4_k --devices cuda:0 --placement single --prompt $n \
+    --gen 128 --repeats 2 --json > "$R/bench_qwen36_q4k_prompt$n.json" 2> /dev/null
+  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stagewise']; print(sys.argv[1].split('/')[-1], round(s['decode_tokens_per_s'], 1))" \
+    "$R/bench_qwen36_q4k_prompt$n.json"
+done
 fi
 tar czf "$O/results.tgz" -C "$R" .
