@@ -172,9 +172,14 @@ def _run(**change: Any) -> bytes:
     {"ops": [{"op": "exit", "seq": 1, "members": {}}]}, {"ops": [{"op": "reset", "slot": 0, "length": 3}]},
     {"layout": {"rows": [0, 0], "starts": [0, 0], "lengths": [1, 1]}, "tokens": [[1], [2]], "positions": [[0], [0]]},
     {"layout": {"rows": [0], "starts": [0], "lengths": [3]}},  # 3 tokens laid out, 1 sent
+    {"tokens_of": 1}, {"tokens": None}, {"tokens": None, "tokens_of": 0},  # both, neither, no step 0
+    {"tokens": None, "tokens_of": 3, "step_id": 2}, {"tokens": None, "tokens_of": 2, "step_id": 2},  # not earlier
+    {"tokens": None, "tokens_of": 1, "step_id": 2, "positions": [[0, 1]]},  # a kept step's tokens are one a row
 ])
 def test_malformed_runs_are_refused(change: dict[str, Any]) -> None:
     assert isinstance(_seal(Down).open(_run()), Run)
+    reads = _seal(Down).open(_run(tokens=None, tokens_of=1, step_id=2))  # the tokens step 1 left in the worker
+    assert isinstance(reads, Run) and reads.tokens is None and reads.tokens_of == 1
     with pytest.raises(WorkerMessageRejected, match="malformed"):
         _seal(Down).open(_run(**change))
 
