@@ -327,3 +327,25 @@ def test_q8_0_gemm_batched_decode_rows(rows: int, in_features: int) -> None:
     got = q8_0_gemm(x, weight.qs[0], weight.scales[0])
     ref = _block_scaled_reference(x, weight, torch.zeros(rows, 1, dtype=torch.long, device=DEVICE), True, None)
     torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(("rows", "in_features"), [(2, 256), (8, 2048), (17, 256), (40, 2048)])
+def test_q8_0_gate_up_with_silu_mul_in_one_launch(rows: int, in_features: int) -> None:
+    """A fused gate/up Q8_0 weight at 2-64 rows: SiLU·up in the few-rows GEMM's epilogue, with its K split over the
+    whole weight, gives bit for bit the matmul followed by ``silu_mul``; one row (the GEMV) and prefill sizes have
+    no such launch."""
+    from stagewise.kernels.q8_0_gemm import decode_tiles
+    from stagewise.kernels.triton_launch import kernels_on_host
+
+    torch.manual_seed(5)
+    inter = 96
+    stack = _quantize(torch.randn(1, 2 * inter, in_features) * 0.1).to(DEVICE)
+    weight = Q8_0Weight(stack.qs[0], stack.scales[0])
+    x = torch.randn(rows, in_features, device=DEVICE, dtype=torch.bfloat16)
+    with kernels_on_host():
+        fused = weight.matmul_glu(x)
+        assert fused is not None and fused.shape == (rows, inter)
+        assert torch.equal(fused, silu_mul(weight.matmul(x)))
+        assert weight.matmul_glu(x[:1]) is None
+        assert weight.matmul_glu(torch.randn(65, in_features, device=DEVICE, dtype=torch.bfloat16)) is None
+    assert in_features < 2048 or decode_tiles(rows, 2 * inter, in_features)[1].split_k > 1  # K split too

@@ -19,7 +19,7 @@ import torch
 
 from stagewise.kernels.expert_stacks import Q8_0Tensors
 from stagewise.kernels.moe_align import identity_alignment
-from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm
+from stagewise.kernels.moe_decode_triton import DecodeTiles, decode_gemm, decode_gemm_glu
 from stagewise.kernels.moe_grouped_triton import INTERPRETER, TILES_64_Q8_0_GATE_UP, TILES_128, GemmTiles, grouped_gemm
 
 DECODE_ROWS = 64  # up to this many rows (a batched decode step): the few-rows kernel, every row in one block
@@ -79,3 +79,21 @@ def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.
         block_m, tiles = _tiles(rows, a.device)
         y = grouped_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)
+
+
+def q8_0_gemm_glu(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ G.T) * (x @ U.T)`` ``(..., I)`` for a fused gate/up Q8_0 weight ``(2I, in)`` (gate rows then up
+    rows) at most :data:`DECODE_ROWS` rows: the few-rows kernel with SiLU·up in its epilogue, its K split the one
+    :func:`q8_0_gemm` takes for the whole weight, so each output sums in the same order and the result is bit for
+    bit ``silu_mul(q8_0_gemm(x, qs, scales))`` in one launch."""
+    two_i, in_features = qs.shape
+    a = x.reshape(-1, in_features)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    rows = a.shape[0]
+    if rows > DECODE_ROWS:
+        raise ValueError(f"the fused gate/up takes at most {DECODE_ROWS} rows, got {rows}")
+    block_m, tiles = decode_tiles(rows, two_i, in_features)
+    stack = Q8_0Tensors(qs[None], scales[None])  # (1, 2I, in): a view
+    y = decode_gemm_glu(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
+    return y.reshape(*x.shape[:-1], two_i // 2)

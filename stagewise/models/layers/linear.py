@@ -72,6 +72,15 @@ class Linear(nn.Module):
             y = y + self.bias
         return y if residual is None else y + residual
 
+    def glu(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of this fused gate/up projection (gate columns then up columns, no bias), on the
+        Triton path: one launch where the quantized format has one (:meth:`QuantizedWeight.matmul_glu`), else the
+        matmul then ``silu_mul``, with the same bits."""
+        from stagewise.kernels.silu_mul_triton import silu_mul
+
+        fused = self.quantized.matmul_glu(x) if self.quantized is not None and self.bias is None else None
+        return fused if fused is not None else silu_mul(self(x))
+
     def extra_repr(self) -> str:
         fmt = self.quantized.format_name if self.quantized is not None else "dense"
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, format={fmt}"

@@ -28,6 +28,12 @@ class QuantizedWeight(Protocol):
         """``x @ W.T`` for ``x`` of shape ``(..., in_features)``, in ``x``'s dtype."""
         ...
 
+    def matmul_glu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """For a fused gate/up weight (gate rows then up rows): ``silu(x @ G.T) * (x @ U.T)`` in one launch,
+        bit for bit what ``silu_mul(matmul(x))`` gives; None where this format has no such launch for
+        ``x``'s rows (the caller then runs the two)."""
+        ...
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The dense ``(out, in)`` matrix (for tests and references; never kept resident)."""
         ...

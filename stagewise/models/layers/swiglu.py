@@ -25,9 +25,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP's output, plus ``residual`` when given (added by the down projection)."""
         if self.gate_up is not None and use_triton(x):
-            from stagewise.kernels.silu_mul_triton import silu_mul
-
-            return self.down_proj(silu_mul(self.gate_up(x)), residual)
+            return self.down_proj(self.gate_up.glu(x), residual)
         if self.gate_up is not None:
             gate, up = self.gate_up(x).chunk(2, dim=-1)  # (..., I) each
             return self.down_proj(nn.functional.silu(gate) * up, residual)

@@ -154,6 +154,10 @@ class PackedWeight:
     def _gathered_input(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.input_index is None else x.index_select(-1, self.input_index)
 
+    def matmul_glu(self, x: torch.Tensor) -> None:
+        """None: a packed gate/up's SiLU·up runs after its matmul (the word GEMV's epilogue measured slower)."""
+        return None
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` for ``x (..., in)`` -> ``(..., out)`` in ``x``'s dtype (2-D weights only)."""
         if self.qs.dim() != 2:

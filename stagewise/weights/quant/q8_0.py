@@ -123,6 +123,19 @@ class Q8_0Weight:
 
         return q8_0_gemm(x, self.qs, self.scales)  # prefill: one launch, int8 dequantized in registers
 
+    def matmul_glu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(gate) * up`` of a fused gate/up weight in one launch where the few-rows GEMM takes ``x``'s rows
+        (more than :data:`GEMV_MAX_TOKENS`, at most ``q8_0_gemm.DECODE_ROWS``, Triton path): its epilogue, with the
+        tiles and K split of :meth:`matmul` over the whole weight, so bit for bit ``silu_mul(matmul(x))``; else None."""
+        from stagewise.kernels.q8_0_gemm import DECODE_ROWS
+
+        tokens = x.numel() // max(x.shape[-1], 1)
+        if self.qs.dim() != 2 or not use_triton(self.qs) or not GEMV_MAX_TOKENS < tokens <= DECODE_ROWS:
+            return None
+        from stagewise.kernels.q8_0_gemm import q8_0_gemm_glu
+
+        return q8_0_gemm_glu(x, self.qs, self.scales)
+
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
         out_features, in_features = self.qs.shape
         return tiled_linear(x, out_features, in_features, self._dequantize_rows, TILE_ELEMENTS)
