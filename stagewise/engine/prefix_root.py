@@ -25,4 +25,4 @@ def prefix_root(pipeline: Executor) -> bytes | None:
 
 def holds_recurrent_state(pipeline: Executor) -> bool:
     """Whether a stage of ``pipeline`` keeps recurrent (linear-attention) state."""
-    return any(stage.states is not None and stage.states.slots is not None for stage in pipeline.stages)
+    return any(stage.recurrent for stage in pipeline.stages)

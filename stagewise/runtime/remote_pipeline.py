@@ -114,8 +114,7 @@ class DistributedPipeline:
         self._pending: dict[int, RemoteStep] = {}  # seq of a run not yet settled -> its handle
         # a greedy step's tokens may stay with the worker that runs the entry and the exit, where no stage holds
         # recurrent state: the next step over its rows reads them there, sent before this one settles (worker_tokens)
-        self.keeps_tokens = len(set(owners)) == 1 and not any(
-            getattr(block, "is_linear", False) for stage in self.stages for block in stage.model.model.layers.values())
+        self.keeps_tokens = len(set(owners)) == 1 and not any(stage.recurrent for stage in self.stages)
         self._run_ahead = self.keeps_tokens and torch.device(specs[-1].torch_device).type == "cuda"
         self._row_ops: list[RowOp] = []  # row operations checked here, applied by the workers before the next run
 

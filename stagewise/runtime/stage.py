@@ -171,6 +171,12 @@ class Stage:
         self.batch = batch
         return table, planned
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether this stage keeps recurrent (linear-attention) state: its states hold entry slots (a remote
+        stage's described ones too)."""
+        return self.states is not None and self.states.slots is not None
+
     def set_blocks(self, row: int, block_ids: Sequence[int]) -> None:
         """Row ``row``'s KV lives in blocks ``block_ids`` (position order) of this stage's pools."""
         assert self.block_table is not None, "allocate_state first"

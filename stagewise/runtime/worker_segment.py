@@ -70,7 +70,7 @@ class WorkerSegment:
         self.segment = Segment(stages, local, hidden_size)  # the one stage loop, as in process
         self.pending: dict[int, frozenset[int]] = {}  # step id -> the rows it ran, until published or rolled back
         self.kept: dict[int, torch.Tensor] = {}  # step id -> its greedy tokens (rows, 1), until a run reads them
-        self.recurrent = any(s.states is not None and s.states.slots is not None for s in stages)
+        self.recurrent = any(stage.recurrent for stage in stages)
 
     @staticmethod
     def load(assignment: Assignment, opener: Opener) -> WorkerSegment:
