@@ -63,37 +63,25 @@ def decode_tiles(rows: int, out_features: int, in_features: int) -> tuple[int, D
     return block_m, dataclasses.replace(tiles, block_k=block_k, split_k=split)
 
 
-def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def q8_0_gemm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, glu: bool = False) -> torch.Tensor:
     """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D Q8_0 weight: int8 ``qs`` ``(out, in)``,
-    f16 ``scales`` ``(out, in / 32)``."""
+    f16 ``scales`` ``(out, in / 32)``. ``glu``: ``W`` is a fused gate/up (gate rows then up rows) and the result
+    ``silu(x @ G.T) * (x @ U.T)`` ``(..., out / 2)``, at most :data:`DECODE_ROWS` rows: SiLU·up in the few-rows
+    kernel's epilogue with the plain launch's tiles and K split over the whole weight, so each output sums in the
+    same order: bit for bit ``silu_mul`` of the plain result, in one launch."""
     out_features, in_features = qs.shape
     a = x.reshape(-1, in_features)
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
+    if glu and rows > DECODE_ROWS:
+        raise ValueError(f"the fused gate/up takes at most {DECODE_ROWS} rows, got {rows}")
     stack = Q8_0Tensors(qs[None], scales[None])  # (1, out, in): a view
     if rows <= DECODE_ROWS:  # a batched decode step
         block_m, small = decode_tiles(rows, out_features, in_features)
-        y = decode_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, small, gather_rows=False)
+        launch = decode_gemm_glu if glu else decode_gemm
+        y = launch(a, stack, identity_alignment(rows, block_m, a.device), 1, small, gather_rows=False)
     else:
         block_m, tiles = _tiles(rows, a.device)
         y = grouped_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
-    return y.reshape(*x.shape[:-1], out_features)
-
-
-def q8_0_gemm_glu(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``silu(x @ G.T) * (x @ U.T)`` ``(..., I)`` for a fused gate/up Q8_0 weight ``(2I, in)`` (gate rows then up
-    rows) at most :data:`DECODE_ROWS` rows: the few-rows kernel with SiLU·up in its epilogue, its K split the one
-    :func:`q8_0_gemm` takes for the whole weight, so each output sums in the same order and the result is bit for
-    bit ``silu_mul(q8_0_gemm(x, qs, scales))`` in one launch."""
-    two_i, in_features = qs.shape
-    a = x.reshape(-1, in_features)
-    if a.stride(-1) != 1:
-        a = a.contiguous()
-    rows = a.shape[0]
-    if rows > DECODE_ROWS:
-        raise ValueError(f"the fused gate/up takes at most {DECODE_ROWS} rows, got {rows}")
-    block_m, tiles = decode_tiles(rows, two_i, in_features)
-    stack = Q8_0Tensors(qs[None], scales[None])  # (1, 2I, in): a view
-    y = decode_gemm_glu(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
-    return y.reshape(*x.shape[:-1], two_i // 2)
+    return y.reshape(*x.shape[:-1], out_features // 2 if glu else out_features)

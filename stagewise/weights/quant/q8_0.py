@@ -127,14 +127,12 @@ class Q8_0Weight:
         """``silu(gate) * up`` of a fused gate/up weight in one launch where the few-rows GEMM takes ``x``'s rows
         (more than :data:`GEMV_MAX_TOKENS`, at most ``q8_0_gemm.DECODE_ROWS``, Triton path): its epilogue, with the
         tiles and K split of :meth:`matmul` over the whole weight, so bit for bit ``silu_mul(matmul(x))``; else None."""
-        from stagewise.kernels.q8_0_gemm import DECODE_ROWS
+        from stagewise.kernels.q8_0_gemm import DECODE_ROWS, q8_0_gemm
 
         tokens = x.numel() // max(x.shape[-1], 1)
         if self.qs.dim() != 2 or not use_triton(self.qs) or not GEMV_MAX_TOKENS < tokens <= DECODE_ROWS:
             return None
-        from stagewise.kernels.q8_0_gemm import q8_0_gemm_glu
-
-        return q8_0_gemm_glu(x, self.qs, self.scales)
+        return q8_0_gemm(x, self.qs, self.scales, glu=True)
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
         out_features, in_features = self.qs.shape
