@@ -162,11 +162,10 @@ class Experts(nn.Module):
 
     def _routing(self, index: torch.Tensor) -> object | None:
         """The routed slots' sorting that both stacks read (the gate/up stack's :meth:`QuantizedExperts.routing`,
-        a function of the slots and the expert count only), or None."""
-        gate_up, down = self.quantized.get("gate_up_proj"), self.quantized.get("down_proj")
-        if gate_up is None or down is None or type(gate_up) is not type(down):
-            return None
-        return gate_up.routing(index)
+        a function of the slots and the expert count only: a down stack that sorts its slots reads the same; one
+        that sorts none ignores it), or None."""
+        gate_up = self.quantized.get("gate_up_proj")
+        return gate_up.routing(index) if gate_up is not None else None
 
     def _gather_matmul(self, name: str, index: torch.Tensor, xs: torch.Tensor, x_repeat: int,
                        routes: object | None = None) -> torch.Tensor:
