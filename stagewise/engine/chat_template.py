@@ -111,9 +111,15 @@ def template_kwargs_from_json(text: str | None, flag: str = "--chat-template-kwa
         raise ConfigError(f"{flag} is not JSON: {exc.msg} at character {exc.pos}") from None
     if not isinstance(parsed, dict):
         raise ConfigError(f"{flag} must be a JSON object, got {text!r}")
-    if (clash := own_variable(parsed)) is not None:
-        raise ConfigError(f"{flag} cannot set {clash!r}: each request's own fields do")
+    check_template_kwargs(parsed, flag)
     return parsed
+
+
+def check_template_kwargs(variables: Mapping[str, Any], flag: str = "--chat-template-kwargs") -> None:
+    """ConfigError naming ``flag`` where configured template ``variables`` set one :meth:`ChatTemplate.render`
+    sets itself (:func:`own_variable`)."""
+    if (clash := own_variable(variables)) is not None:
+        raise ConfigError(f"{flag} cannot set {clash!r}: each request's own fields do")
 
 
 def _what_went_wrong(exc: Exception) -> str:

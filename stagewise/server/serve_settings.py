@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagewise.engine.chat_template import own_variable
+from stagewise.engine.chat_template import check_template_kwargs
 from stagewise.engine.load_settings import LoadSettings
 from stagewise.engine.reasoning_stream import REASONING_FORMATS
 from stagewise.errors import ConfigError
@@ -62,8 +62,7 @@ class ServeSettings:
             raise ConfigError("--api-key must not be empty")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ConfigError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}, got {self.reasoning_format!r}")
-        if (clash := own_variable(self.chat_template_kwargs)) is not None:
-            raise ConfigError(f"--chat-template-kwargs cannot set {clash!r}: each request's own fields do")
+        check_template_kwargs(self.chat_template_kwargs)
         if any(not name.strip() for name in self.served_model_names):
             raise ConfigError("--served-model-name must not be empty")
         for origin in self.cors_origins:
