@@ -76,7 +76,7 @@ def _own_seconds(profile: cProfile.Profile) -> dict[str, float]:
     return {f"{Path(f).name}:{line}({name})": tt for (f, line, name), (_, _, tt, _, _) in stats.items()}
 
 
-def _grown(before: dict[str, float], after: dict[str, float], top: int) -> list[tuple[str, float, float]]:
+def _first_burst_extra(before: dict[str, float], after: dict[str, float], top: int) -> list[tuple[str, float, float]]:
     """The ``top`` functions whose own time fell most from ``before`` (a first burst) to ``after``."""
     names = sorted(before, key=lambda k: after.get(k, 0.0) - before[k])[:top]
     return [(k, before[k], after.get(k, 0.0)) for k in names]
@@ -136,13 +136,13 @@ def main() -> int:
     print(f"{'run':<22} {'seconds':>8} {'tokens':>8} {'kernels compiled':>17} {'graphs captured':>16}")
     for r in rows:
         print(f"{r['run']:<22} {r['seconds']:>8.2f} {r['tokens']:>8} {r['kernels_compiled']:>17} {r['graphs_captured']:>16}")
-    grown = _grown(profiles[0], profiles[1], args.host_profile) if len(profiles) > 1 else []
-    if grown:
+    extra = _first_burst_extra(profiles[0], profiles[1], args.host_profile) if len(profiles) > 1 else []
+    if extra:
         print(f"host time the first burst spent and the second did not (own seconds, under cProfile): "
               f"{sum(profiles[0].values()):.3f} s against {sum(profiles[1].values()):.3f} s in all")
-        for name, first, second in grown:
+        for name, first, second in extra:
             print(f"  {first:8.4f} {second:8.4f}  {name}")
-        rows[1]["host_grown"] = [{"function": n, "first_s": a, "second_s": b} for n, a, b in grown]
+        rows[1]["host_first_only"] = [{"function": n, "first_s": a, "second_s": b} for n, a, b in extra]
     if args.json:
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
         with open(args.json, "w") as f:
