@@ -136,6 +136,39 @@ def test_expert_blocks_glu_split_and_route_weights(qtype: GGMLQuantizationType) 
         _close(y, ref_y)
 
 
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0], ids=lambda t: t.name)
+def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType, split: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused 2-D gate/up at 2-16 rows: SiLU·up in kernel A's epilogue, with the tiles and K split of the plain
+    matmul over the whole weight, gives bit for bit the matmul followed by ``silu_mul`` (K split in two as well:
+    the interpreter's tiles split nothing of themselves); one row's GEMV, kernel B's rows and a weight with an
+    odd row count have no such launch."""
+    import dataclasses
+
+    from stagewise.kernels import packed_matmul
+    from stagewise.kernels.triton_launch import kernels_on_host
+
+    tiles = packed_matmul.dense_tiles
+    monkeypatch.setattr(packed_matmul, "dense_tiles", lambda *a: (tiles(*a)[0], dataclasses.replace(tiles(*a)[1], split_k=split)))
+    k = 512 if qtype != T.Q4_0 else 256
+    inter = 24  # a partial 16-row tile of gate rows, and of up rows
+    w = _weight(qtype, (2 * inter,), k, seed=7)
+    with kernels_on_host():
+        for rows in (2, 9, 16):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16().to(DEVICE)
+            fused = w.matmul_glu(x)
+            assert fused is not None and fused.shape == (rows, inter)
+            assert torch.equal(fused, silu_mul(w.matmul(x)))
+            _close(fused.float(), silu_mul((x.float().cpu() @ w.dequantize().cpu().T).bfloat16()).float(), 2e-2)
+        assert w.matmul_glu(torch.randn(17, k).bfloat16().to(DEVICE)) is None  # kernel B
+        if qtype == T.Q4_K:
+            assert w.matmul_glu(torch.randn(1, k).bfloat16().to(DEVICE)) is None  # the GEMV
+        odd = _weight(qtype, (2 * inter + 1,), k, seed=8)
+        with pytest.raises(ValueError, match="even-rowed"):
+            odd.matmul_glu(torch.randn(2, k).bfloat16().to(DEVICE))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

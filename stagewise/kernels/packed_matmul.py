@@ -16,7 +16,7 @@ from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.expert_stacks import PackedStack, PackedTensors
 from stagewise.kernels.moe_align import identity_alignment
-from stagewise.kernels.packed_decode_triton import PackedTiles, packed_decode_gemm
+from stagewise.kernels.packed_decode_triton import PackedTiles, packed_decode_gemm, packed_decode_gemm_glu
 from stagewise.spec.packed_types import block_elements
 
 A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row) up to this many rows
@@ -68,12 +68,31 @@ def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device, 
 def packed_matmul(x: torch.Tensor, weight: PackedStack) -> torch.Tensor:
     """``x (..., in) @ W.T`` -> ``(..., out)`` in ``x``'s dtype for a 2-D packed weight (planes ``(out, bytes)``),
     1-128 rows."""
+    return _launch(x, weight, glu=False)
+
+
+def packed_matmul_glu(x: torch.Tensor, weight: PackedStack) -> torch.Tensor:
+    """``silu(x @ G.T) * (x @ U.T)`` -> ``(..., I)`` for a fused 2-D gate/up weight (``2I`` rows: gate then up),
+    1-:data:`A_MAX_ROWS` rows: kernel A with SiLU·up in its epilogue, each program a tile of gate rows and the
+    matching up rows, with the tiles and K split :func:`packed_matmul` takes for the whole weight, so bit for bit
+    ``silu_mul(packed_matmul(x, weight))`` in one launch."""
+    return _launch(x, weight, glu=True)
+
+
+def _launch(x: torch.Tensor, weight: PackedStack, *, glu: bool) -> torch.Tensor:
     out_features, in_features = weight.qs.shape[0], weight.in_features
     a = x.reshape(-1, in_features)
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
+    if glu and (rows > A_MAX_ROWS or out_features % 2):
+        raise ValueError(f"the fused gate/up launch takes 1-{A_MAX_ROWS} rows of an even-rowed weight, got {rows} "
+                         f"rows of {out_features}")
     block_m, tiles = dense_tiles(rows, out_features, in_features, weight.ggml_type, a.device)
     stack = PackedTensors(weight.qs[None], weight.qh[None], weight.meta[None], weight.ggml_type, in_features)  # views
-    y = packed_decode_gemm(a, stack, identity_alignment(rows, block_m, a.device), 1, tiles, gather_rows=False)
+    align = identity_alignment(rows, block_m, a.device)
+    if glu:
+        return packed_decode_gemm_glu(a, stack, align, 1, tiles, gather_rows=False).reshape(
+            *x.shape[:-1], out_features // 2)
+    y = packed_decode_gemm(a, stack, align, 1, tiles, gather_rows=False)
     return y.reshape(*x.shape[:-1], out_features)

@@ -57,6 +57,7 @@ from stagewise.weights.quant.tiled_linear import tiled_linear
 GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 EXPERT_BLOCK_ROWS = 16  # slots a one-expert block of the blocked path holds (kernel A's rows)
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
+GLU_MAX_ROWS = A_MAX_ROWS  # rows up to which a fused gate/up runs SiLU·up in kernel A's epilogue (0: never)
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
@@ -154,9 +155,18 @@ class PackedWeight:
     def _gathered_input(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.input_index is None else x.index_select(-1, self.input_index)
 
-    def matmul_glu(self, x: torch.Tensor) -> None:
-        """None: a packed gate/up's SiLU·up runs after its matmul (the word GEMV's epilogue measured slower)."""
-        return None
+    def matmul_glu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(gate) * up`` of a fused 2-D gate/up weight in one launch where ``x``'s rows take kernel A
+        (:func:`matmul_path`, Triton path, at most :data:`GLU_MAX_ROWS`): its epilogue, with the tiles and K split
+        of :meth:`matmul` over the whole weight, so bit for bit ``silu_mul(matmul(x))``; else None (one row's GEMV:
+        its epilogue measured slower; kernel B; prefill tiles)."""
+        tokens = x.numel() // max(x.shape[-1], 1)
+        if (self.qs.dim() != 2 or self.input_index is not None or not use_triton(self.qs) or tokens > GLU_MAX_ROWS
+                or matmul_path(tokens, self.ggml_type, self.in_features, x.dtype) != "A"):
+            return None
+        from stagewise.kernels.packed_matmul import packed_matmul_glu
+
+        return packed_matmul_glu(x, self)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` for ``x (..., in)`` -> ``(..., out)`` in ``x``'s dtype (2-D weights only)."""
