@@ -49,9 +49,15 @@ def _small(scale_after: bool, split: int = 1) -> PackedTiles:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("rows", "scale_after"), [(1, True), (5, True), (17, False), (40, False)],
-                         ids=["A1", "A5", "B17", "B40"])
-def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, scale_after: bool) -> None:
+@pytest.mark.parametrize(("rows", "scale_after", "rows_first"),
+                         [(1, True, False), (5, True, False), (17, False, False), (40, False, False), (5, True, True),
+                          (17, False, True)], ids=["A1", "A5", "B17", "B40", "A5-rows-first", "B17-rows-first"])
+def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, scale_after: bool, rows_first: bool,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Either orientation of the accumulator (``ROWS_FIRST_MAX_ROWS``: the rows on the dot's first side)."""
+    from stagewise.kernels import packed_decode_triton
+
+    monkeypatch.setattr(packed_decode_triton, "ROWS_FIRST_MAX_ROWS", 128 if rows_first else 0)
     k = 256 * 3 if qtype in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS) else 32 * 5  # K steps: 3 / 2.5
     w = _weight(qtype, (1, 20), k, seed=int(qtype))  # 20 weight rows: a partial 16-row tile
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))

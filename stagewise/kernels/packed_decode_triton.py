@@ -47,6 +47,9 @@ from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_devic
 from stagewise.spec.packed_types import block_elements
 
 _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read as int32 words (packed_steps_triton)
+# blocks of up to this many rows take the rows-first orientation (packed_steps_triton._mm): 16 rows make per-warp
+# MMAs there, which need no warpgroup wait; an experiment until timed (0: none; kernel_a_mma.py, constant_ab.py)
+ROWS_FIRST_MAX_ROWS = 0
 NIBBLE_ASM = True  # kernel A's Q4_0, Q4_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4 bytes -> bf16 by inline PTX (else Triton's ops)
 
 
@@ -75,7 +78,7 @@ def _packed_decode_kernel(
     stride_am, stride_qe, stride_qn, stride_he, stride_hn, stride_me, stride_mn, stride_om,
     TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, GLU: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr, ROWS_FIRST: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -113,15 +116,22 @@ def _packed_decode_kernel(
         start = tl.minimum(first, steps - 1)
         stop = tl.maximum(last, start + 1)
         tl.assume(stop > start)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if ROWS_FIRST:  # the accumulators (BM, BN): the rows on the dot's first side (packed_steps_triton._mm)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(start, stop):
         acc = k_step(acc, q_rows, h_rows, m_rows, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                      TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
+                     TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, ROWS_FIRST)
         if GLU:  # the matching up rows, up_offset rows further
             acc_up = k_step(acc_up, q_rows + up_offset * stride_qn, h_rows + up_offset * stride_hn,
-                             m_rows + up_offset * stride_mn, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                             TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
+                            m_rows + up_offset * stride_mn, step, w_ok, a_ptr, rows, row_ok, stride_am,
+                            TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, ROWS_FIRST)
+    if ROWS_FIRST:  # back to (BN, BM) for the epilogues
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     if SPLIT:  # split_k > 1 (a runtime count: one compile serves every split)
         if ONCE:
             acc = tl.where(last > first, acc, 0.0)
@@ -203,7 +213,7 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
             out.stride(0),
             TYPE=int(ggml_type), BLOCKS=1 if super_block else tiles.blocks, SCALE_AFTER=tiles.scale_after,
             DOT=_dot_kind(a), ASM=NIBBLE_ASM, GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, GLU=glu, SPLIT=split > 1,
-            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n,
+            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, ROWS_FIRST=align.block_m <= ROWS_FIRST_MAX_ROWS,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
     return out

@@ -47,54 +47,78 @@ def _x_group(a_ptr, rows, row_ok, k, stride_am, GS: tl.constexpr, DOT: tl.conste
 
 
 @triton.jit
-def _dot(w, x, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
-    if DOT == 0:
-        p = tl.dot(w, x, input_precision="ieee")
+def _mm(w, x, acc, R: tl.constexpr, IEEE: tl.constexpr = False):  # type: ignore[no-untyped-def]
+    """``w (BN, GS) @ x (GS, BM)`` plus ``acc`` (None: nothing) in the accumulator's orientation: ``(BN, BM)``,
+    or ``(BM, BN)`` when ``R`` (rows first: the rows on the dot's first side, so that 16 rows take per-warp MMAs,
+    which are not waited on as a warpgroup's are, instead of the weights on a warpgroup MMA's 64-wide side)."""
+    if R:
+        if IEEE:
+            p = tl.dot(tl.trans(x), tl.trans(w), acc, input_precision="ieee")
+        else:
+            p = tl.dot(tl.trans(x), tl.trans(w), acc)
     else:
-        p = tl.dot(w, x)
+        if IEEE:
+            p = tl.dot(w, x, acc, input_precision="ieee")
+        else:
+            p = tl.dot(w, x, acc)
     return p
 
 
 @triton.jit
+def _n(v, R: tl.constexpr):  # type: ignore[no-untyped-def]
+    """A per-weight-row vector ``(BN,)`` shaped to scale the accumulator (:func:`_mm`'s orientation)."""
+    if R:
+        out = v[None, :]
+    else:
+        out = v[:, None]
+    return out
+
+
+@triton.jit
+def _dot(w, x, DOT: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
+    return _mm(w, x, None, R, DOT == 0)
+
+
+@triton.jit
 def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr,
-                  SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
+                  R: tl.constexpr, SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
     """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32,
     ``a``/``b`` ``(BN,)`` float32; ``SYMMETRIC``: ``b`` is zero)."""
     if SCALE_AFTER:
         OFF: tl.constexpr = 1024 if DOT == 2 else 128
         if SYMMETRIC:  # u - CENTER exactly in the dot's dtype: the magic value less OFF + CENTER (small integers)
-            p = _dot(magic(u, DOT) - (OFF + CENTER), x, DOT)  # (BN, BM) = sum (u - CENTER) x
-            acc += a[:, None] * p
+            p = _dot(magic(u, DOT) - (OFF + CENTER), x, DOT, R)  # (BN, BM) = sum (u - CENTER) x
+            acc += _n(a, R) * p
         else:
-            p = _dot(magic(u, DOT), x, DOT)  # (BN, BM) = sum (OFF + u) x
-            sx = _dot(tl.full(u.shape, 1.0, x.dtype), x, DOT)  # (BN, BM): every row sum(x), on the tensor cores
-            acc += a[:, None] * p
-            acc += (b - a * (OFF + CENTER))[:, None] * sx
+            p = _dot(magic(u, DOT), x, DOT, R)  # (BN, BM) = sum (OFF + u) x
+            sx = _dot(tl.full(u.shape, 1.0, x.dtype), x, DOT, R)  # (BN, BM): every row sum(x), on the tensor cores
+            acc += _n(a, R) * p
+            acc += _n(b - a * (OFF + CENTER), R) * sx
     else:
         w = a[:, None] * (u - CENTER).to(tl.float32) + b[:, None]
-        acc = tl.dot(w.to(x.dtype), x, acc, input_precision="ieee") if DOT == 0 else tl.dot(w.to(x.dtype), x, acc)
+        acc = _mm(w.to(x.dtype), x, acc, R, DOT == 0)
     return acc
 
 
 @triton.jit
-def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr):  # type: ignore[no-untyped-def]
+def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
     """Kernel A's group step from ``w = bf16(128 + u)`` already made (bf16 activations):
     ``acc += a P + (b - a (128 + CENTER)) sum(x)``."""
-    p = tl.dot(w, x)
-    sx = tl.dot(tl.full(w.shape, 1.0, tl.bfloat16), x)
-    acc += a[:, None] * p
-    acc += (b - a * (128 + CENTER))[:, None] * sx
+    p = _mm(w, x, None, R)
+    sx = _mm(tl.full(w.shape, 1.0, tl.bfloat16), x, None, R)
+    acc += _n(a, R) * p
+    acc += _n(b - a * (128 + CENTER), R) * sx
     return acc
 
 
 @triton.jit
-def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
     """``acc += W_g @ x`` for the group's values ``a * c`` (``c`` ``(BN, GS)`` the codebook entries, int32)."""
     if SCALE_AFTER:
-        acc += a[:, None] * _dot(c.to(x.dtype), x, DOT)
+        acc += _n(a, R) * _dot(c.to(x.dtype), x, DOT, R)
     else:
         w = a[:, None] * c.to(tl.float32)
-        acc = tl.dot(w.to(x.dtype), x, acc, input_precision="ieee") if DOT == 0 else tl.dot(w.to(x.dtype), x, acc)
+        acc = _mm(w.to(x.dtype), x, acc, R, DOT == 0)
     return acc
 
 
@@ -103,7 +127,7 @@ def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):
 
 @triton.jit
 def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr, R: tl.constexpr):
     """One 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4): byte ``l`` holds values ``l`` (low nibble)
     and ``16 + l`` (high)."""
     l16 = tl.arange(0, 16)[None, :]
@@ -114,11 +138,11 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         lo_w, hi_w = nibbles_bf16(tl.load(q_rows[:, None] + blk * 16 + l16, mask=n_ok[:, None], other=0))
         d = load_f16(m, n_ok)
         if TYPE == 2:  # d * (q - 8): 128 + q less 136, exactly
-            acc += d[:, None] * tl.dot(lo_w - 136.0, x_lo, tl.dot(hi_w - 136.0, x_hi))
+            acc += _n(d, R) * _mm(lo_w - 136.0, x_lo, _mm(hi_w - 136.0, x_hi, None, R), R)
         else:  # d * q + m
             ones = tl.full(lo_w.shape, 1.0, tl.bfloat16)
-            acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
-            acc += (load_f16(m + 2, n_ok) - 128.0 * d)[:, None] * tl.dot(ones, x_lo, tl.dot(ones, x_hi))
+            acc += _n(d, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
+            acc += _n(load_f16(m + 2, n_ok) - 128.0 * d, R) * _mm(ones, x_lo, _mm(ones, x_hi, None, R), R)
         return acc
     if ASM and (TYPE == 20 or TYPE == 39):  # IQ4_NL / MXFP4: the codebook values of both nibbles, by inline PTX
         text: tl.constexpr = IQ4_ASM if TYPE == 20 else FP4_ASM
@@ -129,10 +153,10 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             e = load_u8(m, n_ok)
             d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
         if SCALE_AFTER:
-            acc += d[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
+            acc += _n(d, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
         else:  # kernel B: each value d * entry rounded to bf16 once
-            acc = tl.dot((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
-            acc = tl.dot((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
+            acc = _mm((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc, R)
+            acc = _mm((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc, R)
         return acc
     q = load_u8(q_rows[:, None] + blk * 16 + l16, n_ok[:, None])  # (BN, 16)
     lo = q & 15
@@ -140,12 +164,12 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
     if TYPE == 39:  # MXFP4: E8M0 exponent (ggml_e8m0_to_fp32_half), e2m1 codes doubled
         e = load_u8(m, n_ok)
         d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
-        acc = _codebook_group(acc, codebook(lo, FP4_LO, FP4_HI), x_lo, d, SCALE_AFTER, DOT)
-        acc = _codebook_group(acc, codebook(hi, FP4_LO, FP4_HI), x_hi, d, SCALE_AFTER, DOT)
+        acc = _codebook_group(acc, codebook(lo, FP4_LO, FP4_HI), x_lo, d, SCALE_AFTER, DOT, R)
+        acc = _codebook_group(acc, codebook(hi, FP4_LO, FP4_HI), x_hi, d, SCALE_AFTER, DOT, R)
     elif TYPE == 20:  # IQ4_NL
         d = load_f16(m, n_ok)
-        acc = _codebook_group(acc, codebook(lo, IQ4_LO, IQ4_HI), x_lo, d, SCALE_AFTER, DOT)
-        acc = _codebook_group(acc, codebook(hi, IQ4_LO, IQ4_HI), x_hi, d, SCALE_AFTER, DOT)
+        acc = _codebook_group(acc, codebook(lo, IQ4_LO, IQ4_HI), x_lo, d, SCALE_AFTER, DOT, R)
+        acc = _codebook_group(acc, codebook(hi, IQ4_LO, IQ4_HI), x_hi, d, SCALE_AFTER, DOT, R)
     else:
         d = load_f16(m, n_ok)
         if TYPE == 6 or TYPE == 7:  # the fifth bit of value j is bit j of the block's 32-bit qh word
@@ -156,13 +180,13 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             hi = hi | (((word >> (l16 + 16)) & 1) << 4)
         if TYPE == 3 or TYPE == 7:  # d * q + m
             b = load_f16(m + 2, n_ok)
-            acc = _linear_group(acc, lo, x_lo, d, b, 0, SCALE_AFTER, DOT)
-            acc = _linear_group(acc, hi, x_hi, d, b, 0, SCALE_AFTER, DOT)
+            acc = _linear_group(acc, lo, x_lo, d, b, 0, SCALE_AFTER, DOT, R)
+            acc = _linear_group(acc, hi, x_hi, d, b, 0, SCALE_AFTER, DOT, R)
         else:  # d * (q - 8), d * (q - 16)
             zero = tl.zeros_like(d)
             center: tl.constexpr = 16 if TYPE == 6 else 8
-            acc = _linear_group(acc, lo, x_lo, d, zero, center, SCALE_AFTER, DOT, True)
-            acc = _linear_group(acc, hi, x_hi, d, zero, center, SCALE_AFTER, DOT, True)
+            acc = _linear_group(acc, lo, x_lo, d, zero, center, SCALE_AFTER, DOT, R, True)
+            acc = _linear_group(acc, hi, x_hi, d, zero, center, SCALE_AFTER, DOT, R, True)
     return acc
 
 
@@ -202,7 +226,7 @@ def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-un
 
 @triton.jit
 def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr, R: tl.constexpr):
     """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
     k0 = blk * 256
     l16 = tl.arange(0, 16)[None, :]
@@ -230,7 +254,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 for h in tl.static_range(2):
                     sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
-                    acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
+                    acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0, R)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -239,7 +263,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                         u = u | (((qh >> (2 * c + h)) & 1) << 4)
                     sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
-                    acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
+                    acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT, R)
     elif TYPE == 14:  # Q6_K: half hf, low bytes 16r + l: values 16r + l (low nibble), 64 + 16r + l (high)
         m = m_rows + blk * 18
         d = load_f16(m + 16, n_ok)
@@ -263,11 +287,11 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * rr, stride_am, 16, DOT)
                     if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
-                        acc += (d * sc)[:, None] * tl.dot(w - 160.0, x)
+                        acc += _n(d * sc, R) * _mm(w - 160.0, x, None, R)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
-                        acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, True)
+                        acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, R, True)
     elif TYPE == 10 or TYPE == 11:  # Q2_K / Q3_K: half hf, byte 16g + l, field s: value 32s + 16g + l
         m = m_rows + blk * (20 if TYPE == 10 else 14)
         if TYPE == 10:
@@ -288,13 +312,13 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     if TYPE == 10:
                         sc = load_u8(m + i, n_ok)
                         acc = _linear_group(acc, u, x, d * (sc & 15).to(tl.float32),
-                                            -(dmin * (sc >> 4).to(tl.float32)), 0, SCALE_AFTER, DOT)
+                                            -(dmin * (sc >> 4).to(tl.float32)), 0, SCALE_AFTER, DOT, R)
                     else:  # q = q2 - 4 (1 - high bit) = u - 4 with u = q2 | high << 2
                         u = u | (((hm >> (4 * hf + s)) & 1) << 2)
                         low = (load_u8(m + (i & 7), n_ok) >> (4 * (i >> 3))) & 15
                         high = (load_u8(m + 8 + (i & 3), n_ok) >> (2 * (i >> 2))) & 3
                         dl = d * ((low | (high << 4)) - 32).to(tl.float32)
-                        acc = _linear_group(acc, u, x, dl, zero, 4, SCALE_AFTER, DOT, True)
+                        acc = _linear_group(acc, u, x, dl, zero, 4, SCALE_AFTER, DOT, R, True)
     else:  # IQ4_XS: sub-block sb's 16 bytes: values 32 sb + l (low nibble), 32 sb + 16 + l (high)
         m = m_rows + blk * 8
         d = load_f16(m, n_ok)
@@ -308,29 +332,32 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 x_lo = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb, stride_am, 16, DOT)
                 x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
                 if SCALE_AFTER:
-                    acc += dl[:, None] * tl.dot(lo_w, x_lo, tl.dot(hi_w, x_hi))
+                    acc += _n(dl, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
                 else:  # kernel B: each value dl * entry rounded to bf16 once
-                    acc = tl.dot((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
-                    acc = tl.dot((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
+                    acc = _mm((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc, R)
+                    acc = _mm((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc, R)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
                 for h in tl.static_range(2):
                     x = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16 * h, stride_am, 16, DOT)
-                    acc = _codebook_group(acc, codebook((q >> (4 * h)) & 15, IQ4_LO, IQ4_HI), x, dl, SCALE_AFTER, DOT)
+                    acc = _codebook_group(acc, codebook((q >> (4 * h)) & 15, IQ4_LO, IQ4_HI), x, dl, SCALE_AFTER, DOT, R)
     return acc
 
 
 @triton.jit
 def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-            TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
-    """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks."""
+           TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
+           R: tl.constexpr = False):
+    """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks (``acc (BM, BN)`` when ``R``)."""
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13 or TYPE == 14)) or TYPE == 23))
+                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13 or TYPE == 14)) or TYPE == 23),
+                           R)
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
                                TYPE, SCALE_AFTER, DOT,
-                               ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 2 or TYPE == 3)) or TYPE == 20 or TYPE == 39))
+                               ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 2 or TYPE == 3)) or TYPE == 20 or TYPE == 39),
+                               R)
     return acc

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Session 16's kernel call (carry .wheels; ~6 min): issue 45's next lever, measured before it is built.
+#  1. bench/kernel_a_mma.py: kernel A / B on Llama-3.1-8B's Q4_K shapes at 8 / 16 / 32 / 64 rows beside the same
+#     values dotted the other way round (per-warp MMAs, no warpgroup wait), with each group's sum(x) from a table
+#     or left out, and kernel-B-style dequantized values; then kernel A without its sum(x) dot (what that dot costs);
+#  2. constant_ab.py, random Llama-3.1-8B @q4_k, decode at 2 / 8 / 32 streams: a fused gate/up's SiLU·up in kernel
+#     A's epilogue (GLU_MAX_ROWS 16, landed) against the matmul then silu_mul (0); kernels A and B rows first
+#     (ROWS_FIRST_MAX_ROWS 128) against today's orientation (the first run).
+set -u
+O=${OUT:-/tmp/out}; R=/tmp/s16; mkdir -p "$O" "$R"
+[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$R/machine.txt"
+timeout 240 python3 bench/kernel_a_mma.py --rows 8,16,32,64 --json "$R/kernel_a_mma.json" 2>&1 | grep -v Warn | tail -16
+timeout 100 python3 bench/kernel_a_mma.py --rows 8,16 --kernel-a-no-min --json "$R/kernel_a_no_min.json" 2>&1 | grep -v Warn | cut -c1-120 | tail -8
+AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; M=random:llama-3.1-8b@q4_k
+for set in stagewise.weights.quant.packed_weight.GLU_MAX_ROWS={16,0} stagewise.kernels.packed_decode_triton.ROWS_FIRST_MAX_ROWS=128; do
+  timeout 120 python3 $AB $M --levels 2,8,32 --set $set 2>&1 | grep '"set"' | tee -a "$R/constant_ab_llama8b_q4k.jsonl"
+done
+tar czf "$O/results.tgz" -C "$R" .
