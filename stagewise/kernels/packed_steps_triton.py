@@ -80,6 +80,18 @@ def _dot(w, x, DOT: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-d
 
 
 @triton.jit
+def _sum_x(x, BN: tl.constexpr, DOT: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Every row's ``sum(x)`` over a group ``x (GS, BM)``, in float32, broadcastable against the accumulator: rows
+    first, a sum (a few shuffles: the ones tile of a dot would go through shared memory there); else a dot with
+    a ones tile ``(BN, GS)`` on the tensor cores."""
+    if R:
+        sx = tl.sum(x.to(tl.float32), axis=0)[:, None]
+    else:
+        sx = _dot(tl.full((BN, x.shape[0]), 1.0, x.dtype), x, DOT, R)
+    return sx
+
+
+@triton.jit
 def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr,
                   R: tl.constexpr, SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
     """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32,
@@ -91,7 +103,7 @@ def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constex
             acc += _n(a, R) * p
         else:
             p = _dot(magic(u, DOT), x, DOT, R)  # (BN, BM) = sum (OFF + u) x
-            sx = _dot(tl.full(u.shape, 1.0, x.dtype), x, DOT, R)  # (BN, BM): every row sum(x), on the tensor cores
+            sx = _sum_x(x, u.shape[0], DOT, R)
             acc += _n(a, R) * p
             acc += _n(b - a * (OFF + CENTER), R) * sx
     else:
@@ -105,7 +117,7 @@ def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr, R: tl.constexpr):  # typ
     """Kernel A's group step from ``w = bf16(128 + u)`` already made (bf16 activations):
     ``acc += a P + (b - a (128 + CENTER)) sum(x)``."""
     p = _mm(w, x, None, R)
-    sx = _mm(tl.full(w.shape, 1.0, tl.bfloat16), x, None, R)
+    sx = _sum_x(x, w.shape[0], 1, R)
     acc += _n(a, R) * p
     acc += _n(b - a * (128 + CENTER), R) * sx
     return acc
@@ -140,9 +152,9 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         if TYPE == 2:  # d * (q - 8): 128 + q less 136, exactly
             acc += _n(d, R) * _mm(lo_w - 136.0, x_lo, _mm(hi_w - 136.0, x_hi, None, R), R)
         else:  # d * q + m
-            ones = tl.full(lo_w.shape, 1.0, tl.bfloat16)
             acc += _n(d, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
-            acc += _n(load_f16(m + 2, n_ok) - 128.0 * d, R) * _mm(ones, x_lo, _mm(ones, x_hi, None, R), R)
+            acc += _n(load_f16(m + 2, n_ok) - 128.0 * d, R) * (_sum_x(x_lo, lo_w.shape[0], 1, R)
+                                                              + _sum_x(x_hi, lo_w.shape[0], 1, R))
         return acc
     if ASM and (TYPE == 20 or TYPE == 39):  # IQ4_NL / MXFP4: the codebook values of both nibbles, by inline PTX
         text: tl.constexpr = IQ4_ASM if TYPE == 20 else FP4_ASM
