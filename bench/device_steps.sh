@@ -11,6 +11,10 @@ steps_setup() {
   [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .wheels/*.whl 2>&1 | tail -1
   export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+  # cuBLAS for a carried llama.cpp build (linked on the CPU machine): the toolkit's, else torch's wheel's
+  local torch_libs
+  torch_libs=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64${torch_libs:+:$torch_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 }
 el() { echo $(( $(date +%s) - t0 )); }
 stamp() { echo "[$(el) s] $*" | tee -a "$R/log.txt"; }
@@ -20,9 +24,15 @@ step() {
   stamp "$1"
 }
 # `llamacpp_build JOBS TARGET...`: llama.cpp from .llamacpp (`../shared/tools/llamacpp-source.sh .llamacpp`, carried)
-# built for sm_90a into /tmp/lb (binaries in /tmp/lb/bin), no web UI, curl or OpenSSL.
+# built for sm_90a into /tmp/lb (binaries in /tmp/lb/bin), no web UI, curl or OpenSSL. Where a build made on the CPU
+# machine is carried as .llamacpp-bin (`bench/llamacpp_prebuild.sh`: the same targets and flags, libraries found
+# beside the binaries), it is unpacked instead: the device minutes of the build are saved.
 llamacpp_build() {
   local jobs=$1; shift
+  if [ -f .llamacpp-bin/bin.tar.xz ]; then
+    mkdir -p /tmp/lb/bin && tar xJf .llamacpp-bin/bin.tar.xz -C /tmp/lb/bin && echo "llama.cpp: the carried build"
+    return
+  fi
   cmake -S .llamacpp -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=OFF \
       -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \

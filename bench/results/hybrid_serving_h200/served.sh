@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 44's figures on one warm GPU machine, over several calls of this script (each runs the steps not yet done,
 # none that would end past DEADLINE_S seconds into the call; every result so far comes back as $OUT/results.tgz).
-# Carry [".wheels", ".llamacpp"] (.llamacpp: `../shared/tools/llamacpp-source.sh .llamacpp`).
+# Carry [".wheels", ".llamacpp-bin"] (`bash bench/llamacpp_prebuild.sh`: llama.cpp built on the CPU machine), or [".wheels",
+# ".llamacpp"] (`../shared/tools/llamacpp-source.sh .llamacpp`: built here, ~6 min beside make-model).
 #   files    llama.cpp built (llama-server, llama-batched-bench) and make-model's Qwen3.6-35B-A3B Q8_0, both started in
 #            the background by the first call (the check of 729dc19's fix ran in session 14 and left this script);
 #   served   `bench/serve_load.py FILE --max-seqs 64`, 8/32/64 streams, 208-token prompts, 128 out, fresh prompts,
