@@ -11,8 +11,11 @@ O=${OUT:-/tmp/out}; R=/tmp/s16; mkdir -p "$O" "$R"
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$R/machine.txt"
-timeout 240 python3 bench/kernel_a_mma.py --rows 8,16,32,64 --json "$R/kernel_a_mma.json" 2>&1 | grep -v Warn | tail -16
-timeout 100 python3 bench/kernel_a_mma.py --rows 8,16 --kernel-a-no-min --json "$R/kernel_a_no_min.json" 2>&1 | grep -v Warn | cut -c1-120 | tail -8
+# QUICK=1 (little device time left): the kernels alone at 8 and 32 rows, no model loads
+ROWS=8,16,32,64; [ "${QUICK:-0}" = 1 ] && ROWS=8,32
+timeout 240 python3 bench/kernel_a_mma.py --rows $ROWS --json "$R/kernel_a_mma.json" 2>&1 | grep -v Warn | tail -16
+timeout 100 python3 bench/kernel_a_mma.py --rows 8 --kernel-a-no-min --json "$R/kernel_a_no_min.json" 2>&1 | grep -v Warn | cut -c1-120 | tail -8
+[ "${QUICK:-0}" = 1 ] && { tar czf "$O/results.tgz" -C "$R" .; exit 0; }
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; M=random:llama-3.1-8b@q4_k
 for set in stagewise.weights.quant.packed_weight.GLU_MAX_ROWS={16,0} stagewise.kernels.packed_decode_triton.ROWS_FIRST_MAX_ROWS=128; do
   timeout 120 python3 $AB $M --levels 2,8,32 --set $set 2>&1 | grep '"set"' | tee -a "$R/constant_ab_llama8b_q4k.jsonl"
