@@ -22,6 +22,9 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   rounded to the activation dtype once, then dotted: no per-group epilogue, so the cost of a tile does
   not grow with the rows.
 
+Either mode may hold its accumulator rows first (``ROWS_FIRST_MAX_ROWS``; each dot then ``x.T @ w.T``, see
+:func:`~stagewise.kernels.packed_steps_triton._mm`): the same values, the dots' other orientation.
+
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
 arithmetic is reordered, not the values' rounding: kernel B rounds each value once, as the dequantized
 tile path does). No atomics except the split-K counters, whose last program sums the partials in split
