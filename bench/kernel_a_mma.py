@@ -10,7 +10,9 @@ launch (``sx``), or left out (``no-min``: wrong values, the bound of the orienta
 programs as ``packed_matmul`` splits it (partials added atomically: timing only); ``dequantized``: kernel B's
 values (rounded once, dots chained) the same way round. Beside ``packed_matmul`` on the same planes at
 Llama-3.1-8B's shapes in either of its orientations (``rows-first``: ``ROWS_FIRST_MAX_ROWS``, every packed type,
-``sum(x)`` a dot with ones), inside CUDA graphs over rotated weight copies. GPU only.
+``sum(x)`` summed), and kernel B rows first from one row, its quants by Triton's ops or by the inline PTX
+(``B_NIBBLE_ASM``: the standalone ``dequantized`` kernel's arithmetic, which timed best at 8 rows on an H100,
+``bench/results/kquant_files/session16/``), inside CUDA graphs over rotated weight copies. GPU only.
 
     PYTHONPATH=. python3 bench/kernel_a_mma.py --rows 8,16,32,64 --json out.json
 """
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernel_timing import graph_us, rel_err
 from bench.packed_gemv import _random_raw
 from stagewise.kernels import packed_decode_triton, packed_steps_triton
+from stagewise.kernels import packed_matmul as packed_matmul_module
 from stagewise.kernels.packed_matmul import dense_tiles, packed_matmul
 from stagewise.kernels.packed_steps_triton import _k_meta, _k_scale, _k_scale_bytes
 from stagewise.kernels.quant_bf16_triton import nibbles_bf16
@@ -92,13 +95,17 @@ def _magic_group_no_min(acc, w, x, a, b, CENTER: tl.constexpr, R: tl.constexpr):
     return acc
 
 
-def _rows_first(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """``packed_matmul`` with its rows-first orientation (``ROWS_FIRST_MAX_ROWS``, read at each launch)."""
+def _variant(x: torch.Tensor, w: PackedWeight, b_only: bool, b_asm: bool) -> torch.Tensor:
+    """``packed_matmul`` rows first (``ROWS_FIRST_MAX_ROWS``; with ``b_only`` kernel B from one row,
+    ``A_MAX_ROWS`` 0; ``b_asm``: kernel B's quants by the inline PTX), the constants read at each launch."""
+    saved = packed_decode_triton.ROWS_FIRST_MAX_ROWS, packed_matmul_module.A_MAX_ROWS, packed_decode_triton.B_NIBBLE_ASM
     packed_decode_triton.ROWS_FIRST_MAX_ROWS = 128
+    packed_matmul_module.A_MAX_ROWS = 0 if b_only else saved[1]
+    packed_decode_triton.B_NIBBLE_ASM = b_asm
     try:
         return packed_matmul(x, w)
     finally:
-        packed_decode_triton.ROWS_FIRST_MAX_ROWS = 0
+        packed_decode_triton.ROWS_FIRST_MAX_ROWS, packed_matmul_module.A_MAX_ROWS, packed_decode_triton.B_NIBBLE_ASM = saved
 
 
 def mma_matmul(x: torch.Tensor, w: PackedWeight, split_k: int, block_n: int, warps: int, with_min: bool,
@@ -140,7 +147,9 @@ def main() -> int:
                 split = dense_tiles(rows, n, k, T.Q4_K, dev)[1].split_k
                 kernel = "kernel A" if rows <= 16 else "kernel B"
                 fns = {kernel: lambda i, x=x, ws=ws: packed_matmul(x, ws[i]),
-                       f"{kernel} rows-first": lambda i, x=x, ws=ws: _rows_first(x, ws[i])}
+                       f"{kernel} rows-first": lambda i, x=x, ws=ws: _variant(x, ws[i], False, False),
+                       "kernel B rows-first": lambda i, x=x, ws=ws: _variant(x, ws[i], True, False),
+                       "kernel B rows-first asm": lambda i, x=x, ws=ws: _variant(x, ws[i], True, True)}
                 for bn, warps in ((64, 4), (128, 4)):
                     s = max(1, split * 64 // bn)
                     fns[f"mma bn{bn} w{warps} dequantized"] = lambda i, x=x, ws=ws, s=s, bn=bn, wp=warps: mma_matmul(

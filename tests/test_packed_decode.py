@@ -51,7 +51,8 @@ def _small(scale_after: bool, split: int = 1) -> PackedTiles:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize(("rows", "scale_after", "rows_first"),
                          [(1, True, False), (5, True, False), (17, False, False), (40, False, False), (5, True, True),
-                          (17, False, True)], ids=["A1", "A5", "B17", "B40", "A5-rows-first", "B17-rows-first"])
+                          (17, False, True), (5, False, True)],
+                         ids=["A1", "A5", "B17", "B40", "A5-rows-first", "B17-rows-first", "B5-rows-first"])
 def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, scale_after: bool, rows_first: bool,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Either orientation of the accumulator (``ROWS_FIRST_MAX_ROWS``: the rows on the dot's first side)."""

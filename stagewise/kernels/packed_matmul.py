@@ -45,7 +45,7 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
     if not 0 < rows <= B_MAX_ROWS:
         raise ValueError(f"the packed few-rows GEMM takes 1-{B_MAX_ROWS} rows, got {rows}")
     scale_after = rows <= A_MAX_ROWS
-    block_m = 16 if scale_after else 1 << (rows - 1).bit_length()
+    block_m = 16 if scale_after else max(16, 1 << (rows - 1).bit_length())
     blocks = step_blocks(ggml_type, k)
     if device.type != "cuda":
         return block_m, PackedTiles(INTERPRETER_BLOCK_N, 4, 1, scale_after, blocks)
@@ -73,7 +73,8 @@ def packed_matmul(x: torch.Tensor, weight: PackedStack) -> torch.Tensor:
 
 def packed_matmul_glu(x: torch.Tensor, weight: PackedStack) -> torch.Tensor:
     """``silu(x @ G.T) * (x @ U.T)`` -> ``(..., I)`` for a fused 2-D gate/up weight (``2I`` rows: gate then up),
-    1-:data:`A_MAX_ROWS` rows: kernel A with SiLU·up in its epilogue, each program a tile of gate rows and the
+    1-128 rows (:class:`~stagewise.weights.quant.packed_weight.PackedWeight` sends at most ``GLU_MAX_ROWS``): the
+    kernel :func:`packed_matmul` takes, with SiLU·up in its epilogue, each program a tile of gate rows and the
     matching up rows, with the tiles and K split :func:`packed_matmul` takes for the whole weight, so bit for bit
     ``silu_mul(packed_matmul(x, weight))`` in one launch."""
     return _launch(x, weight, glu=True)
@@ -85,9 +86,8 @@ def _launch(x: torch.Tensor, weight: PackedStack, *, glu: bool) -> torch.Tensor:
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
-    if glu and (rows > A_MAX_ROWS or out_features % 2):
-        raise ValueError(f"the fused gate/up launch takes 1-{A_MAX_ROWS} rows of an even-rowed weight, got {rows} "
-                         f"rows of {out_features}")
+    if glu and out_features % 2:
+        raise ValueError(f"the fused gate/up launch takes an even-rowed weight, got {out_features} rows")
     block_m, tiles = dense_tiles(rows, out_features, in_features, weight.ggml_type, a.device)
     stack = PackedTensors(weight.qs[None], weight.qh[None], weight.meta[None], weight.ggml_type, in_features)  # views
     align = identity_alignment(rows, block_m, a.device)

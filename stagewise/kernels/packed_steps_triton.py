@@ -266,7 +266,12 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 for h in tl.static_range(2):
                     sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
-                    acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0, R)
+                    if SCALE_AFTER:
+                        acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0, R)
+                    else:  # kernel B: u exactly from 128 + u, each value d sc u - dmin m rounded to bf16 once
+                        u = (lo if h == 0 else hi).to(tl.float32) - 128.0
+                        w = (d * sc)[:, None] * u + (-(dmin * mn))[:, None]
+                        acc = _mm(w.to(tl.bfloat16), x, acc, R)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -359,12 +364,14 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
 @triton.jit
 def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
            TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
-           R: tl.constexpr = False):
-    """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks (``acc (BM, BN)`` when ``R``)."""
+           R: tl.constexpr = False, B_ASM: tl.constexpr = False):
+    """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks (``acc (BM, BN)`` when ``R``).
+    ``B_ASM``: kernel B's Q4_K / Q5_K quants through kernel A's inline PTX too (the same values)."""
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 12 or TYPE == 13 or TYPE == 14)) or TYPE == 23),
+                           ASM and DOT == 1 and (((SCALE_AFTER or B_ASM) and (TYPE == 12 or TYPE == 13))
+                                                 or (SCALE_AFTER and TYPE == 14) or TYPE == 23),
                            R)
     else:
         for j in tl.static_range(BLOCKS):
