@@ -5,7 +5,8 @@
 #     or left out, and kernel-B-style dequantized values; then kernel A without its sum(x) dot (what that dot costs);
 #  2. constant_ab.py, random Llama-3.1-8B @q4_k, decode at 2 / 8 / 32 streams: a fused gate/up's SiLU·up in kernel
 #     A's epilogue (GLU_MAX_ROWS 16, landed) against the matmul then silu_mul (0); kernels A and B rows first
-#     (ROWS_FIRST_MAX_ROWS 128) against today's orientation (the first run).
+#     (ROWS_FIRST_MAX_ROWS 128) against today's orientation (the first run); kernel B rows first from one row with
+#     its Q4_K quants by the inline PTX (A_MAX_ROWS 0, B_NIBBLE_ASM 1: the best layout of 2026-12-07's kernel times).
 set -u
 O=${OUT:-/tmp/out}; R=/tmp/s16; mkdir -p "$O" "$R"
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
@@ -17,7 +18,10 @@ timeout 240 python3 bench/kernel_a_mma.py --rows $ROWS --json "$R/kernel_a_mma.j
 timeout 100 python3 bench/kernel_a_mma.py --rows 8 --kernel-a-no-min --json "$R/kernel_a_no_min.json" 2>&1 | grep -v Warn | cut -c1-120 | tail -8
 [ "${QUICK:-0}" = 1 ] && { tar czf "$O/results.tgz" -C "$R" .; exit 0; }
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; M=random:llama-3.1-8b@q4_k
-for set in stagewise.weights.quant.packed_weight.GLU_MAX_ROWS={16,0} stagewise.kernels.packed_decode_triton.ROWS_FIRST_MAX_ROWS=128; do
-  timeout 120 python3 $AB $M --levels 2,8,32 --set $set 2>&1 | grep '"set"' | tee -a "$R/constant_ab_llama8b_q4k.jsonl"
+K=stagewise.kernels
+for sets in "--set stagewise.weights.quant.packed_weight.GLU_MAX_ROWS=16" "--set stagewise.weights.quant.packed_weight.GLU_MAX_ROWS=0" \
+    "--set $K.packed_decode_triton.ROWS_FIRST_MAX_ROWS=128" \
+    "--set $K.packed_decode_triton.ROWS_FIRST_MAX_ROWS=128 --set $K.packed_matmul.A_MAX_ROWS=0 --set $K.packed_decode_triton.B_NIBBLE_ASM=1"; do
+  timeout 120 python3 $AB $M --levels 2,8,32 $sets 2>&1 | grep '"set"' | tee -a "$R/constant_ab_llama8b_q4k.jsonl"
 done
 tar czf "$O/results.tgz" -C "$R" .
