@@ -179,11 +179,22 @@ def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType,
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 40])  # kernel A, kernel B
-def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int) -> None:
+@pytest.mark.parametrize(("rows", "layout"), [(1, ""), (40, ""), (8, "rows-first"), (40, "rows-first"),
+                                              (8, "B-rows-first-ptx")])
+def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, layout: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's rounded
-    values, at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal outputs."""
+    values, at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal outputs. Also the
+    layouts landed off: accumulators rows first, and kernel B from one row with its quants by the inline PTX."""
+    from stagewise.kernels import packed_decode_triton
+    from stagewise.kernels import packed_matmul as packed_matmul_module
     from stagewise.kernels.packed_matmul import packed_matmul
+
+    if layout:
+        monkeypatch.setattr(packed_decode_triton, "ROWS_FIRST_MAX_ROWS", 128)
+    if layout == "B-rows-first-ptx":
+        monkeypatch.setattr(packed_matmul_module, "A_MAX_ROWS", 0)
+        monkeypatch.setattr(packed_decode_triton, "B_NIBBLE_ASM", True)
 
     k = 4096 + (256 if qtype in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS) else 32)  # K: not a tile multiple
     w = _weight(qtype, (1000,), k, seed=int(qtype))

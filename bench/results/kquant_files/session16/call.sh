@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 16's kernel call (carry .wheels; ~6 min): issue 45's next lever, measured before it is built.
+# Session 16's kernel call (carry .wheels; ~8 min): issue 45's next lever, measured before it is built.
 #  1. bench/kernel_a_mma.py: kernel A / B on Llama-3.1-8B's Q4_K shapes at 8 / 16 / 32 / 64 rows beside the same
 #     values dotted the other way round (per-warp MMAs, no warpgroup wait), with each group's sum(x) from a table
 #     or left out, and kernel-B-style dequantized values; then kernel A without its sum(x) dot (what that dot costs);
@@ -24,4 +24,6 @@ for sets in "--set stagewise.weights.quant.packed_weight.GLU_MAX_ROWS=16" "--set
     "--set $K.packed_decode_triton.ROWS_FIRST_MAX_ROWS=128 --set $K.packed_matmul.A_MAX_ROWS=0 --set $K.packed_decode_triton.B_NIBBLE_ASM=1"; do
   timeout 120 python3 $AB $M --levels 2,8,32 $sets 2>&1 | grep '"set"' | tee -a "$R/constant_ab_llama8b_q4k.jsonl"
 done
+# the compiled kernels in every layout (the ones landed off included), every packed type: what a flip needs
+timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k compiled 2>&1 | tail -8 | tee "$R/gpu_tests_packed_decode.txt"
 tar czf "$O/results.tgz" -C "$R" .
