@@ -172,7 +172,7 @@ def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType,
         if qtype == T.Q4_K:
             assert w.matmul_glu(torch.randn(1, k).bfloat16().to(DEVICE)) is None  # the GEMV
         odd = _weight(qtype, (2 * inter + 1,), k, seed=8)
-        with pytest.raises(ValueError, match="even-rowed"):
+        with pytest.raises(ValueError, match="an even number of rows"):
             odd.matmul_glu(torch.randn(2, k).bfloat16().to(DEVICE))
 
 

@@ -86,8 +86,6 @@ def _launch(x: torch.Tensor, weight: PackedStack, *, glu: bool) -> torch.Tensor:
     if a.stride(-1) != 1:
         a = a.contiguous()
     rows = a.shape[0]
-    if glu and out_features % 2:
-        raise ValueError(f"the fused gate/up launch takes an even-rowed weight, got {out_features} rows")
     block_m, tiles = dense_tiles(rows, out_features, in_features, weight.ggml_type, a.device)
     stack = PackedTensors(weight.qs[None], weight.qh[None], weight.meta[None], weight.ggml_type, in_features)  # views
     align = identity_alignment(rows, block_m, a.device)

@@ -268,10 +268,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     if SCALE_AFTER:
                         acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0, R)
-                    else:  # kernel B: u exactly from 128 + u, each value d sc u - dmin m rounded to bf16 once
+                    else:  # kernel B: u exactly from 128 + u, then its values as from the bytes
                         u = (lo if h == 0 else hi).to(tl.float32) - 128.0
-                        w = (d * sc)[:, None] * u + (-(dmin * mn))[:, None]
-                        acc = _mm(w.to(tl.bfloat16), x, acc, R)
+                        acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT, R)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
