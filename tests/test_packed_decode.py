@@ -295,6 +295,11 @@ def test_the_nibble_ptx_makes_128_plus_each_value_in_bf16() -> None:
             assert [_bf16(v) for v in lanes(out, 0)] == [128 + (b & 15) + 16 * ((e >> (2 * c)) & 1) for b, e in zip(q, h, strict=True)]
             assert [_bf16(v) for v in lanes(out, 1)] == [128 + (b >> 4) + 16 * ((e >> (2 * c + 1)) & 1)
                                                          for b, e in zip(q, h, strict=True)]
+        qh, first = int(torch.randint(0, 1 << 32, (), generator=rng)), int(torch.randint(0, 8, (), generator=rng)) * 2
+        out = _run_ptx(kernels.Q5_ASM.value, {"$2": word, "$3": qh >> first, "$4": qh >> (first + 1)})  # Q5_0 / Q5_1
+        assert [_bf16(v) for v in lanes(out, 0)] == [128 + (b & 15) + 16 * ((qh >> (first + e)) & 1) for e, b in enumerate(q)]
+        assert [_bf16(v) for v in lanes(out, 1)] == [128 + (b >> 4) + 16 * ((qh >> (first + e + 16)) & 1)
+                                                     for e, b in enumerate(q)]
 
 
 def test_the_q6_k_ptx_makes_128_plus_each_six_bit_value_in_bf16() -> None:
@@ -347,8 +352,9 @@ def test_the_codebook_ptx_looks_up_every_nibble_in_bf16() -> None:
     tables = {kernels.IQ4_ASM: (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
               kernels.FP4_ASM: (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)}
     for text, values in tables.items():
-        for first in range(0, 256, 4):
-            q = [first, first + 1, first + 2, first + 3][::-1 if first % 8 else 1]
-            out = _run_ptx(text.value, {"$4": sum(b << (8 * i) for i, b in enumerate(q))})
-            lanes = [(out[f"${r + i // 2}"] >> (16 * (i % 2))) & 0xFFFF for r in (0, 2) for i in range(4)]
+        for first in range(0, 256, 2):
+            q = [first, first + 1][::-1 if first % 4 else 1]
+            junk = (first * 0x9E37) << 16 & 0xFFFF0000  # above the 16-bit operand: ignored
+            out = _run_ptx(text.value, {"$2": q[0] | q[1] << 8 | junk})
+            lanes = [(out[f"${r}"] >> (16 * i)) & 0xFFFF for r in (0, 1) for i in range(2)]
             assert [_bf16(v) for v in lanes] == [values[b & 15] for b in q] + [values[b >> 4] for b in q]

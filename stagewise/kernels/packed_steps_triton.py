@@ -32,6 +32,7 @@ from stagewise.kernels.quant_bf16_triton import (
     codebook_bf16,
     magic,
     nibbles5_bf16,
+    nibbles5_word_bf16,
     nibbles_bf16,
     q6_bf16,
 )
@@ -146,11 +147,19 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
     x_lo = _x_group(a_ptr, rows, row_ok, blk * 32, stride_am, 16, DOT)
     x_hi = _x_group(a_ptr, rows, row_ok, blk * 32 + 16, stride_am, 16, DOT)
     m = m_rows + blk * (1 if TYPE == 39 else 4 if TYPE == 3 or TYPE == 7 else 2)
-    if ASM and (TYPE == 2 or TYPE == 3):  # Q4_0 / Q4_1: both nibbles of a byte into bf16 at once, by inline PTX
-        lo_w, hi_w = nibbles_bf16(tl.load(q_rows[:, None] + blk * 16 + l16, mask=n_ok[:, None], other=0))
+    if ASM and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7):  # Q4_0/1, Q5_0/1: a byte's two values by inline PTX
+        qb = tl.load(q_rows[:, None] + blk * 16 + l16, mask=n_ok[:, None], other=0)
+        if TYPE == 6 or TYPE == 7:  # the fifth bit of value j is bit j of the block's 32-bit qh word
+            hb = h_rows + blk * 4
+            word = (load_u8(hb, n_ok) | (load_u8(hb + 1, n_ok) << 8) | (load_u8(hb + 2, n_ok) << 16)
+                    | (load_u8(hb + 3, n_ok) << 24))
+            lo_w, hi_w = nibbles5_word_bf16(qb, word[:, None] >> l16)
+        else:
+            lo_w, hi_w = nibbles_bf16(qb)
         d = load_f16(m, n_ok)
-        if TYPE == 2:  # d * (q - 8): 128 + q less 136, exactly
-            acc += _n(d, R) * _mm(lo_w - 136.0, x_lo, _mm(hi_w - 136.0, x_hi, None, R), R)
+        if TYPE == 2 or TYPE == 6:  # d * (q - 8), d * (q - 16): 128 + q less 136 or 144, exactly
+            off: tl.constexpr = 144.0 if TYPE == 6 else 136.0
+            acc += _n(d, R) * _mm(lo_w - off, x_lo, _mm(hi_w - off, x_hi, None, R), R)
         else:  # d * q + m
             acc += _n(d, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
             acc += _n(load_f16(m + 2, n_ok) - 128.0 * d, R) * (_sum_x(x_lo, lo_w.shape[0], 1, R)
@@ -376,6 +385,7 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
                                TYPE, SCALE_AFTER, DOT,
-                               ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 2 or TYPE == 3)) or TYPE == 20 or TYPE == 39),
+                               ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7))
+                                                 or TYPE == 20 or TYPE == 39),
                                R)
     return acc

@@ -10,8 +10,8 @@ one 16-bit shared-memory load, used as loaded; four at a time, the word mixes tw
 repacks byte by byte, about one more instruction a value): ``prmt`` spreads the two bytes into 16-bit lanes and
 ``lop3`` masks a nibble and ors the magic bits, one instruction a value (Q5_K's fifth bit moved in from its
 high-bit byte); :func:`q6_bf16` likewise makes Q6_K's ``128 + u`` of four 16-value groups from two rows' low-byte
-pairs and the high-byte pair they share. :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4, four bytes at a time)
-looks the entries' bf16 bytes up in ``prmt`` byte tables. The interpreter does not run PTX: ``tests/test_packed_decode.py`` runs these
+pairs and the high-byte pair they share. :func:`codebook_bf16` (IQ4_NL / IQ4_XS / MXFP4, two bytes at a time,
+as loaded) looks the entries' bf16 bytes up in ``prmt`` byte tables. The interpreter does not run PTX: ``tests/test_packed_decode.py`` runs these
 instruction by instruction, and the GPU tests run them compiled.
 """
 
@@ -37,30 +37,23 @@ def _nibbles5_asm(bit: int) -> str:
 
 
 def _codebook_asm(values: tuple[int, ...]) -> str:
-    """PTX for :func:`codebook_bf16`: the 16 entries' bf16 bit patterns as two byte tables (low and high
-    bytes, eight entries a ``prmt`` pair); per four nibbles, the selector ``n0 | n1 << 4 | n2 << 8 | n3 << 12``,
-    two lookups a table, the right half per byte by the index's bit 3 (``prmt`` sign-replicating ``n << 4``),
-    and the bytes interleaved into bf16 pairs."""
+    """PTX for :func:`codebook_bf16`: the 16 entries' bf16 bit patterns as two byte tables (low and high bytes,
+    eight entries a ``prmt`` pair). Two bytes' four nibbles are already a ``prmt`` selector: with bit 3 cleared
+    (it would replicate a sign), one lookup a table half, the half per byte by bit 3 moved to bit 2 of a
+    ``0x3210`` selector, and the low and high bytes interleaved into bf16 pairs."""
     bits = [struct.unpack("<I", struct.pack("<f", float(v)))[0] >> 16 for v in values]  # exact: small integers
     assert all(float(struct.unpack("<f", struct.pack("<I", b << 16))[0]) == v for b, v in zip(bits, values, strict=True))
 
     def word(entries: list[int]) -> str:
         return f"0x{sum(e << (8 * i) for i, e in enumerate(entries)):08x}"
 
-    lo = [b & 0xFF for b in bits]
-    hi = [b >> 8 for b in bits]
-    tables = {"l0": word(lo[0:4]), "l1": word(lo[4:8]), "l2": word(lo[8:12]), "l3": word(lo[12:16]),
-              "h0": word(hi[0:4]), "h1": word(hi[4:8]), "h2": word(hi[8:12]), "h3": word(hi[12:16])}
-    lines = ["{", ".reg .b32 n, c, s, m, a, b, l, h, t0, t1, t2, t3;"]
-    for out, nibble in ((0, "and.b32 n, $4, 0x0f0f0f0f;"), (2, "shr.u32 n, $4, 4; and.b32 n, n, 0x0f0f0f0f;")):
-        lines += [nibble, "shr.u32 c, n, 4;", "or.b32 c, c, n;", "prmt.b32 s, c, 0, 0x4420;", "and.b32 s, s, 0x7777;",
-                  "shl.b32 m, n, 4;", "prmt.b32 m, m, 0, 0xba98;"]
-        for reg, name in (("l", "l"), ("h", "h")):
-            lines += [f"mov.b32 t0, {tables[name + '0']};", f"mov.b32 t1, {tables[name + '1']};",
-                      f"mov.b32 t2, {tables[name + '2']};", f"mov.b32 t3, {tables[name + '3']};",
-                      "prmt.b32 a, t0, t1, s;", "prmt.b32 b, t2, t3, s;", f"lop3.b32 {reg}, a, b, m, 0xd8;"]
-        lines += [f"prmt.b32 ${out}, l, h, 0x5140;", f"prmt.b32 ${out + 1}, l, h, 0x7362;"]
-    return "\n".join([*lines, "}"])
+    lines = ["{", ".reg .b32 t, s, c, a, b, l, h, t0, t1, t2, t3;", "cvt.u32.u16 t, $2;", "and.b32 s, t, 0x7777;",
+             "shr.u32 c, t, 1;", "lop3.b32 c, c, 0x4444, 0x3210, 0xea;"]
+    for reg, table in (("l", [b & 0xFF for b in bits]), ("h", [b >> 8 for b in bits])):
+        lines += [f"mov.b32 t0, {word(table[0:4])};", f"mov.b32 t1, {word(table[4:8])};",
+                  f"mov.b32 t2, {word(table[8:12])};", f"mov.b32 t3, {word(table[12:16])};",
+                  "prmt.b32 a, t0, t1, s;", "prmt.b32 b, t2, t3, s;", f"prmt.b32 {reg}, a, b, c;"]
+    return "\n".join([*lines, "prmt.b32 $0, l, h, 0x6240;", "prmt.b32 $1, l, h, 0x7351;", "}"])
 
 
 IQ4_ASM: tl.constexpr = tl.constexpr(_codebook_asm((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
@@ -70,6 +63,13 @@ NIBBLES_ASM: tl.constexpr = tl.constexpr("\n".join([  # two bytes (16 bits) -> t
     "{", ".reg .b32 t;", "cvt.u32.u16 t, $2;", "prmt.b32 t, t, 0, 0x4140;",
     "lop3.b32 $0, t, 0x000f000f, 0x43004300, 0xea;", "shr.u32 t, t, 4;",
     "lop3.b32 $1, t, 0x000f000f, 0x43004300, 0xea;", "}"]))
+# Q5_0 / Q5_1: two bytes (elements l, l + 1 of a block) and each element's qh word shifted right by its l (bit 0: its
+# low nibble's fifth bit, bit 16: its high nibble's) -> 128 + u of the low and of the high nibbles.
+Q5_ASM: tl.constexpr = tl.constexpr("\n".join([
+    "{", ".reg .b32 t, a, m;", "cvt.u32.u16 t, $2;", "prmt.b32 t, t, 0, 0x4140;",
+    "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", "prmt.b32 a, $3, $4, 0x5410;", "shl.b32 a, a, 4;",
+    "lop3.b32 $0, a, 0x00100010, m, 0xea;", "shr.u32 t, t, 4;", "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;",
+    "prmt.b32 a, $3, $4, 0x7632;", "shl.b32 a, a, 4;", "lop3.b32 $1, a, 0x00100010, m, 0xea;", "}"]))
 # Q6_K: low bytes of rows r and r + 2 of a half (r < 2) and their shared high bytes -> 128 + u of (r, low nibble),
 # (r, high), (r + 2, low), (r + 2, high): fields 0, 2, 1 and 3 of the high byte (bits 2f, 2f + 1) moved to bits 4
 # and 5. The high byte is spread with the magic bytes beside it, so (r, high), whose field is already in place,
@@ -117,11 +117,19 @@ def nibbles5_bf16(q, h, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def nibbles5_word_bf16(q, v):  # type: ignore[no-untyped-def]
+    """Q5_0 / Q5_1: bytes ``q`` (uint8) of elements ``l`` and the block's qh word shifted right by ``l`` (int32) ->
+    ``128 + u`` as bf16 for the low nibbles (fifth bit: bit 0 of ``v``) and the high (bit 16), by :data:`Q5_ASM`."""
+    return tl.inline_asm_elementwise(asm=Q5_ASM, constraints="=r,=r,h,r,r", args=[q, v],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+
+
+@triton.jit
 def codebook_bf16(q, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
     """Bytes ``q`` (uint8) -> the codebook entries of their low and high nibbles as bf16 (``TEXT``: ``IQ4_ASM`` or
-    ``FP4_ASM``), four bytes at a time by ``prmt`` table lookups."""
-    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,=r,=r,r", args=[q],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    ``FP4_ASM``), two bytes at a time by ``prmt`` table lookups."""
+    return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,h", args=[q],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
 
 
 @triton.jit
