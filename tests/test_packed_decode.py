@@ -49,13 +49,15 @@ def _small(scale_after: bool, split: int = 1) -> PackedTiles:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("rows", "scale_after", "rows_first"),
-                         [(1, True, False), (5, True, False), (17, False, False), (40, False, False), (5, True, True),
-                          (17, False, True), (5, False, True)],
-                         ids=["A1", "A5", "B17", "B40", "A5-rows-first", "B17-rows-first", "B5-rows-first"])
+@pytest.mark.parametrize(("rows", "scale_after", "rows_first", "least_block_m"),
+                         [(1, True, False, 16), (5, True, False, 16), (17, False, False, 16), (40, False, False, 16),
+                          (5, True, True, 16), (17, False, True, 16), (5, False, True, 16), (5, True, False, 8)],
+                         ids=["A1", "A5", "B17", "B40", "A5-rows-first", "B17-rows-first", "B5-rows-first",
+                              "A5-8-row-blocks"])
 def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, scale_after: bool, rows_first: bool,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Either orientation of the accumulator (``ROWS_FIRST_MAX_ROWS``: the rows on the dot's first side)."""
+                                          least_block_m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Either orientation of the accumulator (``ROWS_FIRST_MAX_ROWS``: the rows on the dot's first side), blocks of
+    16 rows or more, or 8 (``packed_matmul.A_MIN_BLOCK_M``)."""
     from stagewise.kernels import packed_decode_triton
 
     monkeypatch.setattr(packed_decode_triton, "ROWS_FIRST_MAX_ROWS", 128 if rows_first else 0)
@@ -65,7 +67,7 @@ def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int
     ref = x @ w.dequantize().cpu()[0].T
     blocks = 1 if k % 64 else 2  # 5 blocks: one-block steps
     tiles = PackedTiles(block_n=16, num_warps=4, num_stages=1, scale_after=scale_after, blocks=blocks)
-    block_m = max(16, 1 << (rows - 1).bit_length())
+    block_m = max(least_block_m, 1 << (rows - 1).bit_length())
     got = packed_decode_gemm(x.to(DEVICE), w, identity_alignment(rows, block_m, x.to(DEVICE).device), 1, tiles,
                              gather_rows=False)
     assert got.shape == (rows, 20)
@@ -180,17 +182,20 @@ def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize(("rows", "layout"), [(1, ""), (40, ""), (8, "rows-first"), (40, "rows-first"),
-                                              (8, "B-rows-first-ptx")])
+                                              (8, "B-rows-first-ptx"), (8, "8-row-blocks")])
 def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, layout: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's rounded
     values, at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal outputs. Also the
-    layouts landed off: accumulators rows first, and kernel B from one row with its quants by the inline PTX."""
+    layouts landed off: accumulators rows first, kernel B from one row with its quants by the inline PTX, and
+    kernel A in blocks of 8 rows."""
     from stagewise.kernels import packed_decode_triton
     from stagewise.kernels import packed_matmul as packed_matmul_module
     from stagewise.kernels.packed_matmul import packed_matmul
 
-    if layout:
+    if layout == "8-row-blocks":
+        monkeypatch.setattr(packed_matmul_module, "A_MIN_BLOCK_M", 8)
+    elif layout:
         monkeypatch.setattr(packed_decode_triton, "ROWS_FIRST_MAX_ROWS", 128)
     if layout == "B-rows-first-ptx":
         monkeypatch.setattr(packed_matmul_module, "A_MAX_ROWS", 0)
