@@ -58,8 +58,7 @@ def compile_sm90a(fn: Any, sig: dict[str, str], consts: dict[str, object], align
 
 
 def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: int, block_n: int, num_warps: int,
-                 num_stages: int, split_k: int = 1, glu: bool = False, blocks: int = 8,
-                 rows_first: bool = False, b_asm: bool = False) -> tuple[bytes, float]:
+                 num_stages: int, split_k: int = 1, glu: bool = False, blocks: int = 8) -> tuple[bytes, float]:
     """The cubin of one kernel configuration (bf16 activations, compiled for sm_90a) and its compile seconds."""
     sig = {name: "*u8" for name in ("qs_ptr", "qh_ptr", "meta_ptr")}
     sig |= {"a_ptr": "*bf16", "out_ptr": "*bf16", "route_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32",
@@ -68,8 +67,7 @@ def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: in
                                      "stride_qn", "stride_he", "stride_hn", "stride_me", "stride_mn", "stride_om")}
     consts = {"TYPE": int(ggml_type), "BLOCKS": 1 if block_elements(ggml_type) == 256 else blocks,
               "SCALE_AFTER": scale_after, "DOT": 1, "ASM": True, "GATHER_ROWS": False, "ROUTE_WEIGHT": False, "GLU": glu,
-              "SPLIT": split_k > 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False,
-              "ROWS_FIRST": rows_first, "B_ASM": b_asm}
+              "SPLIT": split_k > 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False}
     # as a launch at Llama-3.1-8B's shapes specializes: every pointer 16-byte aligned, N and the strides multiples of 16
     aligned = {name for name, kind in sig.items() if kind.startswith("*") or name == "N" or name.startswith("stride")}
     started = time.perf_counter()
@@ -181,8 +179,6 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--glu", action="store_true")
-    ap.add_argument("--rows-first", action="store_true", help="kernels A and B with the rows on the dot's first side")
-    ap.add_argument("--b-asm", action="store_true", help="kernel B's Q4_K / Q5_K quants through the inline PTX")
     ap.add_argument("--block-m", type=int, default=0, help="rows a block (default: 16 for A, 64 for B)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -199,11 +195,11 @@ def main() -> int:
                 continue
             block_m = args.block_m or (16 if mode == "A" else 64)
             cubin, seconds = compile_case(qtype, mode == "A", block_m, args.block_n, args.warps, args.stages,
-                                          glu=args.glu, rows_first=args.rows_first, b_asm=args.b_asm)
+                                          glu=args.glu)
             report = sass_report(cubin)
             values_per_thread = 256 * args.block_n * (2 if args.glu else 1) / (32 * args.warps)
             per_value = int(report["loop_instructions"]) / values_per_thread  # type: ignore[call-overload]
-            row = {"type": qtype.name, "mode": mode, "rows_first": args.rows_first, "block_m": block_m, "block_n": args.block_n, "warps": args.warps,
+            row = {"type": qtype.name, "mode": mode, "block_m": block_m, "block_n": args.block_n, "warps": args.warps,
                    "stages": args.stages, "compile_s": round(seconds, 1), "per_value": round(per_value, 2), **report}
             rows.append(row)
             print(f"{qtype.name:6s} {mode} BM{block_m:<3d} BN{args.block_n} w{args.warps}: {report['registers']} regs, "

@@ -49,25 +49,16 @@ def _small(scale_after: bool, split: int = 1) -> PackedTiles:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("rows", "scale_after", "rows_first", "least_block_m"),
-                         [(1, True, False, 16), (5, True, False, 16), (17, False, False, 16), (40, False, False, 16),
-                          (5, True, True, 16), (17, False, True, 16), (5, False, True, 16), (5, True, False, 8)],
-                         ids=["A1", "A5", "B17", "B40", "A5-rows-first", "B17-rows-first", "B5-rows-first",
-                              "A5-8-row-blocks"])
-def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, scale_after: bool, rows_first: bool,
-                                          least_block_m: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Either orientation of the accumulator (``ROWS_FIRST_MAX_ROWS``: the rows on the dot's first side), blocks of
-    16 rows or more, or 8 (``packed_matmul.A_MIN_BLOCK_M``)."""
-    from stagewise.kernels import packed_decode_triton
-
-    monkeypatch.setattr(packed_decode_triton, "ROWS_FIRST_MAX_ROWS", 128 if rows_first else 0)
+@pytest.mark.parametrize(("rows", "scale_after"), [(1, True), (5, True), (5, False), (17, False), (40, False)],
+                         ids=["A1", "A5", "B5", "B17", "B40"])
+def test_kernels_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, scale_after: bool) -> None:
     k = 256 * 3 if qtype in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS) else 32 * 5  # K steps: 3 / 2.5
     w = _weight(qtype, (1, 20), k, seed=int(qtype))  # 20 weight rows: a partial 16-row tile
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     ref = x @ w.dequantize().cpu()[0].T
     blocks = 1 if k % 64 else 2  # 5 blocks: one-block steps
     tiles = PackedTiles(block_n=16, num_warps=4, num_stages=1, scale_after=scale_after, blocks=blocks)
-    block_m = max(least_block_m, 1 << (rows - 1).bit_length())
+    block_m = max(16, 1 << (rows - 1).bit_length())
     got = packed_decode_gemm(x.to(DEVICE), w, identity_alignment(rows, block_m, x.to(DEVICE).device), 1, tiles,
                              gather_rows=False)
     assert got.shape == (rows, 20)
@@ -111,7 +102,7 @@ def test_the_dispatch_by_rows_is_pinned() -> None:
 
     assert paths(T.Q6_K, (1, 16, 17, 64, 128, 129, 4096)) == ["gemv", "A", "B", "B", "B", "tiles", "tiles"]
     assert paths(T.Q6_K, (1,), k=3072) == paths(T.Q6_K, (1,), dtype=torch.float16) == ["A"]  # no word GEMV there
-    assert paths(T.Q4_K, (1, 2, 16, 17)) == ["gemv", "A", "A", "B"]  # one Q4_K row: the GEMV (words or slots)
+    assert paths(T.Q4_K, (1, 2, 16, 17)) == ["gemv", "B", "B", "B"]  # one Q4_K row: the GEMV (words or slots)
     assert paths(T.Q4_K, (1,), k=3072) == ["gemv"]
     assert paths(T.IQ4_XS, (1, 2)) == ["gemv", "A"]
     assert paths(T.IQ4_NL, (1, 2)) == ["A", "A"]
@@ -149,10 +140,10 @@ def test_expert_blocks_glu_split_and_route_weights(qtype: GGMLQuantizationType) 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0], ids=lambda t: t.name)
 def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType, split: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fused 2-D gate/up at 2-16 rows: SiLU·up in kernel A's epilogue, with the tiles and K split of the plain
-    matmul over the whole weight, gives bit for bit the matmul followed by ``silu_mul`` (K split in two as well:
-    the interpreter's tiles split nothing of themselves); one row's GEMV, kernel B's rows and a weight with an
-    odd row count have no such launch."""
+    """A fused 2-D gate/up at 2-16 rows: SiLU·up in its kernel's epilogue (kernel A; kernel B for Q4_K), with the
+    tiles and K split of the plain matmul over the whole weight, gives bit for bit the matmul followed by ``silu_mul``
+    (K split in two as well: the interpreter's tiles split nothing of themselves); one row's GEMV, more rows and a
+    weight with an odd row count have no such launch."""
     import dataclasses
 
     from stagewise.kernels import packed_matmul
@@ -170,7 +161,7 @@ def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType,
             assert fused is not None and fused.shape == (rows, inter)
             assert torch.equal(fused, silu_mul(w.matmul(x)))
             _close(fused.float(), silu_mul((x.float().cpu() @ w.dequantize().cpu().T).bfloat16()).float(), 2e-2)
-        assert w.matmul_glu(torch.randn(17, k).bfloat16().to(DEVICE)) is None  # kernel B
+        assert w.matmul_glu(torch.randn(17, k).bfloat16().to(DEVICE)) is None  # past GLU_MAX_ROWS
         if qtype == T.Q4_K:
             assert w.matmul_glu(torch.randn(1, k).bfloat16().to(DEVICE)) is None  # the GEMV
         odd = _weight(qtype, (2 * inter + 1,), k, seed=8)
@@ -181,25 +172,12 @@ def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType,
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("rows", "layout"), [(1, ""), (40, ""), (8, "rows-first"), (40, "rows-first"),
-                                              (8, "B-rows-first-ptx"), (8, "8-row-blocks")])
-def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, layout: str,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rows", [1, 8, 40])
+def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int) -> None:
     """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's rounded
-    values, at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal outputs. Also the
-    layouts landed off: accumulators rows first, kernel B from one row with its quants by the inline PTX, and
-    kernel A in blocks of 8 rows."""
-    from stagewise.kernels import packed_decode_triton
-    from stagewise.kernels import packed_matmul as packed_matmul_module
+    values (from one row for the types in ``packed_matmul.B_FROM_ONE_ROW``), at the tiles the dispatch picks, within
+    bf16 tolerance; equal inputs give equal outputs."""
     from stagewise.kernels.packed_matmul import packed_matmul
-
-    if layout == "8-row-blocks":
-        monkeypatch.setattr(packed_matmul_module, "A_MIN_BLOCK_M", 8)
-    elif layout:
-        monkeypatch.setattr(packed_decode_triton, "ROWS_FIRST_MAX_ROWS", 128)
-    if layout == "B-rows-first-ptx":
-        monkeypatch.setattr(packed_matmul_module, "A_MAX_ROWS", 0)
-        monkeypatch.setattr(packed_decode_triton, "B_NIBBLE_ASM", True)
 
     k = 4096 + (256 if qtype in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS) else 32)  # K: not a tile multiple
     w = _weight(qtype, (1000,), k, seed=int(qtype))

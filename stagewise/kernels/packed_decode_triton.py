@@ -22,9 +22,6 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   rounded to the activation dtype once, then dotted: no per-group epilogue, so the cost of a tile does
   not grow with the rows.
 
-Either mode may hold its accumulator rows first (``ROWS_FIRST_MAX_ROWS``; each dot then ``x.T @ w.T``, see
-:func:`~stagewise.kernels.packed_steps_triton._mm`): the same values, the dots' other orientation.
-
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
 arithmetic is reordered, not the values' rounding: kernel B rounds each value once, as the dequantized
 tile path does). No atomics except the split-K counters, whose last program sums the partials in split
@@ -50,14 +47,9 @@ from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_devic
 from stagewise.spec.packed_types import block_elements
 
 _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read as int32 words (packed_steps_triton)
-# blocks of up to this many rows take the rows-first orientation (packed_steps_triton._mm): 16 rows make per-warp
-# MMAs there, which need no warpgroup wait; an experiment until timed (0: none; kernel_a_mma.py, constant_ab.py)
-ROWS_FIRST_MAX_ROWS = 0
-# kernel B's Q4_K / Q5_K quants through the inline PTX as well (then u = (128 + u) - 128 in float32: the same values);
-# with ROWS_FIRST at 16 rows and packed_matmul.A_MAX_ROWS 0, the layout that timed best at 8 rows in
-# bench/results/kquant_files/session16 (an experiment until the production kernel is timed so)
-B_NIBBLE_ASM = False
-NIBBLE_ASM = True  # kernel A's Q4_0, Q4_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4 bytes -> bf16 by inline PTX (else Triton's ops)
+# the 4-bit quants -> bf16 by inline PTX (else Triton's ops): kernel A's Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K, IQ4_NL,
+# IQ4_XS and MXFP4, kernel B's Q4_K, Q5_K and codebooks (packed_steps_triton.k_step)
+NIBBLE_ASM = True
 
 
 @dataclass(frozen=True)
@@ -85,8 +77,7 @@ def _packed_decode_kernel(
     stride_am, stride_qe, stride_qn, stride_he, stride_hn, stride_me, stride_mn, stride_om,
     TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, GLU: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr, ROWS_FIRST: tl.constexpr = False,
-    B_ASM: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -124,22 +115,15 @@ def _packed_decode_kernel(
         start = tl.minimum(first, steps - 1)
         stop = tl.maximum(last, start + 1)
         tl.assume(stop > start)
-    if ROWS_FIRST:  # the accumulators (BM, BN): the rows on the dot's first side (packed_steps_triton._mm)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(start, stop):
         acc = k_step(acc, q_rows, h_rows, m_rows, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                     TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, ROWS_FIRST, B_ASM)
+                     TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
         if GLU:  # the matching up rows, up_offset rows further
             acc_up = k_step(acc_up, q_rows + up_offset * stride_qn, h_rows + up_offset * stride_hn,
                             m_rows + up_offset * stride_mn, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                            TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, ROWS_FIRST, B_ASM)
-    if ROWS_FIRST:  # back to (BN, BM) for the epilogues
-        acc = tl.trans(acc)
-        acc_up = tl.trans(acc_up)
+                            TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
     if SPLIT:  # split_k > 1 (a runtime count: one compile serves every split)
         if ONCE:
             acc = tl.where(last > first, acc, 0.0)
@@ -221,8 +205,7 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
             out.stride(0),
             TYPE=int(ggml_type), BLOCKS=1 if super_block else tiles.blocks, SCALE_AFTER=tiles.scale_after,
             DOT=_dot_kind(a), ASM=NIBBLE_ASM, GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, GLU=glu, SPLIT=split > 1,
-            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, ROWS_FIRST=align.block_m <= ROWS_FIRST_MAX_ROWS,
-            B_ASM=B_NIBBLE_ASM,
+            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
     return out

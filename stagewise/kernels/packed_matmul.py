@@ -3,7 +3,7 @@
 A 2-D packed weight is a one-expert stack and its rows the identity alignment
 (:func:`~stagewise.kernels.moe_align.identity_alignment`); :func:`packed_matmul` runs
 :func:`~stagewise.kernels.packed_decode_triton.packed_decode_gemm` with kernel A (scales after the dot)
-up to :data:`A_MAX_ROWS` rows in one block of 16 rows (or :data:`A_MIN_BLOCK_M`), kernel B (values rounded once) beyond, every row in
+up to :func:`kernel_a_max_rows` rows in one 16-row block, kernel B (values rounded once) beyond, every row in
 one block of the next power of two, so each weight value is converted once per launch. K is split
 over programs (summed in split order) until a launch has :data:`PROGRAMS` programs. Every choice is a
 function of the device kind, the row count and the shape: staged = single-device, bit for bit.
@@ -20,10 +20,10 @@ from stagewise.kernels.packed_decode_triton import PackedTiles, packed_decode_ge
 from stagewise.spec.packed_types import block_elements
 
 A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row) up to this many rows
-# kernel A's rows a block, at least: 8 gives 2-8 rows MMAs 8 wide and half the accumulator to scale after each
-# group's dot (SASS a value a thread, `bench/sass_count.py --block-m 8`: Q4_K 5.88 -> 5.31, Q6_K 6.86 -> 6.41); not
-# yet timed, so 16
-A_MIN_BLOCK_M = 16
+# types whose kernel B (each value converted once, from the inline PTX's 128 + u) beats kernel A at 2-16 rows, so
+# takes them from one row: random Llama-3.1-8B decode on an H100 (bench/results/kquant_files/session17), Q4_K +11 / +5
+# / +5 % at 2 / 8 / 16 streams; IQ4_XS lost 13 % at 8 and Q6_K 20-24 % at 2 and 8 (Q5_K: not yet timed)
+B_FROM_ONE_ROW = frozenset({GGMLQuantizationType.Q4_K})
 B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 at most)
 # measured on an H100 (bench/results/kquant_profile/README.md): the best swept tiles or within 4 % at Llama-8B's
 # Q4_K shapes, 8 / 32 / 64 rows, but o and down at 64 rows and Q6_K down at 32 (128 rows a program: 11-25 % faster)
@@ -44,12 +44,17 @@ def step_blocks(ggml_type: GGMLQuantizationType, k: int, most: int = 8) -> int:
     return blocks
 
 
+def kernel_a_max_rows(ggml_type: GGMLQuantizationType) -> int:
+    """Rows up to which a ``ggml_type`` matmul takes kernel A (0: kernel B from one row, :data:`B_FROM_ONE_ROW`)."""
+    return 0 if ggml_type in B_FROM_ONE_ROW else A_MAX_ROWS
+
+
 def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, device: torch.device) -> tuple[int, PackedTiles]:
     """``(block_m, tiles)`` of a ``(n, k)`` matrix at ``rows`` rows (at most :data:`B_MAX_ROWS`)."""
     if not 0 < rows <= B_MAX_ROWS:
         raise ValueError(f"the packed few-rows GEMM takes 1-{B_MAX_ROWS} rows, got {rows}")
-    scale_after = rows <= A_MAX_ROWS
-    block_m = max(A_MIN_BLOCK_M if scale_after else 16, 1 << (rows - 1).bit_length())
+    scale_after = rows <= kernel_a_max_rows(ggml_type)
+    block_m = max(16, 1 << (rows - 1).bit_length())
     blocks = step_blocks(ggml_type, k)
     if device.type != "cuda":
         return block_m, PackedTiles(INTERPRETER_BLOCK_N, 4, 1, scale_after, blocks)

@@ -48,90 +48,67 @@ def _x_group(a_ptr, rows, row_ok, k, stride_am, GS: tl.constexpr, DOT: tl.conste
 
 
 @triton.jit
-def _mm(w, x, acc, R: tl.constexpr, IEEE: tl.constexpr = False):  # type: ignore[no-untyped-def]
-    """``w (BN, GS) @ x (GS, BM)`` plus ``acc`` (None: nothing) in the accumulator's orientation: ``(BN, BM)``,
-    or ``(BM, BN)`` when ``R`` (rows first: the rows on the dot's first side, so that 16 rows take per-warp MMAs,
-    which are not waited on as a warpgroup's are, instead of the weights on a warpgroup MMA's 64-wide side)."""
-    if R:
-        if IEEE:
-            p = tl.dot(tl.trans(x), tl.trans(w), acc, input_precision="ieee")
-        else:
-            p = tl.dot(tl.trans(x), tl.trans(w), acc)
+def _mm(w, x, acc, IEEE: tl.constexpr = False):  # type: ignore[no-untyped-def]
+    """``w (BN, GS) @ x (GS, BM)`` plus ``acc`` (None: nothing), ``(BN, BM)``; IEEE float32 when ``IEEE``."""
+    if IEEE:
+        p = tl.dot(w, x, acc, input_precision="ieee")
     else:
-        if IEEE:
-            p = tl.dot(w, x, acc, input_precision="ieee")
-        else:
-            p = tl.dot(w, x, acc)
+        p = tl.dot(w, x, acc)
     return p
 
 
 @triton.jit
-def _n(v, R: tl.constexpr):  # type: ignore[no-untyped-def]
-    """A per-weight-row vector ``(BN,)`` shaped to scale the accumulator (:func:`_mm`'s orientation)."""
-    if R:
-        out = v[None, :]
-    else:
-        out = v[:, None]
-    return out
+def _dot(w, x, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+    return _mm(w, x, None, DOT == 0)
 
 
 @triton.jit
-def _dot(w, x, DOT: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
-    return _mm(w, x, None, R, DOT == 0)
-
-
-@triton.jit
-def _sum_x(x, BN: tl.constexpr, DOT: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Every row's ``sum(x)`` over a group ``x (GS, BM)``, in float32, broadcastable against the accumulator: rows
-    first, a sum (a few shuffles: the ones tile of a dot would go through shared memory there); else a dot with
-    a ones tile ``(BN, GS)`` on the tensor cores."""
-    if R:
-        sx = tl.sum(x.to(tl.float32), axis=0)[:, None]
-    else:
-        sx = _dot(tl.full((BN, x.shape[0]), 1.0, x.dtype), x, DOT, R)
-    return sx
+def _sum_x(x, BN: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Every row's ``sum(x)`` over a group ``x (GS, BM)``, ``(BN, BM)`` float32: a dot with a ones tile, on the tensor
+    cores."""
+    return _dot(tl.full((BN, x.shape[0]), 1.0, x.dtype), x, DOT)
 
 
 @triton.jit
 def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr,
-                  R: tl.constexpr, SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
+                  SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
     """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32,
     ``a``/``b`` ``(BN,)`` float32; ``SYMMETRIC``: ``b`` is zero)."""
     if SCALE_AFTER:
         OFF: tl.constexpr = 1024 if DOT == 2 else 128
         if SYMMETRIC:  # u - CENTER exactly in the dot's dtype: the magic value less OFF + CENTER (small integers)
-            p = _dot(magic(u, DOT) - (OFF + CENTER), x, DOT, R)  # (BN, BM) = sum (u - CENTER) x
-            acc += _n(a, R) * p
+            p = _dot(magic(u, DOT) - (OFF + CENTER), x, DOT)  # (BN, BM) = sum (u - CENTER) x
+            acc += a[:, None] * p
         else:
-            p = _dot(magic(u, DOT), x, DOT, R)  # (BN, BM) = sum (OFF + u) x
-            sx = _sum_x(x, u.shape[0], DOT, R)
-            acc += _n(a, R) * p
-            acc += _n(b - a * (OFF + CENTER), R) * sx
+            p = _dot(magic(u, DOT), x, DOT)  # (BN, BM) = sum (OFF + u) x
+            sx = _sum_x(x, u.shape[0], DOT)
+            acc += a[:, None] * p
+            acc += (b - a * (OFF + CENTER))[:, None] * sx
     else:
         w = a[:, None] * (u - CENTER).to(tl.float32) + b[:, None]
-        acc = _mm(w.to(x.dtype), x, acc, R, DOT == 0)
+        acc = _mm(w.to(x.dtype), x, acc, DOT == 0)
     return acc
 
 
 @triton.jit
-def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
+def _magic_group(acc, w, x, a, b, CENTER: tl.constexpr):  # type: ignore[no-untyped-def]
     """Kernel A's group step from ``w = bf16(128 + u)`` already made (bf16 activations):
     ``acc += a P + (b - a (128 + CENTER)) sum(x)``."""
-    p = _mm(w, x, None, R)
-    sx = _sum_x(x, w.shape[0], 1, R)
-    acc += _n(a, R) * p
-    acc += _n(b - a * (128 + CENTER), R) * sx
+    p = _mm(w, x, None)
+    sx = _sum_x(x, w.shape[0], 1)
+    acc += a[:, None] * p
+    acc += (b - a * (128 + CENTER))[:, None] * sx
     return acc
 
 
 @triton.jit
-def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, R: tl.constexpr):  # type: ignore[no-untyped-def]
+def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-def]
     """``acc += W_g @ x`` for the group's values ``a * c`` (``c`` ``(BN, GS)`` the codebook entries, int32)."""
     if SCALE_AFTER:
-        acc += _n(a, R) * _dot(c.to(x.dtype), x, DOT, R)
+        acc += a[:, None] * _dot(c.to(x.dtype), x, DOT)
     else:
         w = a[:, None] * c.to(tl.float32)
-        acc = _mm(w.to(x.dtype), x, acc, R, DOT == 0)
+        acc = _mm(w.to(x.dtype), x, acc, DOT == 0)
     return acc
 
 
@@ -140,7 +117,7 @@ def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, 
 
 @triton.jit
 def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr, R: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """One 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4): byte ``l`` holds values ``l`` (low nibble)
     and ``16 + l`` (high)."""
     l16 = tl.arange(0, 16)[None, :]
@@ -159,11 +136,11 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         d = load_f16(m, n_ok)
         if TYPE == 2 or TYPE == 6:  # d * (q - 8), d * (q - 16): 128 + q less 136 or 144, exactly
             off: tl.constexpr = 144.0 if TYPE == 6 else 136.0
-            acc += _n(d, R) * _mm(lo_w - off, x_lo, _mm(hi_w - off, x_hi, None, R), R)
+            acc += d[:, None] * _mm(lo_w - off, x_lo, _mm(hi_w - off, x_hi, None))
         else:  # d * q + m
-            acc += _n(d, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
-            acc += _n(load_f16(m + 2, n_ok) - 128.0 * d, R) * (_sum_x(x_lo, lo_w.shape[0], 1, R)
-                                                              + _sum_x(x_hi, lo_w.shape[0], 1, R))
+            acc += d[:, None] * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None))
+            acc += (load_f16(m + 2, n_ok) - 128.0 * d)[:, None] * (_sum_x(x_lo, lo_w.shape[0], 1)
+                                                                   + _sum_x(x_hi, lo_w.shape[0], 1))
         return acc
     if ASM and (TYPE == 20 or TYPE == 39):  # IQ4_NL / MXFP4: the codebook values of both nibbles, by inline PTX
         text: tl.constexpr = IQ4_ASM if TYPE == 20 else FP4_ASM
@@ -174,10 +151,10 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             e = load_u8(m, n_ok)
             d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
         if SCALE_AFTER:
-            acc += _n(d, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
+            acc += d[:, None] * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None))
         else:  # kernel B: each value d * entry rounded to bf16 once
-            acc = _mm((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc, R)
-            acc = _mm((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc, R)
+            acc = _mm((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
+            acc = _mm((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
         return acc
     q = load_u8(q_rows[:, None] + blk * 16 + l16, n_ok[:, None])  # (BN, 16)
     lo = q & 15
@@ -185,12 +162,12 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
     if TYPE == 39:  # MXFP4: E8M0 exponent (ggml_e8m0_to_fp32_half), e2m1 codes doubled
         e = load_u8(m, n_ok)
         d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
-        acc = _codebook_group(acc, codebook(lo, FP4_LO, FP4_HI), x_lo, d, SCALE_AFTER, DOT, R)
-        acc = _codebook_group(acc, codebook(hi, FP4_LO, FP4_HI), x_hi, d, SCALE_AFTER, DOT, R)
+        acc = _codebook_group(acc, codebook(lo, FP4_LO, FP4_HI), x_lo, d, SCALE_AFTER, DOT)
+        acc = _codebook_group(acc, codebook(hi, FP4_LO, FP4_HI), x_hi, d, SCALE_AFTER, DOT)
     elif TYPE == 20:  # IQ4_NL
         d = load_f16(m, n_ok)
-        acc = _codebook_group(acc, codebook(lo, IQ4_LO, IQ4_HI), x_lo, d, SCALE_AFTER, DOT, R)
-        acc = _codebook_group(acc, codebook(hi, IQ4_LO, IQ4_HI), x_hi, d, SCALE_AFTER, DOT, R)
+        acc = _codebook_group(acc, codebook(lo, IQ4_LO, IQ4_HI), x_lo, d, SCALE_AFTER, DOT)
+        acc = _codebook_group(acc, codebook(hi, IQ4_LO, IQ4_HI), x_hi, d, SCALE_AFTER, DOT)
     else:
         d = load_f16(m, n_ok)
         if TYPE == 6 or TYPE == 7:  # the fifth bit of value j is bit j of the block's 32-bit qh word
@@ -201,13 +178,13 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             hi = hi | (((word >> (l16 + 16)) & 1) << 4)
         if TYPE == 3 or TYPE == 7:  # d * q + m
             b = load_f16(m + 2, n_ok)
-            acc = _linear_group(acc, lo, x_lo, d, b, 0, SCALE_AFTER, DOT, R)
-            acc = _linear_group(acc, hi, x_hi, d, b, 0, SCALE_AFTER, DOT, R)
+            acc = _linear_group(acc, lo, x_lo, d, b, 0, SCALE_AFTER, DOT)
+            acc = _linear_group(acc, hi, x_hi, d, b, 0, SCALE_AFTER, DOT)
         else:  # d * (q - 8), d * (q - 16)
             zero = tl.zeros_like(d)
             center: tl.constexpr = 16 if TYPE == 6 else 8
-            acc = _linear_group(acc, lo, x_lo, d, zero, center, SCALE_AFTER, DOT, R, True)
-            acc = _linear_group(acc, hi, x_hi, d, zero, center, SCALE_AFTER, DOT, R, True)
+            acc = _linear_group(acc, lo, x_lo, d, zero, center, SCALE_AFTER, DOT, True)
+            acc = _linear_group(acc, hi, x_hi, d, zero, center, SCALE_AFTER, DOT, True)
     return acc
 
 
@@ -247,7 +224,7 @@ def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-un
 
 @triton.jit
 def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr, R: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
     k0 = blk * 256
     l16 = tl.arange(0, 16)[None, :]
@@ -276,10 +253,10 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     if SCALE_AFTER:
-                        acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0, R)
+                        acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
                     else:  # kernel B: u exactly from 128 + u, then its values as from the bytes
                         u = (lo if h == 0 else hi).to(tl.float32) - 128.0
-                        acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT, R)
+                        acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -288,7 +265,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                         u = u | (((qh >> (2 * c + h)) & 1) << 4)
                     sc, mn = _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, 2 * c + h)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
-                    acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT, R)
+                    acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
     elif TYPE == 14:  # Q6_K: half hf, low bytes 16r + l: values 16r + l (low nibble), 64 + 16r + l (high)
         m = m_rows + blk * 18
         d = load_f16(m + 16, n_ok)
@@ -312,11 +289,11 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * rr, stride_am, 16, DOT)
                     if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
-                        acc += _n(d * sc, R) * _mm(w - 160.0, x, None, R)
+                        acc += (d * sc)[:, None] * _mm(w - 160.0, x, None)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
-                        acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, R, True)
+                        acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, True)
     elif TYPE == 10 or TYPE == 11:  # Q2_K / Q3_K: half hf, byte 16g + l, field s: value 32s + 16g + l
         m = m_rows + blk * (20 if TYPE == 10 else 14)
         if TYPE == 10:
@@ -337,13 +314,13 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     if TYPE == 10:
                         sc = load_u8(m + i, n_ok)
                         acc = _linear_group(acc, u, x, d * (sc & 15).to(tl.float32),
-                                            -(dmin * (sc >> 4).to(tl.float32)), 0, SCALE_AFTER, DOT, R)
+                                            -(dmin * (sc >> 4).to(tl.float32)), 0, SCALE_AFTER, DOT)
                     else:  # q = q2 - 4 (1 - high bit) = u - 4 with u = q2 | high << 2
                         u = u | (((hm >> (4 * hf + s)) & 1) << 2)
                         low = (load_u8(m + (i & 7), n_ok) >> (4 * (i >> 3))) & 15
                         high = (load_u8(m + 8 + (i & 3), n_ok) >> (2 * (i >> 2))) & 3
                         dl = d * ((low | (high << 4)) - 32).to(tl.float32)
-                        acc = _linear_group(acc, u, x, dl, zero, 4, SCALE_AFTER, DOT, R, True)
+                        acc = _linear_group(acc, u, x, dl, zero, 4, SCALE_AFTER, DOT, True)
     else:  # IQ4_XS: sub-block sb's 16 bytes: values 32 sb + l (low nibble), 32 sb + 16 + l (high)
         m = m_rows + blk * 8
         d = load_f16(m, n_ok)
@@ -357,35 +334,32 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 x_lo = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb, stride_am, 16, DOT)
                 x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
                 if SCALE_AFTER:
-                    acc += _n(dl, R) * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None, R), R)
+                    acc += dl[:, None] * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None))
                 else:  # kernel B: each value dl * entry rounded to bf16 once
-                    acc = _mm((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc, R)
-                    acc = _mm((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc, R)
+                    acc = _mm((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
+                    acc = _mm((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
                 for h in tl.static_range(2):
                     x = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16 * h, stride_am, 16, DOT)
-                    acc = _codebook_group(acc, codebook((q >> (4 * h)) & 15, IQ4_LO, IQ4_HI), x, dl, SCALE_AFTER, DOT, R)
+                    acc = _codebook_group(acc, codebook((q >> (4 * h)) & 15, IQ4_LO, IQ4_HI), x, dl, SCALE_AFTER, DOT)
     return acc
 
 
 @triton.jit
 def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-           TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
-           R: tl.constexpr = False, B_ASM: tl.constexpr = False):
-    """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks (``acc (BM, BN)`` when ``R``).
-    ``B_ASM``: kernel B's Q4_K / Q5_K quants through kernel A's inline PTX too (the same values)."""
+           TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+    """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks. With ``ASM`` (bf16 dots), the
+    quants go through inline PTX where it is written: every 4-bit type in kernel A, Q4_K, Q5_K and the codebooks in
+    kernel B too (kernel B then takes ``u`` back from ``128 + u``: the same values)."""
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and (((SCALE_AFTER or B_ASM) and (TYPE == 12 or TYPE == 13))
-                                                 or (SCALE_AFTER and TYPE == 14) or TYPE == 23),
-                           R)
+                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or (SCALE_AFTER and TYPE == 14) or TYPE == 23))
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
                                TYPE, SCALE_AFTER, DOT,
                                ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7))
-                                                 or TYPE == 20 or TYPE == 39),
-                               R)
+                                                 or TYPE == 20 or TYPE == 39))
     return acc

@@ -42,7 +42,7 @@ from gguf.constants import GGMLQuantizationType
 
 from stagewise.kernels.expert_stacks import check_planes
 from stagewise.kernels.moe_align import MoeAlignment
-from stagewise.kernels.packed_matmul import A_MAX_ROWS, B_MAX_ROWS
+from stagewise.kernels.packed_matmul import B_MAX_ROWS, kernel_a_max_rows
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.kernels.word_gemv_triton import words_config
 from stagewise.spec.packed_types import DEVICE_TILE_ELEMENTS, TILE_ELEMENTS, format_name
@@ -57,7 +57,7 @@ from stagewise.weights.quant.tiled_linear import tiled_linear
 GEMV_ONE_ROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 EXPERT_BLOCK_ROWS = 16  # slots a one-expert block of the blocked path holds (kernel A's rows)
 GATHER_GEMV_SLOTS = 8  # routed (token, expert) slots the GEMV takes (one token's top 8); more: one-expert blocks (kernel A)
-GLU_MAX_ROWS = A_MAX_ROWS  # rows up to which a fused gate/up runs SiLU·up in kernel A's epilogue (0: never)
+GLU_MAX_ROWS = 16  # rows up to which a fused gate/up runs SiLU·up in its matmul's epilogue (kernel A or B; 0: never)
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
@@ -68,7 +68,7 @@ def matmul_path(rows: int, ggml_type: GGMLQuantizationType, in_features: int, x_
     (dequantized tiles and the device's matmul)."""
     if rows == 1 and (ggml_type in GEMV_ONE_ROW_TYPES or words_config(ggml_type, in_features, False, x_dtype)):
         return "gemv"
-    if 0 < rows <= A_MAX_ROWS:
+    if 0 < rows <= kernel_a_max_rows(ggml_type):
         return "A"
     if 0 < rows <= B_MAX_ROWS:
         return "B"
@@ -156,13 +156,13 @@ class PackedWeight:
         return x if self.input_index is None else x.index_select(-1, self.input_index)
 
     def matmul_glu(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``silu(gate) * up`` of a fused 2-D gate/up weight in one launch where ``x``'s rows take kernel A
+        """``silu(gate) * up`` of a fused 2-D gate/up weight in one launch where ``x``'s rows take kernel A or B
         (:func:`matmul_path`, Triton path, at most :data:`GLU_MAX_ROWS`): its epilogue, with the tiles and K split
         of :meth:`matmul` over the whole weight, so bit for bit ``silu_mul(matmul(x))``; else None (one row's GEMV:
-        its epilogue measured slower; kernel B; prefill tiles)."""
+        its epilogue measured slower; more rows; prefill tiles)."""
         tokens = x.numel() // max(x.shape[-1], 1)
         if (self.qs.dim() != 2 or self.input_index is not None or not use_triton(self.qs) or tokens > GLU_MAX_ROWS
-                or matmul_path(tokens, self.ggml_type, self.in_features, x.dtype) != "A"):
+                or matmul_path(tokens, self.ggml_type, self.in_features, x.dtype) not in ("A", "B")):
             return None
         from stagewise.kernels.packed_matmul import packed_matmul_glu
 
