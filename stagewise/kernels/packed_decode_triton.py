@@ -50,6 +50,9 @@ _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read
 # the 4-bit quants -> bf16 by inline PTX (else Triton's ops): kernel A's Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K, IQ4_NL,
 # IQ4_XS and MXFP4, kernel B's Q4_K, Q5_K and codebooks (packed_steps_triton.k_step)
 NIBBLE_ASM = True
+# kernel B's values from the PTX's 128 + u by bf16 arithmetic (packed_steps_triton.k_step's FMA): 5.03 SASS
+# instructions a Q4_K value against 7.91, no float32 round trip; an experiment until timed end to end
+B_BF16_FMA = False
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def _packed_decode_kernel(
     stride_am, stride_qe, stride_qn, stride_he, stride_hn, stride_me, stride_mn, stride_om,
     TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, GLU: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr, FMA: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -119,11 +122,11 @@ def _packed_decode_kernel(
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(start, stop):
         acc = k_step(acc, q_rows, h_rows, m_rows, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                     TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
+                     TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, FMA)
         if GLU:  # the matching up rows, up_offset rows further
             acc_up = k_step(acc_up, q_rows + up_offset * stride_qn, h_rows + up_offset * stride_hn,
                             m_rows + up_offset * stride_mn, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                            TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
+                            TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, FMA)
     if SPLIT:  # split_k > 1 (a runtime count: one compile serves every split)
         if ONCE:
             acc = tl.where(last > first, acc, 0.0)
@@ -205,7 +208,7 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
             out.stride(0),
             TYPE=int(ggml_type), BLOCKS=1 if super_block else tiles.blocks, SCALE_AFTER=tiles.scale_after,
             DOT=_dot_kind(a), ASM=NIBBLE_ASM, GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, GLU=glu, SPLIT=split > 1,
-            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n,
+            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, FMA=B_BF16_FMA,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
     return out

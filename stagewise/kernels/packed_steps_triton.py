@@ -70,6 +70,12 @@ def _sum_x(x, BN: tl.constexpr, DOT: tl.constexpr):  # type: ignore[no-untyped-d
 
 
 @triton.jit
+def _bf(v):  # type: ignore[no-untyped-def]
+    """A per-weight-row float32 scale ``(BN,)`` rounded to bf16, shaped ``(BN, 1)`` (kernel B's bf16 arithmetic)."""
+    return v.to(tl.bfloat16)[:, None]
+
+
+@triton.jit
 def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr,
                   SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
     """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32,
@@ -117,7 +123,8 @@ def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):
 
 @triton.jit
 def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
+                 FMA: tl.constexpr):
     """One 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4): byte ``l`` holds values ``l`` (low nibble)
     and ``16 + l`` (high)."""
     l16 = tl.arange(0, 16)[None, :]
@@ -134,7 +141,16 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         else:
             lo_w, hi_w = nibbles_bf16(qb)
         d = load_f16(m, n_ok)
-        if TYPE == 2 or TYPE == 6:  # d * (q - 8), d * (q - 16): 128 + q less 136 or 144, exactly
+        if not SCALE_AFTER:  # kernel B with FMA: d * (q - o) (+ m) in bf16 arithmetic, q - o exact
+            if TYPE == 2 or TYPE == 6:
+                off_b: tl.constexpr = 144.0 if TYPE == 6 else 136.0
+                acc = _mm((lo_w - off_b) * _bf(d), x_lo, acc)
+                acc = _mm((hi_w - off_b) * _bf(d), x_hi, acc)
+            else:
+                mn = _bf(load_f16(m + 2, n_ok))
+                acc = _mm(tl.fma(lo_w - 128.0, _bf(d), mn), x_lo, acc)
+                acc = _mm(tl.fma(hi_w - 128.0, _bf(d), mn), x_hi, acc)
+        elif TYPE == 2 or TYPE == 6:  # d * (q - 8), d * (q - 16): 128 + q less 136 or 144, exactly
             off: tl.constexpr = 144.0 if TYPE == 6 else 136.0
             acc += d[:, None] * _mm(lo_w - off, x_lo, _mm(hi_w - off, x_hi, None))
         else:  # d * q + m
@@ -152,6 +168,9 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
         if SCALE_AFTER:
             acc += d[:, None] * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None))
+        elif FMA:  # kernel B: the entries times d in bf16
+            acc = _mm(lo_w * _bf(d), x_lo, acc)
+            acc = _mm(hi_w * _bf(d), x_hi, acc)
         else:  # kernel B: each value d * entry rounded to bf16 once
             acc = _mm((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
             acc = _mm((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
@@ -224,7 +243,8 @@ def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-un
 
 @triton.jit
 def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
+                 FMA: tl.constexpr):
     """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
     k0 = blk * 256
     l16 = tl.arange(0, 16)[None, :]
@@ -254,6 +274,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     if SCALE_AFTER:
                         acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
+                    elif FMA:  # kernel B: u exactly from 128 + u, then one bf16 fma a value
+                        w = tl.fma((lo if h == 0 else hi) - 128.0, _bf(d * sc), _bf(-(dmin * mn)))
+                        acc = _mm(w, x, acc)
                     else:  # kernel B: u exactly from 128 + u, then its values as from the bytes
                         u = (lo if h == 0 else hi).to(tl.float32) - 128.0
                         acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
@@ -274,7 +297,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             for r in tl.static_range(2):  # the low bytes of r and r + 2 share their high bytes 16r + l
                 ql = q_rows[:, None] + blk * 128 + 64 * hf + 16 * r + l16  # (BN, 16) pointers; r + 2's 32 further
                 qh = h_rows[:, None] + blk * 64 + 32 * hf + 16 * r + l16
-                if ASM:  # kernel A: the four groups' 128 + u in bf16 at once, by inline PTX
+                if ASM:  # the four groups' 128 + u in bf16 at once, by inline PTX
                     w0, w1, w2, w3 = q6_bf16(tl.load(ql, mask=n_ok[:, None], other=0),
                                              tl.load(ql + 32, mask=n_ok[:, None], other=0),
                                              tl.load(qh, mask=n_ok[:, None], other=0))
@@ -289,7 +312,10 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 64 * h + 16 * rr, stride_am, 16, DOT)
                     if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
-                        acc += (d * sc)[:, None] * _mm(w - 160.0, x, None)
+                        if SCALE_AFTER:
+                            acc += (d * sc)[:, None] * _mm(w - 160.0, x, None)
+                        else:  # kernel B with FMA: times d * sc in bf16
+                            acc = _mm((w - 160.0) * _bf(d * sc), x, acc)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
@@ -335,6 +361,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
                 if SCALE_AFTER:
                     acc += dl[:, None] * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None))
+                elif FMA:  # kernel B: the entries times dl in bf16
+                    acc = _mm(lo_w * _bf(dl), x_lo, acc)
+                    acc = _mm(hi_w * _bf(dl), x_hi, acc)
                 else:  # kernel B: each value dl * entry rounded to bf16 once
                     acc = _mm((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
                     acc = _mm((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
@@ -348,18 +377,27 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
 
 @triton.jit
 def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-           TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
+           TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
+           FMA: tl.constexpr = False):
     """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks. With ``ASM`` (bf16 dots), the
     quants go through inline PTX where it is written: every 4-bit type in kernel A, Q4_K, Q5_K and the codebooks in
-    kernel B too (kernel B then takes ``u`` back from ``128 + u``: the same values)."""
+    kernel B too (kernel B then takes ``u`` back from ``128 + u``: the same values). ``FMA`` (kernel B, bf16 dots):
+    each value from the PTX's ``128 + u`` by bf16 arithmetic, ``u`` exact and the row's scale and min rounded to
+    bf16 (one ``fma`` or multiply a pair of values, no float32 round trip: within about two bf16 roundings of the
+    dequantized value instead of one), for every type with PTX."""
+    B_FMA: tl.constexpr = FMA and not SCALE_AFTER and DOT == 1
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or (SCALE_AFTER and TYPE == 14) or TYPE == 23))
+                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or ((SCALE_AFTER or B_FMA) and TYPE == 14)
+                                                 or TYPE == 23),
+                           B_FMA)
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
                                TYPE, SCALE_AFTER, DOT,
-                               ASM and DOT == 1 and ((SCALE_AFTER and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7))
-                                                 or TYPE == 20 or TYPE == 39))
+                               ASM and DOT == 1 and (((SCALE_AFTER or B_FMA) and (TYPE == 2 or TYPE == 3 or TYPE == 6
+                                                                                  or TYPE == 7))
+                                                     or TYPE == 20 or TYPE == 39),
+                               B_FMA)
     return acc

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The next session's kernel B A/B (carry .wheels; run it again on the same warm machine until it says "all done"):
+# the compiled kernels' GPU tests (every packed type, kernel B's values by bf16 arithmetic included), then decode of
+# random Llama-3.1-8B at 2 / 8 / 32 streams per type (bench/results/hybrid_serving_h200/session15/constant_ab.py, one
+# setting a process): today's defaults; kernel B's values by bf16 arithmetic (packed_decode_triton.B_BF16_FMA 1:
+# 5.0-7.9 SASS instructions a value against 7.9-13.0); the same with every type on kernel B from one row
+# (packed_matmul.A_MAX_ROWS 0). Jobs already done on this machine are skipped; none starts past DEADLINE_S (560).
+set -u
+O=${OUT:-/tmp/out}; W=/tmp/s18; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
+[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$W/machine.txt"
+left() { [ $(( $(date +%s) - t0 + $1 )) -le "$DEADLINE_S" ]; }
+if [ ! -e "$W/done/tests" ] && left 330; then
+  timeout 320 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k compiled 2>&1 | tail -8 | tee "$W/gpu_tests_packed_decode.txt"
+  touch "$W/done/tests"
+fi
+AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; K=stagewise.kernels; n=0
+for m in q4_k q6_k iq4_xs q5_k; do
+  for sets in "" "--set $K.packed_decode_triton.B_BF16_FMA=1" "--set $K.packed_decode_triton.B_BF16_FMA=1 --set $K.packed_matmul.A_MAX_ROWS=0"; do
+    n=$((n + 1)); [ -e "$W/done/ab$n" ] && continue
+    left 130 || { echo "left for the next call: $m $sets"; continue; }
+    timeout 125 python3 $AB random:llama-3.1-8b@$m --levels 2,8,32 $sets 2>&1 | grep '"set"' | sed "s/^/$m /" | tee -a "$W/constant_ab.jsonl"
+    touch "$W/done/ab$n"
+  done
+done
+[ "$n" -gt 0 ] && [ "$(ls "$W/done" | grep -c ab)" -eq "$n" ] && echo "all done"
+tar czf "$O/kquant_s18.tgz" -C "$W" --exclude done .
