@@ -18,9 +18,10 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   scales apply once in float32: ``acc += a P + (b - a (OFF + o)) sum(x)``, ``sum(x)`` of the group's
   activations (computed once per program and group). Codebook groups dot the codebook values
   themselves: ``acc += a P``.
-- **kernel B** (dequantized; 17-128 rows): each value ``a * (u - o) + b`` is computed in float32 and
-  rounded to the activation dtype once, then dotted: no per-group epilogue, so the cost of a tile does
-  not grow with the rows.
+- **kernel B** (dequantized; 17-128 rows, and from one row for ``packed_matmul.B_FROM_ONE_ROW``): each value
+  ``a * (u - o) + b`` is computed in float32 and rounded to the activation dtype once, then dotted: no
+  per-group epilogue, so the cost of a tile does not grow with the rows. (With :data:`B_BF16_FMA`, landed
+  off: in bf16 from the PTX's ``128 + u``, ``a`` and ``b`` rounded to bf16 first.)
 
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
 arithmetic is reordered, not the values' rounding: kernel B rounds each value once, as the dequantized
