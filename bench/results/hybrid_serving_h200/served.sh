@@ -10,6 +10,9 @@
 #   inproc   `stagewise bench FILE --concurrency 1,8,32,64 --prompt 128 --gen 128` beside llama-batched-bench;
 #   agents   (AGENTS=1) 16 clients x 10 turns on a 4,000-token system prompt: prefix cache on, off, and llama-server.
 # Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/hybrid_serving_h200/served.sh
+# LLAMA_EXTRA="--cache-ram 0" (with `rm -f /tmp/hs/done/served`): the served step's control run. By default llama-server
+# saves every idle slot to its host prompt cache at each new task (tools/server/server-context.cpp, cache_idle_slots):
+# the likely cause of its second pass waiting 22-26 s for each first token after 64 slots hold a hybrid's state.
 set -u
 source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el; llamacpp_build; make_model
 steps_setup "${HS_WORK:-/tmp/hs}"
@@ -38,7 +41,7 @@ fi
 if step served 420; then
   timeout 400 python3 bench/serve_load.py "$F" --devices cuda:0 --placement single --max-seqs 64 --context 4096 \
     --concurrency 8,32,64 --prompt 208 --gen 128 --passes 2 --fresh-prompts --endpoint chat --no-in-process \
-    --startup-timeout-s 200 --peer "$LB/llama-server -ngl 99 -fa on -np 64 -c 262144" \
+    --startup-timeout-s 200 --peer "$LB/llama-server -ngl 99 -fa on -np 64 -c 262144${LLAMA_EXTRA:+ $LLAMA_EXTRA}" \
     --json "$R/serve_peer_two_passes_qwen36_q8.json" > "$R/serve_peer_two_passes_qwen36_q8.txt" 2>&1
   grep -v "^burst .*completed" "$R/serve_peer_two_passes_qwen36_q8.txt" | tail -20
   [ -s "$R/serve_peer_two_passes_qwen36_q8.json" ] && touch "$W/done/served"
