@@ -106,6 +106,11 @@ def test_the_dispatch_by_rows_is_pinned() -> None:
     assert paths(T.Q4_K, (1,), k=3072) == ["gemv"]
     assert paths(T.IQ4_XS, (1, 2)) == ["gemv", "A"]
     assert paths(T.IQ4_NL, (1, 2)) == ["A", "A"]
+    from stagewise.kernels.packed_matmul import dense_tiles
+
+    cpu = torch.device("cpu")  # the kernel the matmul launches agrees: kernel B from one row for Q4_K only
+    assert [dense_tiles(r, 4096, 4096, q, cpu)[1].scale_after for q in (T.Q4_K, T.Q6_K) for r in (1, 8, 17)] == [
+        False, False, False, True, True, False]
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_0], ids=lambda t: t.name)
