@@ -4,7 +4,8 @@
         [--max-seqs 64] [--prefill-chunk N] [--kv-tokens N] [--bursts 8,32,64] [--prompt 208] [--gen 128] [--json OUT]
 
 Loads MODEL in process, runs :func:`stagewise.engine.warm_up.warm_up` (as ``serve`` does before ready) and
-counts the kernels Triton's caches hold (:func:`~stagewise.kernels.kernel_variants.compiled_variants`) and
+counts the kernels Triton's caches hold (:func:`~stagewise.kernels.kernel_variants.compiled_variants`), the
+device allocations the caching allocator made (``cudaMalloc`` calls: a burst growing the pool) and
 the graphs every stage captured (decode steps, packed steps' pieces); then, for each burst size, that
 many greedy requests of ``--prompt`` tokens and ``--gen`` out at once, followed by a mixed burst (random
 prompt lengths up to the context, random lengths out, a third sampled on the host with
@@ -50,6 +51,16 @@ def _graphs(batcher: Batcher) -> int:
     decode = sum(len(stage.graphs.graphs) for stage in stages if getattr(stage, "graphs", None))
     pieces = sum(len(p) for stage in stages if getattr(stage, "packed", None) for p in stage.packed.graphs.values())
     return decode + pieces
+
+
+def _device_allocs() -> int | None:
+    """``cudaMalloc`` calls the caching allocator has made so far (None off CUDA): a burst that makes any grows the
+    device pool, a first-use cost that neither a compile nor a capture counts."""
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0)) if torch.cuda.is_available() else None
+
+
+def _delta(after: int | None, before: int | None) -> int | None:
+    return None if after is None or before is None else after - before
 
 
 def _serve(batcher: Batcher, requests: list[GenerationRequest],
@@ -104,20 +115,22 @@ def main() -> int:
     vocab = loaded.config.vocab_size
     rng = random.Random(args.seed)
     rows = []
-    kernels, graphs = compiled_variants(), _graphs(batcher)
+    kernels, graphs, allocs = compiled_variants(), _graphs(batcher), _device_allocs()
     done = warm_up(batcher, vocab)
     print(f"stagewise: {done.summary()}")
     rows.append({"run": "warm-up", "seconds": done.seconds, "kernels_compiled": compiled_variants() - kernels,
-                 "graphs_captured": _graphs(batcher) - graphs, "tokens": done.generated_tokens})
+                 "graphs_captured": _graphs(batcher) - graphs, "device_allocs": _delta(_device_allocs(), allocs),
+                 "tokens": done.generated_tokens})
 
     profiles: list[dict[str, float]] = []
 
     def measure(name: str, requests: list[GenerationRequest]) -> None:
-        k0, g0 = compiled_variants(), _graphs(batcher)
+        k0, g0, a0 = compiled_variants(), _graphs(batcher), _device_allocs()
         profile = cProfile.Profile() if args.host_profile else None
         tokens, seconds = _serve(batcher, requests, profile)
         rows.append({"run": name, "seconds": seconds, "kernels_compiled": compiled_variants() - k0,
-                     "graphs_captured": _graphs(batcher) - g0, "tokens": tokens})
+                     "graphs_captured": _graphs(batcher) - g0, "device_allocs": _delta(_device_allocs(), a0),
+                     "tokens": tokens})
         if profile is not None:
             profiles.append(_own_seconds(profile))
 
@@ -133,9 +146,11 @@ def main() -> int:
         sampling = SamplingParams(temperature=0.0) if i % 3 else SamplingParams(temperature=0.8, seed=i)
         mixed.append(GenerationRequest(prompt(length), rng.randint(1, 64), sampling, top_logprobs=0 if i % 3 else 2))
     measure(f"mixed {args.max_seqs}", mixed)
-    print(f"{'run':<22} {'seconds':>8} {'tokens':>8} {'kernels compiled':>17} {'graphs captured':>16}")
+    print(f"{'run':<22} {'seconds':>8} {'tokens':>8} {'kernels compiled':>17} {'graphs captured':>16} {'device allocs':>14}")
     for r in rows:
-        print(f"{r['run']:<22} {r['seconds']:>8.2f} {r['tokens']:>8} {r['kernels_compiled']:>17} {r['graphs_captured']:>16}")
+        allocs_text = "-" if r["device_allocs"] is None else str(r["device_allocs"])
+        print(f"{r['run']:<22} {r['seconds']:>8.2f} {r['tokens']:>8} {r['kernels_compiled']:>17} {r['graphs_captured']:>16}"
+              f" {allocs_text:>14}")
     extra = _first_burst_extra(profiles[0], profiles[1], args.host_profile) if len(profiles) > 1 else []
     if extra:
         print(f"host time the first burst spent and the second did not (own seconds, under cProfile): "
