@@ -60,6 +60,12 @@ def load_f16(ptr, mask):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def load_u32(ptr, mask):  # type: ignore[no-untyped-def]
+    """The little-endian 32-bit word at ``ptr`` (any alignment), as int32 (Q5_0 / Q5_1's high bits)."""
+    return load_u8(ptr, mask) | (load_u8(ptr + 1, mask) << 8) | (load_u8(ptr + 2, mask) << 16) | (load_u8(ptr + 3, mask) << 24)
+
+
+@triton.jit
 def signed_byte(byte):  # type: ignore[no-untyped-def]
     return (byte ^ 0x80) - 0x80
 
@@ -111,8 +117,7 @@ def _small_block(qb, hb, mb, mask, TYPE: tl.constexpr, NB: tl.constexpr):  # typ
         q = (load_u8(q4 + l16, m4) >> (4 * h)) & 0x0F  # (BN, NB, 2, 16)
         d = load_f16(mb, mask)[:, :, None, None]
         if TYPE == 6 or TYPE == 7:
-            qh = (load_u8(hb, mask) | (load_u8(hb + 1, mask) << 8) | (load_u8(hb + 2, mask) << 16)
-                  | (load_u8(hb + 3, mask) << 24))
+            qh = load_u32(hb, mask)
             q = q | (((qh[:, :, None, None] >> (h * 16 + l16)) & 1) << 4)
         if TYPE == 2:
             v = d * (q - 8).to(tl.float32)

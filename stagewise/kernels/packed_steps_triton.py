@@ -20,6 +20,7 @@ from stagewise.kernels.packed_blocks_triton import (
     codebook,
     load_f16,
     load_u8,
+    load_u32,
     signed_byte,
 )
 from stagewise.kernels.quant_bf16_triton import (
@@ -134,10 +135,7 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
     if ASM and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7):  # Q4_0/1, Q5_0/1: a byte's two values by inline PTX
         qb = tl.load(q_rows[:, None] + blk * 16 + l16, mask=n_ok[:, None], other=0)
         if TYPE == 6 or TYPE == 7:  # the fifth bit of value j is bit j of the block's 32-bit qh word
-            hb = h_rows + blk * 4
-            word = (load_u8(hb, n_ok) | (load_u8(hb + 1, n_ok) << 8) | (load_u8(hb + 2, n_ok) << 16)
-                    | (load_u8(hb + 3, n_ok) << 24))
-            lo_w, hi_w = nibbles5_word_bf16(qb, word[:, None] >> l16)
+            lo_w, hi_w = nibbles5_word_bf16(qb, load_u32(h_rows + blk * 4, n_ok)[:, None] >> l16)
         else:
             lo_w, hi_w = nibbles_bf16(qb)
         d = load_f16(m, n_ok)
@@ -190,9 +188,7 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
     else:
         d = load_f16(m, n_ok)
         if TYPE == 6 or TYPE == 7:  # the fifth bit of value j is bit j of the block's 32-bit qh word
-            hb = h_rows + blk * 4
-            word = (load_u8(hb, n_ok) | (load_u8(hb + 1, n_ok) << 8) | (load_u8(hb + 2, n_ok) << 16)
-                    | (load_u8(hb + 3, n_ok) << 24))[:, None]
+            word = load_u32(h_rows + blk * 4, n_ok)[:, None]
             lo = lo | (((word >> l16) & 1) << 4)
             hi = hi | (((word >> (l16 + 16)) & 1) << 4)
         if TYPE == 3 or TYPE == 7:  # d * q + m

@@ -23,17 +23,24 @@ import triton
 import triton.language as tl
 
 
+def _fifth_bit_asm(setup: list[str], fifth_lo: list[str], fifth_hi: list[str]) -> str:
+    """PTX of two bytes ``$2`` -> ``128 + u`` of their low nibbles (``$0``) and high nibbles (``$1``) as bf16 pairs, as
+    :data:`NIBBLES_ASM`, each lane's fifth bit at bit 4 of register ``a``, which ``fifth_lo`` / ``fifth_hi`` make
+    (after ``setup``)."""
+    return "\n".join(["{", ".reg .b32 t, h, a, m;", "cvt.u32.u16 t, $2;", *setup, "prmt.b32 t, t, 0, 0x4140;",
+                      "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", *fifth_lo,
+                      "lop3.b32 $0, a, 0x00100010, m, 0xea;", "shr.u32 t, t, 4;",
+                      "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", *fifth_hi,
+                      "lop3.b32 $1, a, 0x00100010, m, 0xea;", "}"])
+
+
 def _nibbles5_asm(bit: int) -> str:
-    """PTX for :func:`nibbles5_bf16`: as :data:`NIBBLES_ASM`, each value's fifth bit from bit ``bit`` (low
-    nibbles) and ``bit + 1`` (high nibbles) of the matching high-bit byte, moved to bit 4 of its 16-bit lane."""
+    """PTX for :func:`nibbles5_bf16`: each value's fifth bit from bit ``bit`` (low nibbles) and ``bit + 1`` (high
+    nibbles) of the matching high-bit byte ``$3``, moved to bit 4 of its 16-bit lane."""
     def move(b: int) -> str:
         return f"shl.b32 a, h, {4 - b};" if b <= 4 else f"shr.u32 a, h, {b - 4};"
 
-    return "\n".join(["{", ".reg .b32 t, h, a, m;", "cvt.u32.u16 t, $2;", "cvt.u32.u16 h, $3;",
-                      "prmt.b32 t, t, 0, 0x4140;", "prmt.b32 h, h, 0, 0x4140;",
-                      "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", move(bit), "lop3.b32 $0, a, 0x00100010, m, 0xea;",
-                      "shr.u32 t, t, 4;", "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", move(bit + 1),
-                      "lop3.b32 $1, a, 0x00100010, m, 0xea;", "}"])
+    return _fifth_bit_asm(["cvt.u32.u16 h, $3;", "prmt.b32 h, h, 0, 0x4140;"], [move(bit)], [move(bit + 1)])
 
 
 def _codebook_asm(values: tuple[int, ...]) -> str:
@@ -65,11 +72,8 @@ NIBBLES_ASM: tl.constexpr = tl.constexpr("\n".join([  # two bytes (16 bits) -> t
     "lop3.b32 $1, t, 0x000f000f, 0x43004300, 0xea;", "}"]))
 # Q5_0 / Q5_1: two bytes (elements l, l + 1 of a block) and each element's qh word shifted right by its l (bit 0: its
 # low nibble's fifth bit, bit 16: its high nibble's) -> 128 + u of the low and of the high nibbles.
-Q5_ASM: tl.constexpr = tl.constexpr("\n".join([
-    "{", ".reg .b32 t, a, m;", "cvt.u32.u16 t, $2;", "prmt.b32 t, t, 0, 0x4140;",
-    "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", "prmt.b32 a, $3, $4, 0x5410;", "shl.b32 a, a, 4;",
-    "lop3.b32 $0, a, 0x00100010, m, 0xea;", "shr.u32 t, t, 4;", "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;",
-    "prmt.b32 a, $3, $4, 0x7632;", "shl.b32 a, a, 4;", "lop3.b32 $1, a, 0x00100010, m, 0xea;", "}"]))
+Q5_ASM: tl.constexpr = tl.constexpr(_fifth_bit_asm(
+    [], ["prmt.b32 a, $3, $4, 0x5410;", "shl.b32 a, a, 4;"], ["prmt.b32 a, $3, $4, 0x7632;", "shl.b32 a, a, 4;"]))
 # Q6_K: low bytes of rows r and r + 2 of a half (r < 2) and their shared high bytes -> 128 + u of (r, low nibble),
 # (r, high), (r + 2, low), (r + 2, high): fields 0, 2, 1 and 3 of the high byte (bits 2f, 2f + 1) moved to bits 4
 # and 5. The high byte is spread with the magic bytes beside it, so (r, high), whose field is already in place,
