@@ -309,13 +309,18 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
                         if SCALE_AFTER:
-                            acc += (d * sc)[:, None] * _mm(w - 160.0, x, None)
+                            if hf == 0 and r == 0 and j == 0:
+                                t = sc[:, None] * _mm(w - 160.0, x, None)
+                            else:
+                                t += sc[:, None] * _mm(w - 160.0, x, None)
                         else:  # kernel B with FMA: times d * sc in bf16
                             acc = _mm((w - 160.0) * _bf(d * sc), x, acc)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
                         acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, True)
+        if ASM and SCALE_AFTER:
+            acc += d[:, None] * t
     elif TYPE == 10 or TYPE == 11:  # Q2_K / Q3_K: half hf, byte 16g + l, field s: value 32s + 16g + l
         m = m_rows + blk * (20 if TYPE == 10 else 14)
         if TYPE == 10:
