@@ -15,7 +15,7 @@ llama() {
   DEADLINE_S=$(left) bash bench/results/hybrid_serving_h200/after_rows.sh
   mkdir -p /tmp/hs/results && cp "$O"/serve_two_passes_llama8b_bf16.* /tmp/hs/results/ 2>/dev/null
 }
-ab() { DEADLINE_S=$(left) bash bench/results/kquant_files/session18/ab.sh; }
+ab() { DEADLINE_S=$(left) bash bench/results/kquant_files/session18/ab.sh 2>&1 | tee -a /tmp/s18/ab.log; }
 if [[ $gpu == *H200* ]]; then
   [ -e /tmp/hs/files_started ] || DEADLINE_S=1 bash bench/results/hybrid_serving_h200/served.sh > /dev/null
   if [ ! -e /tmp/s18/done/tests ]; then  # beside make-model: correctness only, no timing
@@ -27,6 +27,14 @@ if [[ $gpu == *H200* ]]; then
   hs; [ -e /tmp/hs/done/inproc ] && llama; [ -e /tmp/after_rows/done/llama_passes ] && ab
 else
   ab
+fi
+# issue 45's GPU suite as a whole, in one process, once the A/B is done (recorded with its command and card)
+if grep -q "all done" /tmp/s18/ab.log 2>/dev/null && [ ! -e /tmp/s18/done/suite ] && [ "$(left)" -gt 240 ]; then
+  card=$(echo "$gpu" | grep -o 'H[0-9]00' | tr 'H' 'h'); f=/tmp/s18/gpu_suite_$card.txt
+  echo "\$ python3 -m pytest -m gpu tests -p no:cacheprovider -q -rfE  # $(date -u +%FT%TZ), $gpu" > "$f"
+  PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 20 )) python3 -m pytest -m gpu tests -p no:cacheprovider -q -rfE \
+    >> "$f" 2>&1; echo "exit status $?" >> "$f"; tail -15 "$f"; touch /tmp/s18/done/suite
+  tar czf "$O/kquant_s18.tgz" -C /tmp/s18 --exclude done .
 fi
 [ -e /tmp/hs/results ] && tar czf "$O/results.tgz" -C /tmp/hs results
 echo "call ended at $(( $(date +%s) - t0 )) s"
