@@ -50,7 +50,8 @@ OLD_MANY = (64, GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=2))  
 ROTATE_BYTES = 512 << 20  # weights touched per graph: well past the 60 MB L2
 MOE = (256, 8, 2048, 512)  # Qwen3.6-35B-A3B: experts, top-k, hidden, expert intermediate
 # --sweep: (weight rows a program, warps, pipeline stages) beside packed_matmul's own (64, 4, 2)
-SWEEP_A = ((64, 8, 2), (128, 4, 2), (128, 8, 2), (64, 4, 3))
+# (block_n, warps, stages); fewer than four warps: Triton takes mma.sync, not wgmma (no per-dot wait, fence or descriptor)
+SWEEP_A = ((32, 2, 2), (32, 2, 3), (16, 1, 2), (64, 8, 2), (128, 4, 2), (64, 4, 3))
 SWEEP_B = ((32, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3))
 
 
@@ -148,7 +149,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="comma-separated labels' first words, e.g. gate/up,down (default: all)")
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--moe-tokens", default="8,32,64,512")
-    ap.add_argument("--sweep", action="store_true", help="kernels A's and B's tiles; A's PTX conversion")
+    ap.add_argument("--sweep", action="store_true", help="kernels A's and B's tiles; A's PTX conversion (every type)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/packed_decode.py needs a CUDA GPU", file=sys.stderr)
@@ -165,7 +166,7 @@ def main() -> int:
     with torch.inference_mode():
         for qtype in types:
             for label, (n, k) in shapes.items() if rows_list else ():
-                report["dense"] += _dense_case(qtype, label, n, k, rows_list, args.sweep and qtype == types[0], dev)
+                report["dense"] += _dense_case(qtype, label, n, k, rows_list, args.sweep, dev)
         for qtype in types[:1]:
             for tokens in (int(t) for t in args.moe_tokens.split(",") if t):
                 report["moe"].append(_moe_case(qtype, tokens, dev))

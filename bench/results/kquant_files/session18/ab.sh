@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Session 18's kernel A / kernel B A/B (carry .wheels; run again on the same warm machine until it says "all done"):
-# the compiled kernels' GPU tests (every packed type), then decode of random Llama-3.1-8B per type and setting
+# the compiled kernels' GPU tests (every packed type), kernel A's tiles timed alone (bench/packed_decode.py --sweep:
+# wgmma against mma.sync at 8 and 16 rows), then decode of random Llama-3.1-8B per type and setting
 # (bench/results/hybrid_serving_h200/session15/constant_ab.py, one setting a process), in order of what they decide:
 #   kernel A as mma.sync (packed_matmul BLOCK_N 32, NUM_WARPS 2: Triton takes wgmma only from four warps; no per-dot
 #   wgmma wait, fence and descriptors, x through ldmatrix) against today's wgmma, Q6_K and IQ4_XS at 2 / 8 / 16 rows;
-#   kernel B's values by bf16 arithmetic (packed_decode_triton.B_BF16_FMA 1), Q4_K at 2 / 8 / 32 and Q6_K from one row.
+#   kernel B's values by bf16 arithmetic (packed_decode_triton.B_BF16_FMA 1), Q4_K at 2 / 8 / 32 and Q6_K at 32.
 # Jobs already done on this machine are skipped; none starts past DEADLINE_S (560).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s18; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
@@ -15,6 +16,11 @@ left() { [ $(( $(date +%s) - t0 + $1 )) -le "$DEADLINE_S" ]; }
 if [ ! -e "$W/done/tests" ] && left 330; then
   timeout 320 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k compiled 2>&1 | tail -8 | tee "$W/gpu_tests_packed_decode.txt"
   touch "$W/done/tests"
+fi
+if [ ! -e "$W/done/sweep" ] && left 330; then  # kernel A's tiles at Llama-3.1-8B's gate/up and down, mma.sync included
+  timeout 320 python3 bench/packed_decode.py --types q6_k,iq4_xs,q5_k --shapes gate/up,down --rows 8,16 --moe-tokens "" \
+    --sweep --out "$W/packed_decode_sweep.json" 2>&1 | grep -v Warn | tee "$W/packed_decode_sweep.txt" | cut -c1-400
+  touch "$W/done/sweep"
 fi
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; K=stagewise.kernels; n=0
 MMA2="--set $K.packed_matmul.BLOCK_N=32 --set $K.packed_matmul.NUM_WARPS=2"; FMA="--set $K.packed_decode_triton.B_BF16_FMA=1"
@@ -27,13 +33,13 @@ while IFS='|' read -r m levels sets; do
   grep '"set"' "$W/ab.out" | sed "s/^/$m /" | tee -a "$W/constant_ab.jsonl" | grep -q . \
     && touch "$W/done/ab$n" "$W/done/compiled_$m" || { echo "failed: $m $sets"; grep -v Warn "$W/ab.out" | tail -3; }
 done <<JOBS
-q6_k|2,8,16|
+q4_k|2,8,32|
+q4_k|2,8,32|$FMA
+q6_k|2,8,16,32|
+q6_k|32|$FMA
 q6_k|2,8,16|$MMA2
 iq4_xs|2,8,16|
 iq4_xs|2,8,16|$MMA2
-q4_k|2,8,32|
-q4_k|2,8,32|$FMA
-q6_k|2,8,32|$FMA --set $K.packed_matmul.A_MAX_ROWS=0
 JOBS
 [ "$(ls "$W/done" | grep -c '^ab')" -eq "$n" ] && echo "all done"
 tar czf "$O/kquant_s18.tgz" -C "$W" --exclude done .
