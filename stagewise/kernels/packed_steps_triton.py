@@ -273,9 +273,10 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     elif FMA:  # kernel B: u exactly from 128 + u, then one bf16 fma a value
                         w = tl.fma((lo if h == 0 else hi) - 128.0, _bf(d * sc), _bf(-(dmin * mn)))
                         acc = _mm(w, x, acc)
-                    else:  # kernel B: u exactly from 128 + u, then its values as from the bytes
-                        u = (lo if h == 0 else hi).to(tl.float32) - 128.0
-                        acc = _linear_group(acc, u, x, d * sc, -(dmin * mn), 0, SCALE_AFTER, DOT)
+                    else:  # kernel B: d sc u - dmin m from 128 + u, one fma a value (the 128 in the row's constant)
+                        a = d * sc
+                        w = a[:, None] * (lo if h == 0 else hi).to(tl.float32) - (dmin * mn + 128.0 * a)[:, None]
+                        acc = _mm(w.to(x.dtype), x, acc)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -313,8 +314,11 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                                 t = sc[:, None] * _mm(w - 160.0, x, None)
                             else:
                                 t += sc[:, None] * _mm(w - 160.0, x, None)
-                        else:  # kernel B with FMA: times d * sc in bf16
+                        elif FMA:  # kernel B: times d * sc in bf16
                             acc = _mm((w - 160.0) * _bf(d * sc), x, acc)
+                        else:  # kernel B: d sc (u - 32) from 128 + u, one fma a value, rounded to bf16 once
+                            a = d * sc
+                            acc = _mm((a[:, None] * w.to(tl.float32) - (160.0 * a)[:, None]).to(x.dtype), x, acc)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
@@ -381,8 +385,9 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
            TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
            FMA: tl.constexpr = False):
     """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks. With ``ASM`` (bf16 dots), the
-    quants go through inline PTX where it is written: every 4-bit type in kernel A, Q4_K, Q5_K and the codebooks in
-    kernel B too (kernel B then takes ``u`` back from ``128 + u``: the same values). ``FMA`` (kernel B, bf16 dots):
+    quants go through inline PTX where it is written: every 4-bit type and Q6_K in kernel A, Q4_K, Q5_K, Q6_K and the
+    codebooks in kernel B too (kernel B then makes each value from ``128 + u`` by one float32 fma, the 128 folded into
+    the row's constant, rounded to the dot's dtype once). ``FMA`` (kernel B, bf16 dots):
     each value from the PTX's ``128 + u`` by bf16 arithmetic, ``u`` exact and the row's scale and min rounded to
     bf16 (one ``fma`` or multiply a pair of values, no float32 round trip: within about two bf16 roundings of the
     dequantized value instead of one), for every type with PTX."""
@@ -390,8 +395,7 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or ((SCALE_AFTER or B_FMA) and TYPE == 14)
-                                                 or TYPE == 23),
+                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23),
                            B_FMA)
     else:
         for j in tl.static_range(BLOCKS):
