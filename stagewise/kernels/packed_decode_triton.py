@@ -48,11 +48,11 @@ from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_devic
 from stagewise.spec.packed_types import block_elements
 
 _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read as int32 words (packed_steps_triton)
-# the 4-bit quants -> bf16 by inline PTX (else Triton's ops): kernel A's Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K, IQ4_NL,
-# IQ4_XS and MXFP4, kernel B's Q4_K, Q5_K, Q6_K and codebooks (packed_steps_triton.k_step)
+# the quants -> bf16 by inline PTX (else Triton's ops), in kernels A and B: Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K, IQ4_NL,
+# IQ4_XS and MXFP4 (packed_steps_triton.k_step)
 NIBBLE_ASM = True
 # kernel B's values from the PTX's 128 + u by bf16 arithmetic (packed_steps_triton.k_step's FMA): 5.03 SASS
-# instructions a Q4_K value against 7.91, no float32 round trip; an experiment until timed end to end
+# instructions a Q4_K value against 7.11, no float32 round trip; an experiment until timed end to end
 B_BF16_FMA = False
 
 

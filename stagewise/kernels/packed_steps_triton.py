@@ -139,7 +139,14 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         else:
             lo_w, hi_w = nibbles_bf16(qb)
         d = load_f16(m, n_ok)
-        if not SCALE_AFTER:  # kernel B with FMA: d * (q - o) (+ m) in bf16 arithmetic, q - o exact
+        if not SCALE_AFTER and not FMA:  # kernel B: d (128 + q) + c by one float32 fma a value, rounded once
+            if TYPE == 2 or TYPE == 6:  # c = -d (128 + 8) or -d (128 + 16)
+                c = -(144.0 if TYPE == 6 else 136.0) * d
+            else:  # c = m - 128 d
+                c = load_f16(m + 2, n_ok) - 128.0 * d
+            acc = _mm((d[:, None] * lo_w.to(tl.float32) + c[:, None]).to(x_lo.dtype), x_lo, acc)
+            acc = _mm((d[:, None] * hi_w.to(tl.float32) + c[:, None]).to(x_hi.dtype), x_hi, acc)
+        elif not SCALE_AFTER:  # kernel B with FMA: d * (q - o) (+ m) in bf16 arithmetic, q - o exact
             if TYPE == 2 or TYPE == 6:
                 off_b: tl.constexpr = 144.0 if TYPE == 6 else 136.0
                 acc = _mm((lo_w - off_b) * _bf(d), x_lo, acc)
@@ -385,9 +392,9 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
            TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
            FMA: tl.constexpr = False):
     """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks. With ``ASM`` (bf16 dots), the
-    quants go through inline PTX where it is written: every 4-bit type and Q6_K in kernel A, Q4_K, Q5_K, Q6_K and the
-    codebooks in kernel B too (kernel B then makes each value from ``128 + u`` by one float32 fma, the 128 folded into
-    the row's constant, rounded to the dot's dtype once). ``FMA`` (kernel B, bf16 dots):
+    quants go through inline PTX where it is written (every 4-bit type and Q6_K), in both kernels (kernel B then makes
+    each value from ``128 + u`` by one float32 fma, the 128 folded into the row's constant, rounded to the dot's dtype
+    once; a codebook entry times its scale). ``FMA`` (kernel B, bf16 dots):
     each value from the PTX's ``128 + u`` by bf16 arithmetic, ``u`` exact and the row's scale and min rounded to
     bf16 (one ``fma`` or multiply a pair of values, no float32 round trip: within about two bf16 roundings of the
     dequantized value instead of one), for every type with PTX."""
@@ -401,8 +408,7 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
                                TYPE, SCALE_AFTER, DOT,
-                               ASM and DOT == 1 and (((SCALE_AFTER or B_FMA) and (TYPE == 2 or TYPE == 3 or TYPE == 6
-                                                                                  or TYPE == 7))
-                                                     or TYPE == 20 or TYPE == 39),
+                               ASM and DOT == 1 and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7 or TYPE == 20
+                                                     or TYPE == 39),
                                B_FMA)
     return acc
