@@ -3,7 +3,7 @@
 # the compiled kernels' GPU tests (every packed type), kernel A's tiles timed alone (bench/packed_decode.py --sweep:
 # wgmma against mma.sync at 8 and 16 rows), then decode of random Llama-3.1-8B per type and setting
 # (bench/results/hybrid_serving_h200/session15/constant_ab.py, one setting a process), in order of what they decide:
-#   kernel A as mma.sync (packed_matmul BLOCK_N 32, NUM_WARPS 2: Triton takes wgmma only from four warps; no per-dot
+#   kernel A as mma.sync (packed_matmul A_BLOCK_N 32, A_NUM_WARPS 2: Triton takes wgmma only from four warps; no per-dot
 #   wgmma wait, fence and descriptors, x through ldmatrix) against today's wgmma, Q6_K and IQ4_XS at 2 / 8 / 16 rows;
 #   kernel B's values by bf16 arithmetic (packed_decode_triton.B_BF16_FMA 1), Q4_K at 2 / 8 / 32 and Q6_K at 32.
 # Jobs already done on this machine are skipped; none starts past DEADLINE_S (560).
@@ -23,7 +23,7 @@ if [ ! -e "$W/done/sweep" ] && left 330; then  # kernel A's tiles at Llama-3.1-8
   touch "$W/done/sweep"
 fi
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; K=stagewise.kernels; n=0
-MMA2="--set $K.packed_matmul.BLOCK_N=32 --set $K.packed_matmul.NUM_WARPS=2"; FMA="--set $K.packed_decode_triton.B_BF16_FMA=1"
+MMA2="--set $K.packed_matmul.A_BLOCK_N=32 --set $K.packed_matmul.A_NUM_WARPS=2"; FMA="--set $K.packed_decode_triton.B_BF16_FMA=1"
 while IFS='|' read -r m levels sets; do
   n=$((n + 1)); [ -e "$W/done/ab$n" ] && continue
   # a type's first process compiles its kernels (cold: more than 100 s on 2026-12-07's H100)
