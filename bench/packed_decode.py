@@ -5,7 +5,8 @@ for ``new`` (``packed_matmul``: kernel A up to 16 rows, B to 128), ``old`` (the 
 rows, one program row per input row, the word GEMV where it applies: what ``PackedWeight.matmul`` takes
 for one row of those types; the grouped GEMM with the former ``packed_gemm`` tiles beyond) and ``dense`` (a bf16 matrix of the same shape through ``torch.nn.functional.linear``). With
 ``--sweep``, kernel A's and kernel B's tiles (:data:`SWEEP_A`, :data:`SWEEP_B`: rows a program, warps, pipeline
-stages) and kernel A's inline-PTX conversion on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
+stages), kernel B at kernel A's rows, kernel B's bf16 arithmetic (``B_BF16_FMA``) and kernel A's inline-PTX conversion
+on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
 experts through ``packed_experts_config``'s blocks (kernel A at decode sizes, kernel B at prefill sizes: 512
 tokens by default) against the grouped GEMM. Every output is checked against
 float64 of the dequantized weight; the weights are random block bytes with small finite scales,
@@ -100,8 +101,20 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
                 fns[f"{'A' if rows <= 16 else 'B'} bn{bn} w{warps} s{stages}"] = lambda i, x=x, t=tiles, bm=block_m, r=rows: packed_decode.packed_decode_gemm(
                     x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k),
                     identity_alignment(r, bm, dev), 1, t, gather_rows=False)
+            if rows <= 16:  # kernel B at kernel A's rows (B_FROM_ONE_ROW's choice)
+                b_tiles = dataclasses.replace(base, scale_after=False)
+                fns["B at these rows"] = lambda i, x=x, t=b_tiles, bm=block_m, r=rows: packed_decode.packed_decode_gemm(
+                    x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k),
+                    identity_alignment(r, bm, dev), 1, t, gather_rows=False)
         timed = _time(fns, ref, nbytes, copies)
-        if sweep and rows <= 16:  # the same kernel with Triton's per-value conversion instead of the inline PTX
+        if sweep:  # kernel B's values by bf16 arithmetic (B_BF16_FMA); kernel A with Triton's per-value conversion
+            b_name = "B at these rows" if rows <= 16 else "new"
+            packed_decode.B_BF16_FMA = True
+            try:
+                timed |= {f"{b_name} bf16 fma": _time({"x": fns[b_name]}, ref, nbytes, copies)["x"]}
+            finally:
+                packed_decode.B_BF16_FMA = False
+        if sweep and rows <= 16:
             packed_decode.NIBBLE_ASM = False
             try:
                 timed |= {"new no-asm": _time({"x": fns["new"]}, ref, nbytes, copies)["x"]}
