@@ -18,7 +18,7 @@ if [ ! -e "$W/done/tests" ] && left 330; then
   touch "$W/done/tests"
 fi
 if [ ! -e "$W/done/sweep" ] && left 330; then  # kernel A's tiles at Llama-3.1-8B's gate/up and down, mma.sync included
-  timeout 320 python3 bench/packed_decode.py --types q6_k,iq4_xs,q5_k --shapes gate/up,down --rows 8,16 --moe-tokens "" \
+  timeout 320 python3 bench/packed_decode.py --types q6_k,q4_k,iq4_xs,q5_k --shapes gate/up,down --rows 8,16 --moe-tokens "" \
     --sweep --out "$W/packed_decode_sweep.json" 2>&1 | grep -v Warn | tee "$W/packed_decode_sweep.txt" | cut -c1-400
   touch "$W/done/sweep"
 fi
