@@ -13,6 +13,7 @@ O=${OUT:-/tmp/out}; W=/tmp/s18; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLIN
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$W/machine.txt"
 left() { [ $(( $(date +%s) - t0 + $1 )) -le "$DEADLINE_S" ]; }
+tests() {
 if [ ! -e "$W/done/tests" ] && left 250; then  # four processes at once: the compiles are most of their time
   i=0
   for sel in "1-False" "8-False" "40-False" "not (1-False or 8-False or 40-False)"; do
@@ -23,11 +24,16 @@ if [ ! -e "$W/done/tests" ] && left 250; then  # four processes at once: the com
   wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt
   touch "$W/done/tests"
 fi
-if [ ! -e "$W/done/sweep" ] && left 330; then  # kernel A's tiles at Llama-3.1-8B's gate/up and down, mma.sync included
-  timeout 320 python3 bench/packed_decode.py --types q6_k,q4_k,iq4_xs,q5_k --shapes gate/up,down --rows 8,16 --moe-tokens "" \
+}
+sweep() {
+if [ ! -e "$W/done/sweep" ] && left 120; then  # kernel A's tiles at Llama-3.1-8B's gate/up and down, mma.sync included
+  timeout $(( DEADLINE_S - ($(date +%s) - t0) - 10 < 320 ? DEADLINE_S - ($(date +%s) - t0) - 10 : 320 )) python3 bench/packed_decode.py --types q6_k,q4_k,iq4_xs,q5_k --shapes gate/up,down --rows 8,16 --moe-tokens "" \
     --sweep --out "$W/packed_decode_sweep.json" 2>&1 | grep -v Warn | tee "$W/packed_decode_sweep.txt" | cut -c1-400
   touch "$W/done/sweep"
 fi
+}
+# SWEEP_FIRST=1 (a call with little device time left): the timings first, then the tests
+if [ "${SWEEP_FIRST:-0}" = 1 ]; then sweep; tests; else tests; sweep; fi
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; K=stagewise.kernels; n=0
 MMA2="--set $K.packed_matmul.A_BLOCK_N=32 --set $K.packed_matmul.A_NUM_WARPS=2"; FMA="--set $K.packed_decode_triton.B_BF16_FMA=1"
 while IFS='|' read -r m levels sets; do
