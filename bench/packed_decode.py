@@ -5,8 +5,8 @@ for ``new`` (``packed_matmul``: kernel A up to 16 rows, B to 128), ``old`` (the 
 rows, one program row per input row, the word GEMV where it applies: what ``PackedWeight.matmul`` takes
 for one row of those types; the grouped GEMM with the former ``packed_gemm`` tiles beyond) and ``dense`` (a bf16 matrix of the same shape through ``torch.nn.functional.linear``). With
 ``--sweep``, kernel A's and kernel B's tiles (:data:`SWEEP_A`, :data:`SWEEP_B`: rows a program, warps, pipeline
-stages), kernel B at kernel A's rows, kernel B's bf16 arithmetic (``B_BF16_FMA``) and kernel A's inline-PTX conversion
-on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
+stages), kernel B at kernel A's rows, kernel B's other arithmetic (``B_BF16_FMA`` flipped) and kernel A's inline-PTX
+conversion on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
 experts through ``packed_experts_config``'s blocks (kernel A at decode sizes, kernel B at prefill sizes: 512
 tokens by default) against the grouped GEMM. Every output is checked against
 float64 of the dequantized weight; the weights are random block bytes with small finite scales,
@@ -107,13 +107,15 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
                     x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k),
                     identity_alignment(r, bm, dev), 1, t, gather_rows=False)
         timed = _time(fns, ref, nbytes, copies)
-        if sweep:  # kernel B's values by bf16 arithmetic (B_BF16_FMA); kernel A with Triton's per-value conversion
+        if sweep:  # kernel B's values by the other arithmetic (B_BF16_FMA flipped); kernel A with Triton's conversion
             b_name = "B at these rows" if rows <= 16 else "new"
-            packed_decode.B_BF16_FMA = True
+            default = packed_decode.B_BF16_FMA
+            packed_decode.B_BF16_FMA = not default
             try:
-                timed |= {f"{b_name} bf16 fma": _time({"x": fns[b_name]}, ref, nbytes, copies)["x"]}
+                label = "float32" if default else "bf16 fma"
+                timed |= {f"{b_name} {label}": _time({"x": fns[b_name]}, ref, nbytes, copies)["x"]}
             finally:
-                packed_decode.B_BF16_FMA = False
+                packed_decode.B_BF16_FMA = default
         if sweep and rows <= 16:
             packed_decode.NIBBLE_ASM = False
             try:

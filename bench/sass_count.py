@@ -36,7 +36,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stagewise.kernels.packed_decode_triton import _packed_decode_kernel
+from stagewise.kernels.packed_decode_triton import B_BF16_FMA, _packed_decode_kernel
 from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, _packed_gemv_kernel, config_for
 from stagewise.kernels.word_gemv_triton import _words_kernel, row_threads, words_config
 from stagewise.spec.packed_types import block_elements
@@ -181,7 +181,8 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--glu", action="store_true")
     ap.add_argument("--block-m", type=int, default=0, help="rows a block (default: 16 for A, 64 for B)")
-    ap.add_argument("--b-fma", action="store_true", help="kernel B's values by bf16 arithmetic (B_BF16_FMA)")
+    ap.add_argument("--b-fma", type=int, choices=(0, 1), default=int(B_BF16_FMA),
+                    help="kernel B's values by bf16 arithmetic (1) or float32 (0); default: B_BF16_FMA")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -197,7 +198,7 @@ def main() -> int:
                 continue
             block_m = args.block_m or (16 if mode == "A" else 64)
             cubin, seconds = compile_case(qtype, mode == "A", block_m, args.block_n, args.warps, args.stages,
-                                          glu=args.glu, fma=args.b_fma)
+                                          glu=args.glu, fma=bool(args.b_fma))
             report = sass_report(cubin)
             values_per_thread = 256 * args.block_n * (2 if args.glu else 1) / (32 * args.warps)
             per_value = int(report["loop_instructions"]) / values_per_thread  # type: ignore[call-overload]

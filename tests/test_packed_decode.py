@@ -182,7 +182,7 @@ def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizati
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's rounded
     values (from one row for the types in ``packed_matmul.B_FROM_ONE_ROW``; by bf16 arithmetic with
-    ``B_BF16_FMA``, landed off), at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal
+    ``B_BF16_FMA``, on by default), at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal
     outputs."""
     from stagewise.kernels import packed_decode_triton
     from stagewise.kernels.packed_matmul import packed_matmul

@@ -20,12 +20,12 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   themselves: ``acc += a P``.
 - **kernel B** (dequantized; 17-128 rows, and from one row for ``packed_matmul.B_FROM_ONE_ROW``): each value
   ``a * (u - o) + b`` is computed in float32 and rounded to the activation dtype once, then dotted: no
-  per-group epilogue, so the cost of a tile does not grow with the rows. (With :data:`B_BF16_FMA`, landed
-  off: in bf16 from the PTX's ``128 + u``, ``a`` and ``b`` rounded to bf16 first.)
+  per-group epilogue, so the cost of a tile does not grow with the rows. With :data:`B_BF16_FMA` (on) and bf16
+  activations, in bf16 instead, from the PTX's ``128 + u``, ``a`` and ``b`` rounded to bf16 first.
 
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
-arithmetic is reordered, not the values' rounding: kernel B rounds each value once, as the dequantized
-tile path does). No atomics except the split-K counters, whose last program sums the partials in split
+arithmetic is reordered, not the values' rounding: kernel B's float32 form rounds each value once, as the
+dequantized tile path does; its bf16 form within about two bf16 roundings). No atomics except the split-K counters, whose last program sums the partials in split
 order: results do not depend on scheduling, and the tiles are a function of the shapes only
 (staged = single-device). Triton's interpreter (tests on CPU) runs the float32 form of either mode.
 """
@@ -52,8 +52,10 @@ _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read
 # IQ4_XS and MXFP4 (packed_steps_triton.k_step)
 NIBBLE_ASM = True
 # kernel B's values from the PTX's 128 + u by bf16 arithmetic (packed_steps_triton.k_step's FMA): 5.03 SASS
-# instructions a Q4_K value against 7.11, no float32 round trip; an experiment until timed end to end
-B_BF16_FMA = False
+# instructions a Q4_K value against 6.99 at 32 rows, no float32 round trip. Kernel timings on an H100 at Llama-3.1-8B's
+# gate/up and down, 8 and 16 rows (bench/results/kquant_files/session18): 5-11 % faster (Q4_K 11 %, Q6_K 6 %, IQ4_XS
+# 5 %), relative error against float64 2.8-3.1e-3 against 2.3-2.5e-3; not yet timed end to end or past 16 rows
+B_BF16_FMA = True
 
 
 @dataclass(frozen=True)

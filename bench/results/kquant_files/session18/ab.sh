@@ -5,7 +5,8 @@
 # (bench/results/hybrid_serving_h200/session15/constant_ab.py, one setting a process), in order of what they decide:
 #   kernel A as mma.sync (packed_matmul A_BLOCK_N 32, A_NUM_WARPS 2: Triton takes wgmma only from four warps; no per-dot
 #   wgmma wait, fence and descriptors, x through ldmatrix) against today's wgmma, Q6_K and IQ4_XS at 2 / 8 / 16 rows;
-#   kernel B's values by bf16 arithmetic (packed_decode_triton.B_BF16_FMA 1), Q4_K at 2 / 8 / 32 and Q6_K at 32.
+#   kernel B's values by bf16 arithmetic (packed_decode_triton.B_BF16_FMA, on since this session's kernel timings)
+#   against float32 (B_BF16_FMA 0), Q4_K at 2 / 8 / 32 and Q6_K at 32.
 # Jobs already done on this machine are skipped; none starts past DEADLINE_S (560).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s18; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
@@ -35,7 +36,7 @@ fi
 # SWEEP_FIRST=1 (a call with little device time left): the timings first, then the tests
 if [ "${SWEEP_FIRST:-0}" = 1 ]; then sweep; tests; else tests; sweep; fi
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; K=stagewise.kernels; n=0
-MMA2="--set $K.packed_matmul.A_BLOCK_N=32 --set $K.packed_matmul.A_NUM_WARPS=2"; FMA="--set $K.packed_decode_triton.B_BF16_FMA=1"
+MMA2="--set $K.packed_matmul.A_BLOCK_N=32 --set $K.packed_matmul.A_NUM_WARPS=2"; F32="--set $K.packed_decode_triton.B_BF16_FMA=0"
 while IFS='|' read -r m levels sets; do
   n=$((n + 1)); [ -e "$W/done/ab$n" ] && continue
   # a type's first process compiles its kernels (cold: more than 100 s on 2026-12-07's H100)
@@ -46,9 +47,9 @@ while IFS='|' read -r m levels sets; do
     && touch "$W/done/ab$n" "$W/done/compiled_$m" || { echo "failed: $m $sets"; grep -v Warn "$W/ab.out" | tail -3; }
 done <<JOBS
 q4_k|2,8,32|
-q4_k|2,8,32|$FMA
+q4_k|2,8,32|$F32
 q6_k|2,8,16,32|
-q6_k|32|$FMA
+q6_k|32|$F32
 q6_k|2,8,16|$MMA2
 iq4_xs|2,8,16|
 iq4_xs|2,8,16|$MMA2
