@@ -30,8 +30,9 @@ B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 a
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
-# kernel A's own (an experiment until timed: from fewer than four warps Triton takes mma.sync, not wgmma, so no dot waits
-# for its result, fences or descriptors; bench/results/kquant_files/session18)
+# kernel A's own, apart from kernel B's: from fewer than four warps Triton takes mma.sync instead of wgmma, which lost
+# by 4-62 % on an H100 where kernel A serves (bench/results/kquant_files/session18); Q4_K's down (K 3.5x N) ran fastest
+# in kernel A with 128-row wgmma tiles or mma.sync 32/2/3, a per-shape choice not made yet
 A_BLOCK_N = 64
 A_NUM_WARPS = 4
 PROGRAMS = 512  # programs a launch is split up to (K split in order): an H200 has 132 SMs
