@@ -19,15 +19,16 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   activations (computed once per program and group). Codebook groups dot the codebook values
   themselves: ``acc += a P``.
 - **kernel B** (dequantized; 17-128 rows, and from one row for ``packed_matmul.B_FROM_ONE_ROW``): each value
-  ``a * (u - o) + b`` is computed in float32 and rounded to the activation dtype once, then dotted: no
-  per-group epilogue, so the cost of a tile does not grow with the rows. With :data:`B_BF16_FMA` (on) and bf16
-  activations, in bf16 instead, from the PTX's ``128 + u``, ``a`` and ``b`` rounded to bf16 first.
+  ``a * (u - o) + b`` is made once, then dotted: no per-group epilogue, so the cost of a tile does not grow
+  with the rows. With bf16 activations and :data:`B_BF16_FMA` (the default) in bf16 from the PTX's ``128 + u``,
+  ``a`` and ``b`` rounded to bf16 first; else in float32, rounded to the activation dtype once.
 
-Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (the scales'
-arithmetic is reordered, not the values' rounding: kernel B's float32 form rounds each value once, as the
-dequantized tile path does; its bf16 form within about two bf16 roundings). No atomics except the split-K counters, whose last program sums the partials in split
-order: results do not depend on scheduling, and the tiles are a function of the shapes only
-(staged = single-device). Triton's interpreter (tests on CPU) runs the float32 form of either mode.
+Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (kernel A reorders the
+scales' arithmetic, not the values' rounding; kernel B's float32 form rounds each value once, as the
+dequantized tile path does, its bf16 form within about two bf16 roundings). No atomics except the split-K
+counters, whose last program sums the partials in split order: results do not depend on scheduling, and the
+tiles are a function of the shapes only (staged = single-device). Triton's interpreter (tests on CPU) runs
+the float32 form of either mode.
 """
 
 from __future__ import annotations
