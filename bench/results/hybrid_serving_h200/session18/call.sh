@@ -15,7 +15,7 @@ llama() {
   DEADLINE_S=$(left) bash bench/results/hybrid_serving_h200/after_rows.sh
   mkdir -p /tmp/hs/results && cp "$O"/serve_two_passes_llama8b_bf16.* /tmp/hs/results/ 2>/dev/null
 }
-ab() { DEADLINE_S=$(left) bash bench/results/kquant_files/session18/ab.sh 2>&1 | tee -a /tmp/s18/ab.log; }
+ab() { AB_ONLY=1 DEADLINE_S=$(left) bash bench/results/kquant_files/session18/ab.sh 2>&1 | tee -a /tmp/s18/ab.log; }
 if [[ $gpu == *H200* ]]; then
   [ -e /tmp/hs/files_started ] || DEADLINE_S=1 bash bench/results/hybrid_serving_h200/served.sh > /dev/null
   if [ ! -e /tmp/s18/done/tests ]; then  # beside make-model: correctness only, no timing
