@@ -79,8 +79,9 @@ def _bf(v):  # type: ignore[no-untyped-def]
 @triton.jit
 def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr,
                   SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
-    """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32,
-    ``a``/``b`` ``(BN,)`` float32; ``SYMMETRIC``: ``b`` is zero)."""
+    """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32, or
+    float32 in kernel B, such as the PTX's ``128 + u`` with the 128 in ``b``; ``a``/``b`` ``(BN,)`` float32;
+    ``SYMMETRIC``: ``b`` is zero)."""
     if SCALE_AFTER:
         OFF: tl.constexpr = 1024 if DOT == 2 else 128
         if SYMMETRIC:  # u - CENTER exactly in the dot's dtype: the magic value less OFF + CENTER (small integers)
@@ -144,8 +145,8 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 c = -(144.0 if TYPE == 6 else 136.0) * d
             else:  # c = m - 128 d
                 c = load_f16(m + 2, n_ok) - 128.0 * d
-            acc = _mm((d[:, None] * lo_w.to(tl.float32) + c[:, None]).to(x_lo.dtype), x_lo, acc)
-            acc = _mm((d[:, None] * hi_w.to(tl.float32) + c[:, None]).to(x_hi.dtype), x_hi, acc)
+            acc = _linear_group(acc, lo_w.to(tl.float32), x_lo, d, c, 0, SCALE_AFTER, DOT)
+            acc = _linear_group(acc, hi_w.to(tl.float32), x_hi, d, c, 0, SCALE_AFTER, DOT)
         elif not SCALE_AFTER:  # kernel B with FMA: d * (q - o) (+ m) in bf16 arithmetic, q - o exact
             if TYPE == 2 or TYPE == 6:
                 off_b: tl.constexpr = 144.0 if TYPE == 6 else 136.0
@@ -281,9 +282,8 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                         w = tl.fma((lo if h == 0 else hi) - 128.0, _bf(d * sc), _bf(-(dmin * mn)))
                         acc = _mm(w, x, acc)
                     else:  # kernel B: d sc u - dmin m from 128 + u, one fma a value (the 128 in the row's constant)
-                        a = d * sc
-                        w = a[:, None] * (lo if h == 0 else hi).to(tl.float32) - (dmin * mn + 128.0 * a)[:, None]
-                        acc = _mm(w.to(x.dtype), x, acc)
+                        acc = _linear_group(acc, (lo if h == 0 else hi).to(tl.float32), x, d * sc,
+                                            -(dmin * mn + 128.0 * (d * sc)), 0, SCALE_AFTER, DOT)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -297,6 +297,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         m = m_rows + blk * 18
         d = load_f16(m + 16, n_ok)
         zero = tl.zeros_like(d)
+        t = tl.zeros_like(acc)  # kernel A: sum of sc P over the super-block's groups, times d once after
         for hf in tl.static_range(2):
             for r in tl.static_range(2):  # the low bytes of r and r + 2 share their high bytes 16r + l
                 ql = q_rows[:, None] + blk * 128 + 64 * hf + 16 * r + l16  # (BN, 16) pointers; r + 2's 32 further
@@ -317,15 +318,12 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     if ASM:  # 128 + u less 160 is u - 32, exactly in bf16
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
                         if SCALE_AFTER:
-                            if hf == 0 and r == 0 and j == 0:
-                                t = sc[:, None] * _mm(w - 160.0, x, None)
-                            else:
-                                t += sc[:, None] * _mm(w - 160.0, x, None)
+                            t += sc[:, None] * _mm(w - 160.0, x, None)
                         elif FMA:  # kernel B: times d * sc in bf16
                             acc = _mm((w - 160.0) * _bf(d * sc), x, acc)
                         else:  # kernel B: d sc (u - 32) from 128 + u, one fma a value, rounded to bf16 once
-                            a = d * sc
-                            acc = _mm((a[:, None] * w.to(tl.float32) - (160.0 * a)[:, None]).to(x.dtype), x, acc)
+                            acc = _linear_group(acc, w.to(tl.float32), x, d * sc, -160.0 * (d * sc), 0, SCALE_AFTER,
+                                                DOT)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
