@@ -30,11 +30,8 @@ B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 a
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
-# kernel A's own, apart from kernel B's: from fewer than four warps Triton takes mma.sync instead of wgmma, which lost
-# by 4-62 % on an H100 where kernel A serves (bench/results/kquant_files/session18); Q4_K's down (K 3.5x N) ran fastest
-# in kernel A with 128-row wgmma tiles or mma.sync 32/2/3, a per-shape choice not made yet
-A_BLOCK_N = 64
-A_NUM_WARPS = 4
+# (kernel A in fewer than four warps, which Triton compiles to mma.sync instead of wgmma, lost by 4-62 % on an H100
+# where kernel A serves: bench/results/kquant_files/session18)
 PROGRAMS = 512  # programs a launch is split up to (K split in order): an H200 has 132 SMs
 INTERPRETER_BLOCK_N = 16  # Triton's interpreter (tests on CPU): small tiles
 
@@ -64,12 +61,11 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
     if device.type != "cuda":
         return block_m, PackedTiles(INTERPRETER_BLOCK_N, 4, 1, scale_after, blocks)
     steps = k // (256 if block_elements(ggml_type) == 256 else 32 * blocks)
-    block_n, warps = (A_BLOCK_N, A_NUM_WARPS) if scale_after else (BLOCK_N, NUM_WARPS)
-    n_tiles = -(-n // block_n)
+    n_tiles = -(-n // BLOCK_N)
     split = 1
     while n_tiles * split < PROGRAMS and split * 2 <= steps:
         split *= 2
-    return block_m, PackedTiles(block_n, warps, NUM_STAGES, scale_after, blocks, split)
+    return block_m, PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks, split)
 
 
 def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device, scale_after: bool = True) -> PackedTiles:
@@ -77,8 +73,6 @@ def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device, 
     blocks = step_blocks(ggml_type, k)
     if device.type != "cuda":
         return PackedTiles(INTERPRETER_BLOCK_N, 4, 1, scale_after, blocks)
-    if scale_after:
-        return PackedTiles(A_BLOCK_N, A_NUM_WARPS, NUM_STAGES, scale_after, blocks)
     return PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks)
 
 
