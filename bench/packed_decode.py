@@ -96,16 +96,17 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
                 gather_rows=False)
         if sweep:  # kernel A (<= 16 rows) or B: rows a program, warps, pipeline stages; the K split as chosen
             block_m, base = dense_tiles(rows, n, k, qtype, dev)
+
+            def tiled(t: packed_decode.PackedTiles, x: torch.Tensor = x, bm: int = block_m) -> Callable[[int], torch.Tensor]:
+                return lambda i: packed_decode.packed_decode_gemm(
+                    x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k),
+                    identity_alignment(x.shape[0], bm, dev), 1, t, gather_rows=False)
+
             for bn, warps, stages in SWEEP_A if rows <= 16 else SWEEP_B:
-                tiles = dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages)
-                fns[f"{'A' if rows <= 16 else 'B'} bn{bn} w{warps} s{stages}"] = lambda i, x=x, t=tiles, bm=block_m, r=rows: packed_decode.packed_decode_gemm(
-                    x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k),
-                    identity_alignment(r, bm, dev), 1, t, gather_rows=False)
+                fns[f"{'A' if rows <= 16 else 'B'} bn{bn} w{warps} s{stages}"] = tiled(
+                    dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages))
             if rows <= 16:  # kernel B at kernel A's rows (B_FROM_ONE_ROW's choice)
-                b_tiles = dataclasses.replace(base, scale_after=False)
-                fns["B at these rows"] = lambda i, x=x, t=b_tiles, bm=block_m, r=rows: packed_decode.packed_decode_gemm(
-                    x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k),
-                    identity_alignment(r, bm, dev), 1, t, gather_rows=False)
+                fns["B at these rows"] = tiled(dataclasses.replace(base, scale_after=False))
         timed = _time(fns, ref, nbytes, copies)
         if sweep:  # kernel B's values by the other arithmetic (B_BF16_FMA flipped); kernel A with Triton's conversion
             b_name = "B at these rows" if rows <= 16 else "new"
