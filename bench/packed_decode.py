@@ -5,8 +5,7 @@ for ``new`` (``packed_matmul``: kernel A up to 16 rows, B to 128), ``old`` (the 
 rows, one program row per input row, the word GEMV where it applies: what ``PackedWeight.matmul`` takes
 for one row of those types; the grouped GEMM with the former ``packed_gemm`` tiles beyond) and ``dense`` (a bf16 matrix of the same shape through ``torch.nn.functional.linear``). With
 ``--sweep``, kernel A's and kernel B's tiles (:data:`SWEEP_A`, :data:`SWEEP_B`: rows a program, warps, pipeline
-stages), kernel B at kernel A's rows, kernel B's other arithmetic (``B_BF16_FMA`` flipped) and kernel A's inline-PTX
-conversion on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
+stages), kernel B at kernel A's rows and kernel A's inline-PTX conversion on and off. MoE experts at Qwen3.6-35B-A3B's geometry (256 experts, top 8, H 2048, I 512): the whole SwiGLU
 experts through ``packed_experts_config``'s blocks (kernel A at decode sizes, kernel B at prefill sizes: 512
 tokens by default) against the grouped GEMM. Every output is checked against
 float64 of the dequantized weight; the weights are random block bytes with small finite scales,
@@ -108,16 +107,7 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
             if rows <= 16:  # kernel B at kernel A's rows (B_FROM_ONE_ROW's choice)
                 fns["B at these rows"] = tiled(dataclasses.replace(base, scale_after=False))
         timed = _time(fns, ref, nbytes, copies)
-        if sweep:  # kernel B's values by the other arithmetic (B_BF16_FMA flipped); kernel A with Triton's conversion
-            b_name = "B at these rows" if rows <= 16 else "new"
-            default = packed_decode.B_BF16_FMA
-            packed_decode.B_BF16_FMA = not default
-            try:
-                label = "float32" if default else "bf16 fma"
-                timed |= {f"{b_name} {label}": _time({"x": fns[b_name]}, ref, nbytes, copies)["x"]}
-            finally:
-                packed_decode.B_BF16_FMA = default
-        if sweep and rows <= 16:
+        if sweep and rows <= 16:  # kernel A with Triton's conversion
             packed_decode.NIBBLE_ASM = False
             try:
                 timed |= {"new no-asm": _time({"x": fns["new"]}, ref, nbytes, copies)["x"]}

@@ -36,7 +36,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stagewise.kernels.packed_decode_triton import B_BF16_FMA, _packed_decode_kernel
+from stagewise.kernels.packed_decode_triton import _packed_decode_kernel
 from stagewise.kernels.packed_gemv_triton import SLOT_TYPES, _packed_gemv_kernel, config_for
 from stagewise.kernels.word_gemv_triton import _words_kernel, row_threads, words_config
 from stagewise.spec.packed_types import block_elements
@@ -58,7 +58,7 @@ def compile_sm90a(fn: Any, sig: dict[str, str], consts: dict[str, object], align
 
 
 def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: int, block_n: int, num_warps: int,
-                 num_stages: int, split_k: int = 1, glu: bool = False, blocks: int = 8, fma: bool = False) -> tuple[bytes, float]:
+                 num_stages: int, split_k: int = 1, glu: bool = False, blocks: int = 8) -> tuple[bytes, float]:
     """The cubin of one kernel configuration (bf16 activations, compiled for sm_90a) and its compile seconds."""
     sig = {name: "*u8" for name in ("qs_ptr", "qh_ptr", "meta_ptr")}
     sig |= {"a_ptr": "*bf16", "out_ptr": "*bf16", "route_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32",
@@ -67,8 +67,7 @@ def compile_case(ggml_type: GGMLQuantizationType, scale_after: bool, block_m: in
                                      "stride_qn", "stride_he", "stride_hn", "stride_me", "stride_mn", "stride_om")}
     consts = {"TYPE": int(ggml_type), "BLOCKS": 1 if block_elements(ggml_type) == 256 else blocks,
               "SCALE_AFTER": scale_after, "DOT": 1, "ASM": True, "GATHER_ROWS": False, "ROUTE_WEIGHT": False, "GLU": glu,
-              "SPLIT": split_k > 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False,
-              "FMA": fma}
+              "SPLIT": split_k > 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "GDC": False}
     # as a launch at Llama-3.1-8B's shapes specializes: every pointer 16-byte aligned, N and the strides multiples of 16
     aligned = {name for name, kind in sig.items() if kind.startswith("*") or name == "N" or name.startswith("stride")}
     started = time.perf_counter()
@@ -181,8 +180,6 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--glu", action="store_true")
     ap.add_argument("--block-m", type=int, default=0, help="rows a block (default: 16 for A, 64 for B)")
-    ap.add_argument("--b-fma", type=int, choices=(0, 1), default=int(B_BF16_FMA),
-                    help="kernel B's values by bf16 arithmetic (1) or float32 (0); default: B_BF16_FMA")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -198,11 +195,11 @@ def main() -> int:
                 continue
             block_m = args.block_m or (16 if mode == "A" else 64)
             cubin, seconds = compile_case(qtype, mode == "A", block_m, args.block_n, args.warps, args.stages,
-                                          glu=args.glu, fma=bool(args.b_fma))
+                                          glu=args.glu)
             report = sass_report(cubin)
             values_per_thread = 256 * args.block_n * (2 if args.glu else 1) / (32 * args.warps)
             per_value = int(report["loop_instructions"]) / values_per_thread  # type: ignore[call-overload]
-            row = {"type": qtype.name, "mode": mode, "b_fma": args.b_fma, "block_m": block_m, "block_n": args.block_n, "warps": args.warps,
+            row = {"type": qtype.name, "mode": mode, "block_m": block_m, "block_n": args.block_n, "warps": args.warps,
                    "stages": args.stages, "compile_s": round(seconds, 1), "per_value": round(per_value, 2), **report}
             rows.append(row)
             print(f"{qtype.name:6s} {mode} BM{block_m:<3d} BN{args.block_n} w{args.warps}: {report['registers']} regs, "

@@ -177,17 +177,12 @@ def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType,
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("rows", "bf16_fma"), [(1, False), (8, False), (40, False), (8, True), (40, True)])
-def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int, bf16_fma: bool,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's rounded
-    values (from one row for the types in ``packed_matmul.B_FROM_ONE_ROW``; by bf16 arithmetic with
-    ``B_BF16_FMA``, on by default), at the tiles the dispatch picks, within bf16 tolerance; equal inputs give equal
-    outputs."""
-    from stagewise.kernels import packed_decode_triton
+@pytest.mark.parametrize("rows", [1, 8, 40])
+def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int) -> None:
+    """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's values by bf16
+    arithmetic (from one row for the types in ``packed_matmul.B_FROM_ONE_ROW``), at the tiles the dispatch picks,
+    within bf16 tolerance; equal inputs give equal outputs."""
     from stagewise.kernels.packed_matmul import packed_matmul
-
-    monkeypatch.setattr(packed_decode_triton, "B_BF16_FMA", bf16_fma)
 
     k = 4096 + (256 if qtype in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS) else 32)  # K: not a tile multiple
     w = _weight(qtype, (1000,), k, seed=int(qtype))

@@ -20,12 +20,13 @@ per-row ``a``, ``b`` and a constant ``o`` from the block's meta bytes. Two modes
   themselves: ``acc += a P``.
 - **kernel B** (dequantized; 17-128 rows, and from one row for ``packed_matmul.B_FROM_ONE_ROW``): each value
   ``a * (u - o) + b`` is made once, then dotted: no per-group epilogue, so the cost of a tile does not grow
-  with the rows. With bf16 activations and :data:`B_BF16_FMA` (the default) in bf16 from the PTX's ``128 + u``,
-  ``a`` and ``b`` rounded to bf16 first; else in float32, rounded to the activation dtype once.
+  with the rows. With bf16 activations, in bf16 from the PTX's ``128 + u``, ``a`` and ``b`` rounded to bf16
+  first; else (and without PTX) in float32, rounded to the activation dtype once.
 
 Both accumulate in float32 and match ``x @ dequantize(W).T`` within float tolerance (kernel A reorders the
 scales' arithmetic, not the values' rounding; kernel B's float32 form rounds each value once, as the
-dequantized tile path does, its bf16 form within about two bf16 roundings). No atomics except the split-K
+dequantized tile path does, its bf16 form within about two bf16 roundings: 5.03 SASS instructions a Q4_K value
+against 6.99, 3-14 % faster decode of Llama-3.1-8B at 2-64 streams, bench/results/kquant_files/session19). No atomics except the split-K
 counters, whose last program sums the partials in split order: results do not depend on scheduling, and the
 tiles are a function of the shapes only (staged = single-device). Triton's interpreter (tests on CPU) runs
 the float32 form of either mode.
@@ -52,11 +53,6 @@ _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read
 # the quants -> bf16 by inline PTX (else Triton's ops), in kernels A and B: Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K, IQ4_NL,
 # IQ4_XS and MXFP4 (packed_steps_triton.k_step)
 NIBBLE_ASM = True
-# kernel B's values from the PTX's 128 + u by bf16 arithmetic (packed_steps_triton.k_step's FMA): 5.03 SASS
-# instructions a Q4_K value against 6.99 at 32 rows, no float32 round trip. Kernel timings on an H100 at Llama-3.1-8B's
-# gate/up and down, 8 and 16 rows (bench/results/kquant_files/session18): 5-11 % faster (Q4_K 11 %, Q6_K 6 %, IQ4_XS
-# 5 %), relative error against float64 2.8-3.1e-3 against 2.3-2.5e-3; not yet timed end to end or past 16 rows
-B_BF16_FMA = True
 
 
 @dataclass(frozen=True)
@@ -84,7 +80,7 @@ def _packed_decode_kernel(
     stride_am, stride_qe, stride_qn, stride_he, stride_hn, stride_me, stride_mn, stride_om,
     TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
     GATHER_ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, GLU: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr, FMA: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -126,11 +122,11 @@ def _packed_decode_kernel(
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(start, stop):
         acc = k_step(acc, q_rows, h_rows, m_rows, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                     TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, FMA)
+                     TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
         if GLU:  # the matching up rows, up_offset rows further
             acc_up = k_step(acc_up, q_rows + up_offset * stride_qn, h_rows + up_offset * stride_hn,
                             m_rows + up_offset * stride_mn, step, w_ok, a_ptr, rows, row_ok, stride_am,
-                            TYPE, BLOCKS, SCALE_AFTER, DOT, ASM, FMA)
+                            TYPE, BLOCKS, SCALE_AFTER, DOT, ASM)
     if SPLIT:  # split_k > 1 (a runtime count: one compile serves every split)
         if ONCE:
             acc = tl.where(last > first, acc, 0.0)
@@ -212,7 +208,7 @@ def _launch(a: torch.Tensor, weight: PackedStack, align: MoeAlignment, top_k: in
             out.stride(0),
             TYPE=int(ggml_type), BLOCKS=1 if super_block else tiles.blocks, SCALE_AFTER=tiles.scale_after,
             DOT=_dot_kind(a), ASM=NIBBLE_ASM, GATHER_ROWS=gather_rows, ROUTE_WEIGHT=top_weight is not None, GLU=glu, SPLIT=split > 1,
-            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n, FMA=B_BF16_FMA,
+            BLOCK_M=align.block_m, BLOCK_N=tiles.block_n,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **dependent_launch(a),
         )
     return out

@@ -79,9 +79,8 @@ def _bf(v):  # type: ignore[no-untyped-def]
 @triton.jit
 def _linear_group(acc, u, x, a, b, CENTER: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr,
                   SYMMETRIC: tl.constexpr = False):  # type: ignore[no-untyped-def]
-    """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32, or
-    float32 in kernel B, such as the PTX's ``128 + u`` with the 128 in ``b``; ``a``/``b`` ``(BN,)`` float32;
-    ``SYMMETRIC``: ``b`` is zero)."""
+    """``acc (BN, BM) += W_g @ x`` for the group's values ``a * (u - CENTER) + b`` (``u`` ``(BN, GS)`` int32;
+    ``a``/``b`` ``(BN,)`` float32; ``SYMMETRIC``: ``b`` is zero)."""
     if SCALE_AFTER:
         OFF: tl.constexpr = 1024 if DOT == 2 else 128
         if SYMMETRIC:  # u - CENTER exactly in the dot's dtype: the magic value less OFF + CENTER (small integers)
@@ -125,8 +124,7 @@ def _codebook_group(acc, c, x, a, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr):
 
 @triton.jit
 def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
-                 FMA: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """One 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4): byte ``l`` holds values ``l`` (low nibble)
     and ``16 + l`` (high)."""
     l16 = tl.arange(0, 16)[None, :]
@@ -140,14 +138,7 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
         else:
             lo_w, hi_w = nibbles_bf16(qb)
         d = load_f16(m, n_ok)
-        if not SCALE_AFTER and not FMA:  # kernel B: d (128 + q) + c by one float32 fma a value, rounded once
-            if TYPE == 2 or TYPE == 6:  # c = -d (128 + 8) or -d (128 + 16)
-                c = -(144.0 if TYPE == 6 else 136.0) * d
-            else:  # c = m - 128 d
-                c = load_f16(m + 2, n_ok) - 128.0 * d
-            acc = _linear_group(acc, lo_w.to(tl.float32), x_lo, d, c, 0, SCALE_AFTER, DOT)
-            acc = _linear_group(acc, hi_w.to(tl.float32), x_hi, d, c, 0, SCALE_AFTER, DOT)
-        elif not SCALE_AFTER:  # kernel B with FMA: d * (q - o) (+ m) in bf16 arithmetic, q - o exact
+        if not SCALE_AFTER:  # kernel B: d * (q - o) (+ m) in bf16 arithmetic, q - o exact
             if TYPE == 2 or TYPE == 6:
                 off_b: tl.constexpr = 144.0 if TYPE == 6 else 136.0
                 acc = _mm((lo_w - off_b) * _bf(d), x_lo, acc)
@@ -174,12 +165,9 @@ def _small_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
             d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
         if SCALE_AFTER:
             acc += d[:, None] * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None))
-        elif FMA:  # kernel B: the entries times d in bf16
+        else:  # kernel B: the entries times d in bf16
             acc = _mm(lo_w * _bf(d), x_lo, acc)
             acc = _mm(hi_w * _bf(d), x_hi, acc)
-        else:  # kernel B: each value d * entry rounded to bf16 once
-            acc = _mm((d[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
-            acc = _mm((d[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
         return acc
     q = load_u8(q_rows[:, None] + blk * 16 + l16, n_ok[:, None])  # (BN, 16)
     lo = q & 15
@@ -247,8 +235,7 @@ def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-un
 
 @triton.jit
 def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
-                 FMA: tl.constexpr):
+                 TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
     k0 = blk * 256
     l16 = tl.arange(0, 16)[None, :]
@@ -278,12 +265,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     x = _x_group(a_ptr, rows, row_ok, k0 + 64 * c + 32 * h, stride_am, 32, DOT)
                     if SCALE_AFTER:
                         acc = _magic_group(acc, lo if h == 0 else hi, x, d * sc, -(dmin * mn), 0)
-                    elif FMA:  # kernel B: u exactly from 128 + u, then one bf16 fma a value
+                    else:  # kernel B: u exactly from 128 + u, then one bf16 fma a value
                         w = tl.fma((lo if h == 0 else hi) - 128.0, _bf(d * sc), _bf(-(dmin * mn)))
                         acc = _mm(w, x, acc)
-                    else:  # kernel B: d sc u - dmin m from 128 + u, one fma a value (the 128 in the row's constant)
-                        acc = _linear_group(acc, (lo if h == 0 else hi).to(tl.float32), x, d * sc,
-                                            -(dmin * mn + 128.0 * (d * sc)), 0, SCALE_AFTER, DOT)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 32 * c + l32, n_ok[:, None])  # (BN, 32)
                 for h in tl.static_range(2):
@@ -319,11 +303,8 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                         w = w0 if j == 0 else w1 if j == 1 else w2 if j == 2 else w3
                         if SCALE_AFTER:
                             t += sc[:, None] * _mm(w - 160.0, x, None)
-                        elif FMA:  # kernel B: times d * sc in bf16
+                        else:  # kernel B: times d * sc in bf16
                             acc = _mm((w - 160.0) * _bf(d * sc), x, acc)
-                        else:  # kernel B: d sc (u - 32) from 128 + u, one fma a value, rounded to bf16 once
-                            acc = _linear_group(acc, w.to(tl.float32), x, d * sc, -160.0 * (d * sc), 0, SCALE_AFTER,
-                                                DOT)
                     else:
                         q = q_lo if j < 2 else q_hi
                         u = ((q >> (4 * h)) & 15) | (((q_h >> (4 * h + 2 * (rr // 2))) & 3) << 4)
@@ -371,12 +352,9 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 x_hi = _x_group(a_ptr, rows, row_ok, k0 + 32 * sb + 16, stride_am, 16, DOT)
                 if SCALE_AFTER:
                     acc += dl[:, None] * _mm(lo_w, x_lo, _mm(hi_w, x_hi, None))
-                elif FMA:  # kernel B: the entries times dl in bf16
+                else:  # kernel B: the entries times dl in bf16
                     acc = _mm(lo_w * _bf(dl), x_lo, acc)
                     acc = _mm(hi_w * _bf(dl), x_hi, acc)
-                else:  # kernel B: each value dl * entry rounded to bf16 once
-                    acc = _mm((dl[:, None] * lo_w.to(tl.float32)).to(tl.bfloat16), x_lo, acc)
-                    acc = _mm((dl[:, None] * hi_w.to(tl.float32)).to(tl.bfloat16), x_hi, acc)
             else:
                 q = load_u8(q_rows[:, None] + blk * 128 + 16 * sb + l16, n_ok[:, None])  # (BN, 16)
                 for h in tl.static_range(2):
@@ -387,26 +365,21 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
 
 @triton.jit
 def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
-           TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr,
-           FMA: tl.constexpr = False):
+           TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks. With ``ASM`` (bf16 dots), the
-    quants go through inline PTX where it is written (every 4-bit type and Q6_K), in both kernels (kernel B then makes
-    each value from ``128 + u`` by one float32 fma, the 128 folded into the row's constant, rounded to the dot's dtype
-    once; a codebook entry times its scale). ``FMA`` (kernel B, bf16 dots):
+    quants go through inline PTX where it is written (every 4-bit type and Q6_K), in both kernels; kernel B then makes
     each value from the PTX's ``128 + u`` by bf16 arithmetic, ``u`` exact and the row's scale and min rounded to
     bf16 (one ``fma`` or multiply a pair of values, no float32 round trip: within about two bf16 roundings of the
-    dequantized value instead of one), for every type with PTX."""
-    B_FMA: tl.constexpr = FMA and not SCALE_AFTER and DOT == 1
+    dequantized value instead of one; a codebook entry times its scale). Without PTX, kernel B makes each value in
+    float32 and rounds it to the dot's dtype once."""
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23),
-                           B_FMA)
+                           ASM and DOT == 1 and (TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23))
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
                                TYPE, SCALE_AFTER, DOT,
                                ASM and DOT == 1 and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7 or TYPE == 20
-                                                     or TYPE == 39),
-                               B_FMA)
+                                                     or TYPE == 39))
     return acc
