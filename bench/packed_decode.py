@@ -38,7 +38,7 @@ from stagewise.kernels.moe_align import identity_alignment
 from stagewise.kernels.moe_experts import grouped_swiglu_experts, packed_config, packed_experts_config
 from stagewise.kernels.moe_grouped_triton import GemmTiles, grouped_gemm
 from stagewise.kernels.packed_gemv_triton import packed_gemv
-from stagewise.kernels.packed_matmul import dense_tiles, packed_matmul
+from stagewise.kernels.packed_matmul import BLOCK_N, NUM_STAGES, NUM_WARPS, dense_tiles, packed_matmul
 from stagewise.spec.packed_types import row_bytes
 from stagewise.weights.quant.packed_weight import PackedWeight
 
@@ -104,8 +104,9 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
             for bn, warps, stages in SWEEP_A if rows <= 16 else SWEEP_B:
                 fns[f"{'A' if rows <= 16 else 'B'} bn{bn} w{warps} s{stages}"] = tiled(
                     dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages))
-            if rows <= 16:  # kernel B at kernel A's rows (B_FROM_ONE_ROW's choice)
-                fns["B at these rows"] = tiled(dataclasses.replace(base, scale_after=False))
+            if rows <= 16:  # kernel B at kernel A's rows (B_FROM_ONE_ROW's choice), in its own tiles
+                fns["B at these rows"] = tiled(dataclasses.replace(
+                    base, block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, scale_after=False))
         timed = _time(fns, ref, nbytes, copies)
         if sweep and rows <= 16:  # kernel A with Triton's conversion
             packed_decode.NIBBLE_ASM = False

@@ -24,6 +24,13 @@ A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row)
 # takes them from one row: random Llama-3.1-8B decode on an H100 (bench/results/kquant_files/session17), Q4_K +11 / +5
 # / +5 % at 2 / 8 / 16 streams; IQ4_XS lost 13 % at 8 and Q6_K 20-24 % at 2 and 8 (Q5_K: not yet timed)
 B_FROM_ONE_ROW = frozenset({GGMLQuantizationType.Q4_K})
+# deep matrices of these types (K at least DEEP_K_RATIO times N: Llama-3.1-8B's down, 4096x14336) take kernel A at 1-16
+# rows after all, in programs of DEEP_A_TILES (weight rows, warps: two, so Triton's mma.sync, pipeline stages), the K
+# split as for BLOCK_N-row tiles: Q4_K down on an H100 at 8 / 16 rows 32.0 / 33.9 µs against kernel B's 40.9 / 42.6
+# and kernel A's default tiles' 43.4 / 47.0 (bench/results/kquant_files/session18); DEEP_K_RATIO 0: never
+DEEP_A_TYPES = frozenset({GGMLQuantizationType.Q4_K})
+DEEP_K_RATIO = 3
+DEEP_A_TILES = (32, 2, 3)
 B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 at most)
 # measured on an H100 (bench/results/kquant_profile/README.md): the best swept tiles or within 4 % at Llama-8B's
 # Q4_K shapes, 8 / 32 / 64 rows, but o and down at 64 rows and Q6_K down at 32 (128 rows a program: 11-25 % faster)
@@ -46,16 +53,22 @@ def step_blocks(ggml_type: GGMLQuantizationType, k: int, most: int = 8) -> int:
     return blocks
 
 
-def kernel_a_max_rows(ggml_type: GGMLQuantizationType) -> int:
-    """Rows up to which a ``ggml_type`` matmul takes kernel A (0: kernel B from one row, :data:`B_FROM_ONE_ROW`)."""
-    return 0 if ggml_type in B_FROM_ONE_ROW else A_MAX_ROWS
+def deep_kernel_a(ggml_type: GGMLQuantizationType, n: int, k: int) -> bool:
+    """Whether an ``(n, k)`` matrix of ``ggml_type`` takes kernel A in :data:`DEEP_A_TILES` (a deep matrix)."""
+    return ggml_type in DEEP_A_TYPES and DEEP_K_RATIO > 0 and k >= DEEP_K_RATIO * n
+
+
+def kernel_a_max_rows(ggml_type: GGMLQuantizationType, n: int, k: int) -> int:
+    """Rows up to which an ``(n, k)`` matrix of ``ggml_type`` takes kernel A (0: kernel B from one row,
+    :data:`B_FROM_ONE_ROW`, unless the matrix is deep: :func:`deep_kernel_a`)."""
+    return 0 if ggml_type in B_FROM_ONE_ROW and not deep_kernel_a(ggml_type, n, k) else A_MAX_ROWS
 
 
 def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, device: torch.device) -> tuple[int, PackedTiles]:
     """``(block_m, tiles)`` of a ``(n, k)`` matrix at ``rows`` rows (at most :data:`B_MAX_ROWS`)."""
     if not 0 < rows <= B_MAX_ROWS:
         raise ValueError(f"the packed few-rows GEMM takes 1-{B_MAX_ROWS} rows, got {rows}")
-    scale_after = rows <= kernel_a_max_rows(ggml_type)
+    scale_after = rows <= kernel_a_max_rows(ggml_type, n, k)
     block_m = max(16, 1 << (rows - 1).bit_length())
     blocks = step_blocks(ggml_type, k)
     if device.type != "cuda":
@@ -65,6 +78,9 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
     split = 1
     while n_tiles * split < PROGRAMS and split * 2 <= steps:
         split *= 2
+    if scale_after and deep_kernel_a(ggml_type, n, k):
+        block_n, warps, stages = DEEP_A_TILES
+        return block_m, PackedTiles(block_n, warps, stages, scale_after, blocks, split)
     return block_m, PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks, split)
 
 
