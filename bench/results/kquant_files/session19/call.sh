@@ -12,7 +12,7 @@ left() { [ $(( $(date +%s) - t0 + $1 )) -le "$DEADLINE_S" ]; }
 if [ ! -e "$W/done/tests" ] && left 250; then  # four processes at once: the compiles are most of their time
   i=0
   for sel in "bf16 and (Q4_0 or Q4_1 or Q5_0 or Q5_1)" "bf16 and (Q2_K or Q3_K or Q4_K or Q5_K)" \
-             "bf16 and (Q6_K or IQ4_NL or IQ4_XS or MXFP4)" "not bf16"; do
+             "bf16 and (Q6_K or IQ4_NL or IQ4_XS or MXFP4)" "not bf16 or blocks"; do
     i=$((i + 1))
     timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k "compiled and ($sel)" \
       > "$W/gpu_tests_packed_decode_$i.txt" 2>&1 &
