@@ -13,10 +13,11 @@
 #             roofline: file bytes read a token / copy bandwidth measured in the run);
 #   tests     the GPU-marked tests of the load check's peak and fp8 KV (issue 46), the word GEMV's compiled tests.
 # Usage (repository root, GPU machine): DEADLINE_S=560 bash bench/results/kquant_files/run.sh
+# (KQ_QUANTS="Q4_K_M Q6_K": only these Llama files; KQ_QWEN=0: no Qwen3.6 file: for a call with few device-minutes)
 set -u
 source bench/device_steps.sh  # steps_setup WORK_DIR; step NAME SECONDS; stamp; el; llamacpp_build; make_model
 steps_setup "${KQ_WORK:-/tmp/kq}"
-LB=/tmp/lb/bin; S="python3 -m stagewise"
+LB=/tmp/lb/bin; S="python3 -m stagewise"; QUANTS=${KQ_QUANTS:-Q4_K_M Q6_K IQ4_XS Q5_K_M}; QWEN=${KQ_QWEN:-1}
 finish() {
   python3 bench/results/kquant_files/summary.py "$R" | tee "$R/summary.md"
   tar czf "$O/results.tgz" -C "$W" results; stamp "call done"; exit 0
@@ -30,12 +31,12 @@ if step files 0; then  # resumable: what a call cut short is redone, what is com
     build=$!
   fi
   F16=$W/llama-3.1-8b-F16.gguf
-  [ -f "$W/llama-3.1-8b-Q5_K_M.gguf" ] || { make_model llama-3.1-8b f16 "$F16" & m1=$!; }
-  make_model qwen3.6-35b-a3b q4_k_m "$W/qwen3.6-35b-a3b-Q4_K_M.gguf" & m2=$!
+  [ -f "$W/llama-3.1-8b-${QUANTS##* }.gguf" ] || { make_model llama-3.1-8b f16 "$F16" & m1=$!; }
+  [ "$QWEN" = 1 ] && { make_model qwen3.6-35b-a3b q4_k_m "$W/qwen3.6-35b-a3b-Q4_K_M.gguf" & m2=$!; }
   [ -z "$m1" ] || { wait $m1 && stamp "Llama F16 written" || { stamp "make-model llama failed"; tail -5 "$F16.log"; }; }
-  wait $m2 && stamp "Qwen3.6 Q4_K_M written" || { stamp "make-model qwen3.6 failed"; tail -5 "$W/qwen3.6-35b-a3b-Q4_K_M.gguf.log"; }
+  [ -z "$m2" ] || { wait $m2 && stamp "Qwen3.6 Q4_K_M written" || { stamp "make-model qwen3.6 failed"; tail -5 "$W/qwen3.6-35b-a3b-Q4_K_M.gguf.log"; }; }
   [ -z "$build" ] || { wait $build && stamp "llama.cpp built" || { stamp "llama.cpp build failed"; tail -20 "$W/build.log"; finish; }; }
-  for q in Q4_K_M Q6_K IQ4_XS Q5_K_M; do
+  for q in $QUANTS; do
     f=$W/llama-3.1-8b-$q.gguf; [ -f "$f" ] && continue
     [ "$(el)" -gt $(( DEADLINE_S - 40 )) ] && { stamp "quantizing left for a later call"; finish; }
     free_gb=$(df --output=avail -BG "$W" | tail -1 | tr -dc 0-9)
@@ -67,7 +68,8 @@ measure() {  # measure NAME FILE LEVELS SECONDS_LLAMACPP SECONDS_STAGEWISE
   fi
 }
 measure llama-3.1-8b-Q4_K_M "$W/llama-3.1-8b-Q4_K_M.gguf" 1,8,32,64 100 220
-measure qwen3.6-35b-a3b-Q4_K_M "$W/qwen3.6-35b-a3b-Q4_K_M.gguf" 1,8,32,64 150 330  # H100: 154 + 17 s
+[ "$QWEN" = 1 ] && measure qwen3.6-35b-a3b-Q4_K_M "$W/qwen3.6-35b-a3b-Q4_K_M.gguf" 1,8,32,64 150 330  # H100: 154 + 17 s
+for q in Q6_K IQ4_XS Q5_K_M; do [[ " $QUANTS " == *" $q "* ]] && measure "llama-3.1-8b-$q" "$W/llama-3.1-8b-$q.gguf" 1,32 70 240; done  # IQ4_XS passed 90 + 60 s caps on an H100
 if step tests 200; then
   timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_peak_check.py tests/test_fp8_kv.py \
     > "$R/gpu_tests_peak_fp8.txt" 2>&1; tail -15 "$R/gpu_tests_peak_fp8.txt"
@@ -75,5 +77,4 @@ if step tests 200; then
     > "$R/gpu_tests_word_gemv.txt" 2>&1; tail -6 "$R/gpu_tests_word_gemv.txt"
   touch "$W/done/tests"
 fi
-for q in Q6_K IQ4_XS Q5_K_M; do measure "llama-3.1-8b-$q" "$W/llama-3.1-8b-$q.gguf" 1,32 70 240; done  # IQ4_XS passed 90 + 60 s caps on an H100
 finish
