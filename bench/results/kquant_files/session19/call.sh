@@ -1,25 +1,14 @@
 #!/usr/bin/env bash
 # Session 19's device calls (carry [".wheels"]; run again on the same warm machine until it says "all done"; none
-# starts past DEADLINE_S, default 560): the compiled kernels' GPU tests (tests/test_packed_decode.py, four processes),
-# then decode of random Llama-3.1-8B Q4_K (constant_ab.py, one setting a process) at 2 / 8 / 16 streams with deep
-# matrices in kernel A (packed_matmul.DEEP_K_RATIO 3, the default: Llama's down, 4096x14336) against without (0).
+# starts past DEADLINE_S, default 560): decode of random Llama-3.1-8B Q4_K (constant_ab.py, one setting a process) at
+# 2 / 8 / 16 streams with deep matrices in kernel A (packed_matmul.DEEP_K_RATIO 3, the default: Llama's down,
+# 4096x14336) against without (0), then the compiled kernels' GPU tests (tests/test_packed_decode.py, four processes).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s19; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$W/machine.txt"
 left() { [ $(( $(date +%s) - t0 + $1 )) -le "$DEADLINE_S" ]; }
-if [ ! -e "$W/done/tests" ] && left 250; then  # four processes at once: the compiles are most of their time
-  i=0
-  for sel in "bf16 and (Q4_0 or Q4_1 or Q5_0 or Q5_1)" "bf16 and (Q2_K or Q3_K or Q4_K or Q5_K)" \
-             "bf16 and (Q6_K or IQ4_NL or IQ4_XS or MXFP4)" "not bf16 or blocks"; do
-    i=$((i + 1))
-    timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k "compiled and ($sel)" \
-      > "$W/gpu_tests_packed_decode_$i.txt" 2>&1 &
-  done
-  wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt
-  touch "$W/done/tests"
-fi
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; n=0
 while IFS='|' read -r m levels sets; do
   n=$((n + 1)); [ -e "$W/done/ab$n" ] && continue
@@ -32,5 +21,16 @@ done <<JOBS
 q4_k|2,8,16|
 q4_k|2,8,16|--set stagewise.kernels.packed_matmul.DEEP_K_RATIO=0
 JOBS
-[ "$(ls "$W/done" | grep -c '^ab')" -eq "$n" ] && echo "all done"
+if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once: the compiles are most of their time
+  i=0
+  for sel in "bf16 and (Q4_0 or Q4_1 or Q5_0 or Q5_1)" "bf16 and (Q2_K or Q3_K or Q4_K or Q5_K)" \
+             "bf16 and (Q6_K or IQ4_NL or IQ4_XS or MXFP4)" "not bf16 or blocks"; do
+    i=$((i + 1))
+    timeout 95 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k "compiled and ($sel)" \
+      > "$W/gpu_tests_packed_decode_$i.txt" 2>&1 &
+  done
+  wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt
+  touch "$W/done/tests"
+fi
+[ "$(ls "$W/done" | grep -c '^ab')" -eq "$n" ] && [ -e "$W/done/tests" ] && echo "all done"
 tar czf "$O/kquant_s19.tgz" -C "$W" --exclude done .
