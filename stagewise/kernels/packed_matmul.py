@@ -38,7 +38,7 @@ BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 # (kernel A in fewer than four warps, which Triton compiles to mma.sync instead of wgmma, lost by 4-62 % on an H100
-# where kernel A serves: bench/results/kquant_files/session18)
+# where kernel A serves, bench/results/kquant_files/session18: it serves only deep Q4_K matrices, DEEP_A_TILES)
 PROGRAMS = 512  # programs a launch is split up to (K split in order): an H200 has 132 SMs
 INTERPRETER_BLOCK_N = 16  # Triton's interpreter (tests on CPU): small tiles
 
