@@ -93,7 +93,7 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
             fns["old"] = lambda i, x=x, t=tiles, al=align: grouped_gemm(
                 x, PackedTensors(ws[i].qs[None], ws[i].qh[None], ws[i].meta[None], qtype, k), al, 1, t,
                 gather_rows=False)
-        if sweep:  # kernel A (<= 16 rows) or B: rows a program, warps, pipeline stages; the K split as chosen
+        if sweep:  # the kernel the dispatch picks (A or B): rows a program, warps, pipeline stages; the K split as chosen
             block_m, base = dense_tiles(rows, n, k, qtype, dev)
 
             def tiled(t: packed_decode.PackedTiles, x: torch.Tensor = x, bm: int = block_m) -> Callable[[int], torch.Tensor]:
@@ -102,9 +102,9 @@ def _dense_case(qtype: GGMLQuantizationType, label: str, n: int, k: int, rows_li
                     identity_alignment(x.shape[0], bm, dev), 1, t, gather_rows=False)
 
             for bn, warps, stages in SWEEP_A if rows <= 16 else SWEEP_B:
-                fns[f"{'A' if rows <= 16 else 'B'} bn{bn} w{warps} s{stages}"] = tiled(
+                fns[f"{'A' if base.scale_after else 'B'} bn{bn} w{warps} s{stages}"] = tiled(
                     dataclasses.replace(base, block_n=bn, num_warps=warps, num_stages=stages))
-            if rows <= 16:  # kernel B at kernel A's rows (B_FROM_ONE_ROW's choice), in its own tiles
+            if rows <= 16:  # kernel B at kernel A's rows (B_FROM_ONE_ROW's choice) in its default tiles
                 fns["B at these rows"] = tiled(dataclasses.replace(
                     base, block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, scale_after=False))
         timed = _time(fns, ref, nbytes, copies)

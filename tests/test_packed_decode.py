@@ -88,7 +88,7 @@ def test_one_bf16_row_takes_the_word_gemv_through_the_weight(qtype: GGMLQuantiza
     w = _weight(qtype, (3, 21), k, seed=int(qtype))  # 3 experts of 21 rows
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(1)).bfloat16()
     dense = w.dequantize().cpu()
-    assert matmul_path(1, qtype, 21, k, torch.bfloat16) == "gemv"
+    assert matmul_path(1, qtype, k, torch.bfloat16) == "gemv"
     with kernels_on_host():
         _close(w.expert(1).matmul(x.to(DEVICE)), x.float() @ dense[1].T, 1e-2)
         index = torch.tensor([2, 0, 2]).to(DEVICE)
@@ -97,28 +97,31 @@ def test_one_bf16_row_takes_the_word_gemv_through_the_weight(qtype: GGMLQuantiza
 
 
 def test_the_dispatch_by_rows_is_pinned() -> None:
-    def paths(qtype: GGMLQuantizationType, rows: tuple[int, ...], k: int = 4096, dtype: torch.dtype = torch.bfloat16,
-              n: int = 4096) -> list[str]:
-        return [matmul_path(r, qtype, n, k, dtype) for r in rows]
+    def paths(qtype: GGMLQuantizationType, rows: tuple[int, ...], k: int = 4096, dtype: torch.dtype = torch.bfloat16
+              ) -> list[str]:
+        return [matmul_path(r, qtype, k, dtype) for r in rows]
 
     assert paths(T.Q6_K, (1, 16, 17, 64, 128, 129, 4096)) == ["gemv", "A", "B", "B", "B", "tiles", "tiles"]
     assert paths(T.Q6_K, (1,), k=3072) == paths(T.Q6_K, (1,), dtype=torch.float16) == ["A"]  # no word GEMV there
     assert paths(T.Q4_K, (1, 2, 16, 17)) == ["gemv", "B", "B", "B"]  # one Q4_K row: the GEMV (words or slots)
     assert paths(T.Q4_K, (1,), k=3072) == ["gemv"]
-    assert paths(T.Q4_K, (1, 2, 16, 17), k=14336) == ["gemv", "A", "A", "B"]  # deep (Llama-8B's down): kernel A
-    assert paths(T.Q4_K, (2,), k=12288) == ["A"] and paths(T.Q4_K, (2,), k=11776) == ["B"]  # K at least 3 N
-    assert paths(T.Q6_K, (17,), k=14336) == ["B"]
     assert paths(T.IQ4_XS, (1, 2)) == ["gemv", "A"]
     assert paths(T.IQ4_NL, (1, 2)) == ["A", "A"]
     dense_tiles = packed_matmul.dense_tiles
     cpu = torch.device("cpu")  # the kernel the matmul launches agrees: kernel B from one row for Q4_K only
     assert [dense_tiles(r, 4096, 4096, q, cpu)[1].scale_after for q in (T.Q4_K, T.Q6_K) for r in (1, 8, 17)] == [
         False, False, False, True, True, False]
-    assert [dense_tiles(r, 4096, 14336, T.Q4_K, cpu)[1].scale_after for r in (1, 8, 16, 17)] == [True] * 3 + [False]
     cuda = torch.device("cuda")  # the tiles are a function of the device kind and the shape (no device needed)
-    deep, plain = dense_tiles(8, 4096, 14336, T.Q4_K, cuda)[1], dense_tiles(8, 4096, 14336, T.Q6_K, cuda)[1]
-    assert (deep.block_n, deep.num_warps, deep.num_stages, deep.scale_after) == (32, 2, 3, True)
-    assert deep.split_k == plain.split_k == 8 and (plain.block_n, plain.num_warps) == (64, 4)
+
+    def tiles(rows: int, n: int, k: int, qtype: GGMLQuantizationType) -> tuple[int, int, int, bool, int]:
+        t = dense_tiles(rows, n, k, qtype, cuda)[1]
+        return t.block_n, t.num_warps, t.num_stages, t.scale_after, t.split_k
+
+    # a deep Q4_K matrix (K at least 3 N: Llama-8B's down) at 1-16 rows: kernel B in 32-row two-warp programs, the
+    # K split as for 64-row tiles; not past 16 rows, nor for a shallower matrix or another type
+    assert [tiles(r, 4096, 14336, T.Q4_K) for r in (1, 16, 17)] == [(32, 2, 3, False, 8)] * 2 + [(64, 4, 2, False, 8)]
+    assert tiles(8, 4096, 12288, T.Q4_K)[:2] == (32, 2) and tiles(8, 4096, 11776, T.Q4_K)[:2] == (64, 4)
+    assert tiles(8, 4096, 14336, T.Q6_K) == (64, 4, 2, True, 8)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q5_0], ids=lambda t: t.name)
@@ -194,15 +197,14 @@ def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizati
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("qtype", sorted(packed_matmul.DEEP_A_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(packed_matmul.DEEP_TYPES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 8, 16])
-def test_compiled_kernel_a_of_a_deep_matrix(qtype: GGMLQuantizationType, rows: int) -> None:
-    """A deep matrix (K at least ``DEEP_K_RATIO`` times N) takes kernel A in ``DEEP_A_TILES`` (two warps: mma.sync)
+def test_compiled_deep_matrix_tiles(qtype: GGMLQuantizationType, rows: int) -> None:
+    """A deep matrix (K at least ``DEEP_K_RATIO`` times N) at 1-16 rows takes ``DEEP_TILES`` (two warps: mma.sync)
     and matches the dequantized matmul as the other tiles do."""
-    cuda = torch.device("cuda")
     k = 4096 + 256
-    assert packed_matmul.deep_kernel_a(qtype, 1000, k) and packed_matmul.dense_tiles(rows, 1000, k, qtype, cuda)[1] \
-        .num_warps == packed_matmul.DEEP_A_TILES[1]
+    assert packed_matmul.deep(qtype, 1000, k)
+    assert packed_matmul.dense_tiles(rows, 1000, k, qtype, torch.device("cuda"))[1].num_warps == packed_matmul.DEEP_TILES[1]
     _check_compiled(qtype, rows, 1000)
 
 

@@ -28,8 +28,8 @@ scales' arithmetic, not the values' rounding; kernel B's float32 form rounds eac
 dequantized tile path does, its bf16 form within about two bf16 roundings: 5.03 SASS instructions a Q4_K
 value against 6.99, 3-14 % faster decode of Llama-3.1-8B at 2-64 streams, bench/results/kquant_files/session19).
 No atomics except the split-K counters, whose last program sums the partials in split order: results do not
-depend on scheduling, and the tiles are a function of the shapes only (staged = single-device). Triton's interpreter (tests on CPU) runs
-the float32 form of either mode.
+depend on scheduling, and the tiles are a function of the shapes only (staged = single-device). Triton's
+interpreter (tests on CPU) runs the float32 form of either mode.
 """
 
 from __future__ import annotations

@@ -24,13 +24,14 @@ A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row)
 # takes them from one row: random Llama-3.1-8B decode on an H100 (bench/results/kquant_files/session17), Q4_K +11 / +5
 # / +5 % at 2 / 8 / 16 streams; IQ4_XS lost 13 % at 8 and Q6_K 20-24 % at 2 and 8 (Q5_K: not yet timed)
 B_FROM_ONE_ROW = frozenset({GGMLQuantizationType.Q4_K})
-# deep matrices of these types (K at least DEEP_K_RATIO times N: Llama-3.1-8B's down, 4096x14336) take kernel A at 1-16
-# rows after all, in programs of DEEP_A_TILES (weight rows, warps: two, so Triton's mma.sync, pipeline stages), the K
-# split as for BLOCK_N-row tiles: Q4_K down on an H100 at 8 / 16 rows 32.0 / 33.9 µs against kernel B's 40.9 / 42.6
-# and kernel A's default tiles' 43.4 / 47.0 (bench/results/kquant_files/session18); DEEP_K_RATIO 0: never
-DEEP_A_TYPES = frozenset({GGMLQuantizationType.Q4_K})
+# deep matrices of these types (K at least DEEP_K_RATIO times N: Llama-3.1-8B's down, 4096x14336) at 1-16 rows take
+# their kernel (kernel B for Q4_K) in programs of DEEP_TILES (weight rows; warps: two, so Triton's mma.sync; pipeline
+# stages), the K split as for BLOCK_N-row tiles: Q4_K down on an H100 at 8 / 16 rows 32.0 / 33.9 µs against 46.2 /
+# 48.1 in the default tiles (kernel B's float32 values; bench/results/kquant_files/session18's sweep, where the rows
+# are labelled kernel A); its gate/up lost so (56.6 against 53.4 µs at 8 rows). DEEP_K_RATIO 0: never
+DEEP_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 DEEP_K_RATIO = 3
-DEEP_A_TILES = (32, 2, 3)
+DEEP_TILES = (32, 2, 3)
 B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 at most)
 # measured on an H100 (bench/results/kquant_profile/README.md): the best swept tiles or within 4 % at Llama-8B's
 # Q4_K shapes, 8 / 32 / 64 rows, but o and down at 64 rows and Q6_K down at 32 (128 rows a program: 11-25 % faster)
@@ -38,7 +39,7 @@ BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 # (kernel A in fewer than four warps, which Triton compiles to mma.sync instead of wgmma, lost by 4-62 % on an H100
-# where kernel A serves, bench/results/kquant_files/session18: it serves only deep Q4_K matrices, DEEP_A_TILES)
+# where kernel A serves: bench/results/kquant_files/session18)
 PROGRAMS = 512  # programs a launch is split up to (K split in order): an H200 has 132 SMs
 INTERPRETER_BLOCK_N = 16  # Triton's interpreter (tests on CPU): small tiles
 
@@ -53,22 +54,21 @@ def step_blocks(ggml_type: GGMLQuantizationType, k: int, most: int = 8) -> int:
     return blocks
 
 
-def deep_kernel_a(ggml_type: GGMLQuantizationType, n: int, k: int) -> bool:
-    """Whether an ``(n, k)`` matrix of ``ggml_type`` takes kernel A in :data:`DEEP_A_TILES` (a deep matrix)."""
-    return ggml_type in DEEP_A_TYPES and DEEP_K_RATIO > 0 and k >= DEEP_K_RATIO * n
+def kernel_a_max_rows(ggml_type: GGMLQuantizationType) -> int:
+    """Rows up to which a ``ggml_type`` matmul takes kernel A (0: kernel B from one row, :data:`B_FROM_ONE_ROW`)."""
+    return 0 if ggml_type in B_FROM_ONE_ROW else A_MAX_ROWS
 
 
-def kernel_a_max_rows(ggml_type: GGMLQuantizationType, n: int, k: int) -> int:
-    """Rows up to which an ``(n, k)`` matrix of ``ggml_type`` takes kernel A (0: kernel B from one row,
-    :data:`B_FROM_ONE_ROW`, unless the matrix is deep: :func:`deep_kernel_a`)."""
-    return 0 if ggml_type in B_FROM_ONE_ROW and not deep_kernel_a(ggml_type, n, k) else A_MAX_ROWS
+def deep(ggml_type: GGMLQuantizationType, n: int, k: int) -> bool:
+    """Whether an ``(n, k)`` matrix of ``ggml_type`` takes :data:`DEEP_TILES` at 1-16 rows."""
+    return ggml_type in DEEP_TYPES and DEEP_K_RATIO > 0 and k >= DEEP_K_RATIO * n
 
 
 def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, device: torch.device) -> tuple[int, PackedTiles]:
     """``(block_m, tiles)`` of a ``(n, k)`` matrix at ``rows`` rows (at most :data:`B_MAX_ROWS`)."""
     if not 0 < rows <= B_MAX_ROWS:
         raise ValueError(f"the packed few-rows GEMM takes 1-{B_MAX_ROWS} rows, got {rows}")
-    scale_after = rows <= kernel_a_max_rows(ggml_type, n, k)
+    scale_after = rows <= kernel_a_max_rows(ggml_type)
     block_m = max(16, 1 << (rows - 1).bit_length())
     blocks = step_blocks(ggml_type, k)
     if device.type != "cuda":
@@ -78,8 +78,8 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
     split = 1
     while n_tiles * split < PROGRAMS and split * 2 <= steps:
         split *= 2
-    if scale_after and deep_kernel_a(ggml_type, n, k):
-        block_n, warps, stages = DEEP_A_TILES
+    if rows <= A_MAX_ROWS and deep(ggml_type, n, k):
+        block_n, warps, stages = DEEP_TILES
         return block_m, PackedTiles(block_n, warps, stages, scale_after, blocks, split)
     return block_m, PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks, split)
 

@@ -61,15 +61,14 @@ GLU_MAX_ROWS = 16  # rows up to which a fused gate/up runs SiLU·up in its matmu
 GATHER_MAX_ROWS = 64  # routed (token, expert) rows the gathered paths are meant for (Experts sends more to its grouped GEMM)
 
 
-def matmul_path(rows: int, ggml_type: GGMLQuantizationType, out_features: int, in_features: int,
-                x_dtype: torch.dtype) -> str:
-    """The path of a 2-D packed matmul of ``rows`` input rows of ``x_dtype`` and an ``(out_features, in_features)``
-    matrix of ``ggml_type`` on a Triton device: ``"gemv"`` (the packed GEMV: one row of :data:`GEMV_ONE_ROW_TYPES`, or
+def matmul_path(rows: int, ggml_type: GGMLQuantizationType, in_features: int, x_dtype: torch.dtype) -> str:
+    """The path of a 2-D packed matmul of ``rows`` input rows of ``x_dtype`` and an ``in_features``-wide matrix
+    of ``ggml_type`` on a Triton device: ``"gemv"`` (the packed GEMV: one row of :data:`GEMV_ONE_ROW_TYPES`, or
     of a type and shape the word GEMV takes), ``"A"`` (kernel A), ``"B"`` (kernel B) or ``"tiles"``
     (dequantized tiles and the device's matmul)."""
     if rows == 1 and (ggml_type in GEMV_ONE_ROW_TYPES or words_config(ggml_type, in_features, False, x_dtype)):
         return "gemv"
-    if 0 < rows <= kernel_a_max_rows(ggml_type, out_features, in_features):
+    if 0 < rows <= kernel_a_max_rows(ggml_type):
         return "A"
     if 0 < rows <= B_MAX_ROWS:
         return "B"
@@ -163,7 +162,7 @@ class PackedWeight:
         its epilogue measured slower; more rows; prefill tiles)."""
         tokens = x.numel() // max(x.shape[-1], 1)
         if (self.qs.dim() != 2 or self.input_index is not None or not use_triton(self.qs) or tokens > GLU_MAX_ROWS
-                or matmul_path(tokens, self.ggml_type, self.qs.shape[0], self.in_features, x.dtype) not in ("A", "B")):
+                or matmul_path(tokens, self.ggml_type, self.in_features, x.dtype) not in ("A", "B")):
             return None
         from stagewise.kernels.packed_matmul import packed_matmul_glu
 
@@ -175,7 +174,7 @@ class PackedWeight:
             raise ValueError("matmul needs a 2-D weight; use expert(e) for stacked experts")
         x = self._gathered_input(x)
         tokens = x.numel() // max(x.shape[-1], 1)
-        path = matmul_path(tokens, self.ggml_type, self.qs.shape[0], self.in_features, x.dtype)
+        path = matmul_path(tokens, self.ggml_type, self.in_features, x.dtype)
         if use_triton(self.qs) and path == "gemv":
             from stagewise.kernels.packed_gemv_triton import packed_gemv
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 19's device calls (carry [".wheels"]; run again on the same warm machine until it says "all done"; none
 # starts past DEADLINE_S, default 560): decode of random Llama-3.1-8B Q4_K (constant_ab.py, one setting a process) at
-# 2 / 8 / 16 streams with deep matrices in kernel A (packed_matmul.DEEP_K_RATIO 3, the default: Llama's down,
-# 4096x14336) against without (0), then the compiled kernels' GPU tests (tests/test_packed_decode.py, four processes).
+# 2 / 8 / 16 streams with deep matrices in their own tiles (packed_matmul.DEEP_K_RATIO 3, the default: Llama's down,
+# 4096x14336, kernel B in 32-row two-warp programs) against without (0), then the compiled kernels' GPU tests (tests/test_packed_decode.py, four processes).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s19; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
