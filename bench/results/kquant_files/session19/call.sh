@@ -2,7 +2,8 @@
 # Session 19's device calls (carry [".wheels"]; run again on the same warm machine until it says "all done"; none
 # starts past DEADLINE_S, default 560): decode of random Llama-3.1-8B Q4_K (constant_ab.py, one setting a process) at
 # 2 / 8 / 16 streams with deep matrices in their own tiles (packed_matmul.DEEP_K_RATIO 3, the default: Llama's down,
-# 4096x14336, kernel B in 32-row two-warp programs) against without (0), then the compiled kernels' GPU tests (tests/test_packed_decode.py, four processes).
+# 4096x14336, kernel B in 32-row two-warp programs) against without (0), then the compiled kernels' GPU tests
+# (tests/test_packed_decode.py, four processes), then kernel B's tiles for Q4_K at 8 rows (packed_decode.py --sweep).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s19; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
@@ -31,6 +32,11 @@ if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once: the com
   done
   wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt
   touch "$W/done/tests"
+fi
+if [ ! -e "$W/done/sweep" ] && left 100; then  # kernel B's tiles for Q4_K at 8 rows, every Llama-3.1-8B shape
+  timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q4_k --rows 8 --moe-tokens "" \
+    --sweep --out "$W/packed_decode_sweep_q4k.json" 2>&1 | grep -v Warn > "$W/packed_decode_sweep_q4k.txt"
+  cut -c1-300 "$W/packed_decode_sweep_q4k.txt"; touch "$W/done/sweep"
 fi
 [ "$(ls "$W/done" | grep -c '^ab')" -eq "$n" ] && [ -e "$W/done/tests" ] && echo "all done"
 tar czf "$O/kquant_s19.tgz" -C "$W" --exclude done .
