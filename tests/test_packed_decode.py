@@ -117,10 +117,10 @@ def test_the_dispatch_by_rows_is_pinned() -> None:
         t = dense_tiles(rows, n, k, qtype, cuda)[1]
         return t.block_n, t.num_warps, t.num_stages, t.scale_after, t.split_k
 
-    # a deep Q4_K matrix (K at least 3 N: Llama-8B's down) at 1-16 rows: kernel B in 32-row two-warp programs, the
-    # K split as for 64-row tiles; not past 16 rows, nor for a shallower matrix or another type
+    # a narrow Q4_K matrix (at most 4,096 weight rows: Llama-8B's o and down) at 1-16 rows: kernel B in 32-row
+    # two-warp programs, the K split as for 64-row tiles; not past 16 rows, nor for a wider matrix or another type
     assert [tiles(r, 4096, 14336, T.Q4_K) for r in (1, 16, 17)] == [(32, 2, 3, False, 8)] * 2 + [(64, 4, 2, False, 8)]
-    assert tiles(8, 4096, 12288, T.Q4_K)[:2] == (32, 2) and tiles(8, 4096, 11776, T.Q4_K)[:2] == (64, 4)
+    assert tiles(8, 4096, 4096, T.Q4_K)[:2] == (32, 2) and tiles(8, 4097, 4096, T.Q4_K)[:2] == (64, 4)
     assert tiles(8, 4096, 14336, T.Q6_K) == (64, 4, 2, True, 8)
 
 
@@ -191,20 +191,20 @@ def test_packed_gate_up_with_silu_mul_in_one_launch(qtype: GGMLQuantizationType,
 def test_compiled_kernels_in_bf16_match_dequantized_matmul(qtype: GGMLQuantizationType, rows: int) -> None:
     """The compiled forms: bf16 activations, kernel A's magic-number conversion and kernel B's values by bf16
     arithmetic (from one row for the types in ``packed_matmul.B_FROM_ONE_ROW``), at the tiles the dispatch picks,
-    within bf16 tolerance; equal inputs give equal outputs. (1,500 rows: not deep, see the next test.)"""
-    _check_compiled(qtype, rows, 1500)
+    within bf16 tolerance; equal inputs give equal outputs. (5,000 rows: not narrow, see the next test.)"""
+    _check_compiled(qtype, rows, 5000)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("qtype", sorted(packed_matmul.DEEP_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(packed_matmul.NARROW_TYPES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 8, 16])
-def test_compiled_deep_matrix_tiles(qtype: GGMLQuantizationType, rows: int) -> None:
-    """A deep matrix (K at least ``DEEP_K_RATIO`` times N) at 1-16 rows takes ``DEEP_TILES`` (two warps: mma.sync)
-    and matches the dequantized matmul as the other tiles do."""
-    k = 4096 + 256
-    assert packed_matmul.deep(qtype, 1000, k)
-    assert packed_matmul.dense_tiles(rows, 1000, k, qtype, torch.device("cuda"))[1].num_warps == packed_matmul.DEEP_TILES[1]
+def test_compiled_narrow_matrix_tiles(qtype: GGMLQuantizationType, rows: int) -> None:
+    """A narrow matrix (at most ``NARROW_MAX_N`` weight rows) at 1-16 rows takes ``NARROW_TILES`` (two warps:
+    mma.sync) and matches the dequantized matmul as the other tiles do."""
+    assert packed_matmul.narrow(qtype, 1000)
+    assert packed_matmul.dense_tiles(rows, 1000, 4352, qtype, torch.device("cuda"))[1].num_warps == \
+        packed_matmul.NARROW_TILES[1]
     _check_compiled(qtype, rows, 1000)
 
 

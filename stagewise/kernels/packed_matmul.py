@@ -24,14 +24,15 @@ A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row)
 # takes them from one row: random Llama-3.1-8B decode on an H100 (bench/results/kquant_files/session17), Q4_K +11 / +5
 # / +5 % at 2 / 8 / 16 streams; IQ4_XS lost 13 % at 8 and Q6_K 20-24 % at 2 and 8 (Q5_K: not yet timed)
 B_FROM_ONE_ROW = frozenset({GGMLQuantizationType.Q4_K})
-# deep matrices of these types (K at least DEEP_K_RATIO times N: Llama-3.1-8B's down, 4096x14336) at 1-16 rows take
-# their kernel (kernel B for Q4_K) in programs of DEEP_TILES (weight rows; warps: two, so Triton's mma.sync; pipeline
-# stages), the K split as for BLOCK_N-row tiles: Q4_K down on an H100 at 8 / 16 rows 32.0 / 33.9 µs against 46.2 /
-# 48.1 in the default tiles (kernel B's float32 values; bench/results/kquant_files/session18's sweep, where the rows
-# are labelled kernel A); its gate/up lost so (56.6 against 53.4 µs at 8 rows). DEEP_K_RATIO 0: never
-DEEP_TYPES = frozenset({GGMLQuantizationType.Q4_K})
-DEEP_K_RATIO = 3
-DEEP_TILES = (32, 2, 3)
+# narrow matrices (at most NARROW_MAX_N weight rows: Llama-3.1-8B's o and down, 4096 rows) of these types at 1-16 rows
+# take their kernel (kernel B for Q4_K) in programs of NARROW_TILES (weight rows; warps: two, so Triton's mma.sync;
+# pipeline stages), the K split as for BLOCK_N-row tiles. Q4_K on an H100 at 2 / 8 / 16 rows, µs, against the default
+# tiles (bench/results/kquant_files/session19): down 25.9 / 27.6 / 29.7 against 38.7 / 40.4 / 42.4, o 11.7 / 12.6 /
+# 13.5 against 14.8 / 15.6 / 16.6; qkv (6144 rows: 15.6 / 16.6 / 18.7 against 15.2 / 16.2 / 16.9) and gate/up lose so.
+# NARROW_MAX_N 0: never
+NARROW_TYPES = frozenset({GGMLQuantizationType.Q4_K})
+NARROW_MAX_N = 4096
+NARROW_TILES = (32, 2, 3)
 B_MAX_ROWS = 128  # kernel B up to this many rows: every row in one block (128 at most)
 # measured on an H100 (bench/results/kquant_profile/README.md): the best swept tiles or within 4 % at Llama-8B's
 # Q4_K shapes, 8 / 32 / 64 rows, but o and down at 64 rows and Q6_K down at 32 (128 rows a program: 11-25 % faster)
@@ -59,9 +60,9 @@ def kernel_a_max_rows(ggml_type: GGMLQuantizationType) -> int:
     return 0 if ggml_type in B_FROM_ONE_ROW else A_MAX_ROWS
 
 
-def deep(ggml_type: GGMLQuantizationType, n: int, k: int) -> bool:
-    """Whether an ``(n, k)`` matrix of ``ggml_type`` takes :data:`DEEP_TILES` at 1-16 rows."""
-    return ggml_type in DEEP_TYPES and DEEP_K_RATIO > 0 and k >= DEEP_K_RATIO * n
+def narrow(ggml_type: GGMLQuantizationType, n: int) -> bool:
+    """Whether a matrix of ``n`` weight rows of ``ggml_type`` takes :data:`NARROW_TILES` at 1-16 rows."""
+    return ggml_type in NARROW_TYPES and n <= NARROW_MAX_N
 
 
 def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, device: torch.device) -> tuple[int, PackedTiles]:
@@ -78,8 +79,8 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
     split = 1
     while n_tiles * split < PROGRAMS and split * 2 <= steps:
         split *= 2
-    if rows <= A_MAX_ROWS and deep(ggml_type, n, k):
-        block_n, warps, stages = DEEP_TILES
+    if rows <= A_MAX_ROWS and narrow(ggml_type, n):
+        block_n, warps, stages = NARROW_TILES
         return block_m, PackedTiles(block_n, warps, stages, scale_after, blocks, split)
     return block_m, PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks, split)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 19's device calls (carry [".wheels"]; run again on the same warm machine until it says "all done"; none
 # starts past DEADLINE_S, default 560): decode of random Llama-3.1-8B Q4_K (constant_ab.py, one setting a process) at
-# 2 / 8 / 16 streams with deep matrices in their own tiles (packed_matmul.DEEP_K_RATIO 3, the default: Llama's down,
-# 4096x14336, kernel B in 32-row two-warp programs) against without (0), then the compiled kernels' GPU tests
+# 2 / 8 / 16 streams with narrow matrices in their own tiles (packed_matmul.NARROW_MAX_N 4096, the default: Llama's o
+# and down, kernel B in 32-row two-warp programs) against without (0), then the compiled kernels' GPU tests
 # (tests/test_packed_decode.py, four processes), then kernel B's tiles for Q4_K at 8 rows (packed_decode.py --sweep).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s19; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
@@ -20,7 +20,7 @@ while IFS='|' read -r m levels sets; do
     && touch "$W/done/ab$n" "$W/done/compiled_$m" || { echo "failed: $m $sets"; grep -v Warn "$W/ab.out" | tail -3; }
 done <<JOBS
 q4_k|2,8,16|
-q4_k|2,8,16|--set stagewise.kernels.packed_matmul.DEEP_K_RATIO=0
+q4_k|2,8,16|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
 JOBS
 if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once: the compiles are most of their time
   i=0
