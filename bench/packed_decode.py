@@ -52,7 +52,7 @@ MOE = (256, 8, 2048, 512)  # Qwen3.6-35B-A3B: experts, top-k, hidden, expert int
 # --sweep: (weight rows a program, warps, pipeline stages) beside packed_matmul's own (64, 4, 2)
 # (block_n, warps, stages); fewer than four warps: Triton takes mma.sync, not wgmma (no per-dot wait, fence or descriptor)
 SWEEP_A = ((32, 2, 2), (32, 2, 3), (16, 1, 2), (64, 8, 2), (128, 4, 2), (64, 4, 3))
-SWEEP_B = ((32, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3))
+SWEEP_B = ((32, 2, 3), (32, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3))
 
 
 def _weights(qtype: GGMLQuantizationType, n: int, k: int, copies: int, dev: torch.device) -> list[PackedWeight]:

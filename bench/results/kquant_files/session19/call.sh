@@ -3,7 +3,8 @@
 # starts past DEADLINE_S, default 560): decode of random Llama-3.1-8B Q4_K (constant_ab.py, one setting a process) at
 # 2 / 8 / 16 streams with narrow matrices in their own tiles (packed_matmul.NARROW_MAX_N 4096, the default: Llama's o
 # and down, kernel B in 32-row two-warp programs) against without (0), then the compiled kernels' GPU tests
-# (tests/test_packed_decode.py, four processes), then kernel B's tiles for Q4_K at 8 rows (packed_decode.py --sweep).
+# (tests/test_packed_decode.py, four processes), then kernel B's tiles for Q4_K at 8 rows and for Q4_K and Q6_K at 32 and
+# 64 rows (packed_decode.py --sweep; the first three steps ran in session 19, all but the A/B).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s19; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
@@ -37,6 +38,11 @@ if [ ! -e "$W/done/sweep" ] && left 100; then  # kernel B's tiles for Q4_K at 8 
   timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q4_k --rows 8 --moe-tokens "" \
     --sweep --out "$W/packed_decode_sweep_q4k.json" 2>&1 | grep -v Warn > "$W/packed_decode_sweep_q4k.txt"
   cut -c1-300 "$W/packed_decode_sweep_q4k.txt"; touch "$W/done/sweep"
+fi
+if [ ! -e "$W/done/sweep_b" ] && left 200; then  # kernel B's tiles past 16 rows (two-warp tiles among them): Q4_K, Q6_K
+  timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q4_k,q6_k --rows 32,64 \
+    --moe-tokens "" --sweep --out "$W/packed_decode_sweep_b_32_64.json" 2>&1 | grep -v Warn > "$W/packed_decode_sweep_b_32_64.txt"
+  cut -c1-300 "$W/packed_decode_sweep_b_32_64.txt"; touch "$W/done/sweep_b"
 fi
 [ "$(ls "$W/done" | grep -c '^ab')" -eq "$n" ] && [ -e "$W/done/tests" ] && echo "all done"
 tar czf "$O/kquant_s19.tgz" -C "$W" --exclude done .
