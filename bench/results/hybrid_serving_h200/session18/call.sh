@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 18's device calls (carry [".wheels", ".llamacpp-bin"]; run again on the same warm machine until "all done";
+# Session 18's device calls (carry [".wheels", ".llamacpp-bin"], or ".llamacpp" to build it there as served.sh says; run
+# again on the same warm machine until "all done";
 # DEADLINE_S, default 570, bounds each call). On an H200, issue 44's figures first: served.sh's files (started in the
 # background, the compiled kernels' GPU tests beside make-model), served, inproc, then Llama-3.1-8B bf16 served twice
 # (after_rows.sh's llama_passes: the "no regression" target); then session 19's kernel tests and A/B
