@@ -10,6 +10,7 @@ routing weight; and the dispatch of ``PackedWeight.matmul`` pinned by row count.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,17 +220,44 @@ def _check_compiled(qtype: GGMLQuantizationType, rows: int, n: int) -> None:
     assert torch.equal(packed_matmul.packed_matmul(x, w), got)
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama@q4_k", "tiny-qwen3-moe@q6_k"])
-def test_tiny_models_through_the_kernels_match_the_reference_path(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefill chunks (kernel A at 4 rows; the MoE's routed tokens in one-expert blocks) and decode
-    steps (kernel A at one row; one token's experts by the GEMV) of a whole packed model, against the
-    torch path on the dequantized weights."""
+@pytest.mark.parametrize(("preset", "fmt", "expert_b"), [("tiny-llama", "q4_k", 0), ("tiny-qwen3-moe", "q6_k", 0),
+                                                        ("tiny-qwen3-moe", "q4_k", 1)])
+def test_tiny_models_through_the_kernels_match_the_reference_path(preset: str, fmt: str, expert_b: int, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill chunks (8 rows: kernel A, kernel B for Q4_K; the MoE's routed tokens in one-expert blocks) and
+    decode steps (one row's GEMV; one token's experts by the GEMV) of a whole packed model, against the torch path
+    on the dequantized weights; Q4_K's expert blocks in kernel B too (``EXPERT_B_FROM_ONE_ROW``). The presets widened
+    to 256 (a K-quant's super-block: the tiny presets' 64-wide matrices would stay float) and cut to one layer;
+    the launches are counted, so a model that never reaches the kernels fails."""
+    import json
+
+    from stagewise.kernels import packed_decode_triton
+    from stagewise.weights.preset_configs import load_hf_config
     from tests.test_triton_kernels import _trace
 
-    reference, fused = (_trace(preset, f, monkeypatch) for f in (False, True))
+    moe = "moe" in preset
+    config = load_hf_config(preset) | {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64,
+                                       "num_hidden_layers": 1} | ({"moe_intermediate_size": 256, "num_experts": 4}
+                                                                  if moe else {})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(packed_matmul, "EXPERT_B_FROM_ONE_ROW", expert_b)
+    launched: list[tuple[bool, bool]] = []  # (kernel A, expert blocks) of each packed few-rows launch
+    launch = packed_decode_triton._launch
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        launched.append((args[4].scale_after, bool(kwargs["gather_rows"])))  # type: ignore[attr-defined]
+        return launch(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(packed_decode_triton, "_launch", counted)
+    model = f"{tmp_path}@{fmt}"
+
+    # 8-token prefill chunks: 16 routed slots, past the experts' GEMV (8), into one-expert blocks
+    reference, fused = (_trace(model, f, monkeypatch, chunk=8, decode_steps=2) for f in (False, True))
     assert fused.tokens == reference.tokens
     for got, want in zip(fused.logits, reference.logits, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    kernel_a = fmt != "q4_k"  # Q4_K: kernel B from one row (B_FROM_ONE_ROW), its expert blocks with expert_b
+    assert set(launched) == {(kernel_a, False)} | ({(kernel_a and not expert_b, True)} if moe else set())
 
 
 def _run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:

@@ -24,6 +24,9 @@ A_MAX_ROWS = 16  # kernel A (a tensor-core dot per scale group serves every row)
 # takes them from one row: random Llama-3.1-8B decode on an H100 (bench/results/kquant_files/session17), Q4_K +11 / +5
 # / +5 % at 2 / 8 / 16 streams; IQ4_XS lost 13 % at 8 and Q6_K 20-24 % at 2 and 8 (Q5_K: not yet timed)
 B_FROM_ONE_ROW = frozenset({GGMLQuantizationType.Q4_K})
+# 1: decode expert blocks of B_FROM_ONE_ROW's types take kernel B as well (0: kernel A, the only form timed for experts
+# so far). Off until timed end to end: bench/results/kquant_files/session19/call.sh's Qwen3.6 job is its A/B
+EXPERT_B_FROM_ONE_ROW = 0
 # narrow matrices (at most NARROW_MAX_N weight rows: Llama-3.1-8B's o and down, 4096 rows) of these types at 1-16 rows
 # take their kernel (kernel B for Q4_K) in programs of NARROW_TILES (weight rows; warps: two, so Triton's mma.sync;
 # pipeline stages), the K split as for BLOCK_N-row tiles. Q4_K on an H100 at 2 / 8 / 16 rows, µs, against the default
@@ -86,7 +89,9 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
 
 
 def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device, scale_after: bool = True) -> PackedTiles:
-    """Kernel A's (``scale_after``) or B's tiles for expert blocks (one launch has programs enough: no split)."""
+    """Kernel A's (``scale_after``, unless :data:`EXPERT_B_FROM_ONE_ROW` sends the type to kernel B) or B's tiles for
+    expert blocks (one launch has programs enough: no split)."""
+    scale_after = scale_after and not (EXPERT_B_FROM_ONE_ROW and ggml_type in B_FROM_ONE_ROW)
     blocks = step_blocks(ggml_type, k)
     if device.type != "cuda":
         return PackedTiles(INTERPRETER_BLOCK_N, 4, 1, scale_after, blocks)
