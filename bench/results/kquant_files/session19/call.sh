@@ -4,7 +4,9 @@
 # 2 / 8 / 16 streams with narrow matrices in their own tiles (packed_matmul.NARROW_MAX_N 4096, the default: Llama's o
 # and down, kernel B in 32-row two-warp programs) against without (0), then the compiled kernels' GPU tests
 # (tests/test_packed_decode.py, four processes), then kernel B's tiles for Q4_K at 8 rows and for Q4_K and Q6_K at 32 and
-# 64 rows (packed_decode.py --sweep; the first three steps ran in session 19, all but the A/B).
+# 64 rows (packed_decode.py --sweep; the first three steps ran in session 19, all but the A/B). A second A/B: random
+# Qwen3.6-35B-A3B Q4_K at 2 / 8 / 32 streams with its decode expert blocks in kernel A (the default) or kernel B
+# (packed_matmul.EXPERT_B_FROM_ONE_ROW 1).
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s19; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
@@ -14,14 +16,16 @@ left() { [ $(( $(date +%s) - t0 + $1 )) -le "$DEADLINE_S" ]; }
 AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; n=0
 while IFS='|' read -r m levels sets; do
   n=$((n + 1)); [ -e "$W/done/ab$n" ] && continue
-  limit=125; [ -e "$W/done/compiled_$m" ] || limit=280  # a type's first process compiles its kernels
+  limit=125; [ -e "$W/done/compiled_$m" ] || limit=280  # a model's first process compiles its kernels
   left $((limit + 5)) || { echo "left for the next call: $m $sets"; continue; }
-  timeout $limit python3 $AB random:llama-3.1-8b@$m --levels $levels $sets < /dev/null > "$W/ab.out" 2>&1
+  timeout $limit python3 $AB random:$m --levels $levels $sets < /dev/null > "$W/ab.out" 2>&1
   grep '"set"' "$W/ab.out" | sed "s/^/$m /" | tee -a "$W/constant_ab.jsonl" | grep -q . \
     && touch "$W/done/ab$n" "$W/done/compiled_$m" || { echo "failed: $m $sets"; grep -v Warn "$W/ab.out" | tail -3; }
 done <<JOBS
-q4_k|2,8,16|
-q4_k|2,8,16|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
+llama-3.1-8b@q4_k|2,8,16|
+llama-3.1-8b@q4_k|2,8,16|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
+qwen3.6-35b-a3b@q4_k|2,8,32|
+qwen3.6-35b-a3b@q4_k|2,8,32|--set stagewise.kernels.packed_matmul.EXPERT_B_FROM_ONE_ROW=1
 JOBS
 if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once: the compiles are most of their time
   i=0
