@@ -256,7 +256,7 @@ def test_tiny_models_through_the_kernels_match_the_reference_path(preset: str, f
     assert fused.tokens == reference.tokens
     for got, want in zip(fused.logits, reference.logits, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    kernel_a = fmt != "q4_k"  # Q4_K: kernel B from one row (B_FROM_ONE_ROW), its expert blocks with expert_b
+    kernel_a = T[fmt.upper()] not in packed_matmul.B_FROM_ONE_ROW  # else kernel B, its expert blocks with expert_b
     assert set(launched) == {(kernel_a, False)} | ({(kernel_a and not expert_b, True)} if moe else set())
 
 

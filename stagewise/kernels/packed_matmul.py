@@ -82,10 +82,9 @@ def dense_tiles(rows: int, n: int, k: int, ggml_type: GGMLQuantizationType, devi
     split = 1
     while n_tiles * split < PROGRAMS and split * 2 <= steps:
         split *= 2
-    if rows <= A_MAX_ROWS and narrow(ggml_type, n):
-        block_n, warps, stages = NARROW_TILES
-        return block_m, PackedTiles(block_n, warps, stages, scale_after, blocks, split)
-    return block_m, PackedTiles(BLOCK_N, NUM_WARPS, NUM_STAGES, scale_after, blocks, split)
+    block_n, warps, stages = NARROW_TILES if rows <= A_MAX_ROWS and narrow(ggml_type, n) else (
+        BLOCK_N, NUM_WARPS, NUM_STAGES)
+    return block_m, PackedTiles(block_n, warps, stages, scale_after, blocks, split)
 
 
 def expert_tiles(ggml_type: GGMLQuantizationType, k: int, device: torch.device, scale_after: bool = True) -> PackedTiles:
