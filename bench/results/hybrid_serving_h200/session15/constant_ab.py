@@ -6,6 +6,8 @@ decode GEMM, which reads each routed expert once for all its slots:
 
     PYTHONPATH=. python3 bench/results/hybrid_serving_h200/session15/constant_ab.py MODEL \\
         --set stagewise.models.layers.experts.GATHER_MAX_SLOTS=8 [--set MODULE.NAME=INT ...] [--levels 1,2,4,8,16]
+
+A value ``types:Q4_K,Q5_K`` sets a frozenset of GGUF tensor types (e.g. ``packed_matmul.B_FROM_ONE_ROW``).
 """
 import argparse
 import functools
@@ -19,7 +21,7 @@ from stagewise.engine.model_loading import load_model
 
 p = argparse.ArgumentParser()
 p.add_argument("model")
-p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT")
+p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT|types:A,B")
 p.add_argument("--levels", default="1,2,4,8,16")
 p.add_argument("--prompt", type=int, default=128)
 p.add_argument("--gen", type=int, default=128)
@@ -27,7 +29,13 @@ args = p.parse_args()
 for setting in args.set:
     target, _, value = setting.partition("=")
     module, _, name = target.rpartition(".")
-    setattr(importlib.import_module(module), name, int(value))
+    if value.startswith("types:"):
+        from gguf.constants import GGMLQuantizationType
+
+        parsed: object = frozenset(GGMLQuantizationType[t] for t in value[len("types:"):].split(",") if t)
+    else:
+        parsed = int(value)
+    setattr(importlib.import_module(module), name, parsed)
 for module in ("stagewise.kernels.q8_0_gemm",):  # cached choices that read the constants
     for value in vars(importlib.import_module(module)).values():
         if isinstance(value, functools._lru_cache_wrapper):

@@ -3,8 +3,8 @@
 # again on the same warm machine until "all done";
 # DEADLINE_S, default 570, bounds each call). On an H200, issue 44's figures first: served.sh's files (started in the
 # background, the compiled kernels' GPU tests beside make-model), served, inproc, then Llama-3.1-8B bf16 served twice
-# (after_rows.sh's llama_passes: the "no regression" target); then session 19's kernel tests and A/B
-# (kquant_files/session19/call.sh).
+# (after_rows.sh's llama_passes: the "no regression" target); then the kernel tests and A/Bs
+# (kquant_files/session20/call.sh).
 # On an H100 (issue 44's H100 figures are session 17's) the A/B comes first.
 set -u
 D=${DEADLINE_S:-570}; t0=$(date +%s); O=${OUT:-/tmp/out}; mkdir -p "$O" /tmp/s18/done
@@ -17,7 +17,7 @@ llama() {
   DEADLINE_S=$(left) bash bench/results/hybrid_serving_h200/after_rows.sh
   mkdir -p /tmp/hs/results && cp "$O"/serve_two_passes_llama8b_bf16.* /tmp/hs/results/ 2>/dev/null
 }
-ab() { DEADLINE_S=$(left) bash bench/results/kquant_files/session19/call.sh 2>&1 | tee -a /tmp/s18/ab.log; }
+ab() { DEADLINE_S=$(left) bash bench/results/kquant_files/session20/call.sh 2>&1 | tee -a /tmp/s18/ab.log; }
 if [[ $gpu == *H200* ]]; then
   [ -e /tmp/hs/files_started ] || DEADLINE_S=1 bash bench/results/hybrid_serving_h200/served.sh > /dev/null
   if [ ! -e /tmp/s18/done/tests ]; then  # beside make-model: correctness only, no timing

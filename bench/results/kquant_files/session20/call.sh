@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Session 20's device calls (carry [".wheels"]; run again on the same warm machine until it says "all done"; none
+# starts past DEADLINE_S, default 560): session 19's A/Bs, not yet run (random Llama-3.1-8B Q4_K decode at 2 / 8 / 16
+# streams with its narrow matrices in their own tiles, packed_matmul.NARROW_MAX_N 4096, the default, against 0;
+# random Qwen3.6-35B-A3B Q4_K at 2 / 8 / 32 streams with its decode expert blocks in kernel A, the default, or B,
+# EXPERT_B_FROM_ONE_ROW 1), then Q5_K (Q5_K_M files' type: kernel A up to 16 rows today, never timed in kernel B there)
+# and Q6_K at 2 / 8 / 16 streams with packed_matmul.B_FROM_ONE_ROW {Q4_K} against {Q4_K, Q5_K, Q6_K} (kernel B from one
+# row; Q6_K lost 20-24 % so in session 17, before kernel B's bf16 arithmetic), then the compiled kernels' GPU tests
+# (four processes) and kernel B's tiles for Q4_K at 8 rows and for Q4_K and Q6_K at 32 and 64 rows (packed_decode.py
+# --sweep). Results: $OUT/kquant_s20.tgz.
+set -u
+O=${OUT:-/tmp/out}; W=/tmp/s20; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
+[ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$W/machine.txt"
+left() { [ $(( $(date +%s) - t0 + $1 )) -le "$DEADLINE_S" ]; }
+AB=bench/results/hybrid_serving_h200/session15/constant_ab.py; n=0
+while IFS='|' read -r m levels sets; do
+  n=$((n + 1)); [ -e "$W/done/ab$n" ] && continue
+  limit=125; [ -e "$W/done/compiled_$m" ] || limit=280  # a model's first process compiles its kernels
+  left $((limit + 5)) || { echo "left for the next call: $m $sets"; continue; }
+  timeout $limit python3 $AB random:$m --levels $levels $sets < /dev/null > "$W/ab.out" 2>&1
+  grep '"set"' "$W/ab.out" | sed "s/^/$m /" | tee -a "$W/constant_ab.jsonl" | grep -q . \
+    && touch "$W/done/ab$n" "$W/done/compiled_$m" || { echo "failed: $m $sets"; grep -v Warn "$W/ab.out" | tail -3; }
+done <<JOBS
+llama-3.1-8b@q4_k|2,8,16|
+llama-3.1-8b@q4_k|2,8,16|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
+qwen3.6-35b-a3b@q4_k|2,8,32|
+qwen3.6-35b-a3b@q4_k|2,8,32|--set stagewise.kernels.packed_matmul.EXPERT_B_FROM_ONE_ROW=1
+llama-3.1-8b@q5_k|2,8,16|
+llama-3.1-8b@q5_k|2,8,16|--set stagewise.kernels.packed_matmul.B_FROM_ONE_ROW=types:Q4_K,Q5_K,Q6_K
+llama-3.1-8b@q6_k|2,8,16|
+llama-3.1-8b@q6_k|2,8,16|--set stagewise.kernels.packed_matmul.B_FROM_ONE_ROW=types:Q4_K,Q5_K,Q6_K
+JOBS
+if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once: the compiles are most of their time
+  i=0
+  for sel in "bf16 and (Q4_0 or Q4_1 or Q5_0 or Q5_1)" "bf16 and (Q2_K or Q3_K or Q4_K or Q5_K)" \
+             "bf16 and (Q6_K or IQ4_NL or IQ4_XS or MXFP4)" "not bf16 or blocks"; do
+    i=$((i + 1))
+    timeout 95 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k "compiled and ($sel)" \
+      > "$W/gpu_tests_packed_decode_$i.txt" 2>&1 &
+  done
+  wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt
+  touch "$W/done/tests"
+fi
+if [ ! -e "$W/done/sweep" ] && left 100; then  # kernel B's tiles for Q4_K at 8 rows, every Llama-3.1-8B shape
+  timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q4_k --rows 8 --moe-tokens "" \
+    --sweep --out "$W/packed_decode_sweep_q4k.json" 2>&1 | grep -v Warn > "$W/packed_decode_sweep_q4k.txt"
+  cut -c1-300 "$W/packed_decode_sweep_q4k.txt"; touch "$W/done/sweep"
+fi
+if [ ! -e "$W/done/sweep_b" ] && left 200; then  # kernel B's tiles past 16 rows (two-warp tiles among them): Q4_K, Q6_K
+  timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q4_k,q6_k --rows 32,64 \
+    --moe-tokens "" --sweep --out "$W/packed_decode_sweep_b_32_64.json" 2>&1 | grep -v Warn > "$W/packed_decode_sweep_b_32_64.txt"
+  cut -c1-300 "$W/packed_decode_sweep_b_32_64.txt"; touch "$W/done/sweep_b"
+fi
+[ "$(ls "$W/done" | grep -c '^ab')" -eq "$n" ] && [ -e "$W/done/tests" ] && echo "all done"
+tar czf "$O/kquant_s20.tgz" -C "$W" --exclude done .
