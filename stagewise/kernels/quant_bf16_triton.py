@@ -77,10 +77,12 @@ Q5_ASM: tl.constexpr = tl.constexpr(_fifth_bit_asm(
 # Q6_K: low bytes of rows r and r + 2 of a half (r < 2) and their shared high bytes -> 128 + u of (r, low nibble),
 # (r, high), (r + 2, low), (r + 2, high): fields 0, 2, 1 and 3 of the high byte (bits 2f, 2f + 1) moved to bits 4
 # and 5. The high byte is spread with the magic bytes beside it, so (r, high), whose field is already in place,
-# is one select: bits 0-3 and 6-7 from the nibble, the rest (field and magic) from the high byte.
+# is one select: bits 0-3 and 6-7 from the nibble, the rest (field and magic) from the high byte. The magic word is
+# prmt's first source (a register ptxas holds): as the second, it took SASS PRMT's immediate slot and the selector a
+# register copied in at every use (kernel A 6.67 -> 6.55 SASS instructions a Q6_K value, bench/sass_count.py).
 Q6K_ASM: tl.constexpr = tl.constexpr("\n".join([
     "{", ".reg .b32 t, u, e, a, m;", "cvt.u32.u16 t, $4;", "cvt.u32.u16 u, $5;", "cvt.u32.u16 e, $6;",
-    "prmt.b32 t, t, 0, 0x4140;", "prmt.b32 u, u, 0, 0x4140;", "prmt.b32 e, e, 0x43434343, 0x4140;",
+    "prmt.b32 t, t, 0, 0x4140;", "prmt.b32 u, u, 0, 0x4140;", "mov.b32 a, 0x43434343;", "prmt.b32 e, a, e, 0x0504;",
     "lop3.b32 m, t, 0x000f000f, 0x43004300, 0xea;", "shl.b32 a, e, 4;", "lop3.b32 $0, a, 0x00300030, m, 0xea;",
     "shr.u32 t, t, 4;", "lop3.b32 $1, t, e, 0x00cf00cf, 0xe4;",
     "lop3.b32 m, u, 0x000f000f, 0x43004300, 0xea;", "shl.b32 a, e, 2;", "lop3.b32 $2, a, 0x00300030, m, 0xea;",
