@@ -6,8 +6,9 @@
 # EXPERT_B_FROM_ONE_ROW 1), then Q5_K (Q5_K_M files' type: kernel A up to 16 rows today, never timed in kernel B there)
 # and Q6_K at 2 / 8 / 16 streams with packed_matmul.B_FROM_ONE_ROW {Q4_K} against {Q4_K, Q5_K, Q6_K} (kernel B from one
 # row; Q6_K lost 20-24 % so in session 17, before kernel B's bf16 arithmetic), then the compiled kernels' GPU tests
-# (four processes) and kernel B's tiles for Q4_K at 8 rows and for Q4_K and Q6_K at 32 and 64 rows (packed_decode.py
-# --sweep). Results: $OUT/kquant_s20.tgz.
+# (four processes), then packed_decode.py --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and Q5_K at
+# 8 rows, kernel B's for Q4_K and Q6_K at 32 and 64 rows (session 19 swept Q4_K at 2-16 rows). Results:
+# $OUT/kquant_s20.tgz.
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s20; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
@@ -43,10 +44,10 @@ if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once: the com
   wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt
   touch "$W/done/tests"
 fi
-if [ ! -e "$W/done/sweep" ] && left 100; then  # kernel B's tiles for Q4_K at 8 rows, every Llama-3.1-8B shape
-  timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q4_k --rows 8 --moe-tokens "" \
-    --sweep --out "$W/packed_decode_sweep_q4k.json" 2>&1 | grep -v Warn > "$W/packed_decode_sweep_q4k.txt"
-  cut -c1-300 "$W/packed_decode_sweep_q4k.txt"; touch "$W/done/sweep"
+if [ ! -e "$W/done/sweep" ] && left 150; then  # kernel A's tiles (and B's default) for Q6_K and Q5_K at 8 rows
+  timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q6_k,q5_k --rows 8 \
+    --moe-tokens "" --sweep --out "$W/packed_decode_sweep_q6k_q5k.json" 2>&1 | grep -v Warn > "$W/packed_decode_sweep_q6k_q5k.txt"
+  cut -c1-300 "$W/packed_decode_sweep_q6k_q5k.txt"; touch "$W/done/sweep"
 fi
 if [ ! -e "$W/done/sweep_b" ] && left 200; then  # kernel B's tiles past 16 rows (two-warp tiles among them): Q4_K, Q6_K
   timeout $(( DEADLINE_S - ($(date +%s) - t0) - 5 )) python3 bench/packed_decode.py --types q4_k,q6_k --rows 32,64 \
