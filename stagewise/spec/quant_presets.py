@@ -96,6 +96,12 @@ def preset(name: str) -> Preset:
     return PRESETS[key]
 
 
+# GGUF tensors make-model stores F32 in every format (as llama.cpp's converter writes them), though llama-quantize
+# would quantize ssm_alpha / ssm_beta of a converted file
+KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "ssm_ba.weight",
+            "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
+
+
 def quantizable(gguf_name: str, shape: tuple[int, ...]) -> bool:
     """llama.cpp's ``tensor_allows_quantization`` for the tensors of our families."""
     return (len(shape) >= 2 and gguf_name.endswith("weight") and "_norm.weight" not in gguf_name

@@ -25,7 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys, LlamaFi
 
 from stagewise.errors import ConfigError
 from stagewise.spec.model_config import ModelConfig, layer_types_for_interval
-from stagewise.spec.quant_presets import PRESETS, QuantModel, tensor_type
+from stagewise.spec.quant_presets import KEEP_F32, PRESETS, QuantModel, tensor_type
 from stagewise.weights.gguf_config import llama3_rope_factors
 from stagewise.weights.gguf_layout import col_group_index, expand_groups, row_index, split_sizes, value_to_gguf
 from stagewise.weights.gguf_names import FAMILY_TO_GGUF, NameRule, rule_for_ours
@@ -63,8 +63,6 @@ FILE_TYPES = {
     "q5_k_m": (GGMLQuantizationType.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
     "mxfp4_moe": (GGMLQuantizationType.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
 }
-_KEEP_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight", "ssm_ba.weight",
-             "ssm_alpha.weight", "ssm_beta.weight", "rope_freqs.weight")
 
 
 # llama.cpp requires rope.dimension_sections for these (interleaved multimodal rope); on text every
@@ -212,6 +210,19 @@ def _add_field(w: gguf.GGUFWriter, key: str, value: Any) -> None:
         raise ConfigError(f"GGUF field {key} has an unsupported value type {type(value).__name__}")
 
 
+def stored_types(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]],
+                 dtype: str) -> dict[str, tuple[GGMLQuantizationType, ...]]:
+    """Each parameter's (our name) stored types, one per GGUF part in part order, in the ``dtype`` file
+    :func:`write_gguf` would write: llama.cpp's per-tensor types for a mix (``q4_k_m``), the row fallbacks."""
+    if dtype not in FILE_TYPES:
+        raise ConfigError(f"GGUF dtype {dtype!r} is not supported ({', '.join(FILE_TYPES)})")
+    types: dict[str, list[GGMLQuantizationType]] = {}
+    for t in _plan(config, params, FILE_TYPES[dtype][0], dtype):
+        if t.rule is not None:
+            types.setdefault(t.ours, []).append(t.ggml_type)
+    return {name: tuple(parts) for name, parts in types.items()}
+
+
 def _plan(config: ModelConfig, params: list[tuple[str, tuple[int, ...]]], matrix_type: GGMLQuantizationType,
           dtype: str = "") -> list[_Planned]:
     plan: list[_Planned] = []
@@ -243,7 +254,7 @@ _ROW_FALLBACK = {
 
 def _storage_type(suffix: str, shape: tuple[int, ...], matrix_type: GGMLQuantizationType, dtype: str = "",
                   gguf_name: str = "", model: QuantModel | None = None) -> GGMLQuantizationType:
-    if len(shape) < 2 or suffix in _KEEP_F32:
+    if len(shape) < 2 or suffix in KEEP_F32:
         return GGMLQuantizationType.F32
     if dtype in PRESETS and PRESETS[dtype].quantized and model is not None:
         return tensor_type(dtype, gguf_name, shape, model)  # llama.cpp's per-tensor type for the preset

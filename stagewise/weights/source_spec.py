@@ -23,8 +23,8 @@ from stagewise.errors import ConfigError
 from stagewise.spec.formats import activation_bytes
 from stagewise.spec.model_config import ModelConfig
 from stagewise.spec.model_spec import ModelSpec
-from stagewise.spec.packed_types import block_elements, format_name, is_expanded, row_bytes
-from stagewise.spec.quant_presets import QuantModel, preset
+from stagewise.spec.packed_types import block_elements, format_name, is_expanded, is_packed, row_bytes
+from stagewise.spec.quant_presets import KEEP_F32, QuantModel, preset
 from stagewise.spec.tensor_shapes import TensorShape, block_tensors, entry_tensors, exit_tensors
 from stagewise.spec.weight_bytes import (
     Expansion,
@@ -207,19 +207,30 @@ def format_expansions(config: ModelConfig, fmt: str, run_dtype: str) -> list[Exp
 def random_spec(config: ModelConfig, fmt: str, run_dtype: str, name: str) -> ModelSpec:
     """The spec of ``random:PRESET@fmt`` (:class:`~stagewise.weights.random_source.RandomSource`'s
     rule): projections, experts and an untied head drawn packed in ``fmt`` where rows divide into
-    its blocks; embeddings, norms, the router, the shared-expert gate and the conv1d dense."""
+    its blocks (a mix, ``q4_k_m``: in the type a file of that mix stores each in, where its parts agree);
+    embeddings, norms, the router, the shared-expert gate and the conv1d dense."""
     if fmt == "dense":
         return ModelSpec.from_config(config, run_dtype, name=name)
-    qtype = preset(fmt).default
+    p = preset(fmt)
+    qtype = p.default
+    mix = p.mix and fmt != format_name(qtype)  # q4_k_m: llama.cpp's per-tensor types (RandomSource.MIXES)
+    model = QuantModel.from_config(config)
     dense = activation_bytes(run_dtype)
 
-    def nbytes(t: TensorShape) -> int:
-        if t.role in ("matrix", "expert", "head") and len(t.shape) >= 2 and t.shape[-1] % block_elements(qtype) == 0:
+    def nbytes(t: TensorShape, block: int | None) -> int:
+        if t.role not in ("matrix", "expert", "head") or len(t.shape) < 2:
+            return t.elements * dense
+        if mix:  # drawn packed where every stored part has one packed type, as make-model's file of the mix loads
+            types = [GGMLQuantizationType.F32 if part in KEEP_F32 else ty
+                     for (part, _), ty in zip(t.parts, part_types(t, p, model, block), strict=True)]
+            packed = len(set(types)) == 1 and is_packed(types[0])
+            return math.prod(t.shape[:-1]) * row_bytes(types[0], t.shape[-1]) if packed else t.elements * dense
+        if t.shape[-1] % block_elements(qtype) == 0:
             return math.prod(t.shape[:-1]) * row_bytes(qtype, t.shape[-1])
         return t.elements * dense
 
-    by_block = {i: sum(nbytes(t) for t in block_tensors(config, i)) for i in range(config.num_layers)}
-    spec = ModelSpec.from_config(config, preset(fmt).name, name=name, tensor_bytes_by_block=by_block,
-                                 entry_bytes=sum(nbytes(t) for t in entry_tensors(config)),
-                                 exit_bytes=sum(nbytes(t) for t in exit_tensors(config)))
+    by_block = {i: sum(nbytes(t, i) for t in block_tensors(config, i)) for i in range(config.num_layers)}
+    spec = ModelSpec.from_config(config, p.name, name=name, tensor_bytes_by_block=by_block,
+                                 entry_bytes=sum(nbytes(t, None) for t in entry_tensors(config)),
+                                 exit_bytes=sum(nbytes(t, None) for t in exit_tensors(config)))
     return replace(spec, format=fmt)
