@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Session 20's device calls (carry [".wheels"]; run again on the same warm machine until it says "all done"; none
-# starts past DEADLINE_S, default 560): session 19's A/Bs, not yet run (random Llama-3.1-8B Q4_K decode at 2 / 8 / 16
-# streams with its narrow matrices in their own tiles, packed_matmul.NARROW_MAX_N 4096, the default, against 0;
-# random Qwen3.6-35B-A3B Q4_K at 2 / 8 / 32 streams with its decode expert blocks in kernel A, the default, or B,
-# EXPERT_B_FROM_ONE_ROW 1), then Q5_K (Q5_K_M files' type: kernel A up to 16 rows today, never timed in kernel B there)
-# and Q6_K at 2 / 8 / 16 streams with packed_matmul.B_FROM_ONE_ROW {Q4_K} against {Q4_K, Q5_K, Q6_K} (kernel B from one
-# row; Q6_K lost 20-24 % so in session 17, before kernel B's bf16 arithmetic), then the compiled kernels' GPU tests
-# (four processes), then packed_decode.py --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and Q5_K at
-# 8 rows, kernel B's for Q4_K and Q6_K at 32 and 64 rows (session 19 swept Q4_K at 2-16 rows). Results:
+# starts past DEADLINE_S, default 560). Decode A/Bs (constant_ab.py, one setting a process) on random weights in
+# llama.cpp's Q4_K_M mix (random:PRESET@q4_k_m: Q6_K beside Q4_K, as the issue's files): Llama-3.1-8B at 2 / 8 / 16 /
+# 32 streams with its narrow Q4_K matrices (o, down) in their own tiles (packed_matmul.NARROW_MAX_N 4096, the default)
+# against without (0), and with its Q6_K matrices (attn_v, half of ffn_down, the head) in kernel B from one row
+# (B_FROM_ONE_ROW {Q4_K, Q6_K}; Q6_K lost 20-24 % so in session 17, before kernel B's bf16 arithmetic); Qwen3.6-35B-A3B
+# at 2 / 8 / 32 with its decode expert blocks in kernel A (the default) or B (EXPERT_B_FROM_ONE_ROW 1); Llama Q5_K
+# (Q5_K_M files' type) in kernel A up to 16 rows (today) or B from one row. Then the compiled kernels' GPU tests (four
+# processes), then packed_decode.py --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and Q5_K at 8
+# rows, kernel B's for Q4_K and Q6_K at 32 and 64 rows (session 19 swept Q4_K at 2-16 rows). Results:
 # $OUT/kquant_s20.tgz.
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s20; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
@@ -24,14 +25,13 @@ while IFS='|' read -r m levels sets; do
   grep '"set"' "$W/ab.out" | sed "s/^/$m /" | tee -a "$W/constant_ab.jsonl" | grep -q . \
     && touch "$W/done/ab$n" "$W/done/compiled_$m" || { echo "failed: $m $sets"; grep -v Warn "$W/ab.out" | tail -3; }
 done <<JOBS
-llama-3.1-8b@q4_k|2,8,16|
-llama-3.1-8b@q4_k|2,8,16|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
-qwen3.6-35b-a3b@q4_k|2,8,32|
-qwen3.6-35b-a3b@q4_k|2,8,32|--set stagewise.kernels.packed_matmul.EXPERT_B_FROM_ONE_ROW=1
+llama-3.1-8b@q4_k_m|2,8,16,32|
+llama-3.1-8b@q4_k_m|2,8,16,32|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
+llama-3.1-8b@q4_k_m|2,8,16,32|--set stagewise.kernels.packed_matmul.B_FROM_ONE_ROW=types:Q4_K,Q6_K
+qwen3.6-35b-a3b@q4_k_m|2,8,32|
+qwen3.6-35b-a3b@q4_k_m|2,8,32|--set stagewise.kernels.packed_matmul.EXPERT_B_FROM_ONE_ROW=1
 llama-3.1-8b@q5_k|2,8,16|
-llama-3.1-8b@q5_k|2,8,16|--set stagewise.kernels.packed_matmul.B_FROM_ONE_ROW=types:Q4_K,Q5_K,Q6_K
-llama-3.1-8b@q6_k|2,8,16|
-llama-3.1-8b@q6_k|2,8,16|--set stagewise.kernels.packed_matmul.B_FROM_ONE_ROW=types:Q4_K,Q5_K,Q6_K
+llama-3.1-8b@q5_k|2,8,16|--set stagewise.kernels.packed_matmul.B_FROM_ONE_ROW=types:Q4_K,Q5_K
 JOBS
 if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once: the compiles are most of their time
   i=0
