@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -68,3 +69,35 @@ def test_an_aligned_output_is_a_row_strided_view_of_the_same_product() -> None:
         assert y.shape == (2, 9, out_features)
         assert (y.stride(-2) * y.element_size()) % 16 == 0 and y.stride(-1) == 1
         assert torch.equal(y, nn.functional.linear(x, lin.weight))
+
+
+def test_q_and_k_fuse_where_v_is_stored_in_another_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Q4_K_M mix stores some layers' ``attn_v`` in a type of more bits than ``attn_q`` / ``attn_k``
+    (tiny-llama's layer 2: Q8_0 beside Q5_0): those layers run q and k as one matmul and v apart, and decode
+    as the three separate projections do."""
+    from stagewise.engine.generation_request import GenerationRequest
+    from stagewise.engine.generator import Generator
+    from stagewise.engine.model_loading import load_model
+    from stagewise.engine.sampling import SamplingParams
+    from stagewise.models.layers.attention import Attention
+
+    def run() -> tuple[list[tuple[bool, bool]], list[tuple[int, float]]]:
+        loaded = load_model("random:tiny-llama@q4_k_m", devices="cpu:1x1GiB", placement="single", context=64,
+                            dtype="float32")
+        try:
+            attns = [m for m in loaded.pipeline.stages[0].model.modules() if isinstance(m, Attention)]
+            fused = [(a.qkv_proj is not None, a.qk_proj is not None) for a in attns]
+            generator = Generator(loaded.pipeline, loaded.max_context, prefill_chunk=8)
+            request = GenerationRequest(tuple(range(1, 12)), 8, SamplingParams(temperature=0.0), top_logprobs=1)
+            return fused, [(e.sample.token, e.sample.logprob) for e in generator.stream(request)]
+        finally:
+            loaded.close()
+
+    fused, tokens = run()
+    assert fused == [(True, False), (True, False), (False, True)]
+    monkeypatch.setattr(Attention, "fuse", lambda self: setattr(  # q, k and v fused only when all three agree
+        self, "qkv_proj", fuse_linears([self.q_proj, self.k_proj, self.v_proj])))
+    separate, reference = run()
+    assert separate == [(True, False), (True, False), (False, False)]
+    assert [t for t, _ in tokens] == [t for t, _ in reference]
+    assert [lp for _, lp in tokens] == pytest.approx([lp for _, lp in reference], abs=1e-5)
