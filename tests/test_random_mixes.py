@@ -54,7 +54,7 @@ def test_a_random_mix_draws_each_tensor_in_the_type_its_file_stores(tmp_path: Pa
 
 
 @pytest.mark.parametrize("preset", ["llama-3.1-8b", "qwen3.6-35b-a3b", "qwen3-30b-a3b", "tiny-qwen3.6"])
-@pytest.mark.parametrize("fmt", sorted(MIXES - {"mxfp4_moe"}))
+@pytest.mark.parametrize("fmt", sorted(MIXES))
 def test_the_plan_charges_a_random_mix_as_it_is_drawn(preset: str, fmt: str) -> None:
     config = ModelConfig.from_hf_dict(load_hf_config(preset), source=preset)
     planned = random_spec(config, fmt, "bf16", "m")  # torch-free: what plan / assess charge
