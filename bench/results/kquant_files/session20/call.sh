@@ -3,8 +3,8 @@
 # starts past DEADLINE_S, default 560). Decode A/Bs (constant_ab.py, one setting a process) on random weights in
 # llama.cpp's Q4_K_M mix (random:PRESET@q4_k_m: Q6_K beside Q4_K, as the issue's files): Llama-3.1-8B at 2 / 8 / 16 /
 # 32 streams with its narrow Q4_K matrices (o, down) in their own tiles (packed_matmul.NARROW_MAX_N 4096, the default)
-# against without (0), and with its Q6_K matrices (attn_v, half of ffn_down, the head) in kernel B from one row
-# (B_FROM_ONE_ROW {Q4_K, Q6_K}; Q6_K lost 20-24 % so in session 17, before kernel B's bf16 arithmetic); Qwen3.6-35B-A3B
+# against without (0) (its Q6_K matrices, attn_v, half of ffn_down and the head, stay in kernel A: kernel B took 27-90 %
+# longer at 8 rows on qkv and o in session 19's sweep); Qwen3.6-35B-A3B
 # at 2 / 8 / 32 with its decode expert blocks in kernel A (the default) or B (EXPERT_B_FROM_ONE_ROW 1); Llama Q5_K
 # (Q5_K_M files' type) in kernel A up to 16 rows (today) or B from one row. Then the compiled kernels' GPU tests (four
 # processes), then packed_decode.py --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and Q5_K at 8
@@ -27,7 +27,6 @@ while IFS='|' read -r m levels sets; do
 done <<JOBS
 llama-3.1-8b@q4_k_m|2,8,16,32|
 llama-3.1-8b@q4_k_m|2,8,16,32|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
-llama-3.1-8b@q4_k_m|2,8,16,32|--set stagewise.kernels.packed_matmul.B_FROM_ONE_ROW=types:Q4_K,Q6_K
 qwen3.6-35b-a3b@q4_k_m|2,8,32|
 qwen3.6-35b-a3b@q4_k_m|2,8,32|--set stagewise.kernels.packed_matmul.EXPERT_B_FROM_ONE_ROW=1
 llama-3.1-8b@q5_k|2,8,16|
