@@ -361,6 +361,24 @@ def test_the_q6_k_ptx_makes_128_plus_each_six_bit_value_in_bf16() -> None:
             assert [_bf16((out[f"${j}"] >> (16 * i)) & 0xFFFF) for i in range(2)] == want
 
 
+def test_the_q3_k_ptx_makes_128_plus_each_three_bit_value_in_bf16() -> None:
+    """The Q3_K PTX of kernels A and B, instruction by instruction: two low-bit bytes and their high-bit bytes give
+    ``128 + u`` of the four 2-bit fields, ``u`` the field with bit ``4 half + s`` of the high byte as its bit 2, as
+    gguf's Q3_K puts them together (``value = d (scale - 32) (u - 4)``)."""
+    from stagewise.kernels import quant_bf16_triton as kernels
+
+    rng = torch.Generator().manual_seed(2)
+    for half, text in enumerate((kernels.Q3K_ASM0, kernels.Q3K_ASM1)):
+        for _ in range(256):
+            q, hm = (torch.randint(0, 256, (2,), generator=rng).tolist() for _ in range(2))
+            regs = {f"${4 + i}": b[0] | b[1] << 8 | int(torch.randint(0, 1 << 16, (), generator=rng)) << 16
+                    for i, b in enumerate((q, hm))}  # bits above the 16-bit operands: ignored
+            out = _run_ptx(text.value, regs)
+            for s in range(4):
+                want = [128 + (((b >> (2 * s)) & 3) | (((h >> (4 * half + s)) & 1) << 2)) for b, h in zip(q, hm, strict=True)]
+                assert [_bf16((out[f"${s}"] >> (16 * i)) & 0xFFFF) for i in range(2)] == want
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("tokens", [8, 128], ids=["kernel-A-blocks", "kernel-B-blocks"])
