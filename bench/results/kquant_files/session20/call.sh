@@ -5,7 +5,7 @@
 # 16 / 32 streams with its narrow Q4_K matrices (o, down) in their own tiles (packed_matmul.NARROW_MAX_N 4096, the
 # default) against without (0) (its Q6_K matrices, attn_v, half of ffn_down and the head, stay in kernel A: kernel B
 # took 27-90 % longer at 8 rows on qkv and o in session 19's sweep); then the compiled kernels' GPU tests (four
-# processes: Q6_K's PTX changed in this session); then Qwen3.6-35B-A3B at 2 / 8 / 32 with its decode expert blocks in
+# processes: Q6_K's PTX changed and Q3_K's is new in this session); then Qwen3.6-35B-A3B at 2 / 8 / 32 with its decode expert blocks in
 # kernel A (the default) or B (EXPERT_B_FROM_ONE_ROW 1), and Llama Q5_K (Q5_K_M files' type) in kernel A up to 16 rows
 # (today) or B from one row; then packed_decode.py --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and
 # Q5_K at 8 rows, kernel B's for Q4_K and Q6_K at 32 and 64 rows (session 19 swept Q4_K at 2-16 rows). Results:
@@ -31,7 +31,7 @@ ab_jobs <<JOBS
 llama-3.1-8b@q4_k_m|2,8,16,32|
 llama-3.1-8b@q4_k_m|2,8,16,32|--set stagewise.kernels.packed_matmul.NARROW_MAX_N=0
 JOBS
-if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once (the compiles are most of their time); Q6_K's PTX
+if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once (the compiles are most of their time); Q6_K's, Q3_K's PTX
   # changed in this session: checked here before the other A/Bs
   i=0
   for sel in "bf16 and (Q4_0 or Q4_1 or Q5_0 or Q5_1)" "bf16 and (Q2_K or Q3_K or Q4_K or Q5_K)" \
