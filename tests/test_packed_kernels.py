@@ -145,11 +145,11 @@ def _within_a_bf16_ulp(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert bool((err <= bound).all()), float((err / bound).max())
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("n, k", [(13, 2048), (8, 4096), (5, 6144), (37, 512), (9, 256)],
                          ids=["k2048", "k4096", "k6144-steps", "k512-row-sets", "k256-row-sets"])
 def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int, k: int) -> None:
-    """One Q4_K, Q5_K, Q6_K or IQ4_XS matrix with bf16 input takes the word GEMV (magic-number values, inline
+    """One Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS matrix with bf16 input takes the word GEMV (magic-number values, inline
     PTX on a GPU, Triton's ops here): each output within one bf16 ulp of float32 ``x @ W.T``, for a partial row
     tile, K of one and of three steps, and short K (several sets of rows a warp, the last set partial)."""
     from stagewise.kernels.word_gemv_triton import words_config
@@ -164,7 +164,7 @@ def test_the_word_gemv_matches_dense_matmul(qtype: GGMLQuantizationType, n: int,
     _within_a_bf16_ulp(got, ref)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("x_repeat", [1, 2])
 def test_the_word_gemv_gathers_the_routed_experts(qtype: GGMLQuantizationType, x_repeat: int) -> None:
     experts, n, k = 4, 6, 512  # Qwen3.6's expert down: K 512, four sets of rows a warp
@@ -190,6 +190,7 @@ def test_the_word_gemv_is_chosen_by_type_shape_and_input_dtype_only() -> None:
     assert words_config(T.Q5_K, 4096, False, torch.bfloat16) == (4, 4096, 2)
     assert words_config(T.IQ4_XS, 4096, False, torch.bfloat16) == (4, 4096, 2)
     assert words_config(T.IQ4_NL, 4096, False, torch.bfloat16) is None
+    assert words_config(T.Q3_K, 14336, False, torch.bfloat16) == (4, 2048, 1)
 
 
 def test_the_word_ptx_makes_128_plus_each_byte_in_float32() -> None:

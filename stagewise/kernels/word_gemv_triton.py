@@ -1,25 +1,26 @@
-"""The word GEMV: Q4_K, Q5_K, Q6_K and IQ4_XS matrices times one bf16 input row (single-stream decode).
+"""The word GEMV: Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices times one bf16 input row (single-stream decode).
 
 ``y[m] = W @ x[m]`` for a packed ``(N, K)`` matrix held as planes
 (:class:`~stagewise.kernels.expert_stacks.PackedStack`), ``K`` a multiple of 2048. The quants are read as
 32-bit words and each value costs about two instructions:
 
-* **One conversion.** A word's bytes, each below 128 (a Q4_K nibble; a Q5_K / Q6_K value's nibble with its
-  high bits or'ed in, a whole word at a time), become float32 ``128 + u`` by one ``prmt`` each (inline PTX,
-  :data:`BYTES_ASM`: the byte under the exponent bits ``0x43``). The offset comes back out once a scale
-  group: ``sum(x (128 + u)) - 128 sum(x)`` (Q6_K's ``u - 32``: ``- 160 sum(x)``). IQ4_XS looks ``128 + kv``
-  up by ``prmt`` byte tables (:data:`CODEBOOK_ASM`, about four instructions a value).
+* **One conversion.** A word's bytes, each below 128 (a Q4_K nibble; a Q5_K / Q6_K value's nibble, a Q3_K
+  value's 2-bit field, with its high bits or'ed in, a whole word at a time), become float32 ``128 + u`` by one
+  ``prmt`` each (inline PTX, :data:`BYTES_ASM`: the byte under the exponent bits ``0x43``). The offset comes back
+  out once a scale group: ``sum(x (128 + u)) - 128 sum(x)`` (Q6_K's ``u - 32``: ``- 160 sum(x)``; Q3_K's
+  ``u - 4``: ``- 132 sum(x)``). IQ4_XS looks ``128 + kv`` up by ``prmt`` byte tables (:data:`CODEBOOK_ASM`, about
+  four instructions a value).
 * **One FMA** into float32, per value.
 
 A thread owns one quarter of a 256-value super-block (Q4_K / Q5_K: a 64-value chunk, its 8 quant words; IQ4_XS:
-two 32-value sub-blocks;
-Q6_K: values ``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words of each of two runs
-and 4 high-bit words) for each of a program's ``BLOCK_N`` rows (for ``K`` of 256-1024, a warp takes several
+two 32-value sub-blocks; Q6_K: values ``l0 .. l0 + 15`` of each of a half's four 32-value groups, 4 low-bit words
+of each of two runs and 4 high-bit words; Q3_K: the same values, 4 low-bit words and 4 high-bit words) for each of
+a program's ``BLOCK_N`` rows (for ``K`` of 256-1024, a warp takes several
 sets of ``BLOCK_N`` rows side by side: :func:`row_threads`), so its inputs are loaded, converted and
 summed once for all of them and its scales decoded once a quarter. Every tensor is ``(sets, blocks, 4)`` or
 ``(sets, blocks, 4, 4)`` with the last dimension in one thread (16-byte loads split by :func:`quarters`): no data
 moves between threads until the final sum. Offline SASS for sm_90a (``bench/sass_count.py --modes G``):
-3.8 (Q4_K), 4.5 (Q5_K), 3.9 (Q6_K) and 7.1 (IQ4_XS) instructions a value, against 9.2-17.9 for the slot
+3.8 (Q4_K), 4.5 (Q5_K), 3.9 (Q6_K), 4.7 (Q3_K) and 7.1 (IQ4_XS) instructions a value, against 9.2-17.9 for the slot
 and byte GEMVs at Llama-3.1-8B's shapes (14-31 at Qwen3.6's expert down, K 512) and 9.0-9.8 for kernel A.
 
 Tile configs are a pure function of the type, ``K`` and the input's dtype (:func:`words_config`), so every
@@ -43,7 +44,7 @@ from stagewise.kernels.packed_blocks_triton import IQ4_HI, IQ4_LO, codebook, k_w
 from stagewise.kernels.triton_launch import dependent_launch, launch_device
 
 T = GGMLQuantizationType
-WORD_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS})
+WORD_TYPES = frozenset({T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS})
 WORDS_ASM = True  # bytes -> float32 by inline PTX (else Triton's ops, the same values: the interpreter's way)
 WORDS_BLOCK_N = 4  # rows a program: a thread loads, converts and sums its inputs once for all of them
 WORDS_STEPS = ((4096, 2), (2048, 1))  # (BLOCK_K, num_warps) by preference: four threads a super-block
@@ -295,6 +296,61 @@ def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3
 
 
 @triton.jit
+def _q3k_bytes(a, h, S: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q3_K's 3-bit values ``u`` of field ``S`` (0-3) of a low-bit word ``a`` (four 2-bit fields a byte), each with
+    its high bit from ``h`` (the high-bit word shifted by the half: bit ``S`` of each byte), every byte below 8."""
+    if S == 3:
+        return ((a >> 6) & 0x03030303) | ((h >> 1) & 0x04040404)
+    else:
+        return ((a >> (2 * S)) & 0x03030303) | ((h << (2 - S)) & 0x04040404)
+
+
+@triton.jit
+def _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride_q32, stride_h32, stride_m,
+              BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q3_K (110-byte blocks: hmask[32] | qs[64] | scales[12], d; value ``128 h + 32 s + 16 g + l`` in
+    field ``s`` of qs byte ``32 h + 16 g + l``, its high bit bit ``4 h + s`` of hmask byte ``16 g + l``, its 6-bit
+    scale ``8 h + 2 s + g``): thread ``t`` of super-block ``b`` owns half ``h = t // 2`` at ``g = t % 2``, the Q6_K
+    thread's values (16 of each of the half's four 32-value groups, one scale each). Weights first, as for Q4_K."""
+    weights = ()
+    for r in tl.static_range(BLOCK_N):
+        row = tl.minimum(n0 + rt4 * BLOCK_N + r, N - 1).to(tl.int64)
+        row3 = tl.minimum(n0 + rt3 * BLOCK_N + r, N - 1).to(tl.int64)
+        qo = row * stride_q32 + bk * 16 + 8 * (t4 // 2) + 4 * (t4 % 2) + k4  # qs[32 h + 16 g ..]
+        ho = row * stride_h32 + bk * 8 + 4 * (t4 % 2) + k4  # hmask[16 g ..]
+        block = meta_ptr + row3 * stride_m + b3 * 14
+        d = tl.load((block + 12).to(tl.pointer_type(tl.float16)) + 0 * t3).to(tl.float32)
+        half, g = t3 // 2, t3 % 2
+        scales = ()
+        for s in tl.static_range(4):  # scale 8 h + 2 s + g: low 4 bits in byte 2 s + g (nibble h), high 2 in 8 + ...
+            low = (tl.load(block + 2 * s + g) >> (4 * half)) & 15
+            high = (tl.load(block + 8 + ((2 * s + g) & 3)) >> (4 * half + 2 * (s // 2))) & 3
+            scales = scales + (d * ((low | (high << 4)).to(tl.int32) - 32).to(tl.float32),)  # type: ignore[assignment]  # noqa: RUF005
+        weights = weights + ((tl.load(q32 + qo), tl.load(h32 + ho), scales),)  # type: ignore[assignment]  # noqa: RUF005
+    wait_for_predecessor(WAIT)
+    xo = bk * 128 + 64 * (t4 // 2) + 8 * (t4 % 2) + k4 + 0 * rt4  # bf16 pairs of values 128 h + 32 s + 16 g ..
+    inputs = ()
+    for s in tl.static_range(4):
+        xa, xb = quarters(tl.load(x32 + xo + 16 * s)), quarters(tl.load(x32 + xo + 16 * s + 4))
+        inputs = inputs + ((xa, xb, 132.0 * _pairs_sum(xa, xb)),)  # type: ignore[assignment]  # noqa: RUF005
+    out = ()
+    for r in tl.static_range(BLOCK_N):
+        wa, wh, scales = weights[r]  # type: ignore[var-annotated]
+        a0, a1, a2, a3 = quarters(wa)
+        h0, h1, h2, h3 = quarters(wh)
+        shift = 4 * (t3 // 2)  # the half's high bits: 0-3 or 4-7 of each byte
+        h0, h1, h2, h3 = h0 >> shift, h1 >> shift, h2 >> shift, h3 >> shift
+        acc = accs[r]
+        for s in tl.static_range(4):
+            xa, xb, offset = inputs[s]  # type: ignore[var-annotated]
+            g = _run_dot(_q3k_bytes(a0, h0, s), _q3k_bytes(a1, h1, s), _q3k_bytes(a2, h2, s),
+                         _q3k_bytes(a3, h3, s), xa, xb, ASM)
+            acc = acc + scales[s] * (g - offset)  # u - 4 = (128 + u) - 132
+        out = out + (acc,)  # type: ignore[assignment]  # noqa: RUF005
+    return out
+
+
+@triton.jit
 def _iq4_entry(w, SHIFT: tl.constexpr):  # type: ignore[no-untyped-def]
     """``128 + kv[n]`` as float32 for the nibble at bits ``SHIFT``.. of ``w`` (Triton's ops: the interpreter's)."""
     return (codebook((w >> SHIFT) & 15, IQ4_LO, IQ4_HI) + 128).to(tl.float32)
@@ -413,6 +469,12 @@ def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm
         for k0 in range(BLOCK_K, K, BLOCK_K):
             accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4,
                              t3, stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
+    elif TYPE == 11:  # Q3_K
+        accs = _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4,
+                         stride_hn // 4, stride_mn, BLOCK_N, ASM, WAIT)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            accs = _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4,
+                             t3, stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
     elif TYPE == 23:  # IQ4_XS
         m32 = meta_ptr.to(tl.pointer_type(tl.int32))
         accs = _iq4xs_step(accs, q32, m32, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4, stride_mn // 4,
@@ -471,9 +533,10 @@ def words_gemv(x2: torch.Tensor, weight: PackedStack, y: torch.Tensor, config: t
     n, k, gather = qs.shape[-2], x2.shape[1], qs.dim() == 3
     if (weight.ggml_type not in WORD_TYPES or x2.dtype != torch.bfloat16 or k % block_k
             or gather != (expert_index is not None)):
-        raise ValueError(f"the word GEMV takes Q4_K / Q5_K / Q6_K / IQ4_XS, bf16 input, K a multiple of {block_k}, an "
+        raise ValueError(f"the word GEMV takes Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS, bf16 input, K a multiple of {block_k}, an "
                          "expert index exactly for a stack")
-    planes = {T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh), T.IQ4_XS: (qs, meta)}[weight.ggml_type]
+    planes = {T.Q3_K: (qs, qh), T.Q4_K: (qs, meta), T.Q5_K: (qs, qh, meta), T.Q6_K: (qs, qh),
+              T.IQ4_XS: (qs, meta)}[weight.ggml_type]
     if not all(int32_rows(p, 4) for p in planes):  # the path is a function of type and shape: never switch on an address
         raise ValueError(f"{weight.ggml_type.name} planes must start 4-byte aligned with strides a multiple of 4 bytes")
     if x2.data_ptr() % 4 or x2.stride(0) % 2:  # read as bf16 pairs: a view at an odd element is copied (same values)

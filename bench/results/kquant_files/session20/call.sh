@@ -5,11 +5,11 @@
 # 16 / 32 streams with its narrow Q4_K matrices (o, down) in their own tiles (packed_matmul.NARROW_MAX_N 4096, the
 # default) against without (0) (its Q6_K matrices, attn_v, half of ffn_down and the head, stay in kernel A: kernel B
 # took 27-90 % longer at 8 rows on qkv and o in session 19's sweep); then the compiled kernels' GPU tests (four
-# processes: Q6_K's PTX changed and Q3_K's is new in this session); then Qwen3.6-35B-A3B at 2 / 8 / 32 with its decode expert blocks in
-# kernel A (the default) or B (EXPERT_B_FROM_ONE_ROW 1), and Llama Q5_K (Q5_K_M files' type) in kernel A up to 16 rows
-# (today) or B from one row; then packed_decode.py --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and
-# Q5_K at 8 rows, kernel B's for Q4_K and Q6_K at 32 and 64 rows (session 19 swept Q4_K at 2-16 rows). Results:
-# $OUT/kquant_s20.tgz.
+# processes, and the word GEMV's: Q6_K's PTX changed, Q3_K's PTX and word GEMV are new in this session); then
+# Qwen3.6-35B-A3B at 2 / 8 / 32 with its decode expert blocks in kernel A (the default) or B (EXPERT_B_FROM_ONE_ROW
+# 1), and Llama Q5_K (Q5_K_M files' type) in kernel A up to 16 rows (today) or B from one row; then packed_decode.py
+# --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and Q5_K at 8 rows, kernel B's for Q4_K and Q6_K
+# at 32 and 64 rows (session 19 swept Q4_K at 2-16 rows). Results: $OUT/kquant_s20.tgz.
 set -u
 O=${OUT:-/tmp/out}; W=/tmp/s20; mkdir -p "$O" "$W/done"; t0=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl 2>&1 | tail -1
@@ -40,7 +40,9 @@ if [ ! -e "$W/done/tests" ] && left 100; then  # four processes at once (the com
     timeout 95 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_packed_decode.py -k "compiled and ($sel)" \
       > "$W/gpu_tests_packed_decode_$i.txt" 2>&1 &
   done
-  wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt
+  timeout 95 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_packed_kernels.py -k word \
+    > "$W/gpu_tests_word_gemv.txt" 2>&1 &  # the word GEMV compiled (on a GPU), Q3_K's new with the others
+  wait; tail -n 3 "$W"/gpu_tests_packed_decode_*.txt "$W/gpu_tests_word_gemv.txt"
   touch "$W/done/tests"
 fi
 ab_jobs <<JOBS
