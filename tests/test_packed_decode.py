@@ -79,7 +79,8 @@ def test_matmul_takes_the_kernel_of_its_row_count(rows: int) -> None:
         _close(w.matmul(x.to(DEVICE)), ref)
 
 
-@pytest.mark.parametrize("qtype, k", [(T.Q4_K, 512), (T.Q6_K, 512), (T.IQ4_XS, 256)], ids=["Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("qtype, k", [(T.Q3_K, 512), (T.Q4_K, 512), (T.Q6_K, 512), (T.IQ4_XS, 256)],
+                         ids=["Q3_K", "Q4_K", "Q6_K", "IQ4_XS"])
 def test_one_bf16_row_takes_the_word_gemv_through_the_weight(qtype: GGMLQuantizationType, k: int) -> None:
     """A packed weight's one-row matmul and its gathered experts (MoE decode) reach the word GEMV with bf16 input
     (K 256 / 512: several sets of rows a warp) and match the dequantized weight to a bf16 rounding; an expert's
@@ -106,7 +107,7 @@ def test_the_dispatch_by_rows_is_pinned() -> None:
     assert paths(T.Q6_K, (1,), k=3072) == paths(T.Q6_K, (1,), dtype=torch.float16) == ["A"]  # no word GEMV there
     assert paths(T.Q4_K, (1, 2, 16, 17)) == ["gemv", "B", "B", "B"]  # one Q4_K row: the GEMV (words or slots)
     assert paths(T.Q4_K, (1,), k=3072) == ["gemv"]
-    assert paths(T.IQ4_XS, (1, 2)) == ["gemv", "A"]
+    assert paths(T.IQ4_XS, (1, 2)) == paths(T.Q3_K, (1, 2)) == ["gemv", "A"]
     assert paths(T.IQ4_NL, (1, 2)) == ["A", "A"]
     dense_tiles = packed_matmul.dense_tiles
     cpu = torch.device("cpu")  # the kernel the matmul launches agrees: kernel B from one row for Q4_K only
