@@ -362,6 +362,19 @@ def test_the_q6_k_ptx_makes_128_plus_each_six_bit_value_in_bf16() -> None:
             assert [_bf16((out[f"${j}"] >> (16 * i)) & 0xFFFF) for i in range(2)] == want
 
 
+def test_the_q2_k_ptx_makes_128_plus_each_two_bit_value_in_bf16() -> None:
+    """The Q2_K PTX of kernels A and B, instruction by instruction: two bytes give ``128 + u`` of their four 2-bit
+    fields (``value = d scale u - dmin min``), field ``s`` in output ``s``."""
+    from stagewise.kernels import quant_bf16_triton as kernels
+
+    rng = torch.Generator().manual_seed(3)
+    for _ in range(256):
+        q = torch.randint(0, 256, (2,), generator=rng).tolist()
+        out = _run_ptx(kernels.Q2K_ASM.value, {"$4": q[0] | q[1] << 8 | int(torch.randint(0, 1 << 16, (), generator=rng)) << 16})
+        for s in range(4):
+            assert [_bf16((out[f"${s}"] >> (16 * i)) & 0xFFFF) for i in range(2)] == [128 + ((b >> (2 * s)) & 3) for b in q]
+
+
 def test_the_q3_k_ptx_makes_128_plus_each_three_bit_value_in_bf16() -> None:
     """The Q3_K PTX of kernels A and B, instruction by instruction: two low-bit bytes and their high-bit bytes give
     ``128 + u`` of the four 2-bit fields, ``u`` the field with bit ``4 half + s`` of the high byte as its bit 2, as

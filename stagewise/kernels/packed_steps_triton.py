@@ -37,6 +37,7 @@ from stagewise.kernels.quant_bf16_triton import (
     nibbles5_bf16,
     nibbles5_word_bf16,
     nibbles_bf16,
+    q2_bf16,
     q3_bf16,
     q6_bf16,
 )
@@ -314,6 +315,24 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                         acc = _linear_group(acc, u, x, d * sc, zero, 32, SCALE_AFTER, DOT, True)
         if ASM and SCALE_AFTER:
             acc += d[:, None] * t
+    elif TYPE == 10 and ASM:  # Q2_K, the fields' 128 + u by inline PTX: half hf, byte 16g + l, field s: 32s + 16g + l
+        m = m_rows + blk * 20
+        d = load_f16(m + 16, n_ok)
+        dmin = load_f16(m + 18, n_ok)
+        for hf in tl.static_range(2):
+            for g in tl.static_range(2):
+                w0, w1, w2, w3 = q2_bf16(tl.load(q_rows[:, None] + blk * 64 + 32 * hf + 16 * g + l16,
+                                                 mask=n_ok[:, None], other=0))
+                for s in tl.static_range(4):
+                    sc = load_u8(m + 8 * hf + 2 * s + g, n_ok)  # the 16-value group's scale (low nibble) and min
+                    a = d * (sc & 15).to(tl.float32)
+                    b = -(dmin * (sc >> 4).to(tl.float32))
+                    x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 32 * s + 16 * g, stride_am, 16, DOT)
+                    w = w0 if s == 0 else w1 if s == 1 else w2 if s == 2 else w3
+                    if SCALE_AFTER:
+                        acc = _magic_group(acc, w, x, a, b, 0)
+                    else:  # kernel B: u exactly from 128 + u, then one bf16 fma a value
+                        acc = _mm(tl.fma(w - 128.0, _bf(a), _bf(b)), x, acc)
     elif TYPE == 11 and ASM:  # Q3_K, the fields' 128 + u by inline PTX: half hf, byte 16g + l, field s: 32s + 16g + l
         m = m_rows + blk * 14
         d = load_f16(m + 12, n_ok)
@@ -395,7 +414,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
 def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
            TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks. With ``ASM`` (bf16 dots), the
-    quants go through inline PTX where it is written (every 4-bit type, Q3_K and Q6_K), in both kernels; kernel B then makes
+    quants go through inline PTX where it is written (every 4-bit type, Q2_K, Q3_K and Q6_K), in both kernels; kernel B then makes
     each value from the PTX's ``128 + u`` by bf16 arithmetic, ``u`` exact and the row's scale and min rounded to
     bf16 (one ``fma`` or multiply a pair of values, no float32 round trip: within about two bf16 roundings of the
     dequantized value instead of one; a codebook entry times its scale). Without PTX, kernel B makes each value in
@@ -403,7 +422,8 @@ def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
                            TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and (TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23))
+                           ASM and DOT == 1 and (TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14
+                                                 or TYPE == 23))
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,

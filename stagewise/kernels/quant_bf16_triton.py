@@ -11,7 +11,8 @@ repacks byte by byte, about one more instruction a value): ``prmt`` spreads the 
 ``lop3`` masks a nibble and ors the magic bits, one instruction a value (Q5_K's fifth bit moved in from its
 high-bit byte); :func:`q6_bf16` likewise makes Q6_K's ``128 + u`` of four 16-value groups from two rows' low-byte
 pairs and the high-byte pair they share, and :func:`q3_bf16` Q3_K's ``128 + u`` of a byte pair's four 2-bit fields with their
-high bits (kernel A 10.03 -> 7.51 SASS instructions a value, kernel B 10.91 -> 7.16 at 16 rows). :func:`codebook_bf16`
+high bits (kernel A 10.03 -> 7.51 SASS instructions a value, kernel B 10.91 -> 7.16 at 16 rows), :func:`q2_bf16`
+Q2_K's fields alone. :func:`codebook_bf16`
 (IQ4_NL / IQ4_XS / MXFP4, two bytes at a time, as loaded) looks the entries' bf16 bytes up in ``prmt`` byte tables.
 The interpreter does not run PTX: ``tests/test_packed_decode.py`` runs these instruction by instruction, and the GPU
 tests run them compiled.
@@ -107,6 +108,12 @@ def _q3k_asm(half: int) -> str:
     return "\n".join([*lines, "}"])
 
 
+# Q2_K: two bytes (four 2-bit fields each) -> 128 + u of fields 0-3 as bf16 pairs ($0 .. $3), one lop3 a pair
+Q2K_ASM: tl.constexpr = tl.constexpr("\n".join([
+    "{", ".reg .b32 t;", "cvt.u32.u16 t, $4;", "prmt.b32 t, t, 0, 0x4140;",
+    "lop3.b32 $0, t, 0x00030003, 0x43004300, 0xea;", "shr.u32 t, t, 2;", "lop3.b32 $1, t, 0x00030003, 0x43004300, 0xea;",
+    "shr.u32 t, t, 2;", "lop3.b32 $2, t, 0x00030003, 0x43004300, 0xea;", "shr.u32 t, t, 2;",
+    "lop3.b32 $3, t, 0x00030003, 0x43004300, 0xea;", "}"]))
 Q3K_ASM0: tl.constexpr = tl.constexpr(_q3k_asm(0))  # Q3_K half 0: high bits 0-3; half 1: bits 4-7
 Q3K_ASM1: tl.constexpr = tl.constexpr(_q3k_asm(1))
 Q5K_ASM0: tl.constexpr = tl.constexpr(_nibbles5_asm(0))  # Q5_K chunk c: sub-blocks 2c, 2c + 1 -> bits 2c, 2c + 1
@@ -157,6 +164,13 @@ def codebook_bf16(q, TEXT: tl.constexpr):  # type: ignore[no-untyped-def]
     ``FP4_ASM``), two bytes at a time by ``prmt`` table lookups."""
     return tl.inline_asm_elementwise(asm=TEXT, constraints="=r,=r,h", args=[q],
                                      dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+
+
+@triton.jit
+def q2_bf16(q):  # type: ignore[no-untyped-def]
+    """Q2_K: bytes ``q`` (uint8) -> ``128 + u`` as bf16 of their four 2-bit fields (:data:`Q2K_ASM`)."""
+    return tl.inline_asm_elementwise(asm=Q2K_ASM, constraints="=r,=r,=r,=r,h", args=[q],
+                                     dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
 
 
 @triton.jit
