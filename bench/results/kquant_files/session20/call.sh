@@ -5,7 +5,7 @@
 # 16 / 32 streams with its narrow Q4_K matrices (o, down) in their own tiles (packed_matmul.NARROW_MAX_N 4096, the
 # default) against without (0) (its Q6_K matrices, attn_v, half of ffn_down and the head, stay in kernel A: kernel B
 # took 27-90 % longer at 8 rows on qkv and o in session 19's sweep); then the compiled kernels' GPU tests (four
-# processes, and the word GEMV's: Q6_K's PTX changed, Q3_K's PTX and word GEMV are new in this session); then
+# processes, and the word GEMV's: Q6_K's PTX changed, Q2_K's and Q3_K's PTX and Q3_K's word GEMV are new in this session); then
 # Qwen3.6-35B-A3B at 2 / 8 / 32 with its decode expert blocks in kernel A (the default) or B (EXPERT_B_FROM_ONE_ROW
 # 1), and Llama Q5_K (Q5_K_M files' type) in kernel A up to 16 rows (today) or B from one row; then packed_decode.py
 # --sweep: kernel A's tiles (and kernel B's default tiles) for Q6_K and Q5_K at 8 rows, kernel B's for Q4_K and Q6_K
