@@ -252,6 +252,19 @@ def _q6k_bytes(a, h, S: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _half_inputs(x32, bk, rt4, t4, k4, OFFSET: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q6_K's and Q3_K's thread inputs: values ``128 h + 32 s + l0 ..`` (``h = t // 2``, ``l0 = 16 (t % 2)``) of
+    each of a half's four groups ``s``, as ``(xa, xb, OFFSET sum(x))`` (two loads' quarters, the offset the group's
+    ``128 + u`` takes out)."""
+    xo = bk * 128 + 64 * (t4 // 2) + 8 * (t4 % 2) + k4 + 0 * rt4  # bf16 pairs of values 128 h + 32 s + l0 ..
+    inputs = ()
+    for s in tl.static_range(4):
+        xa, xb = quarters(tl.load(x32 + xo + 16 * s)), quarters(tl.load(x32 + xo + 16 * s + 4))
+        inputs = inputs + ((xa, xb, OFFSET * _pairs_sum(xa, xb)),)  # type: ignore[assignment]  # noqa: RUF005
+    return inputs
+
+
+@triton.jit
 def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride_q32, stride_h32, stride_m,
               BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
     """One K step of Q6_K (210-byte blocks: ql[128] | qh[64] | scales[16], d): thread ``t`` of super-block ``b``
@@ -270,11 +283,7 @@ def _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3
                   d * tl.load(sc + 4).to(tl.float32), d * tl.load(sc + 6).to(tl.float32))
         weights = weights + ((tl.load(q32 + qo), tl.load(q32 + qo + 8), tl.load(h32 + ho), scales),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
-    xo = bk * 128 + 64 * (t4 // 2) + 8 * (t4 % 2) + k4 + 0 * rt4  # bf16 pairs of values 128 h + 32 s + l0 ..
-    inputs = ()
-    for s in tl.static_range(4):
-        xa, xb = quarters(tl.load(x32 + xo + 16 * s)), quarters(tl.load(x32 + xo + 16 * s + 4))
-        inputs = inputs + ((xa, xb, 160.0 * _pairs_sum(xa, xb)),)  # type: ignore[assignment]  # noqa: RUF005
+    inputs = _half_inputs(x32, bk, rt4, t4, k4, 160.0)  # u - 32 = (128 + u) - 160
     out = ()
     for r in tl.static_range(BLOCK_N):
         wa, wb, wh, scales = weights[r]  # type: ignore[var-annotated]
@@ -328,11 +337,7 @@ def _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3
             scales = scales + (d * ((low | (high << 4)).to(tl.int32) - 32).to(tl.float32),)  # type: ignore[assignment]  # noqa: RUF005
         weights = weights + ((tl.load(q32 + qo), tl.load(h32 + ho), scales),)  # type: ignore[assignment]  # noqa: RUF005
     wait_for_predecessor(WAIT)
-    xo = bk * 128 + 64 * (t4 // 2) + 8 * (t4 % 2) + k4 + 0 * rt4  # bf16 pairs of values 128 h + 32 s + 16 g ..
-    inputs = ()
-    for s in tl.static_range(4):
-        xa, xb = quarters(tl.load(x32 + xo + 16 * s)), quarters(tl.load(x32 + xo + 16 * s + 4))
-        inputs = inputs + ((xa, xb, 132.0 * _pairs_sum(xa, xb)),)  # type: ignore[assignment]  # noqa: RUF005
+    inputs = _half_inputs(x32, bk, rt4, t4, k4, 132.0)  # u - 4 = (128 + u) - 132
     out = ()
     for r in tl.static_range(BLOCK_N):
         wa, wh, scales = weights[r]  # type: ignore[var-annotated]
