@@ -356,6 +356,19 @@ def _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3
 
 
 @triton.jit
+def _half_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride_q32, stride_h32, stride_m,
+               TYPE: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, WAIT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """One K step of Q6_K (``TYPE`` 14) or Q3_K (11), whose threads own the same values (:func:`_half_inputs`)."""
+    if TYPE == 14:
+        out = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride_q32, stride_h32,
+                        stride_m, BLOCK_N, ASM, WAIT)
+    else:
+        out = _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, bk, b3, rt4, rt3, t4, k4, t3, stride_q32, stride_h32,
+                        stride_m, BLOCK_N, ASM, WAIT)
+    return out
+
+
+@triton.jit
 def _iq4_entry(w, SHIFT: tl.constexpr):  # type: ignore[no-untyped-def]
     """``128 + kv[n]`` as float32 for the nibble at bits ``SHIFT``.. of ``w`` (Triton's ops: the interpreter's)."""
     return (codebook((w >> SHIFT) & 15, IQ4_LO, IQ4_HI) + 128).to(tl.float32)
@@ -468,18 +481,12 @@ def _words_kernel(x_ptr, qs_ptr, qh_ptr, meta_ptr, y_ptr, e_ptr, N, K, stride_xm
     accs = ()
     for _r in tl.static_range(BLOCK_N):
         accs = accs + (tl.zeros((ROW_THREADS, NB, 4), tl.float32),)  # type: ignore[assignment]  # noqa: RUF005
-    if TYPE == 14:  # Q6_K
-        accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4,
-                         stride_hn // 4, stride_mn, BLOCK_N, ASM, WAIT)
+    if TYPE == 14 or TYPE == 11:  # Q6_K, Q3_K: a half's four groups a thread, the meta read as bytes
+        accs = _half_step(accs, q32, h32, meta_ptr, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4,
+                          stride_hn // 4, stride_mn, TYPE, BLOCK_N, ASM, WAIT)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            accs = _q6k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4,
-                             t3, stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
-    elif TYPE == 11:  # Q3_K
-        accs = _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4,
-                         stride_hn // 4, stride_mn, BLOCK_N, ASM, WAIT)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            accs = _q3k_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4,
-                             t3, stride_qn // 4, stride_hn // 4, stride_mn, BLOCK_N, ASM, False)
+            accs = _half_step(accs, q32, h32, meta_ptr, x32, n0, N, k0 // 256 + b4, k0 // 256 + b3, rt4, rt3, t4, k4,
+                              t3, stride_qn // 4, stride_hn // 4, stride_mn, TYPE, BLOCK_N, ASM, False)
     elif TYPE == 23:  # IQ4_XS
         m32 = meta_ptr.to(tl.pointer_type(tl.int32))
         accs = _iq4xs_step(accs, q32, m32, x32, n0, N, b4, b3, rt4, rt3, t4, k4, t3, stride_qn // 4, stride_mn // 4,
