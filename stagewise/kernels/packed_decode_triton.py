@@ -50,8 +50,8 @@ from stagewise.kernels.triton_launch import cdiv, dependent_launch, launch_devic
 from stagewise.spec.packed_types import block_elements
 
 _WORD_META = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K)  # meta read as int32 words (packed_steps_triton)
-# the quants -> bf16 by inline PTX (else Triton's ops), in kernels A and B: Q4_0/1, Q5_0/1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
-# IQ4_XS and MXFP4 (packed_steps_triton.k_step)
+# the quants -> bf16 by inline PTX (else Triton's ops), in kernels A and B: every packed type (Q4_0/1, Q5_0/1, Q2_K,
+# Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4; packed_steps_triton.k_step)
 NIBBLE_ASM = True
 
 

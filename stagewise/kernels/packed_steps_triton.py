@@ -414,20 +414,16 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
 def k_step(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
            TYPE: tl.constexpr, BLOCKS: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """``acc (BN, BM) +=`` one K step: a super-block, or ``BLOCKS`` 32-value blocks. With ``ASM`` (bf16 dots), the
-    quants go through inline PTX where it is written (every 4-bit type, Q2_K, Q3_K and Q6_K), in both kernels; kernel B then makes
-    each value from the PTX's ``128 + u`` by bf16 arithmetic, ``u`` exact and the row's scale and min rounded to
-    bf16 (one ``fma`` or multiply a pair of values, no float32 round trip: within about two bf16 roundings of the
-    dequantized value instead of one; a codebook entry times its scale). Without PTX, kernel B makes each value in
-    float32 and rounds it to the dot's dtype once."""
+    quants of every type go through inline PTX, in both kernels; kernel B then makes each value from the PTX's
+    ``128 + u`` by bf16 arithmetic, ``u`` exact and the row's scale and min rounded to bf16 (one ``fma`` or multiply
+    a pair of values, no float32 round trip: within about two bf16 roundings of the dequantized value instead of
+    one; a codebook entry times its scale). Without PTX, kernel B makes each value in float32 and rounds it to the
+    dot's dtype once."""
     if TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14 or TYPE == 23:
         acc = _super_block(acc, q_rows, h_rows, m_rows, step, n_ok, a_ptr, rows, row_ok, stride_am,
-                           TYPE, SCALE_AFTER, DOT,
-                           ASM and DOT == 1 and (TYPE == 10 or TYPE == 11 or TYPE == 12 or TYPE == 13 or TYPE == 14
-                                                 or TYPE == 23))
+                           TYPE, SCALE_AFTER, DOT, ASM and DOT == 1)
     else:
         for j in tl.static_range(BLOCKS):
             acc = _small_block(acc, q_rows, h_rows, m_rows, step * BLOCKS + j, n_ok, a_ptr, rows, row_ok, stride_am,
-                               TYPE, SCALE_AFTER, DOT,
-                               ASM and DOT == 1 and (TYPE == 2 or TYPE == 3 or TYPE == 6 or TYPE == 7 or TYPE == 20
-                                                     or TYPE == 39))
+                               TYPE, SCALE_AFTER, DOT, ASM and DOT == 1)
     return acc
