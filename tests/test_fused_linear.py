@@ -81,12 +81,12 @@ def test_q_and_k_fuse_where_v_is_stored_in_another_type(monkeypatch: pytest.Monk
     from stagewise.engine.sampling import SamplingParams
     from stagewise.models.layers.attention import Attention
 
-    def run() -> tuple[list[tuple[bool, bool]], list[tuple[int, float]]]:
+    def run() -> tuple[list[list[list[int]]], list[tuple[int, float]]]:
         loaded = load_model("random:tiny-llama@q4_k_m", devices="cpu:1x1GiB", placement="single", context=64,
                             dtype="float32")
         try:
             attns = [m for m in loaded.pipeline.stages[0].model.modules() if isinstance(m, Attention)]
-            fused = [(a.qkv_proj is not None, a.qk_proj is not None) for a in attns]
+            fused = [a.qkv_fused.groups for a in attns]  # which of q (0), k (1), v (2) run as one matmul
             generator = Generator(loaded.pipeline, loaded.max_context, prefill_chunk=8)
             request = GenerationRequest(tuple(range(1, 12)), 8, SamplingParams(temperature=0.0), top_logprobs=1)
             return fused, [(e.sample.token, e.sample.logprob) for e in generator.stream(request)]
@@ -94,10 +94,10 @@ def test_q_and_k_fuse_where_v_is_stored_in_another_type(monkeypatch: pytest.Monk
             loaded.close()
 
     fused, tokens = run()
-    assert fused == [(True, False), (True, False), (False, True)]
-    monkeypatch.setattr(Attention, "fuse", lambda self: setattr(  # q, k and v fused only when all three agree
-        self, "qkv_proj", fuse_linears([self.q_proj, self.k_proj, self.v_proj])))
+    assert fused == [[[0, 1, 2]], [[0, 1, 2]], [[0, 1]]]
+    monkeypatch.setattr(Attention, "fuse", lambda self: self.qkv_fused.fuse_parts(  # q, k and v fused only when all agree
+        self._projections(), [[0, 1, 2]]))
     separate, reference = run()
-    assert separate == [(True, False), (True, False), (False, False)]
+    assert separate == [[[0, 1, 2]], [[0, 1, 2]], []]
     assert [t for t, _ in tokens] == [t for t, _ in reference]
     assert [lp for _, lp in tokens] == pytest.approx([lp for _, lp in reference], abs=1e-5)

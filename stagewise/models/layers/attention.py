@@ -12,7 +12,7 @@ from torch import nn
 from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.block_table import BlockTable
 from stagewise.models.kv_cache import KVCache
-from stagewise.models.layers.fused_linear import fuse_linears
+from stagewise.models.layers.fused_linear import FusedGroups
 from stagewise.models.layers.linear import Linear
 from stagewise.models.layers.rms_norm import RMSNorm
 from stagewise.models.layers.rotary import apply_rotary
@@ -42,8 +42,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.zero_centered_norm)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.zero_centered_norm)
 
-        self.qkv_proj: Linear | None = None  # q, k and v as one matmul, after fuse()
-        self.qk_proj: Linear | None = None  # q and k as one, v apart: v stored in another type (fuse())
+        self.qkv_fused = FusedGroups()  # after fuse(): q, k and v as one matmul, or q and k with v apart
         # keys and values stored as this (None: the activation dtype; float8 e4m3: with per-head scales),
         # set by the stage before its state is made (the profile's kv_dtype)
         self.kv_storage: torch.dtype | None = None
@@ -51,32 +50,22 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         """Replace q_proj + k_proj + v_proj by one matmul (after loading); where v's weight differs in kind (a
         Q4_K_M file's Q6_K ``attn_v`` beside Q4_K ``attn_q`` / ``attn_k``), q_proj + k_proj by one."""
-        self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
-        if self.qkv_proj is None:
-            self.qk_proj = fuse_linears([self.q_proj, self.k_proj])
+        self.qkv_fused.fuse_parts(self._projections(), [[0, 1, 2], [0, 1]])
+
+    def _projections(self) -> list[Linear]:
+        return [self.q_proj, self.k_proj, self.v_proj]
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The step's projections of ``x`` ``(B, T, hidden)`` as the matmuls give them: the fused q/k/v output
         (one tensor), the fused q/k output and v, or q, k and v. Token by token: a packed step's graph pieces
         run it (:class:`~stagewise.runtime.packed_graphs.PackedGraphs`)."""
-        if self.qkv_proj is not None:
-            return (self.qkv_proj(x),)
-        if self.qk_proj is not None:
-            return self.qk_proj(x), self.v_proj(x)
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.qkv_fused.project(x, self._projections())
 
     def _heads(self, projected: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                    torch.Tensor | None]:
         """``q`` ``(B, T, H, D)``, ``k``/``v`` ``(B, T, kvH, D)`` and the output gate ``(B, T, H, D)`` (or None),
         views of :meth:`project`'s outputs."""
-        kv = self.kv_heads * self.head_dim
-        if len(projected) == 1:
-            q_out, k_out, v_out = projected[0].split([self.q_proj.out_features, kv, kv], dim=-1)
-        elif len(projected) == 2:
-            q_out, k_out = projected[0].split([self.q_proj.out_features, kv], dim=-1)
-            v_out = projected[1]
-        else:
-            q_out, k_out, v_out = projected
+        q_out, k_out, v_out = self.qkv_fused.split(projected, self._projections())
         batch, steps = q_out.shape[0], q_out.shape[1]
         gate_heads: torch.Tensor | None = None
         if self.output_gate:

@@ -48,3 +48,41 @@ def fuse_linears(parts: list[Linear]) -> Linear | None:
 def _cat_packed(weights: list[QuantizedWeight | None]) -> QuantizedWeight | None:
     first, rest = weights[0], weights[1:]
     return first.fused_with(list(rest)) if first is not None else None
+
+
+class FusedGroups(nn.Module):
+    """Projections of one input (``parts``, in their order) run as few matmuls after loading: each candidate group of
+    part indices fused where :func:`fuse_linears` can, the search ending at the first group that covers every part
+    (q/k/v, or q/k with v apart where v is stored in another type; a Gated DeltaNet's four input projections, or
+    q/k/v/z and b/a). Outputs are the fused matmuls' then each uncovered part's, split back per part on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused = nn.ModuleList()
+        self.groups: list[list[int]] = []
+
+    def fuse_parts(self, parts: list[Linear], candidates: list[list[int]]) -> None:
+        """(Not ``fuse``: the stage calls every module's ``fuse()`` after loading, and the owning layer calls this.)"""
+        everything = list(range(len(parts)))
+        for group in candidates:
+            fused = fuse_linears([parts[i] for i in group])
+            if fused is not None:
+                self.fused.append(fused)
+                self.groups.append(group)
+                if group == everything:
+                    return
+
+    def project(self, x: torch.Tensor, parts: list[Linear]) -> tuple[torch.Tensor, ...]:
+        """The projections of ``x`` as the matmuls give them: each fused matmul's output, then each part no fused
+        matmul covers."""
+        covered = {i for group in self.groups for i in group}
+        return (*(linear(x) for linear in self.fused), *(part(x) for i, part in enumerate(parts) if i not in covered))
+
+    def split(self, projected: tuple[torch.Tensor, ...], parts: list[Linear]) -> list[torch.Tensor]:
+        """:meth:`project`'s outputs as one tensor per part, in ``parts`` order (views of the fused outputs)."""
+        outs: list[torch.Tensor | None] = [None] * len(parts)
+        for fused, group in zip(projected, self.groups, strict=False):
+            for i, piece in zip(group, fused.split([parts[i].out_features for i in group], dim=-1), strict=True):
+                outs[i] = piece
+        rest = iter(projected[len(self.groups):])
+        return [out if out is not None else next(rest) for out in outs]

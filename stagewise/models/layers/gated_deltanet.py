@@ -25,7 +25,7 @@ from stagewise.kernels.triton_launch import use_triton
 from stagewise.models.layers.causal_conv import causal_conv_step, packed_causal_conv
 from stagewise.models.layers.decay_gates import DecayGates
 from stagewise.models.layers.delta_rule import packed_chunked_gated_delta_rule, packed_recurrent_step
-from stagewise.models.layers.fused_linear import fuse_linears
+from stagewise.models.layers.fused_linear import FusedGroups
 from stagewise.models.layers.gated_rms_norm import GatedRMSNorm
 from stagewise.models.layers.linear import Linear
 from stagewise.models.recurrent_state import RecurrentState
@@ -58,11 +58,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
         self.out_proj = Linear(self.value_dim, hidden)
-        # after fuse(): the input projections as few matmuls; in_proj_groups[j] lists the parts
-        # (indices into _in_projections()) whose outputs in_proj_fused[j] concatenates
-        self.in_proj_fused = nn.ModuleList()
-        self.in_proj_groups: list[list[int]] = []
-
+        self.in_proj_fused = FusedGroups()  # after fuse(): the input projections as few matmuls
     def _in_projections(self) -> list[Linear]:
         if self.packed:
             return [self.in_proj_qkvz, self.in_proj_ba]
@@ -71,35 +67,19 @@ class GatedDeltaNet(nn.Module):
     def fuse(self) -> None:
         """Run the input projections as one matmul (after loading); where their storage kinds differ
         (e.g. Q8_0 q/k/v/z beside small float b/a), as one matmul per kind."""
-        parts = self._in_projections()
-        everything = list(range(len(parts)))
-        for group in [everything] if self.packed else [everything, [0, 1], [2, 3]]:
-            fused = fuse_linears([parts[i] for i in group])
-            if fused is not None:
-                self.in_proj_fused.append(fused)
-                self.in_proj_groups.append(group)
-                if group == everything:
-                    return
+        everything = list(range(len(self._in_projections())))
+        self.in_proj_fused.fuse_parts(self._in_projections(), [everything] if self.packed else [everything, [0, 1], [2, 3]])
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The input projections of ``x`` ``(B, T, hidden)`` as the matmuls give them: each fused matmul's
         output, then each part no fused matmul covers. Token by token: a packed step's graph pieces run
         it (:class:`~stagewise.runtime.packed_graphs.PackedGraphs`)."""
-        covered = {i for group in self.in_proj_groups for i in group}
-        parts = self._in_projections()
-        return (*(linear(x) for linear in self.in_proj_fused),
-                *(part(x) for i, part in enumerate(parts) if i not in covered))
+        return self.in_proj_fused.project(x, self._in_projections())
 
     def _parts(self, projected: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         """:meth:`project`'s outputs as one tensor per input projection, in :meth:`_in_projections` order
         (views of the fused outputs)."""
-        parts = self._in_projections()
-        outs: list[torch.Tensor | None] = [None] * len(parts)
-        for fused, group in zip(projected, self.in_proj_groups, strict=False):
-            for i, piece in zip(group, fused.split([parts[i].out_features for i in group], dim=-1), strict=True):
-                outs[i] = piece
-        rest = iter(projected[len(self.in_proj_groups):])
-        return [out if out is not None else next(rest) for out in outs]
+        return self.in_proj_fused.split(projected, self._in_projections())
 
     def new_state(self, batch: int, max_context: int, dtype: torch.dtype, device: torch.device,
                   slots: StateSlots) -> RecurrentState:
