@@ -238,6 +238,22 @@ def _k_scale(sc_lo, mn_lo, sc_hi, mn_hi, s: tl.constexpr):  # type: ignore[no-un
 
 
 @triton.jit
+def _q2k_scale_min(m, d, dmin, n_ok, GROUP: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q2_K's 16-value group ``GROUP``: its scale ``d sc`` and min term ``-dmin m`` (the meta byte's nibbles), float32."""
+    sc = load_u8(m + GROUP, n_ok)
+    return d * (sc & 15).to(tl.float32), -(dmin * (sc >> 4).to(tl.float32))
+
+
+@triton.jit
+def _q3k_scale(m, n_ok, GROUP: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Q3_K's 16-value group ``GROUP``: its 6-bit scale less 32 (low 4 bits in byte ``GROUP % 8``, high 2 in byte
+    ``8 + GROUP % 4``), float32."""
+    low = (load_u8(m + (GROUP & 7), n_ok) >> (4 * (GROUP >> 3))) & 15
+    high = (load_u8(m + 8 + (GROUP & 3), n_ok) >> (2 * (GROUP >> 2))) & 3
+    return ((low | (high << 4)) - 32).to(tl.float32)
+
+
+@triton.jit
 def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, stride_am,  # type: ignore[no-untyped-def]
                  TYPE: tl.constexpr, SCALE_AFTER: tl.constexpr, DOT: tl.constexpr, ASM: tl.constexpr):
     """One 256-value super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) at K index ``256 blk``."""
@@ -324,9 +340,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 w0, w1, w2, w3 = q2_bf16(tl.load(q_rows[:, None] + blk * 64 + 32 * hf + 16 * g + l16,
                                                  mask=n_ok[:, None], other=0))
                 for s in tl.static_range(4):
-                    sc = load_u8(m + 8 * hf + 2 * s + g, n_ok)  # the 16-value group's scale (low nibble) and min
-                    a = d * (sc & 15).to(tl.float32)
-                    b = -(dmin * (sc >> 4).to(tl.float32))
+                    a, b = _q2k_scale_min(m, d, dmin, n_ok, 8 * hf + 2 * s + g)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 32 * s + 16 * g, stride_am, 16, DOT)
                     w = w0 if s == 0 else w1 if s == 1 else w2 if s == 2 else w3
                     if SCALE_AFTER:
@@ -346,10 +360,7 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                 else:
                     w0, w1, w2, w3 = q3_bf16(qb, hb, Q3K_ASM1)
                 for s in tl.static_range(4):
-                    i = 8 * hf + 2 * s + g  # the 16-value scale (a constexpr: NOTE not annotated, reassigned each unrolled step)
-                    low = (load_u8(m + (i & 7), n_ok) >> (4 * (i >> 3))) & 15
-                    high = (load_u8(m + 8 + (i & 3), n_ok) >> (2 * (i >> 2))) & 3
-                    sc = ((low | (high << 4)) - 32).to(tl.float32)
+                    sc = _q3k_scale(m, n_ok, 8 * hf + 2 * s + g)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 32 * s + 16 * g, stride_am, 16, DOT)
                     w = w0 if s == 0 else w1 if s == 1 else w2 if s == 2 else w3
                     if SCALE_AFTER:  # 128 + u less 132 is u - 4, exactly in bf16
@@ -376,15 +387,11 @@ def _super_block(acc, q_rows, h_rows, m_rows, blk, n_ok, a_ptr, rows, row_ok, st
                     i = 8 * hf + 2 * s + g  # the 16-value scale (a constexpr: NOTE not annotated, reassigned each unrolled step)
                     x = _x_group(a_ptr, rows, row_ok, k0 + 128 * hf + 32 * s + 16 * g, stride_am, 16, DOT)
                     if TYPE == 10:
-                        sc = load_u8(m + i, n_ok)
-                        acc = _linear_group(acc, u, x, d * (sc & 15).to(tl.float32),
-                                            -(dmin * (sc >> 4).to(tl.float32)), 0, SCALE_AFTER, DOT)
+                        a, b = _q2k_scale_min(m, d, dmin, n_ok, i)
+                        acc = _linear_group(acc, u, x, a, b, 0, SCALE_AFTER, DOT)
                     else:  # q = q2 - 4 (1 - high bit) = u - 4 with u = q2 | high << 2
                         u = u | (((hm >> (4 * hf + s)) & 1) << 2)
-                        low = (load_u8(m + (i & 7), n_ok) >> (4 * (i >> 3))) & 15
-                        high = (load_u8(m + 8 + (i & 3), n_ok) >> (2 * (i >> 2))) & 3
-                        dl = d * ((low | (high << 4)) - 32).to(tl.float32)
-                        acc = _linear_group(acc, u, x, dl, zero, 4, SCALE_AFTER, DOT, True)
+                        acc = _linear_group(acc, u, x, d * _q3k_scale(m, n_ok, i), zero, 4, SCALE_AFTER, DOT, True)
     else:  # IQ4_XS: sub-block sb's 16 bytes: values 32 sb + l (low nibble), 32 sb + 16 + l (high)
         m = m_rows + blk * 8
         d = load_f16(m, n_ok)
